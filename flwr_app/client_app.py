@@ -1,0 +1,87 @@
+"""ClientApp: one site of a horizontal federation.
+
+Message handling only: decode the global model, call the training / evaluation code in
+``flwr_app.task``, encode the reply. Which records a node holds comes from its node config:
+``partition-id`` (simulation) selects one site of the run's federated data set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_app import task
+from flwr_app.config import parse_run_config
+from models.data import SiteData
+from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
+
+app = ClientApp()
+
+
+def _site(context: Context) -> tuple[SiteData, int]:
+    cfg = parse_run_config(context.run_config)
+    dataset = task.load_federation(cfg)
+    if "partition-id" not in context.node_config:
+        raise ValueError("node config has no 'partition-id': cannot tell which site this node is")
+    index = int(context.node_config["partition-id"])
+    if not 0 <= index < dataset.num_sites:
+        raise ValueError(
+            f"node config partition-id {index} is outside the federation's {dataset.num_sites} sites "
+            f"({dataset.source}, partition '{cfg.federation.partition}'): run with num-supernodes = "
+            f"{dataset.num_sites}"
+        )
+    return dataset.sites[index], index
+
+
+def _model(context: Context, message: Message):
+    cfg = parse_run_config(context.run_config)
+    model = task.build_model(cfg, task.load_federation(cfg))
+    model.net.load_state_dict(message.content["arrays"].to_torch_state_dict())
+    return cfg, model
+
+
+def _reply(message: Message, site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None) -> Message:
+    content = RecordDict({"metrics": MetricRecord(metrics), SITE_KEY: ConfigRecord({"name": site.name})})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content=content, reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """Local epochs on the site's training part, starting from the global model."""
+    site, index = _site(context)
+    cfg, model = _model(context, message)
+    server_round = int(message.content["config"]["server-round"])
+    seed = int(np.random.SeedSequence([cfg.seed, server_round, index]).generate_state(1)[0])
+    stats = task.train_local(model, site.train, cfg, seed=seed)
+    metrics = {"train_loss": float(stats["loss"]), WEIGHT_KEY: len(site.train)}
+    return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()))
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    """Test metrics of the global model on the site's own test part."""
+    site, _ = _site(context)
+    _, model = _model(context, message)
+    config = message.content["config"]
+    if model.needs_baseline:
+        if BASELINE_EVENTS not in config:
+            raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
+        model.set_baseline(np.asarray(config[BASELINE_EVENTS]), np.asarray(config[BASELINE_RISK]))
+    metrics = task.evaluate(model, site.test, site.train)
+    if site.oot is not None and len(site.oot):
+        metrics.update({f"oot_{key}": value for key, value in task.evaluate(model, site.oot, site.train).items()})
+    metrics[WEIGHT_KEY] = len(site.test)
+    return _reply(message, site, metrics)
+
+
+@app.query("breslow")
+def breslow(message: Message, context: Context) -> Message:
+    """Sufficient statistics of the site's training part for the federated Breslow estimator."""
+    site, _ = _site(context)
+    _, model = _model(context, message)
+    event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
+    metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist(), WEIGHT_KEY: len(site.train)}
+    return _reply(message, site, metrics)

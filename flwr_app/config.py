@@ -1,0 +1,242 @@
+"""Run configuration: flat run-config keys -> typed, frozen configuration objects.
+
+One schema serves both entry points. The keys and their defaults are declared once in
+``pyproject.toml`` under ``[tool.flwr.app.config]`` (what ``flwr run --run-config`` overrides);
+the Hydra tree in ``conf/`` produces the same dotted keys (a test keeps the two in step).
+:func:`parse_run_config` is the only place that reads those keys: it validates them and returns an
+:class:`ExperimentConfig` that the rest of the code receives instead of a Flower ``Context`` or a
+Hydra ``DictConfig``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "csv")
+MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
+STRATEGIES = ("fedavg",)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A run-config key is unknown, has the wrong type or an invalid value."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, where it lives and how it is split."""
+
+    name: str
+    path: str
+    dir: str
+    time_col: str
+    event_col: str
+    feature_cols: tuple[str, ...]
+    test_fraction: float
+    horizon_months: int
+    oot_start: str
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Survival network. ``None`` fields take the model kind's own default."""
+
+    name: str
+    num_durations: int
+    time_grid: str
+    hidden: tuple[int, ...] | None
+    activation: str | None
+    dropout: float | None
+    penalty: float
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local optimisation at each site (and for the centralised baseline)."""
+
+    local_epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    num_threads: int
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Sites, rounds and how records are partitioned among sites."""
+
+    num_sites: int
+    rounds: int
+    partition: str
+    dirichlet_alpha: float
+    min_site_records: int
+    fraction_train: float
+    min_sites: int
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Target privacy budget; ``epsilon`` of ``inf`` means no differential privacy."""
+
+    epsilon: float
+    delta: float
+
+    @property
+    def enabled(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one run needs, parsed once at the edge."""
+
+    seed: int
+    strategy: str
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    federation: FederationConfig
+    privacy: PrivacyConfig
+    output_dir: str
+    server_evaluation: bool
+    centralized_baseline: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain nested dictionary (JSON-serialisable) of the resolved configuration."""
+        return asdict(self)
+
+
+def _get(flat: Mapping[str, Any], key: str, kind: type) -> Any:
+    if key not in flat:
+        raise ConfigError(f"run config: missing key '{key}'")
+    value = flat[key]
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf"):
+        return math.inf
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"run config: '{key}' must be {kind.__name__}, got {value!r} ({type(value).__name__})"
+        )
+    return value
+
+
+def _choice(key: str, value: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ConfigError(f"run config: '{key}' = {value!r}; choose one of {', '.join(options)}")
+    return value
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> float:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"run config: '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
+def _auto(flat: Mapping[str, Any], key: str) -> str | None:
+    """String value where ``"auto"`` (or empty) means: the model kind's default."""
+    value = flat.get(key, "auto")
+    if isinstance(value, str) and value.strip().lower() in ("", "auto"):
+        return None
+    return str(value)
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate a flat run config (``{"data.name": "flchain", ...}``) into typed objects.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown data set, model or strategy, a value of the wrong type, or a value out of
+        range. The message names the key.
+    """
+    data = DataConfig(
+        name=_choice("data.name", _get(flat, "data.name", str), DATASETS),
+        path=_get(flat, "data.path", str),
+        dir=_get(flat, "data.dir", str),
+        time_col=_get(flat, "data.time_col", str),
+        event_col=_get(flat, "data.event_col", str),
+        feature_cols=_csv(_get(flat, "data.feature_cols", str)),
+        test_fraction=_get(flat, "data.test_fraction", float),
+        horizon_months=_get(flat, "data.horizon_months", int),
+        oot_start=_get(flat, "data.oot_start", str),
+    )
+    if not 0.0 < data.test_fraction < 1.0:
+        raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
+    if data.name == "csv" and not (data.path and data.time_col and data.event_col):
+        raise ConfigError("run config: data.name='csv' needs 'data.path', 'data.time_col' and 'data.event_col'")
+
+    hidden = _auto(flat, "model.hidden")
+    dropout = _auto(flat, "model.dropout")
+    try:
+        hidden_layers = None if hidden is None else tuple(int(width) for width in _csv(hidden))
+        dropout_rate = None if dropout is None else float(dropout)
+    except ValueError as err:
+        raise ConfigError(f"run config: 'model.hidden' / 'model.dropout' malformed: {err}") from None
+    model = ModelConfig(
+        name=_choice("model.name", _get(flat, "model.name", str), MODELS),
+        num_durations=int(_positive("model.num_durations", _get(flat, "model.num_durations", int))),
+        time_grid=_choice("model.time_grid", _get(flat, "model.time_grid", str), ("quantiles", "equidistant")),
+        hidden=hidden_layers,
+        activation=_auto(flat, "model.activation"),
+        dropout=dropout_rate,
+        penalty=_positive("model.penalty", _get(flat, "model.penalty", float), allow_zero=True),
+    )
+    train = TrainConfig(
+        local_epochs=int(_positive("train.local_epochs", _get(flat, "train.local_epochs", int))),
+        batch_size=int(_positive("train.batch_size", _get(flat, "train.batch_size", int))),
+        lr=_positive("train.lr", _get(flat, "train.lr", float)),
+        weight_decay=_positive("train.weight_decay", _get(flat, "train.weight_decay", float), allow_zero=True),
+        num_threads=int(_positive("train.num_threads", _get(flat, "train.num_threads", int))),
+    )
+    federation = FederationConfig(
+        num_sites=int(_positive("federation.num_sites", _get(flat, "federation.num_sites", int))),
+        rounds=int(_positive("federation.rounds", _get(flat, "federation.rounds", int))),
+        partition=_get(flat, "federation.partition", str),
+        dirichlet_alpha=_positive("federation.dirichlet_alpha", _get(flat, "federation.dirichlet_alpha", float)),
+        min_site_records=int(
+            _positive("federation.min_site_records", _get(flat, "federation.min_site_records", int), allow_zero=True)
+        ),
+        fraction_train=_get(flat, "federation.fraction_train", float),
+        min_sites=int(_positive("federation.min_sites", _get(flat, "federation.min_sites", int))),
+    )
+    if not 0.0 < federation.fraction_train <= 1.0:
+        raise ConfigError(
+            f"run config: 'federation.fraction_train' must be in (0, 1], got {federation.fraction_train}"
+        )
+    privacy = PrivacyConfig(
+        epsilon=_positive("privacy.epsilon", _get(flat, "privacy.epsilon", float)),
+        delta=_get(flat, "privacy.delta", float),
+    )
+    if not 0.0 < privacy.delta < 1.0:
+        raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
+    strategy = _choice("strategy.name", _get(flat, "strategy.name", str), STRATEGIES)
+    if strategy == "fedavg" and privacy.enabled:
+        raise ConfigError(
+            f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
+            f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
+        )
+    return ExperimentConfig(
+        seed=int(_get(flat, "seed", int)),
+        strategy=strategy,
+        data=data,
+        model=model,
+        train=train,
+        federation=federation,
+        privacy=privacy,
+        output_dir=_get(flat, "output.dir", str),
+        server_evaluation=_get(flat, "evaluation.server_side", bool),
+        centralized_baseline=_get(flat, "baseline.centralized", bool),
+    )

@@ -1,0 +1,165 @@
+"""ServerApp: FedAvg over the sites, per-round metrics, outputs.
+
+Message handling and bookkeeping only; the aggregation is
+:class:`strategies.horizontal.SurvivalFedAvg`, the model and metrics come from ``flwr_app.task``.
+
+In simulation the server also holds the pooled test split of the embedded data set, so it
+evaluates the global model on it after each round (``evaluation.server_side``) and can train the
+centralised baseline (``baseline.centralized``). Per-site figures always come from the sites
+themselves (federated evaluation on each site's own test part).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from flwr_app import task
+from flwr_app.config import ExperimentConfig, parse_run_config
+from flwr_app.outputs import RunOutputs
+from models.data import FederatedDataset
+from models.plots import plot_survival_vs_km
+from models.survival import SurvivalModel
+from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.horizontal import SurvivalFedAvg, weighted_nanmean
+
+app = ServerApp()
+
+NO_PRIVACY = ("FedAvg without a privacy mechanism: each site's model update reaches the server in the clear",)
+
+
+def _fmt(metrics: dict[str, float], keys: tuple[str, ...] = ("c_index", "c_index_td", "ibs", "inbll")) -> str:
+    return "  ".join(f"{key} {metrics[key]:.4f}" for key in keys if key in metrics and math.isfinite(metrics[key]))
+
+
+def _load(model: SurvivalModel, arrays: ArrayRecord, strategy: SurvivalFedAvg) -> None:
+    model.net.load_state_dict(arrays.to_torch_state_dict())
+    if model.needs_baseline and strategy.baseline is not None:
+        model.set_baseline(*strategy.baseline)
+
+
+def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, float]:
+    metrics = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"))
+    if any(site.oot is not None and len(site.oot) for site in dataset.sites):
+        oot = task.evaluate(model, dataset.pooled("oot"), dataset.pooled("train"))
+        metrics.update({f"oot_{key}": value for key, value in oot.items()})
+    return metrics
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run ``federation.rounds`` rounds of FedAvg and write the run's outputs."""
+    cfg = parse_run_config(context.run_config)
+    outputs = RunOutputs.create(cfg)
+    outputs.write_config(cfg, context.run_config)
+    started = time.perf_counter()
+
+    dataset = task.load_federation(cfg)
+    model = task.build_model(cfg, dataset)
+    strategy = SurvivalFedAvg(
+        needs_baseline=model.needs_baseline,
+        fraction_train=cfg.federation.fraction_train,
+        fraction_evaluate=1.0,
+        min_train_nodes=cfg.federation.min_sites,
+        min_evaluate_nodes=cfg.federation.min_sites,
+        min_available_nodes=cfg.federation.min_sites,
+    )
+    ledger = PrivacyLedger(outputs.ledger_path)
+    print(
+        f"fedsurv: {cfg.strategy} | {cfg.data.name} ({dataset.num_sites} sites, partition "
+        f"'{cfg.federation.partition}') | {cfg.model.name} | {cfg.federation.rounds} rounds -> {outputs.directory}",
+        flush=True,
+    )
+
+    def end_of_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round == 0:
+            return None
+        record = strategy.rounds.get(server_round)
+        train_sites = record.train_sites if record else {}
+        for site in sorted(train_sites):
+            ledger.record(LedgerEntry(
+                round=server_round, site=site, mechanism="none", unit="none", adjacency="n/a",
+                accountant="none", epsilon=None, delta=None, assumptions=NO_PRIVACY,
+            ))
+        global_test: dict[str, float] = {}
+        if cfg.server_evaluation:
+            _load(model, arrays, strategy)
+            global_test = _global_metrics(model, dataset)
+        line: dict[str, Any] = {
+            "round": server_round,
+            "train": weighted_nanmean(train_sites),
+            "global_test": global_test,
+            "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
+            "sites": record.evaluate_sites if record else {},
+            "failures": record.failures if record else [],
+            "elapsed_s": time.perf_counter() - started,
+        }
+        outputs.append_metrics(line)
+        shown = global_test or line["sites_mean"]
+        print(
+            f"round {server_round:3d}/{cfg.federation.rounds}  train_loss {line['train'].get('train_loss', math.nan):.4f}  "
+            f"{'test' if global_test else 'sites'}: {_fmt(shown)}"
+            + (f"  [{len(line['failures'])} failed]" if line["failures"] else ""),
+            flush=True,
+        )
+        return MetricRecord({key: value for key, value in global_test.items() if math.isfinite(value)})
+
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.net.state_dict()),
+        num_rounds=cfg.federation.rounds,
+        train_config=ConfigRecord(),
+        evaluate_config=ConfigRecord(),
+        evaluate_fn=end_of_round,
+    )
+    _load(model, result.arrays, strategy)
+    _write_results(cfg, dataset, model, strategy, ledger, outputs, time.perf_counter() - started)
+
+
+def _write_results(
+    cfg: ExperimentConfig, dataset: FederatedDataset, model: SurvivalModel, strategy: SurvivalFedAvg,
+    ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
+) -> None:
+    last = strategy.rounds.get(cfg.federation.rounds)
+    sites = last.evaluate_sites if last else {}
+    if cfg.server_evaluation:
+        test = _global_metrics(model, dataset)
+        test_source = "global model on the pooled test split (server-side, simulation)"
+    else:
+        test = weighted_nanmean(sites)
+        test_source = "weighted mean of the sites' own test metrics"
+    summary: dict[str, Any] = {
+        "test": {key: value for key, value in test.items() if not key.startswith("oot_")},
+        "test_source": test_source,
+        "sites": sites,
+        "privacy": {key: value for key, value in ledger.headline().items() if key != "site"},
+        "strategy": cfg.strategy,
+        "data": cfg.data.name,
+        "model": cfg.model.name,
+        "num_sites": dataset.num_sites,
+        "rounds": cfg.federation.rounds,
+        "seed": cfg.seed,
+        "wall_time_s": wall_time_s,
+    }
+    oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}
+    if oot:
+        summary["oot"] = oot
+    model.net.eval()
+    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(),
+                       baseline=strategy.baseline)
+    if cfg.server_evaluation:
+        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
+    if cfg.centralized_baseline:
+        print("training the centralised baseline on the pooled training data ...", flush=True)
+        summary["centralized"] = task.train_centralized(cfg, dataset)
+    outputs.write_summary(summary)
+    print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
+    if oot:
+        print(f"final out-of-time: {_fmt(oot)}", flush=True)
+    if "centralized" in summary:
+        print(f"centralised baseline test: {_fmt(summary['centralized']['test'])}", flush=True)
+    print(f"outputs: {outputs.directory}", flush=True)

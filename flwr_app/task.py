@@ -1,0 +1,122 @@
+"""Binds a typed :class:`ExperimentConfig` to the data and model code.
+
+The ServerApp, the ClientApp, the centralised baseline and the benchmark all build their data
+and model here, so that every path trains exactly the same network on exactly the same split.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flwr_app.config import PROJECT_ROOT, ExperimentConfig
+from models.data import FederatedDataset, SurvivalArrays, build_federated_dataset
+from models.metrics import evaluate_survival
+from models.survival import SurvivalModel, build_survival_model, make_time_grid
+from models.training import train_epochs
+
+DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
+
+
+def resolve_data_dir(data_dir: str) -> str:
+    """Folder holding the bundled CSV data sets.
+
+    ``data.dir`` if set, else ``$FEDSURV_DATA_DIR``, else ``../shared/data`` beside the project.
+    """
+    return str(Path(data_dir or os.environ.get("FEDSURV_DATA_DIR", "") or DEFAULT_DATA_DIR).resolve())
+
+
+@functools.lru_cache(maxsize=4)
+def _federation(
+    name: str, seed: int, num_sites: int, partition: str, dirichlet_alpha: float, test_fraction: float,
+    path: str, data_dir: str, time_col: str, event_col: str, feature_cols: tuple[str, ...],
+    min_site_records: int, horizon_months: int, oot_start: str,
+) -> FederatedDataset:
+    return build_federated_dataset(
+        name=name, seed=seed, num_sites=num_sites, partition=partition, dirichlet_alpha=dirichlet_alpha,
+        test_fraction=test_fraction, path=path, data_dir=data_dir, time_col=time_col, event_col=event_col,
+        feature_cols=feature_cols, min_site_records=min_site_records, sba_horizon_months=horizon_months,
+        oot_start=oot_start,
+    )
+
+
+def load_federation(cfg: ExperimentConfig) -> FederatedDataset:
+    """The federated data set of a run (deterministic in ``cfg.seed``; memoised per process).
+
+    The cache holds immutable arrays only, so a process that serves several simulated sites
+    (a Ray actor) loads and preprocesses the data once instead of once per message.
+    """
+    data, federation = cfg.data, cfg.federation
+    return _federation(
+        data.name, cfg.seed, federation.num_sites, federation.partition, federation.dirichlet_alpha,
+        data.test_fraction, data.path, resolve_data_dir(data.dir), data.time_col, data.event_col,
+        data.feature_cols, federation.min_site_records, data.horizon_months, data.oot_start,
+    )
+
+
+def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalModel:
+    """The run's survival model, with its time grid fitted on the pooled training times.
+
+    The grid (discrete-time intervals for the hazard model, the Breslow grid for Cox models) is
+    shared by all sites, like the model architecture.
+    """
+    train = dataset.pooled("train")
+    cuts = make_time_grid(
+        train.time, train.event, num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid
+    )
+    return build_survival_model(
+        cfg.model.name,
+        in_features=dataset.in_features,
+        cuts=cuts,
+        hidden=cfg.model.hidden,
+        dropout=cfg.model.dropout,
+        activation=cfg.model.activation,
+        penalty=cfg.model.penalty,
+        time_scale=(float(np.mean(train.time)), float(np.std(train.time))),
+        seed=cfg.seed,
+    )
+
+
+def train_local(model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int) -> dict[str, float]:
+    """``cfg.train.local_epochs`` epochs of the model's own loss on ``data``."""
+    torch.set_num_threads(cfg.train.num_threads)
+    return train_epochs(
+        model, data.x, data.time, data.event,
+        epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay, seed=seed,
+    )
+
+
+def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) -> dict[str, float]:
+    """Test metrics of ``model``; the IPCW censoring distribution comes from ``train``."""
+    times, surv = model.predict_survival(test.x)
+    return evaluate_survival(
+        times, surv, time=test.time, event=test.event, train_time=train.time, train_event=train.event,
+        risk=model.risk_score(test.x),
+    )
+
+
+def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:
+    """The centralised baseline: the same model, initialisation and optimiser on the pooled data.
+
+    It makes ``federation.rounds × train.local_epochs`` passes over the pooled training part — as
+    many as every record gets in the federation — and is evaluated on the same test split.
+    """
+    model = build_model(cfg, dataset)
+    train = dataset.pooled("train")
+    epochs = cfg.federation.rounds * cfg.train.local_epochs
+    torch.set_num_threads(cfg.train.num_threads)
+    train_epochs(
+        model, train.x, train.time, train.event, epochs=epochs, batch_size=cfg.train.batch_size,
+        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
+    )
+    if model.needs_baseline:
+        model.set_baseline(*model.breslow_aggregates(train.x, train.time, train.event))
+    result: dict[str, object] = {"epochs": epochs, "test": evaluate(model, dataset.pooled("test"), train)}
+    if any(site.oot is not None and len(site.oot) for site in dataset.sites):
+        result["oot"] = evaluate(model, dataset.pooled("oot"), train)
+    return result

@@ -1,0 +1,25 @@
+"""Hydra ``DictConfig`` -> the flat run-config keys shared with ``flwr run``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """``{"data": {"name": "flchain"}}`` -> ``{"data.name": "flchain"}`` (the ``hydra`` node dropped)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if prefix == "" and key == "hydra":
+                    continue
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(container, "")
+    return flat

@@ -1,0 +1,67 @@
+"""Privacy ledger: what each site spent, under which mechanism and assumptions.
+
+Every run writes one. Entries are per site and per round; the run's headline ε for record-level
+DP over disjoint sites is the **maximum** over sites (parallel composition), never a mean.
+Strategies without a privacy mechanism still write entries (mechanism ``"none"``, ε ``None``), so
+that a reader of any run's outputs sees explicitly that nothing was protected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One site's privacy position after one round.
+
+    ``epsilon`` is cumulative (everything the site has released so far), ``None`` when no
+    mechanism bounds it.
+    """
+
+    round: int
+    site: str
+    mechanism: str
+    unit: str
+    adjacency: str
+    accountant: str
+    epsilon: float | None
+    delta: float | None
+    noise_multiplier: float | None = None
+    clip_norm: float | None = None
+    sample_rate: float | None = None
+    steps: int | None = None
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass
+class PrivacyLedger:
+    """Append-only ledger, mirrored line by line to ``path`` (JSON Lines) when given."""
+
+    path: Path | None = None
+    entries: list[LedgerEntry] = field(default_factory=list)
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Append ``entry`` (and flush it to disk at once, so a crash loses nothing)."""
+        self.entries.append(entry)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(asdict(entry)) + "\n")
+
+    def headline(self) -> dict[str, object]:
+        """The run's privacy claim: the worst (largest) cumulative ε over sites.
+
+        Returns ``{"epsilon": None, ...}`` when no entry carries an ε (no DP mechanism ran).
+        """
+        latest: dict[str, LedgerEntry] = {}
+        for entry in self.entries:
+            if entry.site not in latest or entry.round >= latest[entry.site].round:
+                latest[entry.site] = entry
+        if not latest:
+            return {"epsilon": None, "delta": None, "unit": "none", "accountant": "none", "site": None}
+        unbounded = [entry for entry in latest.values() if entry.epsilon is None]
+        worst = unbounded[0] if unbounded else max(latest.values(), key=lambda entry: entry.epsilon)
+        return {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
+                "accountant": worst.accountant, "site": worst.site}

@@ -1,0 +1,86 @@
+"""One configuration schema for both entry points (DESIGN §10)."""
+
+import math
+from pathlib import Path
+
+import pytest
+from flwr.common.config import get_fused_config_from_dir
+from hydra import compose, initialize_config_dir
+
+from flwr_app.config import PROJECT_ROOT, ConfigError, parse_run_config
+from simulations.engine import resolve
+from simulations.hydra_config import flatten
+
+CONF = PROJECT_ROOT / "conf"
+
+
+def pyproject_defaults() -> dict:
+    return get_fused_config_from_dir(PROJECT_ROOT, {})
+
+
+def hydra_flat(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return flatten(compose(config_name="config", overrides=list(overrides)))
+
+
+def test_hydra_tree_and_pyproject_declare_the_same_keys_and_defaults():
+    hydra = hydra_flat()
+    flower = pyproject_defaults()
+    assert set(hydra) == set(flower)
+    for key, value in flower.items():
+        if isinstance(value, float) and math.isinf(value):
+            assert math.isinf(hydra[key]), key
+        else:
+            assert hydra[key] == value, key
+
+
+@pytest.mark.parametrize("group", ["data", "model"])
+def test_every_group_option_keeps_the_schema(group):
+    keys = set(pyproject_defaults())
+    for option in sorted(path.stem for path in (CONF / group).glob("*.yaml") if path.stem != "base"):
+        flat = hydra_flat(f"{group}={option}")
+        assert set(flat) == keys, option
+        assert flat[f"{group}.name"] == option
+        parse_run_config(flat)
+
+
+def test_hydra_and_flower_overrides_give_the_same_typed_config():
+    via_hydra = parse_run_config(hydra_flat("model=cox_mlp", "federation.rounds=7", "seed=3"))
+    _, via_flower = resolve({"model.name": "cox_mlp", "federation.rounds": 7, "seed": 3})
+    assert via_hydra == via_flower
+    assert via_flower.model.name == "cox_mlp" and via_flower.federation.rounds == 7
+
+
+def test_unknown_key_is_refused_with_the_known_keys():
+    with pytest.raises(ConfigError, match="unknown run-config key.*federation.num_site\\b.*known keys"):
+        resolve({"federation.num_site": 3})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"model.name": "resnet"}, "'model.name' = 'resnet'; choose one of hazard_mlp"),
+        ({"federation.rounds": 0}, "'federation.rounds' must be > 0"),
+        ({"federation.rounds": "ten"}, "'federation.rounds' must be int"),
+        ({"data.test_fraction": 1.5}, "'data.test_fraction' must be in \\(0, 1\\)"),
+        ({"privacy.epsilon": 1.0}, "strategy 'fedavg' adds no noise"),
+        ({"data.name": "csv"}, "data.name='csv' needs 'data.path'"),
+        ({"model.hidden": "64,x"}, "'model.hidden'"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(override)
+
+
+def test_auto_means_model_default_and_lists_parse():
+    _, cfg = resolve({"model.hidden": "64, 32", "model.dropout": "0.2"})
+    assert cfg.model.hidden == (64, 32) and cfg.model.dropout == pytest.approx(0.2)
+    _, cfg = resolve({})
+    assert cfg.model.hidden is None and cfg.model.dropout is None and not cfg.privacy.enabled
+
+
+def test_readme_documents_every_key():
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    missing = [key for key in pyproject_defaults() if f"`{key}`" not in readme]
+    assert not missing, f"README.md does not document: {missing}"

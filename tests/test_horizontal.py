@@ -1,0 +1,46 @@
+"""Pure helpers of the horizontal strategy and the privacy ledger."""
+
+import json
+import math
+
+import pytest
+
+from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.horizontal import weighted_nanmean
+
+
+def test_weighted_nanmean_weights_by_records_and_skips_undefined_sites():
+    per_site = {
+        "a": {"c_index": 0.8, "ibs": 0.10, "num-examples": 300},
+        "b": {"c_index": 0.6, "ibs": math.nan, "num-examples": 100},
+        "c": {"c_index": math.nan, "ibs": 0.20, "num-examples": 100},
+    }
+    mean = weighted_nanmean(per_site)
+    assert mean["c_index"] == pytest.approx((0.8 * 300 + 0.6 * 100) / 400)
+    assert mean["ibs"] == pytest.approx((0.10 * 300 + 0.20 * 100) / 400)
+    assert "num-examples" not in mean
+    assert math.isnan(weighted_nanmean({"a": {"x": math.nan, "num-examples": 5}})["x"])
+
+
+def entry(round_, site, epsilon, unit="record"):
+    return LedgerEntry(round=round_, site=site, mechanism="dp_sgd", unit=unit, adjacency="add-remove",
+                       accountant="rdp", epsilon=epsilon, delta=1e-5)
+
+
+def test_headline_is_the_worst_site_at_its_latest_round_never_a_mean(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl")
+    for record in [entry(1, "a", 0.5), entry(1, "b", 0.9), entry(2, "a", 1.4), entry(2, "b", 1.1)]:
+        ledger.record(record)
+    headline = ledger.headline()
+    assert headline["epsilon"] == pytest.approx(1.4) and headline["site"] == "a"
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[-1])["epsilon"] == 1.1
+
+
+def test_one_unprotected_site_means_no_guarantee():
+    ledger = PrivacyLedger()
+    ledger.record(entry(1, "a", 0.5))
+    ledger.record(LedgerEntry(round=1, site="b", mechanism="none", unit="none", adjacency="n/a",
+                              accountant="none", epsilon=None, delta=None))
+    assert ledger.headline()["epsilon"] is None and ledger.headline()["site"] == "b"
+    assert PrivacyLedger().headline()["epsilon"] is None
