@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "csv")
+from models.data import DATASETS
+
 MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
 STRATEGIES = ("fedavg",)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -175,8 +176,9 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     )
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
-    if data.name == "csv" and not (data.path and data.time_col and data.event_col):
-        raise ConfigError("run config: data.name='csv' needs 'data.path', 'data.time_col' and 'data.event_col'")
+    if data.name == "csv" and not data.path:
+        raise ConfigError("run config: data.name='csv' needs 'data.path' (and 'data.time_col', 'data.event_col' "
+                          "unless the columns are called 'time' and 'event')")
 
     hidden = _auto(flat, "model.hidden")
     dropout = _auto(flat, "model.dropout")

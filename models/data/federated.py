@@ -1,0 +1,243 @@
+"""Federated survival data sets: sites, their training/test/out-of-time parts, preprocessed arrays."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from models.data import sba
+from models.data.datasets import RawTable, load_table
+from models.data.partition import SCHEMES, natural_partition, partition_indices, stratified_split
+from models.data.preprocess import Preprocessor, category_keys
+from models.data.validate import DataValidationError, check_site_events
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "test", "oot")
+NO_OOT = "none"
+# Independent random streams derived from the one seed.
+SPLIT_STREAM, OOT_STREAM = 1, 2
+
+
+@dataclass(frozen=True)
+class SurvivalArrays:
+    """Preprocessed records: features ``x`` (float32, n x d), ``time`` (float64), ``event`` (float32, 0/1)."""
+
+    x: np.ndarray
+    time: np.ndarray
+    event: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "x", np.asarray(self.x, dtype="float32"))
+        object.__setattr__(self, "time", np.asarray(self.time, dtype="float64"))
+        object.__setattr__(self, "event", np.asarray(self.event, dtype="float32"))
+        if self.x.ndim != 2 or self.time.shape != (len(self.x),) or self.event.shape != (len(self.x),):
+            raise ValueError(
+                f"inconsistent shapes: x {self.x.shape}, time {self.time.shape}, event {self.event.shape}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def subset(self, idx: np.ndarray | Sequence[int]) -> SurvivalArrays:
+        """The records at positions (or boolean mask) ``idx``."""
+        idx = np.asarray(idx)
+        return SurvivalArrays(self.x[idx], self.time[idx], self.event[idx])
+
+    @staticmethod
+    def concat(parts: Sequence[SurvivalArrays]) -> SurvivalArrays:
+        """All records of ``parts``, in order."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        return SurvivalArrays(
+            np.concatenate([p.x for p in parts]),
+            np.concatenate([p.time for p in parts]),
+            np.concatenate([p.event for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """One site: its name and its training, test and (SBA) out-of-time parts."""
+
+    name: str
+    train: SurvivalArrays
+    test: SurvivalArrays
+    oot: SurvivalArrays | None = None
+
+
+@dataclass(frozen=True)
+class FederatedDataset:
+    """Sites sharing one feature space, preprocessed with statistics of the training parts only."""
+
+    sites: tuple[SiteData, ...]
+    feature_names: tuple[str, ...]
+    source: str
+
+    @property
+    def num_sites(self) -> int:
+        """Number of sites (for natural partitions: the number of groups kept)."""
+        return len(self.sites)
+
+    @property
+    def in_features(self) -> int:
+        """Width of ``x``."""
+        return len(self.feature_names)
+
+    def pooled(self, split: str) -> SurvivalArrays:
+        """All sites' ``"train"``, ``"test"`` or ``"oot"`` parts, concatenated in site order."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split '{split}'; options: {', '.join(SPLITS)}")
+        parts = [getattr(site, split) for site in self.sites]
+        if any(p is None for p in parts):
+            raise ValueError(f"{self.source}: no out-of-time part (set oot_start on a data set with dates)")
+        return SurvivalArrays.concat(parts)
+
+
+def out_of_time_mask(table: RawTable, name: str, oot_start: str) -> np.ndarray | None:
+    """Records dated on/after ``oot_start`` (SBA default: 2005-01-01; ``"none"`` disables)."""
+    start = oot_start or (sba.DEFAULT_OOT_START if name == "sba" else "")
+    if not start or start.lower() == NO_OOT:
+        return None
+    if table.period is None:
+        raise DataValidationError(
+            f"{table.source}: oot_start='{start}' needs record dates; data set '{name}' has none"
+        )
+    try:
+        timestamp = pd.Timestamp(start)
+    except ValueError:
+        raise DataValidationError(f"oot_start='{start}' is not a date (use YYYY-MM-DD)") from None
+    return (table.period >= timestamp).to_numpy()
+
+
+def assign_sites(
+    table: RawTable,
+    partition: str,
+    positions: np.ndarray,
+    *,
+    num_sites: int,
+    seed: int,
+    dirichlet_alpha: float,
+    min_site_records: int,
+) -> dict[str, np.ndarray]:
+    """Site name -> table positions, partitioning the records at ``positions``."""
+    if partition in SCHEMES:
+        parts = partition_indices(
+            partition, time=table.time[positions], event=table.event[positions], num_sites=num_sites,
+            seed=seed, dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
+        )  # fmt: skip
+        return {f"site-{k}": positions[part] for k, part in enumerate(parts)}
+    groups = table.groups[partition].iloc[positions]
+    return {name: positions[part] for name, part in natural_partition(groups, min_site_records).items()}
+
+
+def assign_out_of_time(
+    table: RawTable, partition: str, positions: np.ndarray, site_names: Sequence[str], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Site name -> out-of-time positions: by group value (natural), else a random near-equal split."""
+    if partition in SCHEMES:
+        parts = np.array_split(rng.permutation(positions), len(site_names))
+        return {name: np.sort(part) for name, part in zip(site_names, parts)}
+    names = category_keys(table.groups[partition].iloc[positions])
+    assigned = {name: positions[(names == name).to_numpy()] for name in site_names}
+    unassigned = len(positions) - sum(map(len, assigned.values()))
+    if unassigned:
+        logger.warning("%d out-of-time records belong to no site (%s) and are left out", unassigned, partition)
+    return assigned
+
+
+def build_federated_dataset(
+    *,
+    name: str,
+    seed: int,
+    num_sites: int,
+    partition: str = "iid",
+    dirichlet_alpha: float = 0.5,
+    test_fraction: float = 0.2,
+    path: str = "",
+    data_dir: str = "",
+    time_col: str = "",
+    event_col: str = "",
+    feature_cols: Sequence[str] = (),
+    min_site_records: int = 0,
+    sba_horizon_months: int = 48,
+    oot_start: str = "",
+) -> FederatedDataset:
+    """Load, validate, partition, split and preprocess a data set for a horizontal federation.
+
+    The in-time records are partitioned into sites; each site's records are split into training and
+    test parts, stratified by event; out-of-time records (SBA) form each site's ``oot`` part.
+    Preprocessing is fitted on the union of the sites' training parts only (equal to the secure
+    federated aggregate of per-site statistics, see :mod:`models.data.preprocess`) and applied to
+    every part. Everything is deterministic given ``seed``.
+
+    Parameters
+    ----------
+    name
+        Data set: ``flchain``, ``metabric``, ``gbsg``, ``whas``, ``sba`` or ``csv``.
+    seed
+        Seed of the partition, the train/test splits and the out-of-time assignment.
+    num_sites
+        Number of sites for ``iid`` and ``dirichlet``; ignored by natural partitions, whose site
+        count is the number of groups kept (read :attr:`FederatedDataset.num_sites`).
+    partition
+        ``"iid"``, ``"dirichlet"`` or a column name (natural partition: one site per value, named
+        by it, sorted by name; the column is not a feature).
+    dirichlet_alpha
+        Concentration of the Dirichlet partition (small -> skewed).
+    test_fraction
+        Share of each site's records (per event class) in its test part.
+    path, data_dir, time_col, event_col, feature_cols, sba_horizon_months
+        Passed to :func:`models.data.datasets.load_table`.
+    min_site_records
+        Natural partitions drop groups with fewer in-time records; Dirichlet draws need at least
+        ``max(min_site_records, 10)`` records per site.
+    oot_start
+        First date (YYYY-MM-DD) of the out-of-time part; default ``2005-01-01`` for ``sba`` and no
+        out-of-time part for the others; ``"none"`` disables it.
+
+    Raises
+    ------
+    DataValidationError
+        For bad input, an unknown partition, or a site without events in its training part.
+    """
+    table = load_table(
+        name, path=path, data_dir=data_dir, time_col=time_col, event_col=event_col,
+        feature_cols=feature_cols, sba_horizon_months=sba_horizon_months,
+    )  # fmt: skip
+    if partition not in SCHEMES:
+        table = table.with_group(partition)
+    oot = out_of_time_mask(table, name, oot_start)
+    in_time = np.flatnonzero(~oot) if oot is not None else np.arange(len(table))
+    if in_time.size == 0:
+        raise DataValidationError(f"{table.source}: no records dated before oot_start; nothing to train on")
+    sites = assign_sites(
+        table, partition, in_time, num_sites=num_sites, seed=seed,
+        dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
+    )  # fmt: skip
+    split_rng = np.random.default_rng([seed, SPLIT_STREAM])
+    splits = {site: stratified_split(pos, table.event, test_fraction, split_rng) for site, pos in sites.items()}
+    train_events = {site: table.event[train] for site, (train, _) in splits.items()}
+    check_site_events(train_events, source=table.source, part="training")
+    oot_sites = None
+    if oot is not None:
+        oot_rng = np.random.default_rng([seed, OOT_STREAM])
+        oot_sites = assign_out_of_time(table, partition, np.flatnonzero(oot), list(sites), oot_rng)
+    training = np.concatenate([train for train, _ in splits.values()])
+    preprocessor = Preprocessor.fit(table.features.iloc[training])
+    arrays = SurvivalArrays(preprocessor.transform(table.features), table.time, table.event)
+    return FederatedDataset(
+        sites=tuple(
+            SiteData(
+                site, arrays.subset(train), arrays.subset(test),
+                None if oot_sites is None else arrays.subset(oot_sites[site]),
+            )  # fmt: skip
+            for site, (train, test) in splits.items()
+        ),
+        feature_names=preprocessor.feature_names,
+        source=table.source,
+    )

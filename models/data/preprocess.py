@@ -1,0 +1,186 @@
+"""Feature preprocessing fitted from additive statistics.
+
+Numeric columns are mean-imputed and standardised; categorical, boolean and object columns are
+one-hot encoded over the categories seen in training (unseen or missing values -> all zeros).
+
+The fit needs only per-column counts, sums and sums of squares (numeric) and per-category counts
+(categorical). These statistics are *additive*: the statistics of a union of tables are the sum of
+the tables' statistics. Fitting on the pooled training parts of all sites therefore gives the same
+means, standard deviations and category sets (up to floating-point summation order) as a
+federation that sums per-site statistics, e.g. with secure aggregation, without any site sharing
+records: the pooled fit stands for that secure federated aggregate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from models.data.validate import require_columns
+
+# A variance this small relative to the mean square is rounding noise of a constant column.
+RELATIVE_VARIANCE_FLOOR = 1e-12
+
+
+def is_numeric_feature(series: pd.Series) -> bool:
+    """True for numeric columns that are standardised; booleans and categoricals are one-hot."""
+    return (
+        pd.api.types.is_numeric_dtype(series)
+        and not pd.api.types.is_bool_dtype(series)
+        and not isinstance(series.dtype, pd.CategoricalDtype)
+    )
+
+
+def category_keys(series: pd.Series) -> pd.Series:
+    """Category labels as strings, missing values kept missing."""
+    return series.astype(object).where(series.notna()).map(str, na_action="ignore")
+
+
+@dataclass(frozen=True)
+class NumericStatistics:
+    """Additive statistics of one numeric column over its non-missing values."""
+
+    count: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def __add__(self, other: NumericStatistics) -> NumericStatistics:
+        return NumericStatistics(
+            self.count + other.count, self.total + other.total, self.total_sq + other.total_sq
+        )
+
+    @property
+    def mean(self) -> float:
+        """Mean of the observed values (0 when there are none)."""
+        return self.total / self.count if self.count else 0.0
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation; 1 for constant or empty columns."""
+        if not self.count:
+            return 1.0
+        mean_sq = self.total_sq / self.count
+        variance = mean_sq - self.mean**2
+        return float(np.sqrt(variance)) if variance > RELATIVE_VARIANCE_FLOOR * mean_sq else 1.0
+
+
+@dataclass(frozen=True)
+class FeatureStatistics:
+    """Additive statistics of a feature table: sum them across sites, then build a Preprocessor.
+
+    Attributes
+    ----------
+    numeric
+        Column -> count, sum and sum of squares of its non-missing values.
+    categorical
+        Column -> category label -> number of records.
+    order
+        Column order of the table.
+    """
+
+    numeric: Mapping[str, NumericStatistics] = field(default_factory=dict)
+    categorical: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    order: tuple[str, ...] = ()
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> FeatureStatistics:
+        """Compute the statistics of one table of raw features."""
+        numeric, categorical = {}, {}
+        for column in frame.columns:
+            series = frame[column]
+            if is_numeric_feature(series):
+                values = series.to_numpy(dtype="float64", na_value=np.nan)
+                values = values[~np.isnan(values)]
+                numeric[str(column)] = NumericStatistics(
+                    values.size, float(values.sum()), float(np.square(values).sum())
+                )
+            else:
+                categorical[str(column)] = dict(Counter(category_keys(series).dropna()))
+        return cls(numeric, categorical, tuple(map(str, frame.columns)))
+
+    def __add__(self, other: FeatureStatistics) -> FeatureStatistics:
+        if self.order != other.order or set(self.numeric) != set(other.numeric):
+            raise ValueError("cannot add statistics of tables with different columns")
+        numeric = {c: s + other.numeric[c] for c, s in self.numeric.items()}
+        categorical = {
+            c: dict(Counter(counts) + Counter(other.categorical[c])) for c, counts in self.categorical.items()
+        }
+        return FeatureStatistics(numeric, categorical, self.order)
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    """Mean imputation + standardisation of numeric columns, one-hot encoding of the others.
+
+    Build it with :meth:`fit` on the training records only (or :meth:`from_statistics` on summed
+    per-site statistics: the result is identical), then :meth:`transform` any split.
+    """
+
+    columns: tuple[str, ...]
+    means: Mapping[str, float]
+    stds: Mapping[str, float]
+    categories: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def from_statistics(cls, stats: FeatureStatistics) -> Preprocessor:
+        """Preprocessor defined by (possibly summed) feature statistics."""
+        return cls(
+            columns=stats.order,
+            means={c: s.mean for c, s in stats.numeric.items()},
+            stds={c: s.std for c, s in stats.numeric.items()},
+            categories={
+                c: tuple(sorted(k for k, n in counts.items() if n > 0)) for c, counts in stats.categorical.items()
+            },
+        )
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame) -> Preprocessor:
+        """Fit on a table of raw training features.
+
+        Equivalent to ``from_statistics`` of the sum of per-site statistics (see module docs).
+        """
+        return cls.from_statistics(FeatureStatistics.from_frame(frame))
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Output column names: ``col`` for numeric, ``col=category`` for one-hot columns."""
+        return tuple(
+            name
+            for column in self.columns
+            for name in (
+                [column] if column in self.means else [f"{column}={k}" for k in self.categories[column]]
+            )
+        )
+
+    def transform(self, frame: pd.DataFrame) -> np.ndarray:
+        """Encode a table of raw features with the fitted statistics.
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 array of shape ``(len(frame), len(feature_names))``, without NaN.
+        """
+        require_columns(self.columns, list(map(str, frame.columns)), source="preprocessing input")
+        blocks = [
+            self._numeric(frame[c], c) if c in self.means else self._one_hot(frame[c], c) for c in self.columns
+        ]
+        if not blocks:
+            return np.zeros((len(frame), 0), dtype="float32")
+        return np.concatenate(blocks, axis=1).astype("float32")
+
+    def _numeric(self, series: pd.Series, column: str) -> np.ndarray:
+        values = pd.to_numeric(series, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        standardised = (values - self.means[column]) / self.stds[column]
+        return np.nan_to_num(standardised, nan=0.0)[:, None]
+
+    def _one_hot(self, series: pd.Series, column: str) -> np.ndarray:
+        categories = self.categories[column]
+        codes = pd.Categorical(category_keys(series), categories=categories).codes
+        encoded = np.zeros((len(series), len(categories)), dtype="float32")
+        known = codes >= 0
+        encoded[np.flatnonzero(known), codes[known]] = 1.0
+        return encoded

@@ -1,0 +1,278 @@
+"""Input validation for survival tables and federations.
+
+Every check raises :class:`DataValidationError` whose message names the source (a file path or a
+label such as ``"sksurv:flchain"``), the column, the problem and the offending rows. Rows are
+1-based *data-row* numbers: row 1 is the first row after a CSV header (the first row of a frame).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+MAX_LISTED = 5
+# An object column is a numeric column with bad entries when at least this share of its
+# non-missing values are numbers (otherwise it is a categorical column).
+NUMERIC_LOOKING_SHARE = 0.9
+
+
+class DataValidationError(ValueError):
+    """Raised when input data cannot be used; the message says where and why."""
+
+
+def describe_rows(positions: Iterable[int]) -> str:
+    """Format 0-based row positions as 1-based data-row numbers, the first five and a count.
+
+    Parameters
+    ----------
+    positions
+        0-based positions of the offending rows.
+
+    Returns
+    -------
+    str
+        For example ``"rows 2, 7, 9"`` or ``"rows 1, 2, 3, 4, 5, ... (12 in all)"``.
+    """
+    rows = [int(p) + 1 for p in positions]
+    shown = ", ".join(str(r) for r in rows[:MAX_LISTED])
+    if len(rows) > MAX_LISTED:
+        return f"rows {shown}, ... ({len(rows)} in all)"
+    return f"row {shown}" if len(rows) == 1 else f"rows {shown}"
+
+
+def column_problem(source: str, column: str, problem: str, mask: np.ndarray) -> str:
+    """One problem line: ``"<source>: column '<col>': <n> <problem> (rows ...)"``."""
+    positions = np.flatnonzero(mask)
+    return f"{source}: column '{column}': {positions.size} {problem} ({describe_rows(positions)})"
+
+
+def require_columns(columns: Iterable[str], present: Sequence[str], *, source: str) -> None:
+    """Raise if any of ``columns`` is not among ``present``, listing the columns that exist.
+
+    Raises
+    ------
+    DataValidationError
+        Naming every missing column and the available ones.
+    """
+    missing = [c for c in columns if c not in present]
+    if missing:
+        names = ", ".join(f"'{c}'" for c in missing)
+        noun = "column" if len(missing) == 1 else "columns"
+        raise DataValidationError(
+            f"{source}: missing {noun} {names}; columns present: {', '.join(map(str, present))}"
+        )
+
+
+def _non_numeric(series: pd.Series) -> tuple[pd.Series, np.ndarray]:
+    """Coerce to float; also return the mask of values present but not numeric."""
+    values = pd.to_numeric(series, errors="coerce").astype("float64")
+    return values, (series.notna() & values.isna()).to_numpy()
+
+
+def time_problems(series: pd.Series, *, source: str, column: str) -> tuple[np.ndarray, list[str]]:
+    """Parse a time column; return the float64 times and a list of problem lines."""
+    values, bad = _non_numeric(series)
+    times = values.to_numpy()
+    checks = {
+        "non-numeric values": bad,
+        "missing (NaN) values": series.isna().to_numpy(),
+        "infinite values": np.isinf(times),
+        "negative values": times < 0,
+    }
+    return times, [column_problem(source, column, p, m) for p, m in checks.items() if m.any()]
+
+
+def event_problems(series: pd.Series, *, source: str, column: str) -> tuple[np.ndarray, list[str]]:
+    """Parse an event column (0/1, booleans, ``"0"``/``"1"``); return float32 events and problems."""
+    values, bad = _non_numeric(series)
+    events = values.to_numpy()
+    outside = ~np.isnan(events) & ~np.isin(events, (0.0, 1.0))
+    problems = [
+        column_problem(source, column, p, m)
+        for p, m in {"non-numeric values": bad, "missing (NaN) values": series.isna().to_numpy()}.items()
+        if m.any()
+    ]
+    if outside.any():
+        found = ", ".join(f"{v:g}" for v in np.unique(events[outside])[:MAX_LISTED])
+        problems.append(column_problem(source, column, f"values not in {{0, 1}} (found {found})", outside))
+    if not problems and not (events == 1.0).any():
+        problems.append(f"{source}: column '{column}': no events at all (all {events.size} rows are 0)")
+    return events.astype("float32"), problems
+
+
+def feature_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
+    """Problems in feature columns: infinities, and non-numeric entries in numeric-looking columns.
+
+    An object column counts as numeric when at least ``NUMERIC_LOOKING_SHARE`` of its non-missing
+    values parse as numbers; its other values are then reported as non-numeric. Other object,
+    string, boolean and categorical columns are categorical features and need no check.
+    """
+    problems = []
+    for column in frame.columns:
+        series = frame[column]
+        if pd.api.types.is_bool_dtype(series) or isinstance(series.dtype, pd.CategoricalDtype):
+            continue
+        if pd.api.types.is_numeric_dtype(series):
+            inf = np.isinf(series.to_numpy(dtype="float64", na_value=np.nan))
+            if inf.any():
+                problems.append(column_problem(source, str(column), "infinite values", inf))
+            continue
+        values, bad = _non_numeric(series)
+        if bad.any() and values.notna().sum() >= NUMERIC_LOOKING_SHARE * series.notna().sum():
+            problems.append(column_problem(source, str(column), "non-numeric values in a numeric column", bad))
+    return problems
+
+
+def validate_survival_frame(
+    df: pd.DataFrame,
+    *,
+    source: str,
+    time_col: str,
+    event_col: str,
+    feature_cols: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check a raw survival table and return its parsed time and event columns.
+
+    Parameters
+    ----------
+    df
+        Raw table, one record per row.
+    source
+        File path or label used in error messages.
+    time_col, event_col
+        Names of the time and event columns.
+    feature_cols
+        Feature columns to check.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        Times (float64) and events (float32, in {0, 1}).
+
+    Raises
+    ------
+    DataValidationError
+        For an empty table, missing columns, non-numeric or infinite values, negative or missing
+        times, events outside {0, 1}, or a table without events. All problems found are listed,
+        one per line.
+    """
+    if len(df) == 0:
+        raise DataValidationError(f"{source}: empty file (no data rows)")
+    require_columns([time_col, event_col, *feature_cols], list(map(str, df.columns)), source=source)
+    times, problems = time_problems(df[time_col], source=source, column=time_col)
+    events, event_issues = event_problems(df[event_col], source=source, column=event_col)
+    problems += event_issues + feature_problems(df[list(feature_cols)], source=source)
+    if problems:
+        raise DataValidationError("\n".join(problems))
+    return times, events
+
+
+def check_site_events(event_by_site: Mapping[str, np.ndarray], *, source: str, part: str) -> None:
+    """Raise if any site has no events in ``part`` (e.g. ``"training"``), naming the sites.
+
+    Raises
+    ------
+    DataValidationError
+        Naming each site without events and its number of records.
+    """
+    empty = [f"site '{name}' ({len(e)} records)" for name, e in event_by_site.items() if not np.any(e == 1)]
+    if empty:
+        raise DataValidationError(
+            f"{source}: no events in the {part} part of {', '.join(empty)}; a site needs at least "
+            "one event (use fewer sites, another partition or a larger min_site_records)"
+        )
+
+
+def _dtype_kind(dtype: object) -> str:
+    """Coarse dtype family that decides how a column is preprocessed."""
+    if pd.api.types.is_bool_dtype(dtype):
+        return "boolean"
+    if isinstance(dtype, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dtype):
+        return "datetime" if pd.api.types.is_datetime64_any_dtype(dtype) else "categorical"
+    return "numeric"
+
+
+def check_same_schema(frames: Mapping[str, pd.DataFrame]) -> None:
+    """Check that every site's frame has the columns and column kinds of the first site.
+
+    Integer and float columns are both *numeric* (a site whose column holds missing values reads it
+    as float); a mismatch is a change of kind: numeric, boolean, categorical or datetime.
+
+    Parameters
+    ----------
+    frames
+        Site name -> that site's raw table. The first site is the reference.
+
+    Raises
+    ------
+    DataValidationError
+        Naming each site that differs, its missing and extra columns, and its dtype mismatches.
+    """
+    if not frames:
+        return
+    reference_name, reference = next(iter(frames.items()))
+    kinds = {str(c): _dtype_kind(t) for c, t in reference.dtypes.items()}
+    problems = []
+    for name, frame in frames.items():
+        site_kinds = {str(c): _dtype_kind(t) for c, t in frame.dtypes.items()}
+        missing = [c for c in kinds if c not in site_kinds]
+        extra = [c for c in site_kinds if c not in kinds]
+        if missing:
+            problems.append(f"site '{name}': missing columns {missing} (present at site '{reference_name}')")
+        if extra:
+            problems.append(f"site '{name}': extra columns {extra} (absent at site '{reference_name}')")
+        problems += [
+            f"site '{name}': column '{c}' is {site_kinds[c]} ({frame[c].dtype}) but {kinds[c]} "
+            f"({reference[c].dtype}) at site '{reference_name}'"
+            for c in kinds
+            if c in site_kinds and site_kinds[c] != kinds[c]
+        ]
+    if problems:
+        raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
+
+
+def _some(ids: Iterable[object]) -> str:
+    """A few IDs, sorted, and how many there are."""
+    listed = sorted(ids, key=str)
+    shown = ", ".join(repr(i) for i in listed[:MAX_LISTED])
+    return shown + (f", ... ({len(listed)} in all)" if len(listed) > MAX_LISTED else "")
+
+
+def check_aligned_ids(ids_by_site: Mapping[str, Sequence]) -> None:
+    """Check that all sites of a vertical federation hold the same record IDs, each once.
+
+    Parameters
+    ----------
+    ids_by_site
+        Site name -> record IDs at that site. The first site is the reference.
+
+    Raises
+    ------
+    DataValidationError
+        Naming each site with duplicate, missing or extra IDs and a few of those IDs.
+    """
+    if not ids_by_site:
+        return
+    reference_name, reference_ids = next(iter(ids_by_site.items()))
+    reference = set(reference_ids)
+    problems = []
+    for name, ids in ids_by_site.items():
+        present = set(ids)
+        duplicated = pd.Series(list(ids), dtype=object)
+        duplicated = set(duplicated[duplicated.duplicated()])
+        if duplicated:
+            problems.append(f"site '{name}': {len(duplicated)} duplicate IDs ({_some(duplicated)})")
+        if reference - present:
+            problems.append(
+                f"site '{name}': {len(reference - present)} IDs of site '{reference_name}' missing "
+                f"({_some(reference - present)})"
+            )
+        if present - reference:
+            problems.append(
+                f"site '{name}': {len(present - reference)} IDs absent at site '{reference_name}' "
+                f"({_some(present - reference)})"
+            )
+    if problems:
+        raise DataValidationError("record IDs do not align across sites:\n" + "\n".join(problems))
