@@ -94,7 +94,7 @@ def main(grid: Grid, context: Context) -> None:
             "train": weighted_nanmean(train_sites),
             "global_test": global_test,
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
-            "sites": record.evaluate_sites if record else {},
+            "sites": dict(sorted(record.evaluate_sites.items())) if record else {},
             "failures": record.failures if record else [],
             "elapsed_s": time.perf_counter() - started,
         }
@@ -125,7 +125,7 @@ def _write_results(
     ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
 ) -> None:
     last = strategy.rounds.get(cfg.federation.rounds)
-    sites = last.evaluate_sites if last else {}
+    sites = dict(sorted(last.evaluate_sites.items())) if last else {}
     if cfg.server_evaluation:
         test = _global_metrics(model, dataset)
         test_source = "global model on the pooled test split (server-side, simulation)"

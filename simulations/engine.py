@@ -19,11 +19,12 @@ from typing import Any
 
 from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir, get_project_config
-from flwr.common.constant import RUN_ID_NUM_BYTES, TASK_ID_NUM_BYTES
+from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
 from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
 from flwr.simulation.run_simulation import _run_simulation
 from flwr.supercore.constant import NOOP_FEDERATION_ID
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
 from flwr_app import task
@@ -67,10 +68,15 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
             f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
         )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
     run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
     run.federation_id = NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
+    # As flwr.simulation.run_simulation does for its own Run: messages are stamped with these.
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = run.run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
     flwr_logger = logging.getLogger("flwr")
