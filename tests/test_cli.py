@@ -1,0 +1,42 @@
+"""The Hydra entry point stops bad input with a message naming the file and the problem."""
+
+import subprocess
+import sys
+
+import pytest
+
+from flwr_app.config import PROJECT_ROOT
+
+GOOD = "time,event,age\n10,1,50\n12,0,61\n30,1,70\n44,0,35\n"
+
+
+def run_cli(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "simulations.run", *overrides, "hydra.run.dir=/tmp/fedsurv-cli-test"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (GOOD.replace("12,0,61", "-12,0,61"), "negative"),
+        (GOOD.replace("30,1,70", "30,2,70"), "event"),
+        (GOOD.replace("time,", "duration,"), "time"),
+    ],
+    ids=["negative-time", "event-2", "missing-time-column"],
+)
+def test_bad_csv_stops_with_file_and_problem(tmp_path, content, problem):
+    path = tmp_path / "site.csv"
+    path.write_text(content)
+    result = run_cli("data=csv", f"data.path={path}", "data.time_col=time", "data.event_col=event")
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("error:") and str(path) in message and problem in message
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_config_value_names_the_key():
+    result = run_cli("federation.rounds=0")
+    assert result.returncode == 2
+    assert "'federation.rounds' must be > 0" in result.stderr
