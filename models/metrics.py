@@ -1,0 +1,377 @@
+r"""Evaluation of predicted survival curves, on top of scikit-survival, pycox and numpy.
+
+Which implementation defines each reported figure:
+
+=============== ======================================================================
+``c_index``     Harrell's C: ``sksurv.metrics.concordance_index_censored`` on a risk score
+                (default :math:`-\mathrm{RMST}` of the curves over their grid).
+``c_index_td``  Antolini's time-dependent C: ``pycox.evaluation.EvalSurv.concordance_td
+                ("antolini")``, curves evaluated at the test times.
+``ibs``         Integrated Brier score: ``sksurv.metrics.integrated_brier_score``; IPCW with
+                the censoring Kaplan-Meier fitted on the *training* data, trapezoid rule.
+``inbll``       Integrated negative binomial log-likelihood:
+                ``pycox.evaluation.EvalSurv.integrated_nbll`` with ``censor_surv`` set to the
+                censoring Kaplan-Meier (pycox ``utils.kaplan_meier``) of the *training* data,
+                Simpson's rule.
+``brier_at``    ``sksurv.metrics.brier_score`` (same IPCW as ``ibs``).
+calibration     Kaplan-Meier with log-log 95% CI: ``sksurv.nonparametric.kaplan_meier_estimator``.
+=============== ======================================================================
+
+Curves are right-continuous step functions: :math:`S(t) = S(\tau_j)` for
+:math:`\tau_j \le t < \tau_{j+1}` and :math:`S(t) = 1` before the first grid point
+(:func:`survival_at`).
+
+Evaluation grid (:func:`default_eval_times`): 100 equally spaced points between the 5th and
+95th percentiles of the test times, keeping only points strictly below the largest test time,
+the largest training time and the first time where the training censoring Kaplan-Meier
+reaches 0, so that every IPCW weight is finite. A metric that is undefined on the data at hand
+(no comparable pair, no events, fewer than two valid grid points, non-finite predictions) is
+returned as NaN; nothing here raises on small or degenerate per-site test sets.
+
+Compatibility shim: pycox 0.3.0 calls ``scipy.integrate.simps``, removed in SciPy 1.14.
+Importing this module defines ``scipy.integrate.simps`` (only when missing) as a thin wrapper
+over ``scipy.integrate.simpson`` with simps' positional ``(y, x)`` signature.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import scipy.integrate
+
+if not hasattr(scipy.integrate, "simps"):
+
+    def _simps(y: np.ndarray, x: np.ndarray | None = None, dx: float = 1.0, axis: int = -1) -> float:
+        """``scipy.integrate.simps`` (removed in SciPy 1.14) for pycox 0.3.0."""
+        return scipy.integrate.simpson(y, x=x, dx=dx, axis=axis)
+
+    scipy.integrate.simps = _simps
+
+from pycox.evaluation import EvalSurv  # noqa: E402  (after the shim)
+from pycox.utils import kaplan_meier  # noqa: E402
+from sksurv.metrics import brier_score, concordance_index_censored, integrated_brier_score  # noqa: E402
+from sksurv.nonparametric import kaplan_meier_estimator  # noqa: E402
+from sksurv.util import Surv  # noqa: E402
+
+from models.survival import restricted_mean_survival_time  # noqa: E402
+
+__all__ = [
+    "brier_at",
+    "calibration_table",
+    "default_eval_times",
+    "evaluate_survival",
+    "survival_at",
+]
+
+_NAN = float("nan")
+
+
+def survival_at(times: np.ndarray, surv: np.ndarray, at: np.ndarray) -> np.ndarray:
+    r"""Evaluate right-continuous step curves at new times.
+
+    .. math::
+
+        S_i(t) = S_i(\tau_j) \text{ for } \tau_j \le t < \tau_{j+1}, \qquad
+        S_i(t) = 1 \text{ for } t < \tau_0 .
+
+    Parameters
+    ----------
+    times : ndarray, shape (m,)
+        Increasing grid of the curves.
+    surv : ndarray, shape (n, m)
+    at : ndarray, shape (k,)
+
+    Returns
+    -------
+    ndarray, shape (n, k)
+    """
+    times, surv = _check_curves(times, surv)
+    position = np.searchsorted(times, np.asarray(at, dtype=np.float64), side="right")
+    padded = np.concatenate([np.ones((surv.shape[0], 1)), surv], axis=1)
+    return padded[:, position]
+
+
+def default_eval_times(
+    time: np.ndarray, train_time: np.ndarray, train_event: np.ndarray, num: int = 100
+) -> np.ndarray:
+    r"""Evaluation grid for the integrated scores (may be empty when undefined).
+
+    ``num`` equally spaced points on :math:`[q_{0.05}, q_{0.95}]` of the test times ``time``,
+    keeping those strictly below :math:`\min(\max T^{test}, \max T^{train}, t_{G=0})`, where
+    :math:`t_{G=0}` is the first time at which the training censoring Kaplan-Meier
+    :math:`\hat G` is 0. Fewer than two points left gives an empty grid.
+    """
+    time = np.asarray(time, dtype=np.float64)
+    upper = _ipcw_upper_limit(time, train_time, train_event)
+    low, high = np.quantile(time, [0.05, 0.95])
+    grid = np.linspace(low, high, num)
+    grid = grid[grid < upper]
+    return grid if np.unique(grid).size >= 2 else np.empty(0)
+
+
+def evaluate_survival(
+    times: np.ndarray,
+    surv: np.ndarray,
+    *,
+    time: np.ndarray,
+    event: np.ndarray,
+    train_time: np.ndarray,
+    train_event: np.ndarray,
+    risk: np.ndarray | None = None,
+    eval_times: np.ndarray | None = None,
+) -> dict[str, float]:
+    r"""Discrimination and calibration of predicted survival curves on a test set.
+
+    .. math::
+
+        C_{H} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,(\mathbb{1}[r_i > r_j]
+                 + \tfrac12 \mathbb{1}[r_i = r_j])}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
+        \qquad
+        C_{td} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,
+                 \mathbb{1}[\hat S_i(T_i) < \hat S_j(T_i)]}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
+
+    (censorings tied with an event's time count as later), and over the evaluation grid
+    :math:`t_1 < \dots < t_K`
+
+    .. math::
+
+        \mathrm{IBS} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} BS(t)\,dt, \qquad
+        \mathrm{INBLL} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} NBLL(t)\,dt,
+
+        NBLL(t) = -\frac{\sum_i w_i(t)\,\big(\mathbb{1}[T_i \le t, \delta_i = 1]
+                  \log(1 - \hat S_i(t)) + \mathbb{1}[T_i > t] \log \hat S_i(t)\big)}{\sum_i w_i(t)},
+
+    with :math:`BS(t)` as in :func:`brier_at` (sksurv, trapezoid rule, weights
+    :math:`1/\hat G(T_i)` and :math:`1/\hat G(t)`) and pycox's weights
+    :math:`w_i(t) = 1/\hat G(T_i-)` for events before :math:`t`, :math:`1/\hat G(t)` for records
+    still at risk, 0 otherwise, :math:`\hat S` clipped to :math:`[10^{-7}, 1 - 10^{-7}]` (Simpson's
+    rule); :math:`\hat G` is the censoring Kaplan-Meier of
+    the training data.
+
+    Parameters
+    ----------
+    times : ndarray, shape (m,)
+        Grid of the predicted curves.
+    surv : ndarray, shape (n, m)
+        Predicted :math:`S(\tau_j \mid x_i)` for the n test records.
+    time, event : ndarray, shape (n,)
+        Test outcomes.
+    train_time, train_event : ndarray
+        Training outcomes (censoring distribution for IPCW).
+    risk : ndarray, shape (n,), optional
+        Risk score for Harrell's C (higher = earlier event); default :math:`-\mathrm{RMST}`.
+    eval_times : ndarray, optional
+        Grid for ``ibs`` and ``inbll``; default :func:`default_eval_times`. Points outside the
+        range where IPCW is defined (before the first test time, at or beyond the limit of
+        :func:`default_eval_times`) are dropped.
+
+    Returns
+    -------
+    dict
+        ``c_index`` (Harrell), ``c_index_td`` (Antolini), ``ibs``, ``inbll``; NaN where a
+        metric is undefined on these data. Definitions: see the module docstring.
+
+    References
+    ----------
+    Harrell et al. (1982), JAMA 247:2543; Antolini, Boracchi & Biganzoli (2005), Stat. Med.
+    24:3927; Graf et al. (1999), Stat. Med. 18:2529 (Brier score and binomial log-likelihood
+    with IPCW).
+    """
+    times, surv = _check_curves(times, surv)
+    time, event = _check_outcomes(time, event, surv.shape[0])
+    train_time, train_event = _check_outcomes(train_time, train_event, None)
+    if risk is None:
+        risk = -restricted_mean_survival_time(times, surv)
+    risk = np.asarray(risk, dtype=np.float64)
+    if risk.shape != time.shape:
+        raise ValueError(f"risk must have shape {time.shape}, got {risk.shape}")
+    if eval_times is None:
+        eval_times = default_eval_times(time, train_time, train_event)
+    eval_times = np.asarray(eval_times, dtype=np.float64)
+    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < _ipcw_upper_limit(time, train_time, train_event))]
+    finite = bool(np.all(np.isfinite(surv)))
+    return {
+        "c_index": _harrell(risk, time, event),
+        "c_index_td": _antolini(times, surv, time, event) if finite else _NAN,
+        "ibs": _ibs(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
+        "inbll": _inbll(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
+    }
+
+
+def brier_at(
+    times: np.ndarray,
+    surv: np.ndarray,
+    *,
+    time: np.ndarray,
+    event: np.ndarray,
+    train_time: np.ndarray,
+    train_event: np.ndarray,
+    horizons: np.ndarray,
+) -> np.ndarray:
+    r"""IPCW Brier score at each horizon (``sksurv.metrics.brier_score``).
+
+    .. math::
+
+        BS(t) = \frac{1}{n} \sum_i \Big[ \frac{\hat S_i(t)^2\, \mathbb{1}[T_i \le t, \delta_i = 1]}
+                {\hat G(T_i)} + \frac{(1 - \hat S_i(t))^2\, \mathbb{1}[T_i > t]}{\hat G(t)} \Big],
+
+    :math:`\hat G` the censoring Kaplan-Meier of the training data. A horizon outside the
+    valid range of :func:`default_eval_times` (before the first test time, at or beyond the
+    last test or training time, or where :math:`\hat G = 0`) gives NaN.
+
+    Returns
+    -------
+    ndarray, shape (len(horizons),)
+
+    References
+    ----------
+    Graf et al. (1999), Stat. Med. 18:2529.
+    """
+    times, surv = _check_curves(times, surv)
+    time, event = _check_outcomes(time, event, surv.shape[0])
+    train_time, train_event = _check_outcomes(train_time, train_event, None)
+    horizons = np.atleast_1d(np.asarray(horizons, dtype=np.float64))
+    out = np.full(horizons.shape, _NAN)
+    valid = (horizons >= time.min()) & (horizons < _ipcw_upper_limit(time, train_time, train_event))
+    if not (valid.any() and event.any() and train_event.any() and np.all(np.isfinite(surv))):
+        return out
+    unique_h = np.unique(horizons[valid])  # sksurv scores the sorted unique horizons
+    _, scores = brier_score(
+        Surv.from_arrays(train_event.astype(bool), train_time),
+        Surv.from_arrays(event.astype(bool), np.minimum(time, train_time.max())),
+        survival_at(times, surv, unique_h),
+        unique_h,
+    )
+    out[valid] = scores[np.searchsorted(unique_h, horizons[valid])]
+    return out
+
+
+def calibration_table(
+    times: np.ndarray, surv: np.ndarray, *, time: np.ndarray, event: np.ndarray, horizons: np.ndarray
+) -> pd.DataFrame:
+    r"""Mean predicted survival against Kaplan-Meier at each horizon.
+
+    ``predicted`` is :math:`\frac{1}{n}\sum_i \hat S_i(h)`; ``km`` is the Kaplan-Meier
+    :math:`\hat S_{KM}(h)` of the same records with its pointwise 95% confidence interval
+    (log-log transform, Greenwood variance) in ``km_lower``/``km_upper``; ``n_at_risk`` is
+    :math:`\#\{T_i \ge h\}`. KM columns are NaN beyond the last observed time unless the
+    Kaplan-Meier has already reached 0.
+
+    Returns
+    -------
+    DataFrame with columns ``horizon, predicted, km, km_lower, km_upper, n_at_risk``.
+
+    References
+    ----------
+    Kaplan & Meier (1958), JASA 53:457; Kalbfleisch & Prentice (2002), Sec. 1.4 (log-log CI).
+    """
+    times, surv = _check_curves(times, surv)
+    time, event = _check_outcomes(time, event, surv.shape[0])
+    horizons = np.atleast_1d(np.asarray(horizons, dtype=np.float64))
+    km_time, km_surv, km_ci = kaplan_meier_estimator(event.astype(bool), time, conf_type="log-log")
+    position = np.searchsorted(km_time, horizons, side="right") - 1
+
+    def at_horizons(values: np.ndarray) -> np.ndarray:
+        out = np.where(position >= 0, values[np.maximum(position, 0)], 1.0)
+        beyond = (horizons > km_time[-1]) & (km_surv[-1] > 0)
+        return np.where(beyond, _NAN, out)
+
+    return pd.DataFrame(
+        {
+            "horizon": horizons,
+            "predicted": survival_at(times, surv, horizons).mean(axis=0),
+            "km": at_horizons(km_surv),
+            "km_lower": at_horizons(km_ci[0]),
+            "km_upper": at_horizons(km_ci[1]),
+            "n_at_risk": (time[None, :] >= horizons[:, None]).sum(axis=1),
+        }
+    )
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _ipcw_upper_limit(time: np.ndarray, train_time: np.ndarray, train_event: np.ndarray) -> float:
+    """Eval times must lie strictly below this: the largest test time, the largest training
+    time, and the first time where the training censoring Kaplan-Meier is 0."""
+    train_time = np.asarray(train_time, dtype=np.float64)
+    censor_km = kaplan_meier(train_time, 1 - np.asarray(train_event, dtype=np.float64))
+    zero = censor_km.index.values[censor_km.values <= 0]
+    return float(min(np.max(time), train_time.max(), zero[0] if zero.size else np.inf))
+
+
+def _check_curves(times: np.ndarray, surv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    times = np.asarray(times, dtype=np.float64)
+    surv = np.asarray(surv, dtype=np.float64)
+    if times.ndim != 1 or times.size == 0 or np.any(np.diff(times) <= 0):
+        raise ValueError("times must be a non-empty, strictly increasing 1-D array")
+    if surv.ndim != 2 or surv.shape[1] != times.size:
+        raise ValueError(f"surv must have shape (n, {times.size}), got {surv.shape}")
+    return times, surv
+
+
+def _check_outcomes(time: np.ndarray, event: np.ndarray, n: int | None) -> tuple[np.ndarray, np.ndarray]:
+    time = np.asarray(time, dtype=np.float64)
+    event = np.asarray(event)
+    if time.ndim != 1 or event.shape != time.shape or time.size == 0:
+        raise ValueError(f"time and event must be non-empty 1-D arrays of equal length, got {time.shape}, {event.shape}")
+    if n is not None and time.size != n:
+        raise ValueError(f"time has {time.size} records but surv has {n} rows")
+    if not np.all(np.isfinite(time)) or not np.all(np.isin(event, (0, 1))):
+        raise ValueError("time must be finite and event must contain only 0/1")
+    return time, event.astype(np.int64)
+
+
+def _harrell(risk: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
+    if not (np.all(np.isfinite(risk)) and _has_comparable_pair(time, event)):
+        return _NAN
+    return float(concordance_index_censored(event.astype(bool), time, risk)[0])
+
+
+def _has_comparable_pair(time: np.ndarray, event: np.ndarray) -> bool:
+    """An event with a later time, or with a censoring at the same time (Antolini/Harrell)."""
+    event_times = time[event == 1]
+    censored_times = time[event == 0]
+    return bool(event_times.size and (event_times.min() < time.max() or np.isin(event_times, censored_times).any()))
+
+
+def _antolini(times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
+    if not _has_comparable_pair(time, event):
+        return _NAN
+    at = np.unique(time)
+    curves = pd.DataFrame(survival_at(times, surv, at).T, index=at)
+    return float(EvalSurv(curves, time, event).concordance_td("antolini"))
+
+
+def _ibs(
+    times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray,
+    train_time: np.ndarray, train_event: np.ndarray, eval_times: np.ndarray,
+) -> float:
+    if np.unique(eval_times).size < 2 or not event.any() or not train_event.any():
+        return _NAN
+    # Records followed beyond the last training time are at risk at every eval time (all lie
+    # below it); clipping them there keeps sksurv's censoring-KM lookup defined and changes
+    # no term of the score.
+    return float(
+        integrated_brier_score(
+            Surv.from_arrays(train_event.astype(bool), train_time),
+            Surv.from_arrays(event.astype(bool), np.minimum(time, train_time.max())),
+            survival_at(times, surv, eval_times),
+            eval_times,
+        )
+    )
+
+
+def _inbll(
+    times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray,
+    train_time: np.ndarray, train_event: np.ndarray, eval_times: np.ndarray,
+) -> float:
+    if np.unique(eval_times).size < 2:
+        return _NAN
+    censor_km = kaplan_meier(train_time, 1 - train_event)
+    censor_surv = pd.DataFrame(
+        np.repeat(censor_km.values[:, None], time.size, axis=1), index=censor_km.index
+    )
+    curves = pd.DataFrame(survival_at(times, surv, eval_times).T, index=eval_times)
+    evaluation = EvalSurv(curves, time, event.astype(np.float64), censor_surv=censor_surv)
+    return float(evaluation.integrated_nbll(eval_times))

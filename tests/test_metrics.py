@@ -1,0 +1,192 @@
+"""Metrics against lifelines, pycox, scikit-survival and direct computations."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.integrate
+from lifelines import KaplanMeierFitter
+from lifelines.utils import concordance_index
+from pycox.evaluation import EvalSurv
+from sksurv.metrics import brier_score
+from sksurv.util import Surv
+
+from models.metrics import (
+    brier_at,
+    calibration_table,
+    default_eval_times,
+    evaluate_survival,
+    survival_at,
+)
+from models.survival import restricted_mean_survival_time
+
+
+def _exponential_data(n, seed, censor_scale=2.0):
+    """T ~ Exp(rate exp(beta x)), C ~ Exp(1/censor_scale); true curves on a fine grid."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    rate = 0.5 * np.exp(0.8 * x)
+    t = rng.exponential(1 / rate)
+    c = rng.exponential(censor_scale, size=n)
+    time, event = np.minimum(t, c), (t <= c).astype(int)
+    grid = np.linspace(0.0, 8.0, 400)
+    surv = np.exp(-np.outer(rate, grid))
+    return time, event, grid, surv, rate
+
+
+def test_survival_at_is_right_continuous_with_one_before_the_grid():
+    times = np.array([1.0, 2.0, 4.0])
+    surv = np.array([[0.9, 0.5, 0.1]])
+    out = survival_at(times, surv, np.array([0.0, 0.999, 1.0, 1.5, 2.0, 3.9, 4.0, 10.0]))
+    np.testing.assert_array_equal(out, [[1.0, 1.0, 0.9, 0.9, 0.5, 0.5, 0.1, 0.1]])
+
+
+def test_harrell_c_matches_lifelines():
+    time, event, grid, surv, rate = _exponential_data(500, seed=0)
+    train_time, train_event, *_ = _exponential_data(500, seed=1)
+    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
+                            train_event=train_event, risk=np.log(rate))
+    assert out["c_index"] == pytest.approx(concordance_index(time, -np.log(rate), event), abs=1e-12)
+    default = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event)
+    rmst = restricted_mean_survival_time(grid, surv)
+    assert default["c_index"] == pytest.approx(concordance_index(time, rmst, event), abs=1e-12)
+
+
+def test_antolini_matches_pycox_on_a_grid_holding_the_test_times():
+    rng = np.random.default_rng(2)
+    n = 300
+    time = np.round(rng.exponential(2.0, n), 2)
+    event = rng.integers(0, 2, n)
+    grid = np.union1d(time, np.linspace(0, 10, 50))
+    # crossing curves: Antolini differs from Harrell here
+    a, b = rng.uniform(0.2, 1.0, n), rng.uniform(0.5, 2.0, n)
+    surv = np.exp(-a[:, None] * grid[None, :] ** b[:, None])
+    out = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event)
+    ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event).concordance_td("antolini")
+    assert out["c_index_td"] == pytest.approx(ref, abs=1e-12)
+    assert abs(out["c_index_td"] - out["c_index"]) > 1e-3
+
+
+def _censoring_km(train_time, train_event):
+    """G(t) = prod_{s <= t} (1 - c_s / n_s) from the training data, as a step function."""
+    uniq = np.unique(train_time)
+    cens = np.array([np.sum((train_time == s) & (train_event == 0)) for s in uniq])
+    at_risk = np.array([np.sum(train_time >= s) for s in uniq])
+    values = np.cumprod(1 - cens / at_risk)
+
+    def g(t):
+        pos = np.searchsorted(uniq, t, side="right") - 1
+        return np.where(pos >= 0, values[np.maximum(pos, 0)], 1.0)
+
+    return g
+
+
+def test_ibs_matches_direct_ipcw_computation_with_training_censoring():
+    time, event, grid, surv, _ = _exponential_data(400, seed=3)
+    train_time, train_event, *_ = _exponential_data(1000, seed=4, censor_scale=3.0)
+    eval_times = default_eval_times(time, train_time, train_event)
+    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
+                            train_event=train_event, eval_times=eval_times)
+    g = _censoring_km(train_time, train_event)
+    s = survival_at(grid, surv, eval_times)
+    bs = []
+    for k, t in enumerate(eval_times):
+        case = (time <= t) & (event == 1)
+        control = time > t
+        bs.append(np.mean(s[:, k] ** 2 * case / g(time) + (1 - s[:, k]) ** 2 * control / g(t)))
+    direct = np.trapezoid(bs, eval_times) / (eval_times[-1] - eval_times[0])
+    assert out["ibs"] == pytest.approx(direct, rel=1e-10)
+    # training censoring, not test censoring: the same test data with other training data differ
+    other = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event,
+                              eval_times=eval_times)
+    assert other["ibs"] != pytest.approx(out["ibs"], rel=1e-6)
+    np.testing.assert_allclose(
+        brier_at(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event,
+                 horizons=eval_times[[10, 3, 10]]),
+        np.array(bs)[[10, 3, 10]], rtol=1e-10,
+    )
+
+
+def test_inbll_matches_pycox_when_training_and_test_censoring_coincide():
+    time, event, grid, surv, _ = _exponential_data(400, seed=5)
+    eval_times = default_eval_times(time, time, event)
+    out = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event,
+                            eval_times=eval_times)
+    ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event.astype(float), censor_surv="km")
+    assert out["inbll"] == pytest.approx(ref.integrated_nbll(eval_times), rel=1e-10)
+    assert scipy.integrate.simps(np.array([0.0, 1.0, 4.0]), np.array([0.0, 1.0, 2.0])) == pytest.approx(
+        scipy.integrate.simpson(np.array([0.0, 1.0, 4.0]), x=np.array([0.0, 1.0, 2.0]))
+    )
+
+
+def test_default_eval_times_stay_where_ipcw_is_defined():
+    time, event, *_ = _exponential_data(300, seed=6)
+    train_time, train_event, *_ = _exponential_data(300, seed=7)
+    grid = default_eval_times(time, train_time, train_event)
+    lo, hi = np.quantile(time, [0.05, 0.95])
+    assert grid.size == 100 and grid[0] == pytest.approx(lo) and grid[-1] == pytest.approx(hi)
+    # training data whose last time is censored: censoring KM hits 0 there
+    last = train_time.argmax()
+    train_event = train_event.copy()
+    train_event[last] = 0
+    train_time = np.minimum(train_time, np.quantile(time, 0.5))
+    grid = default_eval_times(time, train_time, train_event)
+    assert grid.size > 2 and grid.max() < train_time.max()
+
+
+def test_metrics_never_raise_on_small_or_degenerate_sites():
+    time, event, grid, surv, _ = _exponential_data(100, seed=8)
+    train_time, train_event, *_ = _exponential_data(400, seed=9)
+    kwargs = dict(train_time=train_time, train_event=train_event)
+    out = evaluate_survival(grid, surv, time=time, event=event, **kwargs)
+    assert set(out) == {"c_index", "c_index_td", "ibs", "inbll"} and all(np.isfinite(list(out.values())))
+    censored = evaluate_survival(grid, surv, time=time, event=np.zeros(100, int), **kwargs)
+    assert all(math.isnan(censored[k]) for k in ("c_index", "c_index_td", "ibs"))  # sksurv needs events
+    assert np.isfinite(censored["inbll"])  # pycox's IPCW NBLL is defined without events
+    single = evaluate_survival(grid, surv[:1], time=time[:1], event=np.array([1]), **kwargs)
+    assert all(math.isnan(v) for v in single.values())
+    pair = evaluate_survival(grid, surv[:2], time=np.array([0.5, 1.0]), event=np.array([1, 0]), **kwargs)
+    assert all(np.isfinite(list(pair.values())))
+    nan_curves = evaluate_survival(grid, np.full_like(surv, np.nan), time=time, event=event, **kwargs)
+    assert all(math.isnan(v) for v in nan_curves.values())
+    wide = evaluate_survival(grid, surv, time=time, event=event, eval_times=np.linspace(-1.0, 50.0, 500), **kwargs)
+    assert all(np.isfinite(list(wide.values())))  # eval times outside the IPCW range are dropped
+    beyond = evaluate_survival(grid, surv, time=time * 20, event=event, **kwargs)  # outlives training
+    assert np.isfinite(beyond["c_index"])
+    no_train_events = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
+                                        train_event=np.zeros_like(train_event))
+    assert math.isnan(no_train_events["ibs"]) and np.isfinite(no_train_events["c_index"])
+
+
+def test_brier_at_matches_sksurv_and_is_nan_out_of_range():
+    time, event, grid, surv, _ = _exponential_data(300, seed=10)
+    train_time, train_event, *_ = _exponential_data(300, seed=11)
+    horizons = np.array([0.5, 1.0, 2.0])
+    _, ref = brier_score(Surv.from_arrays(train_event.astype(bool), train_time),
+                         Surv.from_arrays(event.astype(bool), time), survival_at(grid, surv, horizons), horizons)
+    out = brier_at(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event,
+                   horizons=np.array([2.0, 0.5, 1.0, 1e6]))
+    np.testing.assert_allclose(out[:3], ref[[2, 0, 1]], rtol=1e-12)
+    assert math.isnan(out[3])
+
+
+def test_calibration_of_the_true_model_and_km_against_lifelines():
+    time, event, grid, surv, _ = _exponential_data(4000, seed=12)
+    horizons = np.array([0.5, 1.0, 2.0, 3.0])
+    table = calibration_table(grid, surv, time=time, event=event, horizons=horizons)
+    assert list(table.columns) == ["horizon", "predicted", "km", "km_lower", "km_upper", "n_at_risk"]
+    kmf = KaplanMeierFitter().fit(time, event)
+    np.testing.assert_allclose(table["km"], kmf.survival_function_at_times(horizons).to_numpy(), rtol=1e-12)
+    ci = kmf.confidence_interval_survival_function_
+    lower = ci.iloc[:, 0].reindex(ci.index.union(horizons)).ffill().loc[horizons].to_numpy()
+    upper = ci.iloc[:, 1].reindex(ci.index.union(horizons)).ffill().loc[horizons].to_numpy()
+    np.testing.assert_allclose(table["km_lower"], lower, rtol=1e-6)
+    np.testing.assert_allclose(table["km_upper"], upper, rtol=1e-6)
+    # the data-generating model is calibrated: mean predicted survival sits inside the KM 95% CI
+    assert np.all(np.abs(table["predicted"] - table["km"]) < 0.02)
+    assert np.all((table["km_lower"] <= table["predicted"]) & (table["predicted"] <= table["km_upper"]))
+    np.testing.assert_array_equal(table["n_at_risk"], [(time >= h).sum() for h in horizons])
+    wrong = calibration_table(grid, surv**2, time=time, event=event, horizons=horizons)
+    assert np.all(wrong["predicted"] < wrong["km_lower"])
+    assert math.isnan(calibration_table(grid, surv, time=time, event=event, horizons=[1e6])["km"].iloc[0])
