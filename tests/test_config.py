@@ -50,7 +50,7 @@ def test_every_group_option_keeps_the_schema(group):
 
 def test_hydra_and_flower_overrides_give_the_same_typed_config():
     via_hydra = parse_run_config(hydra_flat("model=cox_mlp", "federation.rounds=7", "seed=3"))
-    _, via_flower = resolve({"model.name": "cox_mlp", "federation.rounds": 7, "seed": 3})
+    _, via_flower = resolve({"model.name": "cox_mlp", "model.num_durations": 100, "federation.rounds": 7, "seed": 3})
     assert via_hydra == via_flower
     assert via_flower.model.name == "cox_mlp" and via_flower.federation.rounds == 7
 
