@@ -5,14 +5,14 @@ Which implementation defines each reported figure:
 =============== ======================================================================
 ``c_index``     Harrell's C: ``sksurv.metrics.concordance_index_censored`` on a risk score
                 (default :math:`-\mathrm{RMST}` of the curves over their grid).
-``c_index_td``  Antolini's time-dependent C: ``pycox.evaluation.EvalSurv.concordance_td
-                ("antolini")``, curves evaluated at the test times.
+``c_index_td``  Antolini's time-dependent C: pycox's ``EvalSurv.concordance_td("antolini")``
+                re-implemented in numpy (:func:`_antolini`; equal to pycox to 1e-12 in tests).
 ``ibs``         Integrated Brier score: ``sksurv.metrics.integrated_brier_score``; IPCW with
                 the censoring Kaplan-Meier fitted on the *training* data, trapezoid rule.
-``inbll``       Integrated negative binomial log-likelihood:
-                ``pycox.evaluation.EvalSurv.integrated_nbll`` with ``censor_surv`` set to the
-                censoring Kaplan-Meier (pycox ``utils.kaplan_meier``) of the *training* data,
-                Simpson's rule.
+``inbll``       Integrated negative binomial log-likelihood: pycox's
+                ``EvalSurv.integrated_nbll`` with ``censor_surv`` set to the censoring
+                Kaplan-Meier of the *training* data, re-implemented in numpy (:func:`_inbll`;
+                equal to pycox to 1e-10 in tests), Simpson's rule.
 ``brier_at``    ``sksurv.metrics.brier_score`` (same IPCW as ``ibs``).
 calibration     Kaplan-Meier with log-log 95% CI: ``sksurv.nonparametric.kaplan_meier_estimator``.
 =============== ======================================================================
@@ -28,9 +28,12 @@ reaches 0, so that every IPCW weight is finite. A metric that is undefined on th
 (no comparable pair, no events, fewer than two valid grid points, non-finite predictions) is
 returned as NaN; nothing here raises on small or degenerate per-site test sets.
 
-Compatibility shim: pycox 0.3.0 calls ``scipy.integrate.simps``, removed in SciPy 1.14.
-Importing this module defines ``scipy.integrate.simps`` (only when missing) as a thin wrapper
-over ``scipy.integrate.simpson`` with simps' positional ``(y, x)`` signature.
+Why two pycox metrics are re-implemented here instead of called: pycox computes them with
+numba kernels that are compiled afresh in every process (about 4 s on these machines, on top of
+importing pycox). A federation evaluates in many short-lived processes (one per Ray actor in
+simulation, one per message in deployment), so that cost landed on every site's first (or every)
+evaluation. The numpy versions below compute the same quantities; the tests compare them with
+pycox itself.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ __all__ = [
 ]
 
 _NAN = float("nan")
+_EPS = 1e-7  # pycox clips predicted survival to [eps, 1 - eps] in the NBLL
+_BLOCK = 512  # test records per block in the pairwise C_td computation
 
 
 def survival_at(times: np.ndarray, surv: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -336,11 +341,26 @@ def _has_comparable_pair(time: np.ndarray, event: np.ndarray) -> bool:
 
 
 def _antolini(times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
+    r"""Antolini's :math:`C_{td}` exactly as pycox's ``concordance_td("antolini")``.
+
+    Pair (i, j) is comparable when :math:`\delta_i = 1` and :math:`T_i < T_j`, or
+    :math:`T_i = T_j` with :math:`\delta_j = 0`; it is concordant when also
+    :math:`\hat S_i(T_i) < \hat S_j(T_i)`. Columns are processed in blocks to bound memory.
+    """
     if not _has_comparable_pair(time, event):
         return _NAN
-    at = np.unique(time)
-    curves = pd.DataFrame(survival_at(times, surv, at).T, index=at)
-    return float(EvalSurv(curves, time, event).concordance_td("antolini"))
+    concordant = comparable = 0.0
+    for start in range(0, time.size, _BLOCK):
+        cols = slice(start, start + _BLOCK)
+        t_i, d_i = time[cols], event[cols] == 1
+        at_t_i = survival_at(times, surv, t_i)  # (n, block): S_j(T_i)
+        own = at_t_i[np.arange(start, start + t_i.size), np.arange(t_i.size)]
+        pairs = d_i[None, :] & (
+            (t_i[None, :] < time[:, None]) | ((t_i[None, :] == time[:, None]) & (event[:, None] == 0))
+        )
+        comparable += pairs.sum()
+        concordant += (pairs & (own[None, :] < at_t_i)).sum()
+    return float(concordant / comparable)
 
 
 def _ibs(
@@ -362,16 +382,34 @@ def _ibs(
     )
 
 
+def _censoring_survival(train_time: np.ndarray, train_event: np.ndarray):
+    """Kaplan-Meier of the training censoring times, as step lookups ``G(t)`` and ``G(t-)``."""
+    km_time, km_surv = kaplan_meier_estimator(train_event == 0, train_time)
+
+    def at(t: np.ndarray, *, left: bool) -> np.ndarray:
+        position = np.searchsorted(km_time, t, side="left" if left else "right") - 1
+        return np.where(position >= 0, km_surv[np.maximum(position, 0)], 1.0)
+
+    return at
+
+
 def _inbll(
     times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray,
     train_time: np.ndarray, train_event: np.ndarray, eval_times: np.ndarray,
 ) -> float:
+    r"""Integrated NBLL with IPCW, exactly as pycox's ``integrated_nbll`` (see
+    :func:`evaluate_survival` for the formula): weights :math:`1/\hat G(T_i-)` for events up to
+    :math:`t` and :math:`1/\hat G(t)` for records still at risk, normalised by their sum;
+    Simpson's rule over ``eval_times``."""
     if np.unique(eval_times).size < 2:
         return _NAN
-    censor_km = kaplan_meier(train_time, 1 - train_event)
-    censor_surv = pd.DataFrame(
-        np.repeat(censor_km.values[:, None], time.size, axis=1), index=censor_km.index
-    )
-    curves = pd.DataFrame(survival_at(times, surv, eval_times).T, index=eval_times)
-    evaluation = EvalSurv(curves, time, event.astype(np.float64), censor_surv=censor_surv)
-    return float(evaluation.integrated_nbll(eval_times))
+    censoring = _censoring_survival(train_time, train_event)
+    s = np.clip(survival_at(times, surv, eval_times), _EPS, 1.0 - _EPS)  # (n, K)
+    died = (time[:, None] <= eval_times[None, :]) & (event[:, None] == 1)
+    alive = time[:, None] > eval_times[None, :]
+    with np.errstate(divide="ignore"):  # G = 0 only where the indicator is 0
+        weights = (np.where(died, 1.0 / censoring(time, left=True)[:, None], 0.0)
+                   + np.where(alive, 1.0 / censoring(eval_times, left=False)[None, :], 0.0))
+    scores = np.where(died, np.log1p(-s), 0.0) + np.where(alive, np.log(s), 0.0)
+    nbll = -(scores * weights).sum(axis=0) / weights.sum(axis=0)
+    return float(scipy.integrate.simpson(nbll, x=eval_times) / (eval_times[-1] - eval_times[0]))

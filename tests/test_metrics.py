@@ -120,6 +120,21 @@ def test_inbll_matches_pycox_when_training_and_test_censoring_coincide():
     )
 
 
+def test_inbll_matches_pycox_with_the_training_censoring_distribution():
+    from pycox.utils import kaplan_meier
+
+    time, event, grid, surv, _ = _exponential_data(400, seed=6)
+    train_time, train_event, *_ = _exponential_data(900, seed=7, censor_scale=3.0)
+    train_time = np.round(train_time, 2)  # ties between censorings and events
+    eval_times = default_eval_times(time, train_time, train_event)
+    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
+                            train_event=train_event, eval_times=eval_times)
+    censor_km = kaplan_meier(train_time, 1 - train_event)
+    censor_surv = pd.DataFrame(np.repeat(censor_km.values[:, None], time.size, axis=1), index=censor_km.index)
+    ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event.astype(float), censor_surv=censor_surv)
+    assert out["inbll"] == pytest.approx(ref.integrated_nbll(eval_times), rel=1e-10)
+
+
 def test_default_eval_times_stay_where_ipcw_is_defined():
     time, event, *_ = _exponential_data(300, seed=6)
     train_time, train_event, *_ = _exponential_data(300, seed=7)
