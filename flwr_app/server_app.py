@@ -152,6 +152,7 @@ def _write_results(
     outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(),
                        baseline=strategy.baseline)
     if cfg.server_evaluation:
+        summary["calibration"] = task.calibration(model, dataset)
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
     if cfg.centralized_baseline:
         print("training the centralised baseline on the pooled training data ...", flush=True)

@@ -15,7 +15,7 @@ import torch
 
 from flwr_app.config import PROJECT_ROOT, ExperimentConfig
 from models.data import FederatedDataset, SurvivalArrays, build_federated_dataset
-from models.metrics import evaluate_survival
+from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from models.training import train_epochs
 
@@ -98,6 +98,22 @@ def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) 
         times, surv, time=test.time, event=test.event, train_time=train.time, train_event=train.event,
         risk=model.risk_score(test.x),
     )
+
+
+def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, list[dict[str, float]]]:
+    """Mean predicted survival vs Kaplan–Meier (95% CI) on the pooled test split and each site's.
+
+    Horizons: the quartiles of the pooled training event times.
+    """
+    train = dataset.pooled("train")
+    horizons = np.quantile(train.time[train.event == 1], [0.25, 0.5, 0.75])
+    parts = [("pooled test", dataset.pooled("test"))] + [(site.name, site.test) for site in dataset.sites]
+    tables = {}
+    for name, part in parts:
+        times, surv = model.predict_survival(part.x)
+        table = calibration_table(times, surv, time=part.time, event=part.event, horizons=horizons)
+        tables[name] = table.to_dict("records")
+    return tables
 
 
 def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:

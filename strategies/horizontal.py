@@ -108,7 +108,13 @@ class SurvivalFedAvg(FedAvg):
         return self.rounds.setdefault(server_round, RoundRecord())
 
     def _split_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        replies = list(replies)
+        """Record failed replies; return all replies in a fixed order (by site name).
+
+        Replies arrive in whatever order the sites finish. Sorting them makes the floating-point
+        sums of the aggregation, and so a rerun with the same seed, reproducible.
+        """
+        replies = sorted(replies, key=lambda message: (message.has_error(), "" if message.has_error()
+                                                        else _site_name(message)))
         record = self._record(server_round)
         for message in replies:
             if message.has_error():
