@@ -1,0 +1,356 @@
+"""Classical (worst-case) privacy accounting for DP-SGD and for client-level central DP.
+
+Everything here delegates the mathematics to opacus: the Rényi-DP of the Poisson-subsampled
+Gaussian mechanism (``opacus.accountants.analysis.rdp``), its conversion to ``(ε, δ)``, the PRV
+accountant (numerical composition of privacy loss random variables) and the noise calibration
+``opacus.accountants.utils.get_noise_multiplier``. This module adds only validation, a per-site
+stateful wrapper that survives checkpoints, and names for what is protected.
+
+Adjacency and unit
+------------------
+opacus' analysis of the Poisson-subsampled Gaussian mechanism is for **add/remove-one**
+neighbouring datasets: one record (``unit = "record"``) is present or absent, its clipped
+gradient has norm at most ``C`` and the noise on the *sum* of clipped gradients has standard
+deviation ``σ·C``. Under replace-one adjacency the sensitivity of the sum doubles (``2C``); the
+figures here are **not** replace-one figures.
+
+For Flower's client-level central DP (:func:`epsilon_gaussian_rounds`) the unit is a whole site:
+each site's clipped update has norm at most ``C`` and the server adds ``N(0, σ²C²)`` to the sum
+(Flower's ``DifferentialPrivacyServerSideFixedClipping`` adds ``σC/m`` to the mean of ``m``
+updates, which is the same mechanism).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import rdp as rdp_analysis
+from opacus.accountants.utils import get_noise_multiplier
+
+AccountantName = Literal["rdp", "prv"]
+
+#: Orders used for the RDP → (ε, δ) conversion (opacus' default grid).
+DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS)
+
+_ACCOUNTANTS: dict[str, type] = {"rdp": RDPAccountant, "prv": PRVAccountant}
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_noise_multiplier(noise_multiplier: float) -> float:
+    value = float(noise_multiplier)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier!r}")
+    return value
+
+
+def _check_sample_rate(sample_rate: float) -> float:
+    value = float(sample_rate)
+    if not math.isfinite(value) or not 0.0 < value <= 1.0:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+    return value
+
+
+def _check_delta(delta: float) -> float:
+    value = float(delta)
+    if not math.isfinite(value) or not 0.0 < value < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    return value
+
+
+def _check_count(value: int, name: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_accountant(accountant: str) -> str:
+    if accountant not in _ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {sorted(_ACCOUNTANTS)}, got {accountant!r}")
+    return accountant
+
+
+# --------------------------------------------------------------------------------------------
+# pure functions
+# --------------------------------------------------------------------------------------------
+
+
+def epsilon_from_history(
+    history: list[tuple[float, float, int]],
+    *,
+    delta: float,
+    accountant: AccountantName = "rdp",
+    orders: tuple[float, ...] | list[float] | None = None,
+) -> float:
+    r"""ε spent by a composition of Poisson-subsampled Gaussian mechanisms.
+
+    Parameters
+    ----------
+    history : list of (noise_multiplier, sample_rate, num_steps)
+        Each entry is ``num_steps`` applications of the mechanism that adds ``N(0, σ²C²)`` to the
+        sum of per-record gradients clipped to ``C``, each record included independently with
+        probability ``q``.
+    delta : float
+        Target δ in (0, 1).
+    accountant : {"rdp", "prv"}
+        ``"rdp"``: ``ε = min_α [Σ_t RDP_α(σ_t, q_t) + log((α−1)/α) − (log δ + log α)/(α−1)]``
+        (opacus' conversion); ``"prv"``: the upper bound of the PRV accountant.
+    orders : sequence of float, optional
+        RDP orders α (only for ``"rdp"``); opacus' default grid when omitted.
+
+    Returns
+    -------
+    float
+        ε under add/remove-one adjacency; ``0.0`` for an empty history.
+
+    References
+    ----------
+    Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
+    arXiv:1908.10530 (2019); Balle et al., "Hypothesis Testing Interpretations and Rényi
+    Differential Privacy", AISTATS 2020 (conversion); Gopi, Lee, Wutschitz, "Numerical
+    Composition of Differential Privacy", NeurIPS 2021 (PRV).
+    """
+    delta = _check_delta(delta)
+    _check_accountant(accountant)
+    if not history:
+        return 0.0
+    for noise_multiplier, sample_rate, num_steps in history:
+        _check_noise_multiplier(noise_multiplier)
+        _check_sample_rate(sample_rate)
+        _check_count(num_steps, "num_steps")
+    if accountant == "rdp":
+        alphas = list(DEFAULT_RDP_ORDERS if orders is None else orders)
+        rdp = sum(
+            rdp_analysis.compute_rdp(q=q, noise_multiplier=s, steps=n, orders=alphas)
+            for s, q, n in history
+        )
+        eps, _ = rdp_analysis.get_privacy_spent(orders=alphas, rdp=rdp, delta=delta)
+        return float(eps)
+    if orders is not None:
+        raise ValueError("orders only apply to the 'rdp' accountant")
+    prv = PRVAccountant()
+    prv.history = [(float(s), float(q), int(n)) for s, q, n in history]
+    return float(prv.get_epsilon(delta=delta))
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: AccountantName = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    r"""Smallest noise multiplier (to ``epsilon_tolerance``) meeting ``(ε, δ)`` after ``steps``.
+
+    ``steps`` is the number of noisy steps over **all** local steps of **all** rounds at the
+    site; the returned σ satisfies ``target_ε − epsilon_tolerance ≤ ε(σ, q, steps, δ) ≤ target_ε``
+    (opacus' bisection on ``σ``, accountant as in :func:`epsilon_from_history`).
+
+    Parameters
+    ----------
+    target_epsilon, target_delta : float
+        The budget; ε > 0, δ in (0, 1).
+    sample_rate : float
+        Poisson sampling rate ``q = B / n_k`` in (0, 1].
+    steps : int
+        Total number of noisy steps.
+    accountant : {"rdp", "prv"}
+    epsilon_tolerance : float
+        Bisection stops once ``target − ε ≤ epsilon_tolerance``.
+
+    Returns
+    -------
+    float
+        The noise multiplier σ (noise std ``σ·C`` on the sum of clipped gradients).
+
+    References
+    ----------
+    Abadi et al., "Deep Learning with Differential Privacy", CCS 2016; Mironov, Talwar, Zhang,
+    arXiv:1908.10530 (2019); opacus ``get_noise_multiplier``.
+    """
+    target_epsilon = float(target_epsilon)
+    if not math.isfinite(target_epsilon) or target_epsilon <= 0.0:
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    target_delta = _check_delta(target_delta)
+    sample_rate = _check_sample_rate(sample_rate)
+    steps = _check_count(steps, "steps")
+    _check_accountant(accountant)
+    if not epsilon_tolerance > 0.0:
+        raise ValueError(f"epsilon_tolerance must be > 0, got {epsilon_tolerance!r}")
+    with warnings.catch_warnings():
+        # The bracketing phase tries very large σ, whose optimal order is the largest α; the
+        # warning opacus emits there says nothing about the returned σ.
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        sigma = get_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant=accountant,
+            epsilon_tolerance=epsilon_tolerance,
+        )
+    return float(sigma)
+
+
+def epsilon_gaussian_rounds(
+    *,
+    noise_multiplier: float,
+    rounds: int,
+    delta: float,
+    sample_rate: float = 1.0,
+    orders: tuple[float, ...] | list[float] | None = None,
+) -> float:
+    r"""ε of client-level central DP (a whole site is the unit) after ``rounds`` rounds.
+
+    Each round the server adds ``N(0, σ²C²)`` to the sum of the sites' updates, each clipped to
+    ``C``. With ``sample_rate = 1`` (every site every round) there is **no** amplification and
+    the per-round RDP is that of the Gaussian mechanism, ``RDP_α = α / (2σ²)``, composed over
+    ``rounds``; with sites Poisson-sampled at rate ``q < 1`` opacus' subsampled-Gaussian RDP
+    applies. Adjacency: add/remove one site.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        σ, noise std relative to the clipping norm ``C`` of a site's update.
+    rounds : int
+        Number of rounds in which the site took part (or could have, when sampled).
+    delta : float
+        Target δ in (0, 1).
+    sample_rate : float
+        Probability that a site is sampled in a round (default 1: no amplification).
+    orders : sequence of float, optional
+        RDP orders; opacus' default grid when omitted.
+
+    Returns
+    -------
+    float
+        ε (RDP accountant, opacus conversion).
+
+    References
+    ----------
+    McMahan et al., "Learning Differentially Private Recurrent Language Models", ICLR 2018
+    (client-level DP); Mironov, "Rényi Differential Privacy", CSF 2017 (Gaussian RDP);
+    Mironov, Talwar, Zhang, arXiv:1908.10530 (2019).
+    """
+    noise_multiplier = _check_noise_multiplier(noise_multiplier)
+    rounds = _check_count(rounds, "rounds")
+    sample_rate = _check_sample_rate(sample_rate)
+    return epsilon_from_history(
+        [(noise_multiplier, sample_rate, rounds)], delta=delta, accountant="rdp", orders=orders
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# stateful accountant
+# --------------------------------------------------------------------------------------------
+
+
+class SiteAccountant:
+    r"""Record-level DP-SGD accountant for one site, kept across rounds.
+
+    A thin wrapper over opacus' ``RDPAccountant`` / ``PRVAccountant``: the history is a list of
+    ``(σ, q, num_steps)`` for the Poisson-subsampled Gaussian mechanism (noise ``N(0, σ²C²)`` on
+    the sum of per-record gradients clipped to ``C``). Entries with the same ``(σ, q)`` are merged
+    (composition is commutative), so a site that runs many rounds with one setting keeps one
+    entry. Adjacency is add/remove one record.
+
+    Parameters
+    ----------
+    accountant : {"rdp", "prv"}
+        Which opacus accountant turns the history into ε.
+
+    Attributes
+    ----------
+    adjacency : str
+        ``"add-remove"``.
+    unit : str
+        ``"record"``.
+
+    References
+    ----------
+    Mironov, Talwar, Zhang, arXiv:1908.10530 (2019) (RDP); Gopi, Lee, Wutschitz, NeurIPS 2021
+    (PRV).
+    """
+
+    adjacency: str = "add-remove"
+    unit: str = "record"
+
+    def __init__(self, accountant: AccountantName = "rdp") -> None:
+        self.mechanism: str = _check_accountant(accountant)
+        self.history: list[tuple[float, float, int]] = []
+
+    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
+        """Record ``num_steps`` noisy steps with noise multiplier σ and sampling rate q."""
+        noise_multiplier = _check_noise_multiplier(noise_multiplier)
+        sample_rate = _check_sample_rate(sample_rate)
+        num_steps = _check_count(num_steps, "num_steps")
+        for index, (sigma, q, count) in enumerate(self.history):
+            if sigma == noise_multiplier and q == sample_rate:
+                self.history[index] = (sigma, q, count + num_steps)
+                return
+        self.history.append((noise_multiplier, sample_rate, num_steps))
+
+    @property
+    def spent_steps(self) -> int:
+        """Total number of noisy steps recorded."""
+        return sum(count for _, _, count in self.history)
+
+    def __len__(self) -> int:
+        return self.spent_steps
+
+    def epsilon(self, delta: float) -> float:
+        """ε spent so far at ``delta`` (see :func:`epsilon_from_history`)."""
+        return epsilon_from_history(self.history, delta=delta, accountant=self.mechanism)  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state (JSON-serialisable) for checkpoints and Flower's ``context.state``."""
+        return {
+            "mechanism": self.mechanism,
+            "adjacency": self.adjacency,
+            "unit": self.unit,
+            "history": [[float(s), float(q), int(n)] for s, q, n in self.history],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; the restored accountant reports the same ε."""
+        if "history" not in state_dict:
+            raise KeyError("state_dict has no 'history'")
+        mechanism = state_dict.get("mechanism", self.mechanism)
+        if mechanism != self.mechanism:
+            raise ValueError(
+                f"state_dict is for a {mechanism!r} accountant, this one is {self.mechanism!r}"
+            )
+        history: list[tuple[float, float, int]] = []
+        for entry in state_dict["history"]:
+            if len(entry) != 3:
+                raise ValueError(f"history entries are (sigma, q, steps), got {entry!r}")
+            sigma, q, count = entry
+            history.append(
+                (
+                    _check_noise_multiplier(sigma),
+                    _check_sample_rate(q),
+                    _check_count(int(count), "num_steps"),
+                )
+            )
+        self.history = history
+
+    @classmethod
+    def from_state_dict(cls, state_dict: dict[str, Any]) -> SiteAccountant:
+        """New accountant restored from :meth:`state_dict`."""
+        accountant = cls(state_dict.get("mechanism", "rdp"))
+        accountant.load_state_dict(state_dict)
+        return accountant
+
+    def __repr__(self) -> str:
+        return f"SiteAccountant(accountant={self.mechanism!r}, history={self.history!r})"
