@@ -41,22 +41,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import scipy.integrate
+from sksurv.metrics import brier_score, concordance_index_censored, integrated_brier_score
+from sksurv.nonparametric import kaplan_meier_estimator
+from sksurv.util import Surv
 
-if not hasattr(scipy.integrate, "simps"):
-
-    def _simps(y: np.ndarray, x: np.ndarray | None = None, dx: float = 1.0, axis: int = -1) -> float:
-        """``scipy.integrate.simps`` (removed in SciPy 1.14) for pycox 0.3.0."""
-        return scipy.integrate.simpson(y, x=x, dx=dx, axis=axis)
-
-    scipy.integrate.simps = _simps
-
-from pycox.evaluation import EvalSurv  # noqa: E402  (after the shim)
-from pycox.utils import kaplan_meier  # noqa: E402
-from sksurv.metrics import brier_score, concordance_index_censored, integrated_brier_score  # noqa: E402
-from sksurv.nonparametric import kaplan_meier_estimator  # noqa: E402
-from sksurv.util import Surv  # noqa: E402
-
-from models.survival import restricted_mean_survival_time  # noqa: E402
+from models.survival import restricted_mean_survival_time
 
 __all__ = [
     "brier_at",
@@ -300,8 +289,8 @@ def _ipcw_upper_limit(time: np.ndarray, train_time: np.ndarray, train_event: np.
     """Eval times must lie strictly below this: the largest test time, the largest training
     time, and the first time where the training censoring Kaplan-Meier is 0."""
     train_time = np.asarray(train_time, dtype=np.float64)
-    censor_km = kaplan_meier(train_time, 1 - np.asarray(train_event, dtype=np.float64))
-    zero = censor_km.index.values[censor_km.values <= 0]
+    km_time, km_surv = kaplan_meier_estimator(np.asarray(train_event) == 0, train_time)
+    zero = km_time[km_surv <= 0]
     return float(min(np.max(time), train_time.max(), zero[0] if zero.size else np.inf))
 
 

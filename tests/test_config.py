@@ -1,7 +1,6 @@
 """One configuration schema for both entry points (DESIGN §10)."""
 
 import math
-from pathlib import Path
 
 import pytest
 from flwr.common.config import get_fused_config_from_dir
