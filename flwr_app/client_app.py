@@ -7,6 +7,8 @@ Message handling only: decode the global model, call the training / evaluation c
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -17,6 +19,7 @@ from models.data import SiteData
 from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
 
 app = ClientApp()
+ACCOUNTANT_STATE = "privacy.accountant"
 
 
 def _site(context: Context) -> tuple[SiteData, int]:
@@ -55,8 +58,17 @@ def train(message: Message, context: Context) -> Message:
     cfg, model = _model(context, message)
     server_round = int(message.content["config"]["server-round"])
     seed = int(np.random.SeedSequence([cfg.seed, server_round, index]).generate_state(1)[0])
-    stats = task.train_local(model, site.train, cfg, seed=seed)
-    metrics = {"train_loss": float(stats["loss"]), WEIGHT_KEY: len(site.train)}
+    if cfg.strategy == "dp_sgd":
+        # The site's accountant lives in its node state across rounds (never rebuilt).
+        stored = context.state.config_records.get(ACCOUNTANT_STATE)
+        metrics, accountant_state = task.train_local_dp(
+            model, site.train, cfg, seed=seed,
+            accountant_state=None if stored is None else json.loads(str(stored["json"])),
+        )
+        context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(accountant_state)})
+    else:
+        metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
+    metrics[WEIGHT_KEY] = len(site.train)
     return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()))
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from models.data import DATASETS
 
 MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-STRATEGIES = ("fedavg",)
+STRATEGIES = ("fedavg", "dp_sgd")
+ACCOUNTANTS = ("rdp", "prv")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,10 +82,12 @@ class FederationConfig:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """Target privacy budget; ``epsilon`` of ``inf`` means no differential privacy."""
+    """Target privacy budget and mechanism parameters; ``epsilon`` of ``inf`` means no DP."""
 
     epsilon: float
     delta: float
+    clip_norm: float
+    accountant: str
 
     @property
     def enabled(self) -> bool:
@@ -221,6 +224,8 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     privacy = PrivacyConfig(
         epsilon=_positive("privacy.epsilon", _get(flat, "privacy.epsilon", float)),
         delta=_get(flat, "privacy.delta", float),
+        clip_norm=_positive("privacy.clip_norm", _get(flat, "privacy.clip_norm", float)),
+        accountant=_choice("privacy.accountant", _get(flat, "privacy.accountant", str), ACCOUNTANTS),
     )
     if not 0.0 < privacy.delta < 1.0:
         raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
@@ -230,6 +235,16 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
             f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
             f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
         )
+    if strategy == "dp_sgd":
+        if not privacy.enabled:
+            raise ConfigError("run config: strategy 'dp_sgd' needs a finite 'privacy.epsilon' (the target budget)")
+        if model.name != "hazard_mlp":
+            raise ConfigError(
+                f"run config: strategy 'dp_sgd' gives a record-level guarantee only for a loss that is a sum of "
+                f"per-record terms; the partial likelihood of model '{model.name}' is not per-sample decomposable "
+                f"(each record sits in others' risk sets), so per-sample clipping does not bound one record's "
+                f"influence. Use model.name = 'hazard_mlp'"
+            )
     return ExperimentConfig(
         seed=int(_get(flat, "seed", int)),
         strategy=strategy,

@@ -25,11 +25,37 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
-from strategies.horizontal import SurvivalFedAvg, weighted_nanmean
+from strategies.horizontal import PRIVACY_KEYS, SurvivalFedAvg, weighted_nanmean
 
 app = ServerApp()
 
 NO_PRIVACY = ("FedAvg without a privacy mechanism: each site's model update reaches the server in the clear",)
+DP_SGD_ASSUMPTIONS = (
+    "record-level DP-SGD at the site: per-record gradient clipped to clip_norm, Gaussian noise "
+    "N(0, (noise_multiplier*clip_norm)^2) on the sum, divided by the expected batch size",
+    "Poisson sampling of each record with probability sample_rate = batch_size/n_site at every step",
+    "epsilon from opacus for the Poisson-subsampled Gaussian over all steps so far (add/remove-one adjacency)",
+    "noise calibrated once for all rounds x local steps; the model updates, the global model and "
+    "everything computed from them are post-processing",
+    "covers the site's training records only: per-site test metrics are computed on held-out records "
+    "and released without noise",
+    "sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel composition)",
+)
+
+
+def ledger_entry(cfg: ExperimentConfig, server_round: int, site: str, metrics: dict[str, float]) -> LedgerEntry:
+    """What ``site`` has spent after ``server_round``, as reported with its update."""
+    if cfg.strategy == "dp_sgd":
+        return LedgerEntry(
+            round=server_round, site=site, mechanism="dp_sgd", unit="record", adjacency="add-remove",
+            accountant=f"opacus-{cfg.privacy.accountant}", epsilon=metrics["epsilon"], delta=cfg.privacy.delta,
+            noise_multiplier=metrics["noise_multiplier"], clip_norm=metrics["clip_norm"],
+            sample_rate=metrics["sample_rate"], steps=int(metrics["steps"]), assumptions=DP_SGD_ASSUMPTIONS,
+        )
+    return LedgerEntry(
+        round=server_round, site=site, mechanism="none", unit="none", adjacency="n/a",
+        accountant="none", epsilon=None, delta=None, assumptions=NO_PRIVACY,
+    )
 
 
 def _fmt(metrics: dict[str, float], keys: tuple[str, ...] = ("c_index", "c_index_td", "ibs", "inbll")) -> str:
@@ -81,17 +107,16 @@ def main(grid: Grid, context: Context) -> None:
         record = strategy.rounds.get(server_round)
         train_sites = record.train_sites if record else {}
         for site in sorted(train_sites):
-            ledger.record(LedgerEntry(
-                round=server_round, site=site, mechanism="none", unit="none", adjacency="n/a",
-                accountant="none", epsilon=None, delta=None, assumptions=NO_PRIVACY,
-            ))
+            ledger.record(ledger_entry(cfg, server_round, site, train_sites[site]))
         global_test: dict[str, float] = {}
         if cfg.server_evaluation:
             _load(model, arrays, strategy)
             global_test = _global_metrics(model, dataset)
         line: dict[str, Any] = {
             "round": server_round,
-            "train": weighted_nanmean(train_sites),
+            "train": weighted_nanmean({site: {key: value for key, value in metrics.items() if key not in PRIVACY_KEYS}
+                                       for site, metrics in train_sites.items()}),
+            "privacy": ledger.headline(),
             "global_test": global_test,
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
             "sites": dict(sorted(record.evaluate_sites.items())) if record else {},
@@ -103,6 +128,7 @@ def main(grid: Grid, context: Context) -> None:
         print(
             f"round {server_round:3d}/{cfg.federation.rounds}  train_loss {line['train'].get('train_loss', math.nan):.4f}  "
             f"{'test' if global_test else 'sites'}: {_fmt(shown)}"
+            + (f"  epsilon {line['privacy']['epsilon']:.3f}" if line["privacy"]["epsilon"] is not None else "")
             + (f"  [{len(line['failures'])} failed]" if line["failures"] else ""),
             flush=True,
         )
@@ -156,11 +182,15 @@ def _write_results(
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
     if cfg.centralized_baseline:
         print("training the centralised baseline on the pooled training data ...", flush=True)
-        summary["centralized"] = task.train_centralized(cfg, dataset)
+        summary["centralized"] = {**task.train_centralized(cfg, dataset), "privacy": "none (no DP)"}
     outputs.write_summary(summary)
     print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
+    if summary["privacy"]["epsilon"] is not None:
+        privacy = summary["privacy"]
+        print(f"privacy: epsilon {privacy['epsilon']:.4f} at delta {privacy['delta']:g} per {privacy['unit']} "
+              f"(worst site; {privacy['accountant']}; assumptions in ledger.jsonl)", flush=True)
     if oot:
         print(f"final out-of-time: {_fmt(oot)}", flush=True)
     if "centralized" in summary:
-        print(f"centralised baseline test: {_fmt(summary['centralized']['test'])}", flush=True)
+        print(f"centralised baseline (no DP) test: {_fmt(summary['centralized']['test'])}", flush=True)
     print(f"outputs: {outputs.directory}", flush=True)

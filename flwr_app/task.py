@@ -18,6 +18,8 @@ from models.data import FederatedDataset, SurvivalArrays, build_federated_datase
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from models.training import train_epochs
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.mechanisms.dp_sgd import poisson_schedule, train_epochs_dp
 
 DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -89,6 +91,50 @@ def train_local(model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfi
         epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
         weight_decay=cfg.train.weight_decay, seed=seed,
     )
+
+
+def train_local_dp(
+    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int,
+    accountant_state: dict | None,
+) -> tuple[dict[str, float], dict]:
+    """One round of record-level DP-SGD at a site, and the site's accountant after it.
+
+    The noise multiplier is calibrated once for the site's whole participation: Poisson rate
+    ``q = B/n_k`` and ``rounds × round(local_epochs/q)`` steps must together spend at most
+    ``privacy.epsilon`` at ``privacy.delta`` (opacus ``get_noise_multiplier``). The accountant
+    state is carried between rounds by the caller (the ClientApp keeps it in ``context.state``).
+
+    Returns
+    -------
+    metrics
+        ``train_loss`` and the site's privacy position: cumulative ``epsilon``,
+        ``noise_multiplier``, ``sample_rate``, ``clip_norm`` and cumulative ``steps``.
+    accountant_state
+        ``SiteAccountant.state_dict()`` after this round's steps.
+    """
+    torch.set_num_threads(cfg.train.num_threads)
+    sample_rate, steps = poisson_schedule(len(data), batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+    noise_multiplier = calibrate_noise_multiplier(
+        target_epsilon=cfg.privacy.epsilon, target_delta=cfg.privacy.delta, sample_rate=sample_rate,
+        steps=steps * cfg.federation.rounds, accountant=cfg.privacy.accountant,
+    )
+    stats = train_epochs_dp(
+        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
+        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed,
+        noise_multiplier=noise_multiplier, clip_norm=cfg.privacy.clip_norm,
+    )
+    accountant = (SiteAccountant(cfg.privacy.accountant) if accountant_state is None
+                  else SiteAccountant.from_state_dict(accountant_state))
+    accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=int(stats["num_steps"]))
+    metrics = {
+        "train_loss": float(stats["loss"]),
+        "epsilon": accountant.epsilon(cfg.privacy.delta),
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": sample_rate,
+        "clip_norm": cfg.privacy.clip_norm,
+        "steps": accountant.spent_steps,
+    }
+    return metrics, accountant.state_dict()
 
 
 def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) -> dict[str, float]:

@@ -25,6 +25,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
 
 SITE_KEY = "site"
@@ -32,6 +33,8 @@ WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
+#: Per-site privacy figures in train replies: kept per site, never averaged across sites.
+PRIVACY_KEYS = frozenset({"epsilon", "noise_multiplier", "sample_rate", "clip_norm", "steps"})
 
 
 @dataclass
@@ -71,6 +74,20 @@ def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WE
     return result
 
 
+def aggregate_without_privacy(records: list[RecordDict], weight_key: str) -> MetricRecord:
+    """Flower's weighted mean of train metrics, leaving out the per-site privacy figures.
+
+    An ε averaged over sites means nothing (the guarantee of record-level DP over disjoint sites
+    is the maximum over sites); the ledger keeps them per site instead.
+    """
+    stripped = [
+        RecordDict({"metrics": MetricRecord({key: value for key, value in next(iter(record.metric_records.values())).items()
+                                             if key not in PRIVACY_KEYS})})
+        for record in records
+    ]
+    return aggregate_metricrecords(stripped, weight_key)
+
+
 def _site_name(message: Message) -> str:
     content = message.content
     if SITE_KEY in content.config_records:
@@ -98,7 +115,10 @@ class SurvivalFedAvg(FedAvg):
     """
 
     def __init__(self, *, needs_baseline: bool, timeout: float = 3600.0, **fedavg_kwargs: object) -> None:
-        super().__init__(weighted_by_key=WEIGHT_KEY, **fedavg_kwargs)  # type: ignore[arg-type]
+        super().__init__(
+            weighted_by_key=WEIGHT_KEY, train_metrics_aggr_fn=aggregate_without_privacy,
+            **fedavg_kwargs,  # type: ignore[arg-type]
+        )
         self.needs_baseline = needs_baseline
         self.timeout = timeout
         self.rounds: dict[int, RoundRecord] = {}

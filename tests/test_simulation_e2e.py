@@ -83,3 +83,29 @@ def test_rerun_with_the_same_seed_reproduces_every_round(hazard_run, tmp_path):
     for a, b in zip(first_rounds, second_rounds, strict=True):
         assert a["train"] == pytest.approx(b["train"], rel=1e-9)
         assert a["global_test"] == pytest.approx(b["global_test"], rel=1e-9, abs=1e-12)
+
+
+def test_dp_sgd_spends_at_most_its_budget_and_the_ledger_is_exact(tmp_path):
+    from strategies.accounting.rdp import epsilon_from_history
+
+    target = 1.0
+    summary = run_simulation({"strategy.name": "dp_sgd", "privacy.epsilon": target, "federation.num_sites": 3,
+                              "federation.rounds": 3, "output.dir": str(tmp_path), "baseline.centralized": False})
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 9 and {entry["unit"] for entry in ledger} == {"record"}
+    by_site = {}
+    for entry in ledger:
+        by_site.setdefault(entry["site"], []).append(entry)
+    for entries in by_site.values():
+        epsilons = [entry["epsilon"] for entry in entries]
+        assert epsilons == sorted(epsilons) and epsilons[0] > 0          # spend accumulates
+        last = entries[-1]
+        assert last["steps"] == 3 * entries[0]["steps"]                   # one accountant across rounds
+        # the ledger's figure is opacus' RDP epsilon of exactly the mechanism that ran
+        independent = epsilon_from_history([(last["noise_multiplier"], last["sample_rate"], last["steps"])],
+                                           delta=1e-5)
+        assert last["epsilon"] == pytest.approx(independent, rel=1e-9)
+        assert target - 0.02 <= last["epsilon"] <= target                 # calibrated to the budget
+    worst = max(entries[-1]["epsilon"] for entries in by_site.values())
+    assert summary["privacy"]["epsilon"] == pytest.approx(worst) and summary["privacy"]["unit"] == "record"
+    assert summary["test"]["c_index"] > 0.6                               # noisy, but it learns

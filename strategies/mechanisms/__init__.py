@@ -16,6 +16,7 @@ from strategies.mechanisms.dp_sgd import (
     per_sample_gradients,
     per_sample_gradients_opacus,
     poisson_batches,
+    poisson_schedule,
     train_epochs_dp,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "per_sample_gradients",
     "per_sample_gradients_opacus",
     "poisson_batches",
+    "poisson_schedule",
     "train_epochs_dp",
 ]

@@ -643,6 +643,18 @@ def dp_sgd_step(
 # --------------------------------------------------------------------------- local training
 
 
+def poisson_schedule(n: int, *, batch_size: int, epochs: int) -> tuple[float, int]:
+    r"""Sampling rate and number of steps of ``epochs`` epochs of DP-SGD on ``n`` records.
+
+    :math:`q = \min(1, B/n)` and :math:`T = \mathrm{round}(E/q)`, so that each record is
+    visited ``epochs`` times in expectation. The accountant must be fed exactly these values.
+    """
+    if n < 1 or batch_size < 1 or epochs < 1:
+        raise ValueError(f"n, batch_size and epochs must be >= 1, got {n}, {batch_size}, {epochs}")
+    sample_rate = min(1.0, batch_size / n)
+    return sample_rate, round(epochs / sample_rate)
+
+
 def train_epochs_dp(
     model: SurvivalModel,
     x: np.ndarray,
@@ -726,8 +738,7 @@ def train_epochs_dp(
         raise ValueError(f"every time must be finite and >= the first cut point {model.cuts[0]}")
     if backend == "ghost" and _linear_chain(model.net) is None:
         backend = "torch_func"  # same update, for nets that are not a chain of Linear layers
-    sample_rate = min(1.0, batch_size / n)
-    steps = round(epochs / sample_rate)
+    sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
     expected_batch_size = sample_rate * n
     last_epoch_steps = math.ceil(1.0 / sample_rate)
 
