@@ -68,7 +68,8 @@ def train(message: Message, context: Context) -> Message:
         context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(accountant_state)})
     else:
         metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
-    metrics[WEIGHT_KEY] = len(site.train)
+    # Client-level central DP bounds one site's influence on the mean only with equal weights.
+    metrics[WEIGHT_KEY] = 1 if cfg.strategy == "central_dp" else len(site.train)
     return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 
 from flwr_app import task
 from flwr_app.config import ExperimentConfig, parse_run_config
@@ -25,7 +26,8 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
-from strategies.horizontal import PRIVACY_KEYS, SurvivalFedAvg, weighted_nanmean
+from strategies.accounting.rdp import epsilon_gaussian_rounds
+from strategies.horizontal import PRIVACY_KEYS, SurvivalFedAvg, weighted_nanmean, with_central_dp
 
 app = ServerApp()
 
@@ -43,8 +45,34 @@ DP_SGD_ASSUMPTIONS = (
 )
 
 
-def ledger_entry(cfg: ExperimentConfig, server_round: int, site: str, metrics: dict[str, float]) -> LedgerEntry:
-    """What ``site`` has spent after ``server_round``, as reported with its update."""
+CENTRAL_DP_ASSUMPTIONS = (
+    "client-level DP at the server (Flower DifferentialPrivacyServerSideFixedClipping): each site's update "
+    "clipped to clip_norm, Gaussian noise with std noise_multiplier*clip_norm/num_sites added to the mean",
+    "unit: a whole site's update; adjacency: add/remove one site with the denominator fixed at num_sites "
+    "(under replace-one the sensitivity doubles)",
+    "sites weighted equally; every site in every round: no sub-sampling amplification is credited",
+    "epsilon from opacus RDP of the Gaussian mechanism composed over the releases so far (q = 1)",
+    "the server sees each site's clipped update in the clear: the guarantee is against everyone who sees "
+    "the released global models, not against the server",
+    "per-site evaluation metrics (and Breslow aggregates for Cox models) are released without noise",
+)
+
+
+def ledger_entry(
+    cfg: ExperimentConfig, server_round: int, site: str, metrics: dict[str, float], *,
+    central_noise_multiplier: float | None = None,
+) -> LedgerEntry:
+    """What ``site`` has spent after ``server_round`` (its own report, or the server's mechanism)."""
+    if cfg.strategy == "central_dp":
+        assert central_noise_multiplier is not None
+        return LedgerEntry(
+            round=server_round, site=site, mechanism="central_dp", unit="site", adjacency="add-remove",
+            accountant=f"opacus-{cfg.privacy.accountant}",
+            epsilon=epsilon_gaussian_rounds(noise_multiplier=central_noise_multiplier, rounds=server_round,
+                                            delta=cfg.privacy.delta),
+            delta=cfg.privacy.delta, noise_multiplier=central_noise_multiplier, clip_norm=cfg.privacy.clip_norm,
+            sample_rate=1.0, steps=server_round, assumptions=CENTRAL_DP_ASSUMPTIONS,
+        )
     if cfg.strategy == "dp_sgd":
         return LedgerEntry(
             round=server_round, site=site, mechanism="dp_sgd", unit="record", adjacency="add-remove",
@@ -86,7 +114,7 @@ def main(grid: Grid, context: Context) -> None:
 
     dataset = task.load_federation(cfg)
     model = task.build_model(cfg, dataset)
-    strategy = SurvivalFedAvg(
+    survival = SurvivalFedAvg(
         needs_baseline=model.needs_baseline,
         fraction_train=cfg.federation.fraction_train,
         fraction_evaluate=1.0,
@@ -94,6 +122,13 @@ def main(grid: Grid, context: Context) -> None:
         min_evaluate_nodes=cfg.federation.min_sites,
         min_available_nodes=cfg.federation.min_sites,
     )
+    strategy: Strategy = survival
+    central_noise_multiplier = None
+    if cfg.strategy == "central_dp":
+        strategy, central_noise_multiplier = with_central_dp(
+            survival, epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, rounds=cfg.federation.rounds,
+            clip_norm=cfg.privacy.clip_norm, num_sites=dataset.num_sites, accountant=cfg.privacy.accountant,
+        )
     ledger = PrivacyLedger(outputs.ledger_path)
     print(
         f"fedsurv: {cfg.strategy} | {cfg.data.name} ({dataset.num_sites} sites, partition "
@@ -104,13 +139,14 @@ def main(grid: Grid, context: Context) -> None:
     def end_of_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0:
             return None
-        record = strategy.rounds.get(server_round)
+        record = survival.rounds.get(server_round)
         train_sites = record.train_sites if record else {}
         for site in sorted(train_sites):
-            ledger.record(ledger_entry(cfg, server_round, site, train_sites[site]))
+            ledger.record(ledger_entry(cfg, server_round, site, train_sites[site],
+                                       central_noise_multiplier=central_noise_multiplier))
         global_test: dict[str, float] = {}
         if cfg.server_evaluation:
-            _load(model, arrays, strategy)
+            _load(model, arrays, survival)
             global_test = _global_metrics(model, dataset)
         line: dict[str, Any] = {
             "round": server_round,
@@ -142,8 +178,8 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_config=ConfigRecord(),
         evaluate_fn=end_of_round,
     )
-    _load(model, result.arrays, strategy)
-    _write_results(cfg, dataset, model, strategy, ledger, outputs, time.perf_counter() - started)
+    _load(model, result.arrays, survival)
+    _write_results(cfg, dataset, model, survival, ledger, outputs, time.perf_counter() - started)
 
 
 def _write_results(

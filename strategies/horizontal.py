@@ -24,9 +24,11 @@ from logging import WARNING
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
+
+from strategies.accounting.rdp import calibrate_noise_multiplier
 
 SITE_KEY = "site"
 WEIGHT_KEY = "num-examples"
@@ -202,3 +204,38 @@ class SurvivalFedAvg(FedAvg):
             log(WARNING, "Round %s: no site answered the Breslow query; no baseline hazard", server_round)
             return None
         return event_counts, risk_sums
+
+
+def with_central_dp(
+    strategy: SurvivalFedAvg, *, epsilon: float, delta: float, rounds: int, clip_norm: float,
+    num_sites: int, accountant: str = "rdp",
+) -> tuple[DifferentialPrivacyServerSideFixedClipping, float]:
+    r"""Wrap ``strategy`` in Flower's server-side fixed-clipping DP, calibrated to ``(ε, δ)``.
+
+    Each round the server clips every site's update :math:`\Delta_k` to L2 norm ``clip_norm``
+    and adds :math:`N(0, (\sigma C / m)^2)` to the mean of the ``m = num_sites`` updates (Flower's
+    ``DifferentialPrivacyServerSideFixedClipping``): a Gaussian mechanism with noise multiplier
+    :math:`\sigma` for adding or removing one site's update, with the denominator fixed at ``m``.
+    :math:`\sigma` is calibrated so that ``rounds`` such releases spend at most ``epsilon`` at
+    ``delta`` without amplification (every site takes part in every round; opacus RDP, q = 1).
+    Sites must be weighted equally (each reports weight 1), or one site's influence on the
+    weighted mean would exceed ``C / m``.
+
+    Returns
+    -------
+    (wrapped strategy, noise multiplier σ)
+
+    References
+    ----------
+    McMahan, Ramage, Talwar & Zhang (2018), "Learning differentially private recurrent language
+    models", ICLR (DP-FedAvg); Mironov (2017), "Rényi differential privacy", CSF.
+    """
+    if num_sites < 1 or rounds < 1:
+        raise ValueError(f"num_sites and rounds must be >= 1, got {num_sites}, {rounds}")
+    noise_multiplier = calibrate_noise_multiplier(
+        target_epsilon=epsilon, target_delta=delta, sample_rate=1.0, steps=rounds, accountant=accountant,
+    )
+    wrapped = DifferentialPrivacyServerSideFixedClipping(
+        strategy, noise_multiplier=noise_multiplier, clipping_norm=clip_norm, num_sampled_clients=num_sites,
+    )
+    return wrapped, noise_multiplier

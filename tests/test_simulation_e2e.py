@@ -109,3 +109,18 @@ def test_dp_sgd_spends_at_most_its_budget_and_the_ledger_is_exact(tmp_path):
     worst = max(entries[-1]["epsilon"] for entries in by_site.values())
     assert summary["privacy"]["epsilon"] == pytest.approx(worst) and summary["privacy"]["unit"] == "record"
     assert summary["test"]["c_index"] > 0.6                               # noisy, but it learns
+
+
+def test_central_dp_is_accounted_per_site_over_rounds_without_amplification(tmp_path):
+    from strategies.accounting.rdp import epsilon_gaussian_rounds
+
+    summary = run_simulation({"strategy.name": "central_dp", "privacy.epsilon": 4.0, "federation.num_sites": 3,
+                              "federation.rounds": 2, "privacy.clip_norm": 0.1, "output.dir": str(tmp_path),
+                              "baseline.centralized": False})
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 6 and {(entry["mechanism"], entry["unit"]) for entry in ledger} == {("central_dp", "site")}
+    sigma = ledger[0]["noise_multiplier"]
+    for entry in ledger:
+        assert entry["epsilon"] == pytest.approx(
+            epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=entry["round"], delta=1e-5), rel=1e-12)
+    assert 4.0 - 0.05 <= summary["privacy"]["epsilon"] <= 4.0 and summary["privacy"]["unit"] == "site"
