@@ -66,10 +66,18 @@ def train(message: Message, context: Context) -> Message:
             accountant_state=None if stored is None else json.loads(str(stored["json"])),
         )
         context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(accountant_state)})
+    elif cfg.strategy == "bdp":
+        stored = context.state.config_records.get(ACCOUNTANT_STATE)
+        previous = None if stored is None else json.loads(str(stored["json"]))
+        steps_before = 0 if previous is None else int(previous["steps"])
+        metrics, bdp_state = task.train_local_bdp(model, site.train, cfg, seed=seed, state=previous)
+        context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(bdp_state)})
+        if metrics["steps"] == steps_before:  # budget already spent: nothing new to contribute
+            metrics[WEIGHT_KEY] = 0
     else:
         metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
     # Client-level central DP bounds one site's influence on the mean only with equal weights.
-    metrics[WEIGHT_KEY] = 1 if cfg.strategy == "central_dp" else len(site.train)
+    metrics.setdefault(WEIGHT_KEY, 1 if cfg.strategy == "central_dp" else len(site.train))
     return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from models.data import DATASETS
 
 MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-STRATEGIES = ("fedavg", "dp_sgd", "central_dp")
+STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp")
 ACCOUNTANTS = ("rdp", "prv")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -235,17 +235,17 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
             f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
             f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
         )
-    if strategy in ("dp_sgd", "central_dp") and not privacy.enabled:
+    if strategy in ("dp_sgd", "bdp", "central_dp") and not privacy.enabled:
         raise ConfigError(f"run config: strategy '{strategy}' needs a finite 'privacy.epsilon' (the target budget)")
     if strategy == "central_dp" and federation.fraction_train != 1.0:
         raise ConfigError(
             "run config: strategy 'central_dp' is accounted without sub-sampling amplification and needs every "
             "site in every round: set federation.fraction_train = 1.0"
         )
-    if strategy == "dp_sgd":
+    if strategy in ("dp_sgd", "bdp"):
         if model.name != "hazard_mlp":
             raise ConfigError(
-                f"run config: strategy 'dp_sgd' gives a record-level guarantee only for a loss that is a sum of "
+                f"run config: strategy '{strategy}' gives a record-level guarantee only for a loss that is a sum of "
                 f"per-record terms; the partial likelihood of model '{model.name}' is not per-sample decomposable "
                 f"(each record sits in others' risk sets), so per-sample clipping does not bound one record's "
                 f"influence. Use model.name = 'hazard_mlp'"

@@ -19,6 +19,7 @@ from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from models.training import train_epochs
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.mechanisms.bdp import train_epochs_bdp
 from strategies.mechanisms.dp_sgd import poisson_schedule, train_epochs_dp
 
 DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
@@ -135,6 +136,21 @@ def train_local_dp(
         "steps": accountant.spent_steps,
     }
     return metrics, accountant.state_dict()
+
+
+def train_local_bdp(
+    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
+) -> tuple[dict[str, float], dict]:
+    """One round of Bayesian-DP training at a site (``strategies.mechanisms.bdp``).
+
+    The budget is ``ε_μ = privacy.epsilon`` with ``β = privacy.delta``.
+    """
+    torch.set_num_threads(cfg.train.num_threads)
+    return train_epochs_bdp(
+        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
+        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, clip_norm=cfg.privacy.clip_norm,
+        target_epsilon_mu=cfg.privacy.epsilon, beta=cfg.privacy.delta, rounds=cfg.federation.rounds, state=state,
+    )
 
 
 def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) -> dict[str, float]:

@@ -36,7 +36,9 @@ BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
 #: Per-site privacy figures in train replies: kept per site, never averaged across sites.
-PRIVACY_KEYS = frozenset({"epsilon", "noise_multiplier", "sample_rate", "clip_norm", "steps"})
+PRIVACY_KEYS = frozenset(
+    {"epsilon", "epsilon_mu", "noise_multiplier", "sample_rate", "clip_norm", "steps", "stopped", "fallback"}
+)
 
 
 @dataclass
@@ -152,7 +154,12 @@ class SurvivalFedAvg(FedAvg):
         for message in replies:
             if not message.has_error():
                 record.train_sites[_site_name(message)] = _metrics(message)
-        return super().aggregate_train(server_round, replies)
+        # A site with nothing new to contribute (e.g. its privacy budget is spent) replies with
+        # weight 0; if every site does, the global model stays as it is.
+        contributing = [m for m in replies if m.has_error() or _metrics(m).get(WEIGHT_KEY, 0.0) > 0]
+        if not any(not message.has_error() for message in contributing):
+            return None, None
+        return super().aggregate_train(server_round, contributing)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

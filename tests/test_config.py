@@ -68,6 +68,7 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"data.test_fraction": 1.5}, "'data.test_fraction' must be in \\(0, 1\\)"),
         ({"privacy.epsilon": 1.0}, "strategy 'fedavg' adds no noise"),
         ({"strategy.name": "dp_sgd"}, "'dp_sgd' needs a finite 'privacy.epsilon'"),
+        ({"strategy.name": "bdp", "privacy.epsilon": 1.0, "model.name": "cox_time"}, "not per-sample decomposable"),
         ({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "federation.fraction_train": 0.5}, "without sub-sampling amplification"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "model.name": "cox_mlp"}, "not per-sample decomposable"),
         ({"privacy.accountant": "gdp"}, "'privacy.accountant' = 'gdp'; choose one of rdp, prv"),

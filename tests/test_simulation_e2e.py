@@ -124,3 +124,14 @@ def test_central_dp_is_accounted_per_site_over_rounds_without_amplification(tmp_
         assert entry["epsilon"] == pytest.approx(
             epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=entry["round"], delta=1e-5), rel=1e-12)
     assert 4.0 - 0.05 <= summary["privacy"]["epsilon"] <= 4.0 and summary["privacy"]["unit"] == "site"
+
+
+def test_bdp_reports_epsilon_mu_with_the_classical_epsilon_beside_it(tmp_path):
+    summary = run_simulation({"strategy.name": "bdp", "privacy.epsilon": 2.0, "federation.num_sites": 3,
+                              "federation.rounds": 2, "output.dir": str(tmp_path), "baseline.centralized": False})
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert {entry["mechanism"] for entry in ledger} == {"bdp"} and len(ledger) == 6
+    assert all(entry["epsilon"] <= 2.0 and entry["epsilon_classical"] > 0 for entry in ledger)
+    final = [entry for entry in ledger if entry["round"] == 2]
+    assert summary["privacy"]["epsilon"] == pytest.approx(max(entry["epsilon"] for entry in final))
+    assert summary["privacy"]["epsilon_classical"] == pytest.approx(max(e["epsilon_classical"] for e in final))

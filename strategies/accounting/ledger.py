@@ -18,7 +18,8 @@ class LedgerEntry:
     """One site's privacy position after one round.
 
     ``epsilon`` is cumulative (everything the site has released so far), ``None`` when no
-    mechanism bounds it.
+    mechanism bounds it. For Bayesian DP it is the average-case ``ε_μ`` and
+    ``epsilon_classical`` is the worst-case ε of the same (σ, q, steps).
     """
 
     round: int
@@ -33,6 +34,7 @@ class LedgerEntry:
     clip_norm: float | None = None
     sample_rate: float | None = None
     steps: int | None = None
+    epsilon_classical: float | None = None
     assumptions: tuple[str, ...] = ()
 
 
@@ -63,5 +65,9 @@ class PrivacyLedger:
             return {"epsilon": None, "delta": None, "unit": "none", "accountant": "none", "site": None}
         unbounded = [entry for entry in latest.values() if entry.epsilon is None]
         worst = unbounded[0] if unbounded else max(latest.values(), key=lambda entry: entry.epsilon)
-        return {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
-                "accountant": worst.accountant, "site": worst.site}
+        headline = {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
+                    "accountant": worst.accountant, "site": worst.site}
+        classical = [entry.epsilon_classical for entry in latest.values() if entry.epsilon_classical is not None]
+        if classical:
+            headline["epsilon_classical"] = max(classical)  # worst site, worst case
+        return headline

@@ -1,0 +1,161 @@
+"""Bayesian-DP training at one site (FSL-BDP): the DP-SGD update under a Bayesian accountant.
+
+The update is exactly :func:`strategies.mechanisms.dp_sgd.train_epochs_dp` (per-record clipping
+to ``C``, Gaussian noise ``N(0, σ²C²)`` on the sum, Poisson sampling at ``q``). What changes is
+the accounting (:class:`strategies.accounting.bayesian_dp.BayesianAccountant`): before each step
+the per-record clipped gradients of ``M`` records of the batch give pairwise distances, their
+privacy cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the
+budget filter); otherwise the site stops for good. The classical (worst-case) ε of the same
+``(σ, q, steps)`` is tracked beside it by opacus.
+
+σ is calibrated once, before the site's first step, from a pilot estimate of the distance
+distribution on the site's own records at the received global model; that calibration is
+data-dependent and is not itself accounted (the ledger says so). Sites with fewer than
+``MIN_RECORDS`` records fall back to classical DP-SGD (too few records for the estimate).
+
+References
+----------
+Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020;
+FSL-BDP (``../shared/papers/fsl-bdp-bayesian-dp-survival.txt``), Algorithm 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.survival import SurvivalModel
+from strategies.accounting.bayesian_dp import (
+    BayesianAccountant,
+    calibrate_noise_for_bdp,
+    pairwise_distances,
+    step_costs,
+)
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.mechanisms.dp_sgd import clipped_sum_ghost, poisson_schedule, train_epochs_dp
+
+MIN_RECORDS = 100
+PAIR_RECORDS = 16  # M: records per step whose pairwise distances estimate the step's cost
+PILOT_RECORDS = 64
+GAMMA_STEP = 1e-12
+
+
+class _BudgetExhausted(Exception):
+    """Raised inside the training loop, before a step that would overspend."""
+
+
+def pilot_distances(model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
+                    clip_norm: float, seed: int) -> np.ndarray:
+    """Pairwise distances of the clipped per-record gradients of ``PILOT_RECORDS`` random records."""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(x), size=min(PILOT_RECORDS, len(x)), replace=False)
+    _, _, _, materialise = clipped_sum_ghost(
+        model, torch.from_numpy(x[idx]), torch.from_numpy(time[idx]), torch.from_numpy(event[idx]),
+        clip_norm=clip_norm,
+    )
+    return pairwise_distances(materialise().detach())
+
+
+def train_epochs_bdp(
+    model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
+    epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
+    clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
+
+    Parameters
+    ----------
+    target_epsilon_mu, beta
+        Budget ``ε_μ`` and the β of ``δ_μ = β + γ``.
+    rounds
+        Rounds the site takes part in: σ is calibrated for ``rounds × steps per round`` steps.
+    state
+        ``None`` before the first round, else the state returned by the previous round.
+
+    Returns
+    -------
+    metrics
+        ``train_loss``, ``epsilon_mu``, ``epsilon`` (classical RDP ε of the same σ, q, steps at
+        δ = β), ``noise_multiplier``, ``sample_rate``, ``clip_norm``, ``steps`` (cumulative),
+        ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
+        is too small and ran classical DP-SGD instead).
+    state
+        JSON-serialisable state for the next round.
+    """
+    n = len(x)
+    sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
+    total_steps = steps * rounds
+    state = dict(state or {})
+    fallback = n < MIN_RECORDS
+    if "noise_multiplier" not in state:
+        if fallback:
+            state["noise_multiplier"] = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps)
+        else:
+            state["noise_multiplier"] = calibrate_noise_for_bdp(
+                target_epsilon_mu=target_epsilon_mu, beta=beta,
+                distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed),
+                sample_rate=sample_rate, steps=total_steps, clip_norm=clip_norm, gamma_step=GAMMA_STEP,
+            )
+    noise_multiplier = float(state["noise_multiplier"])
+    bayes = BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state else BayesianAccountant()
+    classical = SiteAccountant.from_state_dict(state["classical"]) if "classical" in state else SiteAccountant()
+    stopped = bool(state.get("stopped", False))
+    loss = float("nan")
+    if not stopped:
+        taken = 0
+        last_distances: list[np.ndarray] = []
+
+        def account(clipped: torch.Tensor) -> None:
+            nonlocal taken
+            if fallback:
+                taken += 1
+                return
+            distances = pairwise_distances(clipped[:PAIR_RECORDS].detach()) if clipped.shape[0] >= 2 else (
+                last_distances[-1] if last_distances else None)
+            if distances is None:  # a first batch of one record: no pair to estimate from
+                raise _BudgetExhausted("no pairwise distance available to account the first step")
+            costs = step_costs(distances, orders=bayes.orders, sample_rate=sample_rate,
+                               noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
+                               gamma_step=GAMMA_STEP)
+            if bayes.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
+                raise _BudgetExhausted
+            bayes.step(distances=distances, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
+                       total_steps=total_steps, gamma_step=GAMMA_STEP)
+            last_distances[:] = [distances]
+            taken += 1
+
+        try:
+            stats = train_epochs_dp(
+                model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account,
+            )
+            loss = float(stats["loss"])
+            # empty Poisson batches release noise only; account them like the last step
+            untracked = int(stats["num_steps"]) - taken
+            if untracked > 0 and not fallback and last_distances:
+                bayes.step(distances=last_distances[-1], sample_rate=sample_rate,
+                           noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
+                           gamma_step=GAMMA_STEP, num_steps=untracked)
+            taken = int(stats["num_steps"])
+        except _BudgetExhausted:
+            stopped = True
+        if taken:
+            classical.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=taken)
+    epsilon = classical.epsilon(beta) if classical.spent_steps else 0.0
+    metrics = {
+        "train_loss": loss,
+        "epsilon_mu": epsilon if fallback else bayes.epsilon(beta) if bayes.spent_steps else 0.0,
+        "epsilon": epsilon,
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": sample_rate,
+        "clip_norm": clip_norm,
+        "steps": classical.spent_steps,
+        "stopped": float(stopped),
+        "fallback": float(fallback),
+    }
+    state.update(bayes=bayes.state_dict(), classical=classical.state_dict(), stopped=stopped,
+                 steps=classical.spent_steps)
+    return metrics, state
