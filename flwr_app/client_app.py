@@ -19,7 +19,8 @@ from models.data import SiteData
 from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
 
 app = ClientApp()
-ACCOUNTANT_STATE = "privacy.accountant"
+PRIVACY_STATE = "privacy.state"
+PRIVATE_TRAINING = {"dp_sgd": task.train_local_dp, "bdp": task.train_local_bdp}
 
 
 def _site(context: Context) -> tuple[SiteData, int]:
@@ -58,22 +59,14 @@ def train(message: Message, context: Context) -> Message:
     cfg, model = _model(context, message)
     server_round = int(message.content["config"]["server-round"])
     seed = int(np.random.SeedSequence([cfg.seed, server_round, index]).generate_state(1)[0])
-    if cfg.strategy == "dp_sgd":
-        # The site's accountant lives in its node state across rounds (never rebuilt).
-        stored = context.state.config_records.get(ACCOUNTANT_STATE)
-        metrics, accountant_state = task.train_local_dp(
-            model, site.train, cfg, seed=seed,
-            accountant_state=None if stored is None else json.loads(str(stored["json"])),
-        )
-        context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(accountant_state)})
-    elif cfg.strategy == "bdp":
-        stored = context.state.config_records.get(ACCOUNTANT_STATE)
+    if cfg.strategy in PRIVATE_TRAINING:
+        # σ and the site's accountant live in its node state across rounds (never rebuilt).
+        stored = context.state.config_records.get(PRIVACY_STATE)
         previous = None if stored is None else json.loads(str(stored["json"]))
-        steps_before = 0 if previous is None else int(previous["steps"])
-        metrics, bdp_state = task.train_local_bdp(model, site.train, cfg, seed=seed, state=previous)
-        context.state[ACCOUNTANT_STATE] = ConfigRecord({"json": json.dumps(bdp_state)})
-        if metrics["steps"] == steps_before:  # budget already spent: nothing new to contribute
-            metrics[WEIGHT_KEY] = 0
+        metrics, state = PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)
+        context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
+        if previous is not None and state["steps"] == previous["steps"]:
+            metrics[WEIGHT_KEY] = 0  # budget spent: nothing new to contribute to the average
     else:
         metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
     # Client-level central DP bounds one site's influence on the mean only with equal weights.

@@ -95,38 +95,43 @@ def train_local(model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfi
 
 
 def train_local_dp(
-    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int,
-    accountant_state: dict | None,
+    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
 ) -> tuple[dict[str, float], dict]:
-    """One round of record-level DP-SGD at a site, and the site's accountant after it.
+    """One round of record-level DP-SGD at a site; ``state`` carries σ and the accountant.
 
-    The noise multiplier is calibrated once for the site's whole participation: Poisson rate
-    ``q = B/n_k`` and ``rounds × round(local_epochs/q)`` steps must together spend at most
-    ``privacy.epsilon`` at ``privacy.delta`` (opacus ``get_noise_multiplier``). The accountant
-    state is carried between rounds by the caller (the ClientApp keeps it in ``context.state``).
+    The noise multiplier is calibrated once, before the site's first step, for its whole
+    participation: Poisson rate ``q = B/n_k`` and ``rounds × round(local_epochs/q)`` steps must
+    together spend at most ``privacy.epsilon`` at ``privacy.delta`` (opacus
+    ``get_noise_multiplier``). The caller keeps ``state`` between rounds (the ClientApp in
+    ``context.state``), so one accountant sees every step.
 
     Returns
     -------
     metrics
         ``train_loss`` and the site's privacy position: cumulative ``epsilon``,
         ``noise_multiplier``, ``sample_rate``, ``clip_norm`` and cumulative ``steps``.
-    accountant_state
-        ``SiteAccountant.state_dict()`` after this round's steps.
+    state
+        JSON-serialisable: ``noise_multiplier``, ``accountant`` (``SiteAccountant.state_dict()``)
+        and ``steps``.
     """
     torch.set_num_threads(cfg.train.num_threads)
     sample_rate, steps = poisson_schedule(len(data), batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
-    noise_multiplier = calibrate_noise_multiplier(
-        target_epsilon=cfg.privacy.epsilon, target_delta=cfg.privacy.delta, sample_rate=sample_rate,
-        steps=steps * cfg.federation.rounds, accountant=cfg.privacy.accountant,
-    )
+    state = dict(state or {})
+    if "noise_multiplier" not in state:
+        state["noise_multiplier"] = calibrate_noise_multiplier(
+            target_epsilon=cfg.privacy.epsilon, target_delta=cfg.privacy.delta, sample_rate=sample_rate,
+            steps=steps * cfg.federation.rounds, accountant=cfg.privacy.accountant,
+        )
+    noise_multiplier = float(state["noise_multiplier"])
     stats = train_epochs_dp(
         model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
         lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed,
         noise_multiplier=noise_multiplier, clip_norm=cfg.privacy.clip_norm,
     )
-    accountant = (SiteAccountant(cfg.privacy.accountant) if accountant_state is None
-                  else SiteAccountant.from_state_dict(accountant_state))
+    accountant = (SiteAccountant.from_state_dict(state["accountant"]) if "accountant" in state
+                  else SiteAccountant(cfg.privacy.accountant))
     accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=int(stats["num_steps"]))
+    state.update(accountant=accountant.state_dict(), steps=accountant.spent_steps)
     metrics = {
         "train_loss": float(stats["loss"]),
         "epsilon": accountant.epsilon(cfg.privacy.delta),
@@ -135,7 +140,7 @@ def train_local_dp(
         "clip_norm": cfg.privacy.clip_norm,
         "steps": accountant.spent_steps,
     }
-    return metrics, accountant.state_dict()
+    return metrics, state
 
 
 def train_local_bdp(
