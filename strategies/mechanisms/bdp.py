@@ -42,8 +42,39 @@ PILOT_RECORDS = 64
 GAMMA_STEP = 1e-12
 
 
-class _BudgetExhausted(Exception):
+class BudgetExhausted(Exception):
     """Raised inside the training loop, before a step that would overspend."""
+
+
+def account_step(
+    accountant: BayesianAccountant, clipped: torch.Tensor, *, sample_rate: float, noise_std: float,
+    total_steps: int, target_epsilon_mu: float, beta: float, fallback_distances: np.ndarray | None = None,
+) -> np.ndarray:
+    """Budget filter and accounting of one step, before it is taken.
+
+    The pairwise distances of the first ``PAIR_RECORDS`` clipped per-record gradients of the
+    (randomly sampled) batch estimate the step's cost (:func:`step_costs`); if adding it would
+    take ``ε_μ`` past ``target_epsilon_mu`` :class:`BudgetExhausted` is raised and nothing is
+    accounted, else the cost is committed. A batch of one record has no pair: the previous
+    step's distances (``fallback_distances``) stand in.
+
+    Returns
+    -------
+    The distances used (to stand in for a later batch without pairs).
+    """
+    if clipped.shape[0] >= 2:
+        distances = pairwise_distances(clipped[:PAIR_RECORDS].detach())  # the batch is a random sample
+    elif fallback_distances is not None:
+        distances = fallback_distances
+    else:
+        raise BudgetExhausted("no pairwise distance available to account the first step")
+    costs = step_costs(distances, orders=accountant.orders, sample_rate=sample_rate, noise_std=noise_std,
+                       total_steps=total_steps, gamma_step=GAMMA_STEP)
+    if accountant.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
+        raise BudgetExhausted
+    accountant.step(distances=distances, sample_rate=sample_rate, noise_std=noise_std,
+                    total_steps=total_steps, gamma_step=GAMMA_STEP)
+    return distances
 
 
 def pilot_distances(model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
@@ -110,27 +141,19 @@ def train_epochs_bdp(
 
         def account(clipped: torch.Tensor) -> None:
             nonlocal taken
-            if fallback:
-                taken += 1
-                return
-            distances = pairwise_distances(clipped[:PAIR_RECORDS].detach()) if clipped.shape[0] >= 2 else (
-                last_distances[-1] if last_distances else None)
-            if distances is None:  # a first batch of one record: no pair to estimate from
-                raise _BudgetExhausted("no pairwise distance available to account the first step")
-            costs = step_costs(distances, orders=bayes.orders, sample_rate=sample_rate,
-                               noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
-                               gamma_step=GAMMA_STEP)
-            if bayes.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
-                raise _BudgetExhausted
-            bayes.step(distances=distances, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
-                       total_steps=total_steps, gamma_step=GAMMA_STEP)
-            last_distances[:] = [distances]
+            if not fallback:
+                last_distances[:] = [account_step(
+                    bayes, clipped, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
+                    total_steps=total_steps, target_epsilon_mu=target_epsilon_mu, beta=beta,
+                    fallback_distances=last_distances[-1] if last_distances else None,
+                )]
             taken += 1
 
         try:
             stats = train_epochs_dp(
                 model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account,
+                on_step_rows=PAIR_RECORDS,
             )
             loss = float(stats["loss"])
             # empty Poisson batches release noise only; account them like the last step
@@ -140,7 +163,7 @@ def train_epochs_bdp(
                            noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
                            gamma_step=GAMMA_STEP, num_steps=untracked)
             taken = int(stats["num_steps"])
-        except _BudgetExhausted:
+        except BudgetExhausted:
             stopped = True
         if taken:
             classical.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=taken)

@@ -338,7 +338,8 @@ def clipped_sum_ghost(
     losses : Tensor, shape (B,)
         Per-record losses (detached).
     materialise : callable
-        ``materialise() -> Tensor (B, P)``: the clipped per-sample gradients, flattened in
+        ``materialise(rows=None) -> Tensor (B, P)``: the clipped per-sample gradients (of the
+        first ``rows`` records only, when given), flattened in
         parameter order (as :func:`flatten_per_sample` of :func:`clip_per_sample`'s output).
 
     References
@@ -384,10 +385,11 @@ def clipped_sum_ghost(
         if layer.bias is not None:
             summed[names[id(layer.bias)]] = d.sum(0)
 
-    def materialise() -> Tensor:
+    def materialise(rows: int | None = None) -> Tensor:
         per_param: dict[str, Tensor] = {}
         for layer, a, d in zip(linear, inputs, scaled):
-            per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(size, -1)
+            a, d = a[:rows], d[:rows]
+            per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(d.shape[0], -1)
             if layer.bias is not None:
                 per_param[names[id(layer.bias)]] = d
         return torch.cat([per_param[name] for name, _ in model.net.named_parameters()], dim=1)
@@ -556,6 +558,7 @@ def dp_sgd_step(
     backend: Backend = DEFAULT_BACKEND,
     grad_sample_module: nn.Module | None = None,
     on_step: Callable[[Tensor], None] | None = None,
+    on_step_rows: int | None = None,
 ) -> dict[str, float]:
     r"""One DP-SGD update of ``model.net`` on a (Poisson-sampled) batch.
 
@@ -593,6 +596,9 @@ def dp_sgd_step(
         Called with the clipped per-sample gradients flattened to shape (B, P) (parameter order
         of ``model.net.named_parameters()``) before the noise is added; e.g. for the Bayesian
         accountant's pairwise distances. Not called for an empty batch.
+    on_step_rows : int, optional
+        Pass only the first ``on_step_rows`` records' gradients to ``on_step`` (the ghost backend
+        then builds only those rows).
 
     Returns
     -------
@@ -613,7 +619,7 @@ def dp_sgd_step(
     if backend == "ghost":
         clean_sum, norms, losses, materialise = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(materialise().detach())
+            on_step(materialise(on_step_rows).detach())
         summed = _add_noise(clean_sum, noise_multiplier * clip_norm, generator)
     else:
         if backend == "opacus":
@@ -626,7 +632,7 @@ def dp_sgd_step(
             )
         clipped, norms = clip_per_sample(grads, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(flatten_per_sample(clipped).detach())
+            on_step(flatten_per_sample(clipped)[:on_step_rows].detach())
         summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
     optimizer.zero_grad(set_to_none=True)
     for name, p in model.net.named_parameters():
@@ -670,6 +676,7 @@ def train_epochs_dp(
     clip_norm: float,
     backend: Backend = DEFAULT_BACKEND,
     on_step: Callable[[Tensor], None] | None = None,
+    on_step_rows: int | None = None,
 ) -> dict[str, float]:
     r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place).
 
@@ -702,6 +709,8 @@ def train_epochs_dp(
         See :func:`dp_sgd_step`.
     on_step : callable, optional
         Receives each step's clipped per-sample gradients, shape (|B|, P) (see :func:`dp_sgd_step`).
+    on_step_rows : int, optional
+        See :func:`dp_sgd_step`.
 
     Returns
     -------
@@ -761,7 +770,7 @@ def train_epochs_dp(
                     model, optimizer, x_t[batch], time_t[batch], event_t[batch],
                     noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                     expected_batch_size=expected_batch_size, generator=generator,
-                    backend=backend, grad_sample_module=gsm, on_step=on_step,
+                    backend=backend, grad_sample_module=gsm, on_step=on_step, on_step_rows=on_step_rows,
                 )
                 seen += stats["batch_size"]
                 clipped += stats["num_clipped"]
