@@ -120,6 +120,22 @@ def _load(model: SurvivalModel, arrays: ArrayRecord, strategy: SurvivalFedAvg) -
         model.set_baseline(*strategy.baseline)
 
 
+def wait_for_sites(grid: Grid, expected: int, *, timeout_s: float = 300.0) -> int:
+    """Wait until ``expected`` sites are connected (or ``timeout_s`` passes); return how many are.
+
+    Without this the first round samples whichever nodes happen to be registered when it starts
+    (in simulation, Flower registers the virtual SuperNodes while the ServerApp is already
+    running), and a site can silently miss round 1.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (connected := len(list(grid.get_node_ids()))) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if connected < expected:
+        print(f"warning: {connected} of {expected} sites connected after {timeout_s:.0f} s; starting with them",
+              flush=True)
+    return connected
+
+
 def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, float]:
     metrics = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"))
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
@@ -194,6 +210,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         return MetricRecord({key: value for key, value in global_test.items() if math.isfinite(value)})
 
+    wait_for_sites(grid, dataset.num_sites)
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.net.state_dict()),
