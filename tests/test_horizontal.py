@@ -44,3 +44,30 @@ def test_one_unprotected_site_means_no_guarantee():
                               accountant="none", epsilon=None, delta=None))
     assert ledger.headline()["epsilon"] is None and ledger.headline()["site"] == "b"
     assert PrivacyLedger().headline()["epsilon"] is None
+
+
+@pytest.mark.parametrize("rounds", [1, 10, 50])
+def test_central_dp_epsilon_agrees_with_flowers_own_accountant(rounds):
+    """Our opacus figure for client-level DP equals Flower's dp-accounting RdpAccountant."""
+    from flwr.supercore.privacy_accounting import (
+        GaussianPrivacyEvent,
+        NeighboringRelation,
+        PrivacyConfig,
+        SamplingMethod,
+    )
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    from strategies.accounting.rdp import epsilon_gaussian_rounds
+    from strategies.horizontal import SurvivalFedAvg, with_central_dp
+
+    target, delta, sites = 3.0, 1e-5, 5
+    _, sigma = with_central_dp(SurvivalFedAvg(needs_baseline=False), epsilon=target, delta=delta, rounds=rounds,
+                               clip_norm=0.5, num_sites=sites)
+    flower = RdpAccountant(PrivacyConfig(target_delta=delta, population_size=sites,
+                                         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                         sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    flower.compose(GaussianPrivacyEvent(noise_multiplier=sigma, sample_size=sites, population_size=sites),
+                   count=rounds)
+    ours = epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=rounds, delta=delta)
+    assert ours == pytest.approx(flower.get_epsilon(delta), rel=2e-3)
+    assert target - 0.05 <= ours <= target
