@@ -69,5 +69,5 @@ def test_central_dp_epsilon_agrees_with_flowers_own_accountant(rounds):
     flower.compose(GaussianPrivacyEvent(noise_multiplier=sigma, sample_size=sites, population_size=sites),
                    count=rounds)
     ours = epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=rounds, delta=delta)
-    assert ours == pytest.approx(flower.get_epsilon(delta), rel=2e-3)
+    assert ours == pytest.approx(flower.get_epsilon(delta), rel=1e-6)
     assert target - 0.05 <= ours <= target
