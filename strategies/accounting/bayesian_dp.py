@@ -499,9 +499,27 @@ class BayesianAccountant:
         """
         if (clipped_grads is None) == (distances is None):
             raise ValueError("give exactly one of clipped_grads or distances")
+        d = pairwise_distances(clipped_grads) if distances is None else _as_distances(distances)
+        costs = step_costs(
+            d, orders=self.orders, sample_rate=sample_rate, noise_std=noise_std,
+            total_steps=total_steps, gamma_step=gamma_step,
+        )
+        self.commit(costs, total_steps=total_steps, gamma_step=gamma_step, num_steps=num_steps)
+        return costs
+
+    def commit(self, costs: Any, *, total_steps: int, gamma_step: float = DEFAULT_GAMMA_STEP,
+               num_steps: int = 1) -> None:
+        """Add ``num_steps`` steps of already estimated per-order costs (from :func:`step_costs`).
+
+        Lets a caller estimate a step's cost once, check it against the budget
+        (:meth:`would_exceed`) and then commit the same figures.
+        """
         num_steps = _check_int(num_steps, "num_steps")
         gamma_step = _check_probability(gamma_step, "gamma_step")
         total_steps = _check_int(total_steps, "total_steps")
+        costs = np.asarray(costs, dtype=np.float64).reshape(-1)
+        if costs.shape != (len(self.orders),):
+            raise ValueError(f"need one cost per order ({len(self.orders)})")
         if self.spent_steps + num_steps > total_steps:
             warnings.warn(
                 f"{self.spent_steps + num_steps} steps accounted but total_steps={total_steps}: "
@@ -509,16 +527,10 @@ class BayesianAccountant:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        d = pairwise_distances(clipped_grads) if distances is None else _as_distances(distances)
-        costs = step_costs(
-            d, orders=self.orders, sample_rate=sample_rate, noise_std=noise_std,
-            total_steps=total_steps, gamma_step=gamma_step,
-        )
         self.total_costs = self.total_costs + num_steps * costs
         self.log_confidence += num_steps * math.log1p(-gamma_step)
         self.spent_steps += num_steps
         self.last_costs = costs
-        return costs
 
     @property
     def gamma(self) -> float:

@@ -72,8 +72,7 @@ def account_step(
                        total_steps=total_steps, gamma_step=GAMMA_STEP)
     if accountant.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
         raise BudgetExhausted
-    accountant.step(distances=distances, sample_rate=sample_rate, noise_std=noise_std,
-                    total_steps=total_steps, gamma_step=GAMMA_STEP)
+    accountant.commit(costs, total_steps=total_steps, gamma_step=GAMMA_STEP)
     return distances
 
 
