@@ -38,10 +38,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from scipy.special import gammaln, xlog1py, xlogy
 from scipy.stats import t as student_t
 
-import torch
+from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
 #: Default grid of orders λ (Rényi order α = λ + 1).
 DEFAULT_ORDERS: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
@@ -51,9 +52,8 @@ DEFAULT_GAMMA_STEP: float = 1e-12
 
 
 # --------------------------------------------------------------------------------------------
-# validation helpers
+# numeric and validation helpers
 # --------------------------------------------------------------------------------------------
-
 
 
 def logsumexp(values: np.ndarray, axis: int | None = None) -> np.ndarray | float:
@@ -70,37 +70,9 @@ def logsumexp(values: np.ndarray, axis: int | None = None) -> np.ndarray | float
 def _student_t_isf(gamma_step: float, df: int) -> float:
     return float(student_t.isf(gamma_step, df=df))
 
-def _check_sample_rate(sample_rate: float) -> float:
-    value = float(sample_rate)
-    if not math.isfinite(value) or not 0.0 < value <= 1.0:
-        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
-    return value
-
-
-def _check_positive(value: float, name: str) -> float:
-    value = float(value)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
-
-
-def _check_probability(value: float, name: str) -> float:
-    value = float(value)
-    if not math.isfinite(value) or not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must lie in (0, 1), got {value!r}")
-    return value
-
-
-def _check_int(value: int, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
 
 def _check_orders(orders: Sequence[int]) -> tuple[int, ...]:
-    checked = tuple(_check_int(order, "order") for order in orders)
+    checked = tuple(check_count(order, "order") for order in orders)
     if not checked:
         raise ValueError("orders must not be empty")
     if len(set(checked)) != len(checked):
@@ -198,9 +170,9 @@ def log_binomial_cost(
     Triastcyn & Faltings, ICML 2020, Theorem 2 (subsampled Gaussian); Mironov, Talwar, Zhang,
     "Rényi Differential Privacy of the Sampled Gaussian Mechanism", arXiv:1908.10530, §3.3.
     """
-    order = _check_int(order, "order")
-    sample_rate = _check_sample_rate(sample_rate)
-    noise_std = _check_positive(noise_std, "noise_std")
+    order = check_count(order, "order")
+    sample_rate = check_sample_rate(sample_rate)
+    noise_std = check_positive(noise_std, "noise_std")
     scalar = np.ndim(distance) == 0 and not _is_tensor(distance)
     d = np.asarray(
         distance.detach().cpu().double().numpy() if _is_tensor(distance) else distance,
@@ -261,8 +233,8 @@ def ucb_cost(costs_per_pair: Any, *, total_steps: int, gamma_step: float) -> flo
         raise ValueError("costs_per_pair must not be empty")
     if np.any(np.isnan(costs)):
         raise ValueError("costs_per_pair must not contain NaN")
-    total_steps = _check_int(total_steps, "total_steps")
-    gamma_step = _check_probability(gamma_step, "gamma_step")
+    total_steps = check_count(total_steps, "total_steps")
+    gamma_step = check_probability(gamma_step, "gamma_step")
     if np.any(np.isposinf(costs)):
         return math.inf
     samples = total_steps * costs
@@ -324,7 +296,7 @@ def epsilon_mu(total_costs: Any, orders: Sequence[int], *, beta: float) -> float
     Triastcyn & Faltings, ICML 2020, Theorem 1 (with the Rényi-to-(ε, δ) step of Mironov 2017).
     """
     orders = _check_orders(orders)
-    beta = _check_probability(beta, "beta")
+    beta = check_probability(beta, "beta")
     costs = np.asarray(total_costs, dtype=np.float64).reshape(-1)
     if costs.shape != (len(orders),):
         raise ValueError(f"need one cost per order ({len(orders)}), got shape {costs.shape}")
@@ -351,8 +323,8 @@ def project_epsilon_mu(
     ----------
     Triastcyn & Faltings, ICML 2020, §4.
     """
-    steps = _check_int(steps, "steps")
-    noise_std = _check_positive(noise_multiplier, "noise_multiplier") * _check_positive(
+    steps = check_count(steps, "steps")
+    noise_std = check_positive(noise_multiplier, "noise_multiplier") * check_positive(
         clip_norm, "clip_norm"
     )
     costs = step_costs(
@@ -407,8 +379,8 @@ def calibrate_noise_for_bdp(
     ----------
     Triastcyn & Faltings, ICML 2020, §4.
     """
-    target = _check_positive(target_epsilon_mu, "target_epsilon_mu")
-    tolerance = _check_positive(tolerance, "tolerance")
+    target = check_positive(target_epsilon_mu, "target_epsilon_mu")
+    tolerance = check_positive(tolerance, "tolerance")
     pilot = _as_distances(distances_pilot)
     if np.all(pilot == 0.0):
         raise ValueError("all pilot distances are 0: the cost does not depend on sigma")
@@ -514,9 +486,9 @@ class BayesianAccountant:
         Lets a caller estimate a step's cost once, check it against the budget
         (:meth:`would_exceed`) and then commit the same figures.
         """
-        num_steps = _check_int(num_steps, "num_steps")
-        gamma_step = _check_probability(gamma_step, "gamma_step")
-        total_steps = _check_int(total_steps, "total_steps")
+        num_steps = check_count(num_steps, "num_steps")
+        gamma_step = check_probability(gamma_step, "gamma_step")
+        total_steps = check_count(total_steps, "total_steps")
         costs = np.asarray(costs, dtype=np.float64).reshape(-1)
         if costs.shape != (len(self.orders),):
             raise ValueError(f"need one cost per order ({len(self.orders)})")
@@ -543,7 +515,7 @@ class BayesianAccountant:
 
     def delta_mu(self, beta: float) -> float:
         """δ_μ = β + γ."""
-        return _check_probability(beta, "beta") + self.gamma
+        return check_probability(beta, "beta") + self.gamma
 
     def would_exceed(
         self, *, target_epsilon_mu: float, beta: float, next_costs: Any = None
@@ -553,7 +525,7 @@ class BayesianAccountant:
         ``next_costs`` defaults to the last step's ``ĉ(λ)`` (``ValueError`` before any step).
         The budget filter: a site stops before a step for which this returns ``True``.
         """
-        target = _check_positive(target_epsilon_mu, "target_epsilon_mu")
+        target = check_positive(target_epsilon_mu, "target_epsilon_mu")
         if next_costs is None:
             if self.last_costs is None:
                 raise ValueError("no step accounted yet: pass next_costs")
@@ -587,7 +559,7 @@ class BayesianAccountant:
         self.orders = orders
         self.total_costs = costs
         self.log_confidence = float(state_dict["log_confidence"])
-        self.spent_steps = _check_int(int(state_dict["spent_steps"]), "spent_steps", minimum=0)
+        self.spent_steps = check_count(int(state_dict["spent_steps"]), "spent_steps", minimum=0)
         self.last_costs = None if last is None else np.asarray(last, dtype=np.float64)
 
     @classmethod

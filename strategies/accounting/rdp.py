@@ -26,10 +26,11 @@ import math
 import warnings
 from typing import Any, Literal
 
-import numpy as np
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.accountants.utils import get_noise_multiplier
+
+from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
 AccountantName = Literal["rdp", "prv"]
 
@@ -42,35 +43,6 @@ _ACCOUNTANTS: dict[str, type] = {"rdp": RDPAccountant, "prv": PRVAccountant}
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_noise_multiplier(noise_multiplier: float) -> float:
-    value = float(noise_multiplier)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier!r}")
-    return value
-
-
-def _check_sample_rate(sample_rate: float) -> float:
-    value = float(sample_rate)
-    if not math.isfinite(value) or not 0.0 < value <= 1.0:
-        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
-    return value
-
-
-def _check_delta(delta: float) -> float:
-    value = float(delta)
-    if not math.isfinite(value) or not 0.0 < value < 1.0:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-    return value
-
-
-def _check_count(value: int, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_accountant(accountant: str) -> str:
@@ -119,14 +91,14 @@ def epsilon_from_history(
     Differential Privacy", AISTATS 2020 (conversion); Gopi, Lee, Wutschitz, "Numerical
     Composition of Differential Privacy", NeurIPS 2021 (PRV).
     """
-    delta = _check_delta(delta)
+    delta = check_probability(delta, "delta")
     _check_accountant(accountant)
     if not history:
         return 0.0
     for noise_multiplier, sample_rate, num_steps in history:
-        _check_noise_multiplier(noise_multiplier)
-        _check_sample_rate(sample_rate)
-        _check_count(num_steps, "num_steps")
+        check_positive(noise_multiplier, "noise_multiplier")
+        check_sample_rate(sample_rate)
+        check_count(num_steps, "num_steps")
     if accountant == "rdp":
         alphas = list(DEFAULT_RDP_ORDERS if orders is None else orders)
         rdp = sum(
@@ -182,9 +154,9 @@ def calibrate_noise_multiplier(
     target_epsilon = float(target_epsilon)
     if not math.isfinite(target_epsilon) or target_epsilon <= 0.0:
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
-    target_delta = _check_delta(target_delta)
-    sample_rate = _check_sample_rate(sample_rate)
-    steps = _check_count(steps, "steps")
+    target_delta = check_probability(target_delta, "delta")
+    sample_rate = check_sample_rate(sample_rate)
+    steps = check_count(steps, "steps")
     _check_accountant(accountant)
     if not epsilon_tolerance > 0.0:
         raise ValueError(f"epsilon_tolerance must be > 0, got {epsilon_tolerance!r}")
@@ -243,9 +215,9 @@ def epsilon_gaussian_rounds(
     (client-level DP); Mironov, "Rényi Differential Privacy", CSF 2017 (Gaussian RDP);
     Mironov, Talwar, Zhang, arXiv:1908.10530 (2019).
     """
-    noise_multiplier = _check_noise_multiplier(noise_multiplier)
-    rounds = _check_count(rounds, "rounds")
-    sample_rate = _check_sample_rate(sample_rate)
+    noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+    rounds = check_count(rounds, "rounds")
+    sample_rate = check_sample_rate(sample_rate)
     return epsilon_from_history(
         [(noise_multiplier, sample_rate, rounds)], delta=delta, accountant="rdp", orders=orders
     )
@@ -292,9 +264,9 @@ class SiteAccountant:
 
     def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
         """Record ``num_steps`` noisy steps with noise multiplier σ and sampling rate q."""
-        noise_multiplier = _check_noise_multiplier(noise_multiplier)
-        sample_rate = _check_sample_rate(sample_rate)
-        num_steps = _check_count(num_steps, "num_steps")
+        noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+        sample_rate = check_sample_rate(sample_rate)
+        num_steps = check_count(num_steps, "num_steps")
         for index, (sigma, q, count) in enumerate(self.history):
             if sigma == noise_multiplier and q == sample_rate:
                 self.history[index] = (sigma, q, count + num_steps)
@@ -338,9 +310,9 @@ class SiteAccountant:
             sigma, q, count = entry
             history.append(
                 (
-                    _check_noise_multiplier(sigma),
-                    _check_sample_rate(q),
-                    _check_count(int(count), "num_steps"),
+                    check_positive(sigma, "noise_multiplier"),
+                    check_sample_rate(q),
+                    check_count(int(count), "num_steps"),
                 )
             )
         self.history = history

@@ -45,6 +45,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from models.losses import logistic_hazard_nll
 from models.survival import HazardMLP, HazardModel, SurvivalModel
+from strategies.validation import check_positive, check_sample_rate
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -77,25 +78,11 @@ class DecomposabilityError(ValueError):
 # --------------------------------------------------------------------------- validation
 
 
-def _check_positive(name: str, value: float) -> float:
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return value
-
-
 def _check_noise_multiplier(noise_multiplier: float) -> float:
     noise_multiplier = float(noise_multiplier)
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier}")
     return noise_multiplier
-
-
-def _check_sample_rate(sample_rate: float) -> float:
-    sample_rate = float(sample_rate)
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate}")
-    return sample_rate
 
 
 def _require_hazard_model(model: SurvivalModel) -> HazardModel:
@@ -285,7 +272,6 @@ def per_sample_gradients_opacus(
     return grads, losses.detach()
 
 
-
 def _linear_chain(net: nn.Module) -> list[nn.Module] | None:
     """The layers of a :class:`models.survival.HazardMLP` when every one is ``nn.Linear`` or
     parameter- and buffer-free (activations, dropout); otherwise None."""
@@ -349,7 +335,7 @@ def clipped_sum_ghost(
     Abadi et al. (2016), CCS, Alg. 1.
     """
     model = _require_hazard_model(model)
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = check_positive(clip_norm, "clip_norm")
     layers = _linear_chain(model.net)
     if layers is None:
         raise ValueError("clipped_sum_ghost needs a HazardMLP of Linear layers and parameter-free modules")
@@ -435,7 +421,7 @@ def clip_per_sample(grads: Mapping[str, Tensor], *, clip_norm: float) -> tuple[d
     ----------
     Abadi et al. (2016), CCS, "Deep Learning with Differential Privacy", Alg. 1 (clip gradient).
     """
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = check_positive(clip_norm, "clip_norm")
     if not grads:
         raise ValueError("grads is empty")
     batch = {g.shape[0] for g in grads.values()}
@@ -486,7 +472,7 @@ def noisy_sum(
     Abadi et al. (2016), CCS, "Deep Learning with Differential Privacy", Alg. 1 (add noise).
     """
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = check_positive(clip_norm, "clip_norm")
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     return _add_noise({name: g.sum(0) for name, g in clipped.items()}, noise_multiplier * clip_norm, generator)
@@ -539,7 +525,7 @@ def poisson_batches(n: int, *, sample_rate: float, steps: int, generator: torch.
         raise ValueError(f"n must be a positive integer, got {n}")
     if int(steps) != steps or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps}")
-    sample_rate = _check_sample_rate(sample_rate)
+    sample_rate = check_sample_rate(sample_rate)
     for _ in range(int(steps)):
         yield torch.nonzero(torch.rand(int(n), generator=generator) < sample_rate).reshape(-1)
 
@@ -611,11 +597,11 @@ def dp_sgd_step(
     Abadi et al. (2016), CCS, "Deep Learning with Differential Privacy", Alg. 1.
     """
     model = _require_hazard_model(model)
-    expected_batch_size = _check_positive("expected_batch_size", expected_batch_size)
+    expected_batch_size = check_positive(expected_batch_size, "expected_batch_size")
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = check_positive(clip_norm, "clip_norm")
     if backend == "ghost":
         clean_sum, norms, losses, materialise = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
@@ -727,7 +713,7 @@ def train_epochs_dp(
     """
     model = _require_hazard_model(model)
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = check_positive(clip_norm, "clip_norm")
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))

@@ -1,0 +1,43 @@
+"""Argument checks shared by the accountants and the privacy mechanisms.
+
+Each returns the value converted to its plain Python type, or raises with the argument's name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def check_positive(value: float, name: str) -> float:
+    """A finite number > 0."""
+    checked = float(value)
+    if not math.isfinite(checked) or checked <= 0.0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return checked
+
+
+def check_probability(value: float, name: str) -> float:
+    """A number in the open interval (0, 1) (δ, β, γ)."""
+    checked = float(value)
+    if not math.isfinite(checked) or not 0.0 < checked < 1.0:
+        raise ValueError(f"{name} must lie in (0, 1), got {value!r}")
+    return checked
+
+
+def check_sample_rate(value: float) -> float:
+    """A sampling probability in (0, 1]."""
+    checked = float(value)
+    if not math.isfinite(checked) or not 0.0 < checked <= 1.0:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {value!r}")
+    return checked
+
+
+def check_count(value: int, name: str, *, minimum: int = 1) -> int:
+    """An integer (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
