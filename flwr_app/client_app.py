@@ -20,7 +20,6 @@ from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIG
 
 app = ClientApp()
 PRIVACY_STATE = "privacy.state"
-PRIVATE_TRAINING = {"dp_sgd": task.train_local_dp, "bdp": task.train_local_bdp}
 
 
 def _site(context: Context) -> tuple[SiteData, int]:
@@ -58,12 +57,12 @@ def train(message: Message, context: Context) -> Message:
     site, index = _site(context)
     cfg, model = _model(context, message)
     server_round = int(message.content["config"]["server-round"])
-    seed = int(np.random.SeedSequence([cfg.seed, server_round, index]).generate_state(1)[0])
-    if cfg.strategy in PRIVATE_TRAINING:
+    seed = task.round_seed(cfg.seed, server_round, index)
+    if cfg.strategy in task.PRIVATE_TRAINING:
         # σ and the site's accountant live in its node state across rounds (never rebuilt).
         stored = context.state.config_records.get(PRIVACY_STATE)
         previous = None if stored is None else json.loads(str(stored["json"]))
-        metrics, state = PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)
+        metrics, state = task.PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)
         context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
         if previous is not None and state["steps"] == previous["steps"]:
             metrics[WEIGHT_KEY] = 0  # budget spent: nothing new to contribute to the average

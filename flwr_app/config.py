@@ -21,6 +21,7 @@ from models.data import DATASETS
 MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
 STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp")
 ACCOUNTANTS = ("rdp", "prv")
+ADJACENCIES = ("add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -88,6 +89,7 @@ class PrivacyConfig:
     delta: float
     clip_norm: float
     accountant: str
+    adjacency: str
 
     @property
     def enabled(self) -> bool:
@@ -226,6 +228,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         delta=_get(flat, "privacy.delta", float),
         clip_norm=_positive("privacy.clip_norm", _get(flat, "privacy.clip_norm", float)),
         accountant=_choice("privacy.accountant", _get(flat, "privacy.accountant", str), ACCOUNTANTS),
+        adjacency=_choice("privacy.adjacency", _get(flat, "privacy.adjacency", str), ADJACENCIES),
     )
     if not 0.0 < privacy.delta < 1.0:
         raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
@@ -237,6 +240,11 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         )
     if strategy in ("dp_sgd", "bdp", "central_dp") and not privacy.enabled:
         raise ConfigError(f"run config: strategy '{strategy}' needs a finite 'privacy.epsilon' (the target budget)")
+    if privacy.adjacency != "add-remove" and strategy != "bdp":
+        raise ConfigError(
+            f"run config: privacy.adjacency = {privacy.adjacency!r} is offered for strategy 'bdp' only; the "
+            f"opacus accountants of '{strategy}' bound add/remove-one neighbours"
+        )
     if strategy == "central_dp" and federation.fraction_train != 1.0:
         raise ConfigError(
             "run config: strategy 'central_dp' is accounted without sub-sampling amplification and needs every "

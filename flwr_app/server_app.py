@@ -58,20 +58,32 @@ CENTRAL_DP_ASSUMPTIONS = (
 )
 
 
-BDP_ASSUMPTIONS = (
-    "Bayesian DP (Triastcyn & Faltings 2020; FSL-BDP): the DP-SGD update of dp_sgd (clip, Gaussian noise "
-    "on the sum, Poisson sampling); epsilon is the average-case epsilon_mu with delta_mu = beta + gamma, "
-    "beta = privacy.delta, gamma <= steps x 1e-12",
-    "epsilon_mu is estimated from pairwise distances of 16 clipped per-record gradients per step "
-    "(replace-one neighbours drawn from the data distribution), with a Student-t upper confidence bound",
-    "the budget filter stops the site before a step that would exceed privacy.epsilon",
-    "noise multiplier calibrated once from a pilot estimate on the site's own records; that "
-    "data-dependent calibration is not itself accounted",
-    "epsilon_classical: opacus RDP (worst case, add/remove-one, sensitivity C) of the same sigma, q, "
-    "steps; replace-one distances can reach 2C, so epsilon_mu can exceed it",
-    "sites with fewer than 100 records run classical DP-SGD instead (epsilon_mu = classical epsilon)",
-    "covers the site's training records only; sites are disjoint: the run's figure is the maximum over sites",
-)
+def bdp_assumptions(adjacency: str) -> tuple[str, ...]:
+    """The ledger's statement of what a Bayesian-DP figure assumes, for one adjacency."""
+    if adjacency == "add-remove":
+        distances = ("epsilon_mu is estimated from the norms of 16 clipped per-record gradients per step "
+                     "(add/remove-one neighbours drawn from the data distribution), with a Student-t upper "
+                     "confidence bound")
+        classical = ("epsilon_classical: opacus RDP (worst case, add/remove-one, sensitivity C) of the same sigma, "
+                     "q, steps; epsilon_mu exceeds it only by the confidence bound and the coarser order grid")
+    else:
+        distances = ("epsilon_mu is estimated from pairwise distances of 16 clipped per-record gradients per step "
+                     "(replace-one neighbours drawn from the data distribution), with a Student-t upper "
+                     "confidence bound")
+        classical = ("epsilon_classical: the same bound at the largest replace-one distance 2C, i.e. opacus RDP "
+                     "of noise multiplier sigma/2 for the same q and steps (worst case, replace-one)")
+    return (
+        "Bayesian DP (Triastcyn & Faltings 2020; FSL-BDP): the DP-SGD update of dp_sgd (clip, Gaussian noise "
+        "on the sum, Poisson sampling); epsilon is the average-case epsilon_mu with delta_mu = beta + gamma, "
+        "beta = privacy.delta, gamma <= steps x 1e-12",
+        distances,
+        "the budget filter stops the site before a step that would exceed privacy.epsilon",
+        "noise multiplier calibrated once from a pilot estimate on the site's own records; that "
+        "data-dependent calibration is not itself accounted",
+        classical,
+        "sites with fewer than 100 records run classical DP-SGD instead (epsilon_mu = classical epsilon)",
+        "covers the site's training records only; sites are disjoint: the run's figure is the maximum over sites",
+    )
 
 
 def ledger_entry(
@@ -82,10 +94,10 @@ def ledger_entry(
     if cfg.strategy == "bdp":
         return LedgerEntry(
             round=server_round, site=site, mechanism="bdp_fallback_dp_sgd" if metrics["fallback"] else "bdp",
-            unit="record", adjacency="replace-one", accountant="bayesian-dp (UCB) + opacus-rdp",
+            unit="record", adjacency=cfg.privacy.adjacency, accountant="bayesian-dp (UCB) + opacus-rdp",
             epsilon=metrics["epsilon_mu"], delta=cfg.privacy.delta, noise_multiplier=metrics["noise_multiplier"],
             clip_norm=metrics["clip_norm"], sample_rate=metrics["sample_rate"], steps=int(metrics["steps"]),
-            epsilon_classical=metrics["epsilon"], assumptions=BDP_ASSUMPTIONS,
+            epsilon_classical=metrics["epsilon"], assumptions=bdp_assumptions(cfg.privacy.adjacency),
         )
     if cfg.strategy == "central_dp":
         assert central_noise_multiplier is not None
@@ -259,7 +271,7 @@ def _write_results(
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
     if cfg.centralized_baseline:
         print("training the centralised baseline on the pooled training data ...", flush=True)
-        summary["centralized"] = {**task.train_centralized(cfg, dataset), "privacy": "none (no DP)"}
+        summary["centralized"] = task.train_centralized(cfg, dataset)
     outputs.write_summary(summary)
     print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
     if summary["privacy"]["epsilon"] is not None:
@@ -271,5 +283,8 @@ def _write_results(
     if oot:
         print(f"final out-of-time: {_fmt(oot)}", flush=True)
     if "centralized" in summary:
-        print(f"centralised baseline (no DP) test: {_fmt(summary['centralized']['test'])}", flush=True)
+        central = summary["centralized"]
+        label = "no DP" if isinstance(central["privacy"], str) else (
+            f"{cfg.strategy}, epsilon {central['privacy'].get('epsilon_mu', central['privacy']['epsilon']):.3f}")
+        print(f"centralised baseline ({label}) test: {_fmt(central['test'])}", flush=True)
     print(f"outputs: {outputs.directory}", flush=True)

@@ -148,13 +148,15 @@ def train_local_bdp(
 ) -> tuple[dict[str, float], dict]:
     """One round of Bayesian-DP training at a site (``strategies.mechanisms.bdp``).
 
-    The budget is ``ε_μ = privacy.epsilon`` with ``β = privacy.delta``.
+    The budget is ``ε_μ = privacy.epsilon`` with ``β = privacy.delta``; neighbours per
+    ``privacy.adjacency``.
     """
     torch.set_num_threads(cfg.train.num_threads)
     return train_epochs_bdp(
         model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
         lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, clip_norm=cfg.privacy.clip_norm,
         target_epsilon_mu=cfg.privacy.epsilon, beta=cfg.privacy.delta, rounds=cfg.federation.rounds, state=state,
+        adjacency=cfg.privacy.adjacency,
     )
 
 
@@ -183,23 +185,48 @@ def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, li
     return tables
 
 
+def round_seed(seed: int, server_round: int, site_index: int) -> int:
+    """The training seed of one site in one round (independent streams per site and round)."""
+    return int(np.random.SeedSequence([seed, server_round, site_index]).generate_state(1)[0])
+
+
+#: Record-level private training, by strategy name: ``(model, data, cfg, *, seed, state)``.
+PRIVATE_TRAINING = {"dp_sgd": train_local_dp, "bdp": train_local_bdp}
+
+
 def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:
     """The centralised baseline: the same model, initialisation and optimiser on the pooled data.
 
     It makes ``federation.rounds × train.local_epochs`` passes over the pooled training part — as
     many as every record gets in the federation — and is evaluated on the same test split.
+
+    For the record-level DP strategies (``dp_sgd``, ``bdp``) the baseline runs the same mechanism
+    on the pooled data, as one site holding every record for all rounds, with the same target
+    ``(ε, δ)``, clip norm and (for ``bdp``) adjacency; its spent ε is returned under
+    ``"privacy"``. For the other strategies it is trained without DP (client-level DP has no
+    centralised counterpart).
     """
     model = build_model(cfg, dataset)
     train = dataset.pooled("train")
     epochs = cfg.federation.rounds * cfg.train.local_epochs
     torch.set_num_threads(cfg.train.num_threads)
-    train_epochs(
-        model, train.x, train.time, train.event, epochs=epochs, batch_size=cfg.train.batch_size,
-        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-    )
+    privacy: dict[str, object] | str = "none (no DP)"
+    if cfg.strategy in PRIVATE_TRAINING:
+        state = None
+        for server_round in range(1, cfg.federation.rounds + 1):
+            metrics, state = PRIVATE_TRAINING[cfg.strategy](
+                model, train, cfg, seed=round_seed(cfg.seed, server_round, dataset.num_sites), state=state)
+        privacy = {"mechanism": cfg.strategy, **{key: float(value) for key, value in metrics.items()
+                                                 if key != "train_loss"}}
+    else:
+        train_epochs(
+            model, train.x, train.time, train.event, epochs=epochs, batch_size=cfg.train.batch_size,
+            lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
+        )
     if model.needs_baseline:
         model.set_baseline(*model.breslow_aggregates(train.x, train.time, train.event))
-    result: dict[str, object] = {"epochs": epochs, "test": evaluate(model, dataset.pooled("test"), train)}
+    result: dict[str, object] = {"epochs": epochs, "privacy": privacy,
+                                 "test": evaluate(model, dataset.pooled("test"), train)}
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
         result["oot"] = evaluate(model, dataset.pooled("oot"), train)
     return result

@@ -12,8 +12,9 @@ The jobs share the ``conf/`` tree; ``conf/sweep.yaml`` adds a Hydra callback tha
 job, gathers every job's ``summary.json`` under the sweep directory into
 
 * ``results.csv``: one row per run (a failed run is a row with ``status = failed`` and its error;
-  a run's centralised baseline, when ``baseline.centralized=true``, is a row of its own with
-  strategy ``centralized`` and no privacy);
+  a run's centralised baseline, when ``baseline.centralized=true``, is a row of its own: strategy
+  ``centralized`` without privacy, or ``centralized_dp_sgd`` / ``centralized_bdp`` with the run's
+  target epsilon when the run's record-level mechanism was applied to the pooled data);
 * ``summary.csv``: mean and standard deviation over seeds per setting x strategy x target epsilon;
 * ``privacy_utility.png``: test C-index and IBS against epsilon (log axis), one line per DP
   strategy with a +-1 std band, non-DP strategies and the centralised baseline as horizontal
@@ -345,16 +346,21 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
 
 
 def _centralized_row(run: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's centralised baseline as a row: strategy ``centralized`` without DP, or
+    ``centralized_<mechanism>`` when it ran the run's record-level mechanism on the pooled data
+    (then its ε is the baseline's own: ε_μ for ``bdp``)."""
     central = summary["centralized"]
+    privacy = central.get("privacy")
+    private = isinstance(privacy, Mapping)
     return {
         **{key: run[key] for key in ("seed", "data", "model", "rounds", "num_sites", "variant", "output_dir")},
         "status": "ok",
-        "strategy": CENTRALIZED,
-        "epsilon_target": math.inf,
-        "epsilon": math.nan,
-        "delta": math.nan,
-        "unit": "none",
-        "accountant": "none",
+        "strategy": f"{CENTRALIZED}_{privacy['mechanism']}" if private else CENTRALIZED,
+        "epsilon_target": run["epsilon_target"] if private else math.inf,
+        "epsilon": _float(privacy.get("epsilon_mu", privacy.get("epsilon"))) if private else math.nan,
+        "delta": run["delta"] if private else math.nan,
+        "unit": "record" if private else "none",
+        "accountant": run["accountant"] if private else "none",
         **_metrics("test", central.get("test")),
         **_metrics("oot", central.get("oot")),
         "wall_time_s": _float(central.get("wall_time_s")),

@@ -15,9 +15,13 @@ from strategies.accounting.bayesian_dp import (
     DEFAULT_ORDERS,
     BayesianAccountant,
     calibrate_noise_for_bdp,
+    classical_noise_multiplier,
+    distances_from_gram,
     log_binomial_cost,
+    neighbour_distances,
     pairwise_distances,
     project_epsilon_mu,
+    step_costs,
     ucb_cost,
 )
 from strategies.accounting.rdp import SiteAccountant
@@ -148,12 +152,14 @@ def test_average_case_below_worst_case() -> None:
 def test_step_from_clipped_grads_matches_distances_and_is_deterministic() -> None:
     rng = np.random.default_rng(2)
     grads = torch.from_numpy(rng.normal(size=(8, 20)) * 0.1)
-    first, second, third = BayesianAccountant(), BayesianAccountant(), BayesianAccountant()
-    for accountant in (first, second):
-        accountant.step(clipped_grads=grads, sample_rate=0.02, noise_std=1.2, total_steps=10)
-    third.step(distances=pairwise_distances(grads), sample_rate=0.02, noise_std=1.2, total_steps=10)
-    assert np.array_equal(first.total_costs, second.total_costs)
-    assert np.array_equal(first.total_costs, third.total_costs)
+    for adjacency in ("add-remove", "replace-one"):
+        first, second, third = (BayesianAccountant(adjacency=adjacency) for _ in range(3))
+        for accountant in (first, second):
+            accountant.step(clipped_grads=grads, sample_rate=0.02, noise_std=1.2, total_steps=10)
+        third.step(distances=neighbour_distances(grads, adjacency=adjacency), sample_rate=0.02, noise_std=1.2,
+                   total_steps=10)
+        assert np.array_equal(first.total_costs, second.total_costs)
+        assert np.array_equal(first.total_costs, third.total_costs)
     with pytest.raises(ValueError):
         first.step(sample_rate=0.02, noise_std=1.2, total_steps=10)
     with pytest.raises(ValueError):
@@ -263,3 +269,60 @@ def test_order_validation() -> None:
         BayesianAccountant(orders=())
     with pytest.raises(ValueError):
         BayesianAccountant().epsilon(0.0)
+
+
+def test_neighbour_distances_per_adjacency() -> None:
+    rng = np.random.default_rng(5)
+    grads = rng.normal(size=(6, 9))
+    np.testing.assert_allclose(neighbour_distances(grads, adjacency="add-remove"), np.linalg.norm(grads, axis=1),
+                               rtol=1e-12)
+    np.testing.assert_array_equal(neighbour_distances(grads, adjacency="replace-one"), pairwise_distances(grads))
+    with pytest.raises(ValueError, match="adjacency"):
+        neighbour_distances(grads, adjacency="substitute")
+    with pytest.raises(ValueError, match="adjacency"):
+        BayesianAccountant(adjacency="add_remove")
+
+
+@pytest.mark.parametrize(("q", "s", "count"), [(0.01, 1.0, 16), (0.2, 0.7, 120), (1.0, 3.0, 5), (0.05, 0.3, 2)])
+def test_step_costs_equal_the_per_order_reference(q: float, s: float, count: int) -> None:
+    """The vectorised step cost equals ucb_cost(log_binomial_cost) order by order."""
+    distances = np.random.default_rng(count).uniform(0.0, 2.0, size=count)
+    expected = [ucb_cost(log_binomial_cost(order, distances, sample_rate=q, noise_std=s), total_steps=300,
+                         gamma_step=1e-12) for order in DEFAULT_ORDERS]
+    got = step_costs(distances, orders=DEFAULT_ORDERS, sample_rate=q, noise_std=s, total_steps=300, gamma_step=1e-12)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    equal = step_costs(np.full(7, 0.4), orders=(3, 9), sample_rate=q, noise_std=s, total_steps=10, gamma_step=1e-9)
+    np.testing.assert_allclose(equal, [log_binomial_cost(order, 0.4, sample_rate=q, noise_std=s) for order in (3, 9)],
+                               rtol=1e-12)
+
+
+def test_add_remove_with_every_gradient_clipped_is_the_classical_bound() -> None:
+    """Add/remove: every record clipped to norm C gives d = C, i.e. λ·RDP_{λ+1} of opacus exactly."""
+    q, sigma, clip, steps = 0.02, 1.3, 0.5, 40
+    grads = np.random.default_rng(3).normal(size=(16, 30))
+    grads *= clip / np.linalg.norm(grads, axis=1, keepdims=True)
+    accountant = BayesianAccountant(adjacency="add-remove")
+    for _ in range(steps):
+        accountant.step(clipped_grads=grads, sample_rate=q, noise_std=sigma * clip, total_steps=steps)
+    expected = np.array([steps * lam * float(_compute_rdp(q, sigma, lam + 1)) for lam in DEFAULT_ORDERS])
+    np.testing.assert_allclose(accountant.total_costs, expected, rtol=1e-6)
+
+
+def test_replace_one_worst_case_is_the_add_remove_bound_at_half_the_noise() -> None:
+    """Replace-one: the largest distance 2C costs what add/remove costs at noise multiplier σ/2."""
+    q, sigma, clip = 0.03, 1.6, 2.0
+    half = classical_noise_multiplier(sigma, adjacency="replace-one")
+    assert half == sigma / 2 and classical_noise_multiplier(sigma, adjacency="add-remove") == sigma
+    for order in DEFAULT_ORDERS:
+        cost = log_binomial_cost(order, 2 * clip, sample_rate=q, noise_std=sigma * clip)
+        assert cost == pytest.approx(order * float(_compute_rdp(q, half, order + 1)), rel=1e-6)
+
+
+@pytest.mark.parametrize("adjacency", ["add-remove", "replace-one"])
+def test_distances_from_gram_equal_the_direct_distances(adjacency: str) -> None:
+    grads = np.random.default_rng(8).normal(size=(16, 40)) * 0.05
+    gram = grads @ grads.T
+    np.testing.assert_allclose(distances_from_gram(gram, adjacency=adjacency),
+                               neighbour_distances(grads, adjacency=adjacency), rtol=1e-9)
+    with pytest.raises(ValueError, match="square"):
+        distances_from_gram(gram[:3], adjacency=adjacency)

@@ -18,25 +18,28 @@ def site(n, seed=0):
     return model, x, time, event
 
 
-def run(model, x, time, event, state, *, target, round_seed, rounds=3):
+def run(model, x, time, event, state, *, target, round_seed, rounds=3, adjacency="add-remove"):
     return train_epochs_bdp(model, x, time, event, epochs=1, batch_size=32, lr=3e-3, weight_decay=0.0,
                             seed=round_seed, clip_norm=1.0, target_epsilon_mu=target, beta=1e-5,
-                            rounds=rounds, state=state)
+                            rounds=rounds, state=state, adjacency=adjacency)
 
 
-def test_a_site_never_trains_past_its_budget_and_then_stops_for_good():
+@pytest.mark.parametrize("adjacency", ["add-remove", "replace-one"])
+def test_a_site_never_trains_past_its_budget_and_then_stops_for_good(adjacency):
     model, x, time, event = site(400)
     state, history = None, []
     for round_seed in range(6):  # more rounds than calibrated for: the filter must hold the line
-        metrics, state = run(model, x, time, event, state, target=1.0, round_seed=round_seed)
+        metrics, state = run(model, x, time, event, state, target=1.0, round_seed=round_seed, adjacency=adjacency)
         history.append(metrics)
         assert metrics["epsilon_mu"] <= 1.0
     assert history[-1]["stopped"] == 1.0
     steps = [metrics["steps"] for metrics in history]
     assert steps == sorted(steps) and steps[-1] == steps[-2]  # no step after stopping
     last = history[-1]
-    classical = epsilon_from_history([(last["noise_multiplier"], last["sample_rate"], int(last["steps"]))], delta=1e-5)
-    assert last["epsilon"] == pytest.approx(classical, rel=1e-9)  # classical figure beside eps_mu
+    # the classical figure beside eps_mu, under the same adjacency (replace-one: sensitivity 2C)
+    sigma = last["noise_multiplier"] / (2.0 if adjacency == "replace-one" else 1.0)
+    classical = epsilon_from_history([(sigma, last["sample_rate"], int(last["steps"]))], delta=1e-5)
+    assert last["epsilon"] == pytest.approx(classical, rel=1e-9)
 
 
 def test_same_seed_same_epsilon_and_model():
@@ -49,7 +52,9 @@ def test_same_seed_same_epsilon_and_model():
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(results[0][1], results[1][1]))
 
 
-def test_small_sites_fall_back_to_classical_dp():
+@pytest.mark.parametrize("adjacency", ["add-remove", "replace-one"])
+def test_small_sites_fall_back_to_classical_dp(adjacency):
     model, x, time, event = site(MIN_RECORDS - 1)
-    metrics, _ = run(model, x, time, event, None, target=1.0, round_seed=0)
-    assert metrics["fallback"] == 1.0 and metrics["epsilon_mu"] == metrics["epsilon"] <= 1.0
+    metrics, _ = run(model, x, time, event, None, target=1.0, round_seed=0, rounds=1, adjacency=adjacency)
+    assert metrics["fallback"] == 1.0 and metrics["epsilon_mu"] == metrics["epsilon"]
+    assert 0.99 <= metrics["epsilon"] <= 1.0  # calibrated to the target under this adjacency

@@ -110,10 +110,13 @@ def test_opacus_and_ghost_agree_with_torch_func(data, dtype, atol):
         torch.testing.assert_close(opacus[name], ref[name], rtol=0, atol=atol * max(1.0, scale))
     for clip_norm in (0.1, 1.0, 1e6):
         clipped, norms = clip_per_sample(ref, clip_norm=clip_norm)
-        summed, ghost_norms, _, materialise = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
+        summed, ghost_norms, _, per_sample = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
         torch.testing.assert_close(ghost_norms, norms, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=atol)
         flat = flatten_per_sample(clipped)
-        torch.testing.assert_close(materialise(), flat, rtol=0, atol=atol * max(1.0, scale))
+        torch.testing.assert_close(per_sample.gradients(), flat, rtol=0, atol=atol * max(1.0, scale))
+        gram = flat.double() @ flat.double().T  # the factored Gram matrix equals the materialised one
+        torch.testing.assert_close(per_sample.gram(), gram, rtol=1e-5, atol=1e-6 * max(1.0, scale) ** 2)
+        torch.testing.assert_close(per_sample.gram(5), gram[:5, :5], rtol=1e-5, atol=1e-6 * max(1.0, scale) ** 2)
         for name in ref:
             torch.testing.assert_close(summed[name], clipped[name].sum(0), rtol=1e-5, atol=atol * max(1.0, scale))
     assert not any(hasattr(p, "grad_sample") and p.grad_sample is not None for p in model.net.parameters())
@@ -283,7 +286,7 @@ def test_backends_give_the_same_noisy_update(data):
 
 
 @pytest.mark.parametrize("backend", ["ghost", "torch_func"])
-def test_on_step_receives_the_clipped_per_sample_gradients(data, backend):
+def test_on_step_receives_the_gram_matrix_of_the_clipped_per_sample_gradients(data, backend):
     model = _hazard(data)
     x, time, event = _batch(data, 24)
     reference, _ = clip_per_sample(
@@ -292,11 +295,11 @@ def test_on_step_receives_the_clipped_per_sample_gradients(data, backend):
     seen = []
     dp_sgd_step(model, torch.optim.SGD(model.net.parameters(), lr=0.1), x, time, event, noise_multiplier=1.0,
                 clip_norm=0.5, expected_batch_size=24.0, generator=torch.Generator(), backend=backend,
-                on_step=seen.append)
-    num_params = sum(p.numel() for p in model.net.parameters())
-    assert len(seen) == 1 and seen[0].shape == (24, num_params)
-    assert torch.all(seen[0].norm(dim=1) <= 0.5 * (1 + 1e-5))
-    torch.testing.assert_close(seen[0], flatten_per_sample(reference), rtol=1e-5, atol=1e-7)
+                on_step=seen.append, on_step_rows=16)
+    flat = flatten_per_sample(reference)[:16].double()
+    assert len(seen) == 1 and seen[0].shape == (16, 16) and seen[0].dtype == torch.float64
+    assert torch.all(seen[0].diagonal() <= 0.25 * (1 + 1e-5))  # squared norms <= C^2
+    torch.testing.assert_close(seen[0], flat @ flat.T, rtol=1e-5, atol=1e-8)
 
 
 # --------------------------------------------------------------------------- Cox refused

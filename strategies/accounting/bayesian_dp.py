@@ -6,11 +6,17 @@ After Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning"
 * the mechanism is the DP-SGD step: Poisson sampling with rate ``q``, per-sample gradients
   clipped to ``C``, Gaussian noise of standard deviation ``s = σ·C`` added to the **sum** of the
   clipped gradients;
-* the privacy cost of a step is driven by distances ``d = ||clip(g_i) − clip(g_j)||`` between
-  per-sample **clipped** gradients of the batch (replace-one neighbours: record ``i`` replaced by
-  record ``j``), measured on the same scale as the sum that receives the noise. (The reference
-  code measures leave-one-out *batch means* while the noise is added to the sum, which
-  under-states ε_μ by about the batch size; this module does not.)
+* the privacy cost of a step is driven by the distances ``d`` between the sums of clipped
+  gradients of neighbouring batches, measured on the same scale as the sum that receives the
+  noise. Two adjacencies are offered (:data:`ADJACENCIES`):
+
+  - ``"add-remove"`` (default; the adjacency of opacus and of classical DP-SGD): the neighbour
+    lacks one record ``i``, so ``d_i = ||clip(g_i)||`` ≤ ``C``;
+  - ``"replace-one"`` (FSL-BDP and the reference code): record ``i`` is replaced by record
+    ``j``, so ``d_ij = ||clip(g_i) − clip(g_j)||`` ≤ ``2C``.
+
+  (The reference code measures leave-one-out *batch means* while the noise is added to the sum,
+  which under-states ε_μ by about the batch size; this module does not.)
 
 Per order ``λ`` (an integer ≥ 1; the Rényi order is ``α = λ + 1``) and pair distance ``d``::
 
@@ -22,11 +28,13 @@ an upper confidence bound ``ĉ(λ)`` over the sampled pairs is accumulated, ``C(
 
 with ``γ = 1 − Π_t (1 − γ_step)`` the total failure probability of the estimator (≤ Σ γ_step).
 
-With ``d = C`` the cost equals ``λ·RDP_{λ+1}`` of opacus' Poisson-subsampled Gaussian (whose
-adjacency is add/remove-one with sensitivity ``C``). Pairwise distances of clipped gradients lie
-in ``[0, 2C]``; pairs farther apart than ``C`` cost more than the add/remove worst case. The
-classical ε of the same ``(σ, q, steps)`` (:mod:`strategies.accounting.rdp`) should be reported
-beside ε_μ.
+With ``d = C`` the cost equals ``λ·RDP_{λ+1}`` of opacus' Poisson-subsampled Gaussian
+(add/remove-one, sensitivity ``C``): under ``"add-remove"`` ε_μ is therefore never above the
+classical ε of the same ``(σ, q, steps)`` by more than the UCB inflation and the coarser order
+grid, and equals it when every record's gradient is clipped. Under ``"replace-one"`` the
+worst case of the same bound is ``d = 2C``, i.e. the add/remove RDP of noise multiplier
+``σ/2`` (:func:`classical_noise_multiplier`); that, not the add/remove figure, is the classical
+ε to report beside a replace-one ε_μ.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ DEFAULT_ORDERS: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
 
 #: Default per-step failure probability of the UCB estimator.
 DEFAULT_GAMMA_STEP: float = 1e-12
+
+#: Neighbouring-dataset relations the accountant supports (see the module docstring).
+ADJACENCIES: tuple[str, ...] = ("add-remove", "replace-one")
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,6 +89,13 @@ def _check_orders(orders: Sequence[int]) -> tuple[int, ...]:
     if len(set(checked)) != len(checked):
         raise ValueError(f"orders must be distinct, got {checked}")
     return checked
+
+
+def check_adjacency(adjacency: str) -> str:
+    """``adjacency`` if it is one of :data:`ADJACENCIES`, else ``ValueError``."""
+    if adjacency not in ADJACENCIES:
+        raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {adjacency!r}")
+    return adjacency
 
 
 def _as_distances(distances: Any) -> np.ndarray:
@@ -131,6 +149,81 @@ def pairwise_distances(clipped_grads: Any) -> np.ndarray:
     if not np.all(np.isfinite(distances)):
         raise ValueError("clipped_grads must be finite")
     return distances
+
+
+def neighbour_distances(clipped_grads: Any, *, adjacency: str) -> np.ndarray:
+    r"""Distances between the clipped-gradient sums of neighbouring batches.
+
+    Parameters
+    ----------
+    clipped_grads : torch.Tensor or numpy.ndarray, shape (M, P)
+        Per-sample gradients of ``M`` records of the batch, each clipped to norm ``C``.
+    adjacency : {"add-remove", "replace-one"}
+        ``"add-remove"``: ``||clip(g_i)||`` for each record (``M`` values, ``M ≥ 1``);
+        ``"replace-one"``: :func:`pairwise_distances` (``M(M−1)/2`` values, ``M ≥ 2``).
+
+    Returns
+    -------
+    numpy.ndarray
+        The distances (float64).
+
+    References
+    ----------
+    Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020, §4.
+    """
+    if check_adjacency(adjacency) == "replace-one":
+        return pairwise_distances(clipped_grads)
+    array = clipped_grads.detach().cpu() if _is_tensor(clipped_grads) else torch.as_tensor(np.asarray(clipped_grads))
+    if array.ndim < 2 or array.shape[0] < 1:
+        raise ValueError(f"clipped_grads must have shape (M, P) with M >= 1, got {tuple(array.shape)}")
+    norms = torch.linalg.vector_norm(array.reshape(array.shape[0], -1), dim=1).double().numpy()
+    if not np.all(np.isfinite(norms)):
+        raise ValueError("clipped_grads must be finite")
+    return norms
+
+
+def distances_from_gram(gram: Any, *, adjacency: str) -> np.ndarray:
+    r""":func:`neighbour_distances` from the Gram matrix ``G_ij = ⟨clip(g_i), clip(g_j)⟩``.
+
+    ``"add-remove"``: ``sqrt(G_ii)``; ``"replace-one"``: ``sqrt(G_ii + G_jj − 2 G_ij)`` for
+    ``i < j`` in row-major order (that of :func:`pairwise_distances`). Lets DP-SGD hand over the
+    M×M inner products it can compute from its per-layer factors instead of M per-sample
+    gradients (:meth:`strategies.mechanisms.dp_sgd.GhostPerSample.gram`). Pass a float64 Gram
+    matrix: the replace-one form subtracts nearly equal numbers for nearby gradients.
+
+    References
+    ----------
+    Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020, §4.
+    """
+    matrix = gram.detach().cpu().double().numpy() if _is_tensor(gram) else np.asarray(gram, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] < 1:
+        raise ValueError(f"gram must be a square (M, M) matrix, got shape {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError("gram must be finite")
+    diagonal = np.diag(matrix)
+    if check_adjacency(adjacency) == "add-remove":
+        return np.sqrt(np.maximum(diagonal, 0.0))
+    if matrix.shape[0] < 2:
+        raise ValueError("replace-one distances need at least 2 records")
+    upper_i, upper_j = np.triu_indices(matrix.shape[0], k=1)
+    squared = diagonal[upper_i] + diagonal[upper_j] - 2.0 * matrix[upper_i, upper_j]
+    return np.sqrt(np.maximum(squared, 0.0))
+
+
+def classical_noise_multiplier(noise_multiplier: float, *, adjacency: str) -> float:
+    r"""Noise multiplier whose add/remove RDP (opacus) is the worst case of the Bayesian bound.
+
+    The per-step cost :func:`log_binomial_cost` depends on ``d/s`` only. Its largest value is at
+    the largest possible distance: ``C`` under add/remove (the classical DP-SGD bound, noise
+    multiplier ``σ``) and ``2C`` under replace-one, which equals the add/remove bound of noise
+    multiplier ``σ/2``.
+
+    References
+    ----------
+    Triastcyn & Faltings, ICML 2020, Theorem 2; Mironov, Talwar, Zhang, arXiv:1908.10530.
+    """
+    noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+    return noise_multiplier / 2.0 if check_adjacency(adjacency) == "replace-one" else noise_multiplier
 
 
 def log_binomial_cost(
@@ -258,6 +351,25 @@ def ucb_cost(costs_per_pair: Any, *, total_steps: int, gamma_step: float) -> flo
     return float(np.logaddexp(log_mean, log_penalty)) / total_steps
 
 
+@functools.lru_cache(maxsize=64)
+def _log_binomial_table(orders: tuple[int, ...], sample_rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """``log P(K = k)`` for ``K ~ Bin(λ+1, q)``, one row per order (``−inf`` past ``λ+1``), and
+    ``k(k−1)/2`` for the columns ``k = 0 … max λ + 1``."""
+    k = np.arange(max(orders) + 2, dtype=np.float64)
+    table = np.full((len(orders), k.size), -np.inf)
+    for row, order in enumerate(orders):
+        n = order + 1
+        kk = k[: n + 1]
+        table[row, : n + 1] = (
+            gammaln(n + 1) - gammaln(kk + 1) - gammaln(n - kk + 1)
+            + xlogy(kk, sample_rate) + xlog1py(n - kk, -sample_rate)
+        )
+    half_pairs = k * (k - 1.0) / 2.0
+    table.setflags(write=False)
+    half_pairs.setflags(write=False)
+    return table, half_pairs
+
+
 def step_costs(
     distances: Any,
     *,
@@ -267,25 +379,52 @@ def step_costs(
     total_steps: int,
     gamma_step: float,
 ) -> np.ndarray:
-    r"""``ĉ(λ)`` for every order: :func:`ucb_cost` of :func:`log_binomial_cost` over the pairs.
+    r"""``ĉ(λ)`` for every order: :func:`ucb_cost` of :func:`log_binomial_cost` over the distances.
+
+    The same figures as ``[ucb_cost(log_binomial_cost(λ, d, ...), ...) for λ in orders]``
+    (tested equal), computed for all orders and distances in one array pass: the accountant
+    calls this before every training step.
+
+    Parameters
+    ----------
+    distances : array_like, shape (M,)
+        Sampled neighbour distances (:func:`neighbour_distances`).
+    orders, sample_rate, noise_std, total_steps, gamma_step
+        As in :func:`log_binomial_cost` and :func:`ucb_cost`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (len(orders),)
 
     References
     ----------
-    Triastcyn & Faltings, ICML 2020, §4.
+    Triastcyn & Faltings, ICML 2020, §4 and Theorem 3.
     """
     d = _as_distances(distances)
     orders = _check_orders(orders)
-    return np.array(
-        [
-            ucb_cost(
-                log_binomial_cost(order, d, sample_rate=sample_rate, noise_std=noise_std),
-                total_steps=total_steps,
-                gamma_step=gamma_step,
-            )
-            for order in orders
-        ],
-        dtype=np.float64,
-    )
+    sample_rate = check_sample_rate(sample_rate)
+    noise_std = check_positive(noise_std, "noise_std")
+    total_steps = check_count(total_steps, "total_steps")
+    gamma_step = check_probability(gamma_step, "gamma_step")
+    log_pmf, half_pairs = _log_binomial_table(orders, sample_rate)
+    ratio = (d / noise_std) ** 2
+    # c(λ; d_i) for every distance and order: shape (M, orders)
+    per_pair = logsumexp(log_pmf[None, :, :] + half_pairs[None, None, :] * ratio[:, None, None], axis=-1)
+    count = d.size
+    if count == 1:
+        warnings.warn("a single distance gives no variance estimate; the UCB falls back to its cost",
+                      RuntimeWarning, stacklevel=2)
+        return per_pair[0].astype(np.float64)
+    samples = total_steps * per_pair.T  # (orders, M)
+    log_mean = logsumexp(samples, axis=1) - math.log(count)
+    peak = samples.max(axis=1)
+    scaled = np.exp(samples - peak[:, None])
+    variance_scaled = np.mean((scaled - scaled.mean(axis=1, keepdims=True)) ** 2, axis=1)
+    with np.errstate(divide="ignore"):
+        log_penalty = (math.log(_student_t_isf(gamma_step, count - 1)) + peak + 0.5 * np.log(variance_scaled)
+                       - 0.5 * math.log(count - 1))
+    costs = np.where(variance_scaled > 0.0, np.logaddexp(log_mean, log_penalty), log_mean) / total_steps
+    return np.where(np.isposinf(per_pair).any(axis=0), math.inf, costs)
 
 
 def epsilon_mu(total_costs: Any, orders: Sequence[int], *, beta: float) -> float:
@@ -428,25 +567,27 @@ class BayesianAccountant:
     and multiplies the estimator's confidence by ``1 − γ_step``. Then
     ``ε_μ(β) = min_λ (C(λ) − log β)/λ`` and ``δ_μ(β) = β + γ``,
     ``γ = 1 − Π (1 − γ_step)``. Unit: one record; the guarantee is average-case over the data
-    distribution (replace-one neighbours drawn from it), not worst-case.
+    distribution (neighbouring records drawn from it), not worst-case.
 
     Parameters
     ----------
     orders : sequence of int
         Orders λ ≥ 1 (Rényi order α = λ + 1); default ``(2, 4, 8, 16, 32, 64)``.
+    adjacency : {"add-remove", "replace-one"}
+        Which neighbouring datasets the distances describe (:func:`neighbour_distances`).
 
     References
     ----------
     Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020.
     """
 
-    adjacency: str = "replace-one"
     unit: str = "record"
     guarantee: str = "average-case"
     mechanism: str = "bdp"
 
-    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS) -> None:
+    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, *, adjacency: str = "add-remove") -> None:
         self.orders: tuple[int, ...] = _check_orders(orders)
+        self.adjacency: str = check_adjacency(adjacency)
         self.total_costs: np.ndarray = np.zeros(len(self.orders), dtype=np.float64)
         self.log_confidence: float = 0.0  # Σ log(1 − γ_step)
         self.spent_steps: int = 0
@@ -463,15 +604,17 @@ class BayesianAccountant:
         distances: Any = None,
         num_steps: int = 1,
     ) -> np.ndarray:
-        """Account ``num_steps`` step(s) whose pairs are given by ``clipped_grads`` or ``distances``.
+        """Account ``num_steps`` step(s) whose neighbours are given by ``clipped_grads`` or ``distances``.
 
-        Exactly one of ``clipped_grads`` (shape (M, P), M ≥ 2) or ``distances`` must be given.
+        Exactly one of ``clipped_grads`` (shape (M, P); distances by :func:`neighbour_distances`
+        under the accountant's adjacency) or ``distances`` must be given.
         ``noise_std`` is ``s = σ·C`` on the sum. ``total_steps`` is the Hölder/UCB horizon T (all
         steps this accountant will see; an upper bound is safe). Returns the per-step ``ĉ(λ)``.
         """
         if (clipped_grads is None) == (distances is None):
             raise ValueError("give exactly one of clipped_grads or distances")
-        d = pairwise_distances(clipped_grads) if distances is None else _as_distances(distances)
+        d = (neighbour_distances(clipped_grads, adjacency=self.adjacency) if distances is None
+             else _as_distances(distances))
         costs = step_costs(
             d, orders=self.orders, sample_rate=sample_rate, noise_std=noise_std,
             total_steps=total_steps, gamma_step=gamma_step,
@@ -539,6 +682,7 @@ class BayesianAccountant:
         """Plain-Python state (JSON-serialisable); floats round-trip exactly."""
         return {
             "mechanism": self.mechanism,
+            "adjacency": self.adjacency,
             "orders": list(self.orders),
             "total_costs": [float(c) for c in self.total_costs],
             "log_confidence": float(self.log_confidence),
@@ -548,7 +692,7 @@ class BayesianAccountant:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`."""
-        missing = {"orders", "total_costs", "log_confidence", "spent_steps"} - set(state_dict)
+        missing = {"orders", "adjacency", "total_costs", "log_confidence", "spent_steps"} - set(state_dict)
         if missing:
             raise KeyError(f"state_dict lacks {sorted(missing)}")
         orders = _check_orders(state_dict["orders"])
@@ -557,6 +701,7 @@ class BayesianAccountant:
             raise ValueError("total_costs must have one entry per order")
         last = state_dict.get("last_costs")
         self.orders = orders
+        self.adjacency = check_adjacency(state_dict["adjacency"])
         self.total_costs = costs
         self.log_confidence = float(state_dict["log_confidence"])
         self.spent_steps = check_count(int(state_dict["spent_steps"]), "spent_steps", minimum=0)
@@ -565,6 +710,6 @@ class BayesianAccountant:
     @classmethod
     def from_state_dict(cls, state_dict: dict[str, Any]) -> BayesianAccountant:
         """New accountant restored from :meth:`state_dict`."""
-        accountant = cls(state_dict["orders"])
+        accountant = cls(state_dict["orders"], adjacency=state_dict["adjacency"])
         accountant.load_state_dict(state_dict)
         return accountant

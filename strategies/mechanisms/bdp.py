@@ -3,10 +3,12 @@
 The update is exactly :func:`strategies.mechanisms.dp_sgd.train_epochs_dp` (per-record clipping
 to ``C``, Gaussian noise ``N(0, σ²C²)`` on the sum, Poisson sampling at ``q``). What changes is
 the accounting (:class:`strategies.accounting.bayesian_dp.BayesianAccountant`): before each step
-the per-record clipped gradients of ``M`` records of the batch give pairwise distances, their
-privacy cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the
-budget filter); otherwise the site stops for good. The classical (worst-case) ε of the same
-``(σ, q, steps)`` is tracked beside it by opacus.
+the per-record clipped gradients of ``M`` records of the batch give neighbour distances (their
+norms under add/remove adjacency, their pairwise distances under replace-one), their privacy
+cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the budget
+filter); otherwise the site stops for good. The classical (worst-case) ε of the same
+``(σ, q, steps)`` under the same adjacency is tracked beside it by opacus
+(:func:`~strategies.accounting.bayesian_dp.classical_noise_multiplier`).
 
 σ is calibrated once, before the site's first step, from a pilot estimate of the distance
 distribution on the site's own records at the received global model; that calibration is
@@ -30,14 +32,15 @@ from models.survival import SurvivalModel
 from strategies.accounting.bayesian_dp import (
     BayesianAccountant,
     calibrate_noise_for_bdp,
-    pairwise_distances,
+    classical_noise_multiplier,
+    distances_from_gram,
     step_costs,
 )
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
 from strategies.mechanisms.dp_sgd import clipped_sum_ghost, poisson_schedule, train_epochs_dp
 
 MIN_RECORDS = 100
-PAIR_RECORDS = 16  # M: records per step whose pairwise distances estimate the step's cost
+PAIR_RECORDS = 16  # M: records per step whose neighbour distances estimate the step's cost
 PILOT_RECORDS = 64
 GAMMA_STEP = 1e-12
 
@@ -47,27 +50,30 @@ class BudgetExhausted(Exception):
 
 
 def account_step(
-    accountant: BayesianAccountant, clipped: torch.Tensor, *, sample_rate: float, noise_std: float,
+    accountant: BayesianAccountant, gram: torch.Tensor, *, sample_rate: float, noise_std: float,
     total_steps: int, target_epsilon_mu: float, beta: float, fallback_distances: np.ndarray | None = None,
 ) -> np.ndarray:
     """Budget filter and accounting of one step, before it is taken.
 
-    The pairwise distances of the first ``PAIR_RECORDS`` clipped per-record gradients of the
-    (randomly sampled) batch estimate the step's cost (:func:`step_costs`); if adding it would
-    take ``ε_μ`` past ``target_epsilon_mu`` :class:`BudgetExhausted` is raised and nothing is
-    accounted, else the cost is committed. A batch of one record has no pair: the previous
-    step's distances (``fallback_distances``) stand in.
+    The neighbour distances (under ``accountant.adjacency``) of the first ``PAIR_RECORDS``
+    clipped per-record gradients of the (randomly sampled) batch, from their Gram matrix
+    ``gram`` (:func:`distances_from_gram`), estimate the step's cost
+    (:func:`step_costs`); if adding it would take ``ε_μ`` past ``target_epsilon_mu``
+    :class:`BudgetExhausted` is raised and nothing is accounted, else the cost is committed. A
+    batch of fewer than two records gives no variance estimate: the previous step's distances
+    (``fallback_distances``) stand in.
 
     Returns
     -------
     The distances used (to stand in for a later batch without pairs).
     """
-    if clipped.shape[0] >= 2:
-        distances = pairwise_distances(clipped[:PAIR_RECORDS].detach())  # the batch is a random sample
+    if gram.shape[0] >= 2:
+        # the batch is a random sample of the site's records
+        distances = distances_from_gram(gram[:PAIR_RECORDS, :PAIR_RECORDS], adjacency=accountant.adjacency)
     elif fallback_distances is not None:
         distances = fallback_distances
     else:
-        raise BudgetExhausted("no pairwise distance available to account the first step")
+        raise BudgetExhausted("fewer than two records in the first batch: no distance estimate to account it")
     costs = step_costs(distances, orders=accountant.orders, sample_rate=sample_rate, noise_std=noise_std,
                        total_steps=total_steps, gamma_step=GAMMA_STEP)
     if accountant.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
@@ -77,21 +83,22 @@ def account_step(
 
 
 def pilot_distances(model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
-                    clip_norm: float, seed: int) -> np.ndarray:
-    """Pairwise distances of the clipped per-record gradients of ``PILOT_RECORDS`` random records."""
+                    clip_norm: float, seed: int, adjacency: str) -> np.ndarray:
+    """Neighbour distances of the clipped per-record gradients of ``PILOT_RECORDS`` random records."""
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(x), size=min(PILOT_RECORDS, len(x)), replace=False)
-    _, _, _, materialise = clipped_sum_ghost(
+    _, _, _, per_sample = clipped_sum_ghost(
         model, torch.from_numpy(x[idx]), torch.from_numpy(time[idx]), torch.from_numpy(event[idx]),
         clip_norm=clip_norm,
     )
-    return pairwise_distances(materialise().detach())
+    return distances_from_gram(per_sample.gram(), adjacency=adjacency)
 
 
 def train_epochs_bdp(
     model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
     epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
     clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
+    adjacency: str = "add-remove",
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
 
@@ -103,12 +110,14 @@ def train_epochs_bdp(
         Rounds the site takes part in: σ is calibrated for ``rounds × steps per round`` steps.
     state
         ``None`` before the first round, else the state returned by the previous round.
+    adjacency
+        ``"add-remove"`` or ``"replace-one"``: the neighbours of both ε_μ and the classical ε.
 
     Returns
     -------
     metrics
         ``train_loss``, ``epsilon_mu``, ``epsilon`` (classical RDP ε of the same σ, q, steps at
-        δ = β), ``noise_multiplier``, ``sample_rate``, ``clip_norm``, ``steps`` (cumulative),
+        δ = β under the same adjacency), ``noise_multiplier``, ``sample_rate``, ``clip_norm``, ``steps`` (cumulative),
         ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
         is too small and ran classical DP-SGD instead).
     state
@@ -121,16 +130,23 @@ def train_epochs_bdp(
     fallback = n < MIN_RECORDS
     if "noise_multiplier" not in state:
         if fallback:
-            state["noise_multiplier"] = calibrate_noise_multiplier(
+            # σ whose classical ε under this adjacency meets the target (σ/2 is what is accounted
+            # under replace-one, see classical_noise_multiplier)
+            scale = 1.0 / classical_noise_multiplier(1.0, adjacency=adjacency)
+            state["noise_multiplier"] = scale * calibrate_noise_multiplier(
                 target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps)
         else:
             state["noise_multiplier"] = calibrate_noise_for_bdp(
                 target_epsilon_mu=target_epsilon_mu, beta=beta,
-                distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed),
+                distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed,
+                                                adjacency=adjacency),
                 sample_rate=sample_rate, steps=total_steps, clip_norm=clip_norm, gamma_step=GAMMA_STEP,
             )
     noise_multiplier = float(state["noise_multiplier"])
-    bayes = BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state else BayesianAccountant()
+    bayes = (BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state
+             else BayesianAccountant(adjacency=adjacency))
+    if bayes.adjacency != adjacency:
+        raise ValueError(f"the site's accountant is {bayes.adjacency}, the run asks for {adjacency}")
     classical = SiteAccountant.from_state_dict(state["classical"]) if "classical" in state else SiteAccountant()
     stopped = bool(state.get("stopped", False))
     loss = float("nan")
@@ -138,11 +154,11 @@ def train_epochs_bdp(
         taken = 0
         last_distances: list[np.ndarray] = []
 
-        def account(clipped: torch.Tensor) -> None:
+        def account(gram: torch.Tensor) -> None:
             nonlocal taken
             if not fallback:
                 last_distances[:] = [account_step(
-                    bayes, clipped, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
+                    bayes, gram, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
                     total_steps=total_steps, target_epsilon_mu=target_epsilon_mu, beta=beta,
                     fallback_distances=last_distances[-1] if last_distances else None,
                 )]
@@ -165,7 +181,8 @@ def train_epochs_bdp(
         except BudgetExhausted:
             stopped = True
         if taken:
-            classical.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=taken)
+            classical.step(noise_multiplier=classical_noise_multiplier(noise_multiplier, adjacency=adjacency),
+                           sample_rate=sample_rate, num_steps=taken)
     epsilon = classical.epsilon(beta) if classical.spent_steps else 0.0
     metrics = {
         "train_loss": loss,

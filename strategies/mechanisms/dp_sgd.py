@@ -23,8 +23,8 @@ Three interchangeable backends give the same update (tested to float32 round-off
 (:func:`per_sample_gradients`), ``"opacus"`` with opacus' ``GradSampleModule`` hooks
 (:func:`per_sample_gradients_opacus`), and ``"ghost"`` (default) computes the exact per-sample
 norms of the HazardMLP's Linear layers from activations and output gradients and forms the
-clipped sum with one matrix product per layer (:func:`clipped_sum_ghost`), materialising
-per-sample gradients only when ``on_step`` asks for them. On the FSL-BDP hazard MLP (batch 128,
+clipped sum with one matrix product per layer (:func:`clipped_sum_ghost`), never materialising
+per-sample gradients (``on_step`` gets their Gram matrix from the same factors). On the FSL-BDP hazard MLP (batch 128,
 one thread) ``"ghost"`` is several times faster than the other two (``benchmarks/dp_step.py``).
 
 No Flower imports here: the strategy layer calls these functions from the client.
@@ -286,9 +286,51 @@ def _linear_chain(net: nn.Module) -> list[nn.Module] | None:
     return list(layers)
 
 
+class GhostPerSample:
+    r"""The clipped per-sample gradients of a batch, kept in factored form (Linear layers).
+
+    Layer :math:`l` contributes :math:`\bar g_i^{W_l} = f_i \delta_{il} a_{il}^\top` and
+    :math:`\bar g_i^{b_l} = f_i \delta_{il}`; ``deltas`` already hold :math:`f_i \delta_{il}`.
+    """
+
+    def __init__(self, model: HazardModel, linear: list[nn.Linear], inputs: list[Tensor],
+                 deltas: list[Tensor]) -> None:
+        self._model, self._linear, self._inputs, self._deltas = model, linear, inputs, deltas
+
+    def gradients(self, rows: int | None = None) -> Tensor:
+        """Tensor (B, P): the flattened clipped gradients (first ``rows`` records when given), in
+        parameter order (as :func:`flatten_per_sample` of :func:`clip_per_sample`'s output)."""
+        names = {id(p): name for name, p in self._model.net.named_parameters()}
+        per_param: dict[str, Tensor] = {}
+        for layer, a, d in zip(self._linear, self._inputs, self._deltas):
+            a, d = a[:rows], d[:rows]
+            per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(d.shape[0], -1)
+            if layer.bias is not None:
+                per_param[names[id(layer.bias)]] = d
+        return torch.cat([per_param[name] for name, _ in self._model.net.named_parameters()], dim=1)
+
+    def gram(self, rows: int | None = None) -> Tensor:
+        r"""Tensor (M, M), float64: :math:`G_{ij} = \langle \bar g_i, \bar g_j \rangle` of the first
+        ``rows`` records, as :math:`\sum_l (\delta_{il}\cdot\delta_{jl})(a_{il}\cdot a_{jl} + 1)`
+        without forming the gradients."""
+        gram = None
+        for layer, a, d in zip(self._linear, self._inputs, self._deltas):
+            a, d = a[:rows].double(), d[:rows].double()
+            term = (d @ d.T) * (a @ a.T + (1.0 if layer.bias is not None else 0.0))
+            gram = term if gram is None else gram + term
+        assert gram is not None
+        return gram
+
+
+def gram_matrix(clipped: Mapping[str, Tensor], rows: int | None = None) -> Tensor:
+    """Gram matrix (float64) of the first ``rows`` flattened per-sample gradients of ``clipped``."""
+    flat = flatten_per_sample(clipped)[:rows].double()
+    return flat @ flat.T
+
+
 def clipped_sum_ghost(
     model: HazardModel, x: Tensor, time: Tensor, event: Tensor, *, clip_norm: float
-) -> tuple[dict[str, Tensor], Tensor, Tensor, Callable[[], Tensor]]:
+) -> tuple[dict[str, Tensor], Tensor, Tensor, GhostPerSample]:
     r"""Sum of clipped per-sample gradients without materialising them (MLP of Linear layers).
 
     For a Linear layer with input :math:`a_i` and output gradient :math:`\delta_i =
@@ -323,10 +365,9 @@ def clipped_sum_ghost(
         :math:`\lVert g_i \rVert_2` before clipping.
     losses : Tensor, shape (B,)
         Per-record losses (detached).
-    materialise : callable
-        ``materialise(rows=None) -> Tensor (B, P)``: the clipped per-sample gradients (of the
-        first ``rows`` records only, when given), flattened in
-        parameter order (as :func:`flatten_per_sample` of :func:`clip_per_sample`'s output).
+    per_sample : GhostPerSample
+        The clipped per-sample gradients in factored form: ``.gradients(rows)`` materialises
+        them, ``.gram(rows)`` gives their inner products without doing so.
 
     References
     ----------
@@ -371,17 +412,9 @@ def clipped_sum_ghost(
         if layer.bias is not None:
             summed[names[id(layer.bias)]] = d.sum(0)
 
-    def materialise(rows: int | None = None) -> Tensor:
-        per_param: dict[str, Tensor] = {}
-        for layer, a, d in zip(linear, inputs, scaled):
-            a, d = a[:rows], d[:rows]
-            per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(d.shape[0], -1)
-            if layer.bias is not None:
-                per_param[names[id(layer.bias)]] = d
-        return torch.cat([per_param[name] for name, _ in model.net.named_parameters()], dim=1)
-
     ordered = {name: summed[name] for name, _ in model.net.named_parameters()}
-    return ordered, norms.detach(), losses.detach(), materialise
+    per_sample = GhostPerSample(model, linear, inputs, [d.detach() for d in scaled])
+    return ordered, norms.detach(), losses.detach(), per_sample
 
 def flatten_per_sample(grads: Mapping[str, Tensor]) -> Tensor:
     """Concatenate per-sample gradients into one matrix of shape (B, P), in dict order."""
@@ -579,12 +612,11 @@ def dp_sgd_step(
     grad_sample_module : opacus.GradSampleModule, optional
         Reused wrapper of ``model.net`` for the opacus backend.
     on_step : callable, optional
-        Called with the clipped per-sample gradients flattened to shape (B, P) (parameter order
-        of ``model.net.named_parameters()``) before the noise is added; e.g. for the Bayesian
-        accountant's pairwise distances. Not called for an empty batch.
+        Called, before the noise is added, with the Gram matrix (M, M), float64, of the clipped
+        per-sample gradients of the batch's first ``M`` records: inner products from which the
+        Bayesian accountant takes its neighbour distances. Not called for an empty batch.
     on_step_rows : int, optional
-        Pass only the first ``on_step_rows`` records' gradients to ``on_step`` (the ghost backend
-        then builds only those rows).
+        ``M`` (default: the whole batch).
 
     Returns
     -------
@@ -603,9 +635,9 @@ def dp_sgd_step(
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive(clip_norm, "clip_norm")
     if backend == "ghost":
-        clean_sum, norms, losses, materialise = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
+        clean_sum, norms, losses, per_sample = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(materialise(on_step_rows).detach())
+            on_step(per_sample.gram(on_step_rows))
         summed = _add_noise(clean_sum, noise_multiplier * clip_norm, generator)
     else:
         if backend == "opacus":
@@ -618,7 +650,7 @@ def dp_sgd_step(
             )
         clipped, norms = clip_per_sample(grads, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(flatten_per_sample(clipped)[:on_step_rows].detach())
+            on_step(gram_matrix(clipped, on_step_rows).detach())
         summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
     optimizer.zero_grad(set_to_none=True)
     for name, p in model.net.named_parameters():
@@ -694,7 +726,7 @@ def train_epochs_dp(
     backend : {"ghost", "torch_func", "opacus"}
         See :func:`dp_sgd_step`.
     on_step : callable, optional
-        Receives each step's clipped per-sample gradients, shape (|B|, P) (see :func:`dp_sgd_step`).
+        Receives each step's Gram matrix of clipped per-sample gradients (see :func:`dp_sgd_step`).
     on_step_rows : int, optional
         See :func:`dp_sgd_step`.
 
