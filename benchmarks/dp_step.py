@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.survival import build_survival_model, make_time_grid
 from strategies.accounting.bayesian_dp import BayesianAccountant  # noqa: E402
-from strategies.mechanisms.bdp import PAIR_RECORDS, account_step  # noqa: E402
+from strategies.mechanisms.bdp import account_step  # noqa: E402
 from strategies.mechanisms.dp_sgd import DEFAULT_BACKEND, dp_sgd_step
 
 
@@ -97,8 +97,8 @@ def main() -> None:
             grad_sample_module=gsm,
         )
     # Bayesian DP: the same DP-SGD step plus the budget filter and accounting of account_step
-    # (neighbour distances of 16 records from the Gram matrix of their clipped gradients, per-order
-    # costs, UCB; add-remove adjacency); a budget it never hits.
+    # (add-remove: the clipped norms of the batch; replace-one: pairwise distances of 16 records
+    # from the Gram matrix of their clipped gradients; per-order costs, UCB); a budget it never hits.
     for name, adjacency in (("bdp", "add-remove"), ("bdp_replace_one", "replace-one")):
         bdp_model, bdp_optimizer = fresh()
         account = partial(account_step, BayesianAccountant(adjacency=adjacency), sample_rate=0.1, noise_std=1.0,
@@ -106,7 +106,7 @@ def main() -> None:
         steps[name] = partial(
             dp_sgd_step, bdp_model, bdp_optimizer, xb, tb, eb, noise_multiplier=1.0, clip_norm=1.0,
             expected_batch_size=float(args.batch_size), generator=generator, backend=DEFAULT_BACKEND,
-            on_step=account, on_step_rows=PAIR_RECORDS,
+            on_step=account,
         )
     # Interleave the variants block by block so that load drift hits all of them alike.
     blocks: dict[str, list[float]] = {name: [] for name in steps}

@@ -20,6 +20,8 @@ No BatchNorm by default: it breaks per-sample gradients (DP-SGD) and FedAvg of r
 
 from __future__ import annotations
 
+import math
+
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -287,6 +289,12 @@ class HazardMLP(nn.Module):
     ) -> None:
         super().__init__()
         self.layers = _mlp(in_features, tuple(hidden), num_durations, activation=activation, dropout=dropout)
+        # Data-independent start: a constant hazard h with survival 1/2 at the end of the grid,
+        # (1 − h)^T = 1/2. With zero output biases every interval starts at h = 1/2 (survival
+        # 2^-T at the end), and the first rounds, or a noisy DP-SGD run's whole budget, go into
+        # unlearning that.
+        hazard = 1.0 - 0.5 ** (1.0 / num_durations)
+        nn.init.constant_(self.layers[-1].bias, math.log(hazard / (1.0 - hazard)))
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (n, T)."""

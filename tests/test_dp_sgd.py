@@ -286,7 +286,7 @@ def test_backends_give_the_same_noisy_update(data):
 
 
 @pytest.mark.parametrize("backend", ["ghost", "torch_func"])
-def test_on_step_receives_the_gram_matrix_of_the_clipped_per_sample_gradients(data, backend):
+def test_on_step_receives_the_clipped_per_sample_gradients(data, backend):
     model = _hazard(data)
     x, time, event = _batch(data, 24)
     reference, _ = clip_per_sample(
@@ -295,11 +295,15 @@ def test_on_step_receives_the_gram_matrix_of_the_clipped_per_sample_gradients(da
     seen = []
     dp_sgd_step(model, torch.optim.SGD(model.net.parameters(), lr=0.1), x, time, event, noise_multiplier=1.0,
                 clip_norm=0.5, expected_batch_size=24.0, generator=torch.Generator(), backend=backend,
-                on_step=seen.append, on_step_rows=16)
-    flat = flatten_per_sample(reference)[:16].double()
-    assert len(seen) == 1 and seen[0].shape == (16, 16) and seen[0].dtype == torch.float64
-    assert torch.all(seen[0].diagonal() <= 0.25 * (1 + 1e-5))  # squared norms <= C^2
-    torch.testing.assert_close(seen[0], flat @ flat.T, rtol=1e-5, atol=1e-8)
+                on_step=seen.append)
+    flat = flatten_per_sample(reference)
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0].gradients(), flat, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(seen[0].clipped_norms(), flat.norm(dim=1), rtol=1e-5, atol=1e-7)
+    assert torch.all(seen[0].clipped_norms() <= 0.5 * (1 + 1e-5))
+    gram = seen[0].gram(16)
+    assert gram.shape == (16, 16) and gram.dtype == torch.float64
+    torch.testing.assert_close(gram, flat[:16].double() @ flat[:16].double().T, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- Cox refused
@@ -329,13 +333,18 @@ def _mean_loss(model, data):
 
 
 def test_training_with_moderate_noise_still_lowers_the_loss(data):
-    model = _hazard(data)
-    before = _mean_loss(model, data)
     x, time, event = data
+    clipped_only = _hazard(data)
+    before = _mean_loss(clipped_only, data)
+    train_epochs_dp(clipped_only, x, time, event, epochs=4, batch_size=64, lr=1e-3, seed=0,
+                    noise_multiplier=0.0, clip_norm=1.0)
+    noise_free_gain = before - _mean_loss(clipped_only, data)
+    model = _hazard(data)
     out = train_epochs_dp(model, x, time, event, epochs=4, batch_size=64, lr=1e-3, seed=0,
                           noise_multiplier=1.0, clip_norm=1.0)
-    after = _mean_loss(model, data)
-    assert after < before - 0.1 * abs(before), (before, after)
+    gain = before - _mean_loss(model, data)
+    # σ = 1 on batches of ~64: most of the noise-free (clipped) improvement survives
+    assert noise_free_gain > 0.05 * before and gain > 0.75 * noise_free_gain, (before, noise_free_gain, gain)
     assert set(out) == {"loss", "num_steps", "sample_rate", "noise_multiplier", "clip_norm", "mean_clip_fraction"}
     assert out["sample_rate"] == pytest.approx(64 / 1500)
     assert out["num_steps"] == round(4 / (64 / 1500))

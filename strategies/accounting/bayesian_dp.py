@@ -407,19 +407,24 @@ def step_costs(
     total_steps = check_count(total_steps, "total_steps")
     gamma_step = check_probability(gamma_step, "gamma_step")
     log_pmf, half_pairs = _log_binomial_table(orders, sample_rate)
-    ratio = (d / noise_std) ** 2
-    # c(λ; d_i) for every distance and order: shape (M, orders)
+    # Distinct values with their multiplicities (under add/remove most records are clipped to
+    # exactly C): the same mean and variance as over all M, fewer exponentials.
+    values, counts = np.unique(d, return_counts=True)
+    ratio = (values / noise_std) ** 2
+    # c(λ; d) for every distinct distance and order: shape (U, orders)
     per_pair = logsumexp(log_pmf[None, :, :] + half_pairs[None, None, :] * ratio[:, None, None], axis=-1)
     count = d.size
     if count == 1:
         warnings.warn("a single distance gives no variance estimate; the UCB falls back to its cost",
                       RuntimeWarning, stacklevel=2)
         return per_pair[0].astype(np.float64)
-    samples = total_steps * per_pair.T  # (orders, M)
-    log_mean = logsumexp(samples, axis=1) - math.log(count)
+    samples = total_steps * per_pair.T  # (orders, U)
+    weights = counts / count
+    log_mean = logsumexp(samples + np.log(weights), axis=1)
     peak = samples.max(axis=1)
     scaled = np.exp(samples - peak[:, None])
-    variance_scaled = np.mean((scaled - scaled.mean(axis=1, keepdims=True)) ** 2, axis=1)
+    mean_scaled = scaled @ weights
+    variance_scaled = ((scaled - mean_scaled[:, None]) ** 2) @ weights
     with np.errstate(divide="ignore"):
         log_penalty = (math.log(_student_t_isf(gamma_step, count - 1)) + peak + 0.5 * np.log(variance_scaled)
                        - 0.5 * math.log(count - 1))

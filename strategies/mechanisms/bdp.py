@@ -37,10 +37,10 @@ from strategies.accounting.bayesian_dp import (
     step_costs,
 )
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
-from strategies.mechanisms.dp_sgd import clipped_sum_ghost, poisson_schedule, train_epochs_dp
+from strategies.mechanisms.dp_sgd import PerSampleView, clipped_sum_ghost, poisson_schedule, train_epochs_dp
 
 MIN_RECORDS = 100
-PAIR_RECORDS = 16  # M: records per step whose neighbour distances estimate the step's cost
+PAIR_RECORDS = 16  # replace-one: records per step whose pairwise distances estimate the step's cost
 PILOT_RECORDS = 64
 GAMMA_STEP = 1e-12
 
@@ -50,14 +50,16 @@ class BudgetExhausted(Exception):
 
 
 def account_step(
-    accountant: BayesianAccountant, gram: torch.Tensor, *, sample_rate: float, noise_std: float,
+    accountant: BayesianAccountant, per_sample: PerSampleView, *, sample_rate: float, noise_std: float,
     total_steps: int, target_epsilon_mu: float, beta: float, fallback_distances: np.ndarray | None = None,
 ) -> np.ndarray:
     """Budget filter and accounting of one step, before it is taken.
 
-    The neighbour distances (under ``accountant.adjacency``) of the first ``PAIR_RECORDS``
-    clipped per-record gradients of the (randomly sampled) batch, from their Gram matrix
-    ``gram`` (:func:`distances_from_gram`), estimate the step's cost
+    The neighbour distances under ``accountant.adjacency`` of the (randomly sampled) batch's
+    records estimate the step's cost: under add/remove the clipped-gradient norms of every
+    record of the batch (free: DP-SGD computes them anyway), under replace-one the pairwise
+    distances of the first ``PAIR_RECORDS`` records, from the Gram matrix of their clipped
+    gradients (:func:`distances_from_gram`). The step's cost
     (:func:`step_costs`); if adding it would take ``ε_μ`` past ``target_epsilon_mu``
     :class:`BudgetExhausted` is raised and nothing is accounted, else the cost is committed. A
     batch of fewer than two records gives no variance estimate: the previous step's distances
@@ -67,9 +69,12 @@ def account_step(
     -------
     The distances used (to stand in for a later batch without pairs).
     """
-    if gram.shape[0] >= 2:
+    if per_sample.clipped_norms().shape[0] >= 2:
         # the batch is a random sample of the site's records
-        distances = distances_from_gram(gram[:PAIR_RECORDS, :PAIR_RECORDS], adjacency=accountant.adjacency)
+        if accountant.adjacency == "add-remove":
+            distances = per_sample.clipped_norms().double().numpy()
+        else:
+            distances = distances_from_gram(per_sample.gram(PAIR_RECORDS), adjacency="replace-one")
     elif fallback_distances is not None:
         distances = fallback_distances
     else:
@@ -154,11 +159,11 @@ def train_epochs_bdp(
         taken = 0
         last_distances: list[np.ndarray] = []
 
-        def account(gram: torch.Tensor) -> None:
+        def account(per_sample: PerSampleView) -> None:
             nonlocal taken
             if not fallback:
                 last_distances[:] = [account_step(
-                    bayes, gram, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
+                    bayes, per_sample, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
                     total_steps=total_steps, target_epsilon_mu=target_epsilon_mu, beta=beta,
                     fallback_distances=last_distances[-1] if last_distances else None,
                 )]
@@ -168,7 +173,6 @@ def train_epochs_bdp(
             stats = train_epochs_dp(
                 model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account,
-                on_step_rows=PAIR_RECORDS,
             )
             loss = float(stats["loss"])
             # empty Poisson batches release noise only; account them like the last step

@@ -286,20 +286,46 @@ def _linear_chain(net: nn.Module) -> list[nn.Module] | None:
     return list(layers)
 
 
-class GhostPerSample:
-    r"""The clipped per-sample gradients of a batch, kept in factored form (Linear layers).
+class PerSampleView:
+    """The clipped per-sample gradients of one batch, as handed to ``on_step``.
+
+    ``clipped_norms()`` gives every record's clipped-gradient norm, ``gram(rows)`` the inner
+    products of the first ``rows`` records' clipped gradients (float64), ``gradients(rows)`` the
+    gradients themselves, flattened in parameter order (as :func:`flatten_per_sample` of
+    :func:`clip_per_sample`'s output).
+    """
+
+    def __init__(self, flat: Tensor, clipped_norms: Tensor) -> None:
+        self._flat, self._norms = flat, clipped_norms
+
+    def clipped_norms(self) -> Tensor:
+        """Tensor (B,): ``||clip(g_i)||`` of every record of the batch."""
+        return self._norms
+
+    def gradients(self, rows: int | None = None) -> Tensor:
+        """Tensor (M, P): the flattened clipped gradients of the first ``rows`` records."""
+        return self._flat[:rows]
+
+    def gram(self, rows: int | None = None) -> Tensor:
+        """Tensor (M, M), float64: ``⟨clip(g_i), clip(g_j)⟩`` of the first ``rows`` records."""
+        flat = self._flat[:rows].double()
+        return flat @ flat.T
+
+
+class GhostPerSample(PerSampleView):
+    r""":class:`PerSampleView` kept in factored form (Linear layers); nothing is materialised
+    unless :meth:`gradients` is called.
 
     Layer :math:`l` contributes :math:`\bar g_i^{W_l} = f_i \delta_{il} a_{il}^\top` and
     :math:`\bar g_i^{b_l} = f_i \delta_{il}`; ``deltas`` already hold :math:`f_i \delta_{il}`.
     """
 
     def __init__(self, model: HazardModel, linear: list[nn.Linear], inputs: list[Tensor],
-                 deltas: list[Tensor]) -> None:
+                 deltas: list[Tensor], clipped_norms: Tensor) -> None:
         self._model, self._linear, self._inputs, self._deltas = model, linear, inputs, deltas
+        self._norms = clipped_norms
 
     def gradients(self, rows: int | None = None) -> Tensor:
-        """Tensor (B, P): the flattened clipped gradients (first ``rows`` records when given), in
-        parameter order (as :func:`flatten_per_sample` of :func:`clip_per_sample`'s output)."""
         names = {id(p): name for name, p in self._model.net.named_parameters()}
         per_param: dict[str, Tensor] = {}
         for layer, a, d in zip(self._linear, self._inputs, self._deltas):
@@ -310,9 +336,8 @@ class GhostPerSample:
         return torch.cat([per_param[name] for name, _ in self._model.net.named_parameters()], dim=1)
 
     def gram(self, rows: int | None = None) -> Tensor:
-        r"""Tensor (M, M), float64: :math:`G_{ij} = \langle \bar g_i, \bar g_j \rangle` of the first
-        ``rows`` records, as :math:`\sum_l (\delta_{il}\cdot\delta_{jl})(a_{il}\cdot a_{jl} + 1)`
-        without forming the gradients."""
+        r""":math:`G_{ij} = \sum_l (\delta_{il}\cdot\delta_{jl})(a_{il}\cdot a_{jl} + 1)` (the
+        ``+ 1`` for a bias), without forming the gradients."""
         gram = None
         for layer, a, d in zip(self._linear, self._inputs, self._deltas):
             a, d = a[:rows].double(), d[:rows].double()
@@ -320,12 +345,6 @@ class GhostPerSample:
             gram = term if gram is None else gram + term
         assert gram is not None
         return gram
-
-
-def gram_matrix(clipped: Mapping[str, Tensor], rows: int | None = None) -> Tensor:
-    """Gram matrix (float64) of the first ``rows`` flattened per-sample gradients of ``clipped``."""
-    flat = flatten_per_sample(clipped)[:rows].double()
-    return flat @ flat.T
 
 
 def clipped_sum_ghost(
@@ -366,8 +385,9 @@ def clipped_sum_ghost(
     losses : Tensor, shape (B,)
         Per-record losses (detached).
     per_sample : GhostPerSample
-        The clipped per-sample gradients in factored form: ``.gradients(rows)`` materialises
-        them, ``.gram(rows)`` gives their inner products without doing so.
+        The clipped per-sample gradients in factored form (:class:`PerSampleView`):
+        ``.gradients(rows)`` materialises them, ``.gram(rows)`` gives their inner products and
+        ``.clipped_norms()`` their norms without doing so.
 
     References
     ----------
@@ -413,7 +433,8 @@ def clipped_sum_ghost(
             summed[names[id(layer.bias)]] = d.sum(0)
 
     ordered = {name: summed[name] for name, _ in model.net.named_parameters()}
-    per_sample = GhostPerSample(model, linear, inputs, [d.detach() for d in scaled])
+    per_sample = GhostPerSample(model, linear, inputs, [d.detach() for d in scaled],
+                                torch.minimum(norms, norms.new_tensor(clip_norm)).detach())
     return ordered, norms.detach(), losses.detach(), per_sample
 
 def flatten_per_sample(grads: Mapping[str, Tensor]) -> Tensor:
@@ -576,8 +597,7 @@ def dp_sgd_step(
     generator: torch.Generator,
     backend: Backend = DEFAULT_BACKEND,
     grad_sample_module: nn.Module | None = None,
-    on_step: Callable[[Tensor], None] | None = None,
-    on_step_rows: int | None = None,
+    on_step: Callable[[PerSampleView], None] | None = None,
 ) -> dict[str, float]:
     r"""One DP-SGD update of ``model.net`` on a (Poisson-sampled) batch.
 
@@ -612,11 +632,9 @@ def dp_sgd_step(
     grad_sample_module : opacus.GradSampleModule, optional
         Reused wrapper of ``model.net`` for the opacus backend.
     on_step : callable, optional
-        Called, before the noise is added, with the Gram matrix (M, M), float64, of the clipped
-        per-sample gradients of the batch's first ``M`` records: inner products from which the
-        Bayesian accountant takes its neighbour distances. Not called for an empty batch.
-    on_step_rows : int, optional
-        ``M`` (default: the whole batch).
+        Called, before the noise is added, with the batch's clipped per-sample gradients as a
+        :class:`PerSampleView` (norms, Gram matrix, gradients), from which the Bayesian
+        accountant takes its neighbour distances. Not called for an empty batch.
 
     Returns
     -------
@@ -637,7 +655,7 @@ def dp_sgd_step(
     if backend == "ghost":
         clean_sum, norms, losses, per_sample = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(per_sample.gram(on_step_rows))
+            on_step(per_sample)
         summed = _add_noise(clean_sum, noise_multiplier * clip_norm, generator)
     else:
         if backend == "opacus":
@@ -650,7 +668,8 @@ def dp_sgd_step(
             )
         clipped, norms = clip_per_sample(grads, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(gram_matrix(clipped, on_step_rows).detach())
+            on_step(PerSampleView(flatten_per_sample(clipped).detach(),
+                                  torch.minimum(norms, norms.new_tensor(clip_norm)).detach()))
         summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
     optimizer.zero_grad(set_to_none=True)
     for name, p in model.net.named_parameters():
@@ -693,8 +712,7 @@ def train_epochs_dp(
     noise_multiplier: float,
     clip_norm: float,
     backend: Backend = DEFAULT_BACKEND,
-    on_step: Callable[[Tensor], None] | None = None,
-    on_step_rows: int | None = None,
+    on_step: Callable[[PerSampleView], None] | None = None,
 ) -> dict[str, float]:
     r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place).
 
@@ -726,9 +744,7 @@ def train_epochs_dp(
     backend : {"ghost", "torch_func", "opacus"}
         See :func:`dp_sgd_step`.
     on_step : callable, optional
-        Receives each step's Gram matrix of clipped per-sample gradients (see :func:`dp_sgd_step`).
-    on_step_rows : int, optional
-        See :func:`dp_sgd_step`.
+        Receives each step's clipped per-sample gradients (see :func:`dp_sgd_step`).
 
     Returns
     -------
@@ -788,7 +804,7 @@ def train_epochs_dp(
                     model, optimizer, x_t[batch], time_t[batch], event_t[batch],
                     noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                     expected_batch_size=expected_batch_size, generator=generator,
-                    backend=backend, grad_sample_module=gsm, on_step=on_step, on_step_rows=on_step_rows,
+                    backend=backend, grad_sample_module=gsm, on_step=on_step,
                 )
                 seen += stats["batch_size"]
                 clipped += stats["num_clipped"]
