@@ -31,6 +31,10 @@ from strategies.horizontal import PRIVACY_KEYS, SurvivalFedAvg, weighted_nanmean
 
 app = ServerApp()
 
+SHARED_STATISTICS = (
+    "not covered: the shared time grid (quantiles of the pooled training times) and the preprocessing "
+    "statistics (feature means, scales, categories) are computed from the sites' data without noise"
+)
 NO_PRIVACY = ("FedAvg without a privacy mechanism: each site's model update reaches the server in the clear",)
 DP_SGD_ASSUMPTIONS = (
     "record-level DP-SGD at the site: per-record gradient clipped to clip_norm, Gaussian noise "
@@ -42,6 +46,7 @@ DP_SGD_ASSUMPTIONS = (
     "covers the site's training records only: per-site test metrics are computed on held-out records "
     "and released without noise",
     "sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel composition)",
+    SHARED_STATISTICS,
 )
 
 
@@ -55,6 +60,7 @@ CENTRAL_DP_ASSUMPTIONS = (
     "the server sees each site's clipped update in the clear: the guarantee is against everyone who sees "
     "the released global models, not against the server",
     "per-site evaluation metrics (and Breslow aggregates for Cox models) are released without noise",
+    SHARED_STATISTICS,
 )
 
 
@@ -83,6 +89,7 @@ def bdp_assumptions(adjacency: str) -> tuple[str, ...]:
         classical,
         "sites with fewer than 100 records run classical DP-SGD instead (epsilon_mu = classical epsilon)",
         "covers the site's training records only; sites are disjoint: the run's figure is the maximum over sites",
+        SHARED_STATISTICS,
     )
 
 
