@@ -126,12 +126,25 @@ def test_central_dp_is_accounted_per_site_over_rounds_without_amplification(tmp_
     assert 4.0 - 0.05 <= summary["privacy"]["epsilon"] <= 4.0 and summary["privacy"]["unit"] == "site"
 
 
-def test_bdp_reports_epsilon_mu_with_the_classical_epsilon_beside_it(tmp_path):
-    summary = run_simulation({"strategy.name": "bdp", "privacy.epsilon": 2.0, "federation.num_sites": 3,
-                              "federation.rounds": 2, "output.dir": str(tmp_path), "baseline.centralized": False})
-    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+def test_bdp_reports_epsilon_mu_with_the_classical_epsilon_beside_it_and_reruns_exactly(tmp_path):
+    """BDP through Flower: ledger, headline, the centralised BDP baseline, and a bitwise rerun."""
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        summary = run_simulation({"strategy.name": "bdp", "privacy.epsilon": 2.0, "federation.num_sites": 3,
+                                  "federation.rounds": 2, "output.dir": str(out), "baseline.centralized": True})
+        ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+        runs.append((summary, ledger))
+    summary, ledger = runs[0]
     assert {entry["mechanism"] for entry in ledger} == {"bdp"} and len(ledger) == 6
+    assert {entry["adjacency"] for entry in ledger} == {"add-remove"}
     assert all(entry["epsilon"] <= 2.0 and entry["epsilon_classical"] > 0 for entry in ledger)
     final = [entry for entry in ledger if entry["round"] == 2]
     assert summary["privacy"]["epsilon"] == pytest.approx(max(entry["epsilon"] for entry in final))
     assert summary["privacy"]["epsilon_classical"] == pytest.approx(max(e["epsilon_classical"] for e in final))
+    central = summary["centralized"]["privacy"]  # the same mechanism and budget on the pooled data
+    assert central["mechanism"] == "bdp" and 0 < central["epsilon_mu"] <= 2.0
+    # same seed: the same epsilons, models and metrics
+    assert runs[1][1] == ledger
+    assert runs[1][0]["test"] == summary["test"] and runs[1][0]["sites"] == summary["sites"]
+    assert runs[1][0]["centralized"] == summary["centralized"]

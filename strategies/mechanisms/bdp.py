@@ -3,9 +3,9 @@
 The update is exactly :func:`strategies.mechanisms.dp_sgd.train_epochs_dp` (per-record clipping
 to ``C``, Gaussian noise ``N(0, σ²C²)`` on the sum, Poisson sampling at ``q``). What changes is
 the accounting (:class:`strategies.accounting.bayesian_dp.BayesianAccountant`): before each step
-the per-record clipped gradients of ``M`` records of the batch give neighbour distances (their
-norms under add/remove adjacency, their pairwise distances under replace-one), their privacy
-cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the budget
+the per-record clipped gradients of the batch give neighbour distances (every record's norm
+under add/remove adjacency, the pairwise distances of ``PAIR_RECORDS`` records under
+replace-one), their privacy cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the budget
 filter); otherwise the site stops for good. The classical (worst-case) ε of the same
 ``(σ, q, steps)`` under the same adjacency is tracked beside it by opacus
 (:func:`~strategies.accounting.bayesian_dp.classical_noise_multiplier`).
@@ -59,11 +59,10 @@ def account_step(
     records estimate the step's cost: under add/remove the clipped-gradient norms of every
     record of the batch (free: DP-SGD computes them anyway), under replace-one the pairwise
     distances of the first ``PAIR_RECORDS`` records, from the Gram matrix of their clipped
-    gradients (:func:`distances_from_gram`). The step's cost
-    (:func:`step_costs`); if adding it would take ``ε_μ`` past ``target_epsilon_mu``
-    :class:`BudgetExhausted` is raised and nothing is accounted, else the cost is committed. A
-    batch of fewer than two records gives no variance estimate: the previous step's distances
-    (``fallback_distances``) stand in.
+    gradients (:func:`distances_from_gram`). If adding the step's cost (:func:`step_costs`) would
+    take ``ε_μ`` past ``target_epsilon_mu``, :class:`BudgetExhausted` is raised and nothing is
+    accounted; else the cost is committed. A batch of fewer than two records gives no variance
+    estimate: the previous step's distances (``fallback_distances``) stand in.
 
     Returns
     -------
@@ -122,8 +121,8 @@ def train_epochs_bdp(
     -------
     metrics
         ``train_loss``, ``epsilon_mu``, ``epsilon`` (classical RDP ε of the same σ, q, steps at
-        δ = β under the same adjacency), ``noise_multiplier``, ``sample_rate``, ``clip_norm``, ``steps`` (cumulative),
-        ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
+        δ = β under the same adjacency), ``noise_multiplier``, ``sample_rate``, ``clip_norm``,
+        ``steps`` (cumulative), ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
         is too small and ran classical DP-SGD instead).
     state
         JSON-serialisable state for the next round.
