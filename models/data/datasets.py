@@ -1,4 +1,5 @@
-"""Loading raw survival tables: FLCHAIN, METABRIC, GBSG, WHAS, SBA loans and any CSV/Parquet file.
+"""Loading raw survival tables: FLCHAIN, METABRIC, GBSG, WHAS, SBA loans, the simulated Cox data of
+Niu et al. and any CSV/Parquet file.
 
 :func:`load_table` returns a validated :class:`RawTable` of raw (unpreprocessed) features, times,
 events, candidate partition columns and, where dates exist, the period used for out-of-time
@@ -19,7 +20,7 @@ import pandas as pd
 from models.data import sba
 from models.data.validate import DataValidationError, require_columns, validate_survival_frame
 
-DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "csv")
+DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox", "csv")
 BENCHMARK_CSVS = ("metabric", "gbsg", "whas")
 DEFAULT_DATA_DIR = "../shared/data"
 FLCHAIN_SOURCE = "sksurv:flchain"
@@ -170,6 +171,61 @@ def load_benchmark_csv(path: Path, feature_cols: Sequence[str] = ()) -> RawTable
     )  # fmt: skip
 
 
+SIM_COX_COEFFICIENTS = (2.2, 5.5, 8.8, 0.0)
+SIM_COX_RECORDS = 50_000
+SIM_COX_SEED = 20250101
+SIM_COX_SOURCE = "simulated:niu2025-cox"
+
+
+def simulate_cox_frame(
+    records: int = SIM_COX_RECORDS, *, coefficients: Sequence[float] = SIM_COX_COEFFICIENTS,
+    censoring_ratio: float = 3.0 / 7.0, seed: int = SIM_COX_SEED,
+) -> pd.DataFrame:
+    r"""The simulated proportional-hazards data of Niu et al. (LS-ADP / ROW-DP paper, §4.1).
+
+    Covariates :math:`X_1, X_2 \sim N(0, 1)`, :math:`X_3 \sim \mathrm{Bin}(1, 1/2)`,
+    :math:`X_4 \sim U(0, 1)`; event hazard :math:`h(t \mid x) = h_0 \exp(\beta^\top x)` with
+    :math:`h_0 = 1`, :math:`\beta = (2.2, 5.5, 8.8, 0)`; censoring hazard
+    :math:`\tfrac{3}{7} h_0 \exp(\beta^\top x)`. Both are exponential given :math:`x`, so a
+    record is censored with probability :math:`(3/7)/(1 + 3/7) = 0.3` whatever :math:`x`, and
+    ``time = min(T, C)``. The paper does not give the covariates' parameters; these standard ones
+    are our choice.
+
+    Parameters
+    ----------
+    records
+        Number of records (the paper: 50,000, split 70/30).
+    coefficients
+        :math:`\beta`.
+    censoring_ratio
+        Censoring hazard over event hazard (3/7: 30 % censored).
+    seed
+        Seed of the generator (fixed by default, so that ``data.name=sim_cox`` is one data set).
+
+    References
+    ----------
+    Niu et al., Mathematics 2025 (``../shared/papers/ls-adp-row-dp-cox-mlp.txt``), §4.1.
+    """
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([
+        rng.normal(size=records), rng.normal(size=records),
+        rng.binomial(1, 0.5, size=records).astype(float), rng.uniform(size=records),
+    ])
+    rate = np.exp(x @ np.asarray(coefficients, dtype=float))
+    event_time = rng.exponential(1.0 / rate)
+    censor_time = rng.exponential(1.0 / (censoring_ratio * rate))
+    return pd.DataFrame({
+        "x1": x[:, 0], "x2": x[:, 1], "x3": x[:, 2], "x4": x[:, 3],
+        "time": np.minimum(event_time, censor_time), "event": (event_time <= censor_time).astype(float),
+    })
+
+
+def load_simulated_cox(feature_cols: Sequence[str] = ()) -> RawTable:
+    """:func:`simulate_cox_frame` with its defaults, as a validated table."""
+    return table_from_frame(simulate_cox_frame(), source=SIM_COX_SOURCE, time_col="time", event_col="event",
+                            feature_cols=feature_cols)
+
+
 def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = ()) -> RawTable:
     """SBA loans as time-to-default records (see :mod:`models.data.sba`); period = ``ApprovalDate``."""
     raw = read_frame(path)
@@ -199,8 +255,8 @@ def load_table(
     Parameters
     ----------
     name
-        ``"flchain"`` (scikit-survival), ``"metabric"``, ``"gbsg"``, ``"whas"``, ``"sba"`` or
-        ``"csv"`` (any CSV or Parquet file at ``path``).
+        ``"flchain"`` (scikit-survival), ``"metabric"``, ``"gbsg"``, ``"whas"``, ``"sba"``,
+        ``"sim_cox"`` (:func:`simulate_cox_frame`) or ``"csv"`` (any CSV or Parquet file at ``path``).
     path
         File to read; for the named CSV data sets it overrides ``data_dir / <file>``.
     data_dir
@@ -227,6 +283,8 @@ def load_table(
         return load_benchmark_csv(Path(path) if path else folder / f"{name}.csv", feature_cols)
     if name == "sba":
         return load_sba(Path(path) if path else folder / sba.FILE_NAME, sba_horizon_months, feature_cols)
+    if name == "sim_cox":
+        return load_simulated_cox(feature_cols)
     if name == "csv":
         if not path:
             raise DataValidationError("data set 'csv' needs a path to a CSV or Parquet file")
