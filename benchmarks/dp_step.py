@@ -5,7 +5,10 @@ Same model (FSL-BDP architecture: Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T, SEL
 in one run after a warm-up, the variants interleaved block by block. DP variants (backends of
 :func:`strategies.mechanisms.dp_sgd_step`): ``ghost`` (exact per-sample norms of the Linear
 layers, clipped sum by matrix products), ``torch_func`` (per-sample gradients by ``vmap``) and
-``opacus`` (``GradSampleModule``, reused across steps as ``train_epochs_dp`` does). Each DP step =
+``opacus`` (``GradSampleModule``, reused across steps as ``train_epochs_dp`` does), and, for
+comparison, opacus' own ghost clipping (``GradSampleModuleFastGradientClipping``: per-sample norms
+in a first backward pass, the clipped sum in a second; its clipped sum is checked against ours
+and the difference printed). Each DP step =
 per-sample gradients/norms + clip + noisy sum / (q n) + Adam step. Prints one JSON object;
 ``ratio_dp_over_plain`` is for the default backend.
 
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.survival import build_survival_model, make_time_grid
 from strategies.accounting.bayesian_dp import BayesianAccountant  # noqa: E402
 from strategies.mechanisms.bdp import account_step  # noqa: E402
-from strategies.mechanisms.dp_sgd import DEFAULT_BACKEND, dp_sgd_step
+from strategies.mechanisms.dp_sgd import DEFAULT_BACKEND, clipped_sum_ghost, dp_sgd_step
 
 
 def _time_per_call(step: Callable[[], object], *, warmup: int, repeats: int, rounds: int) -> dict[str, float]:
@@ -96,6 +99,37 @@ def main() -> None:
             expected_batch_size=float(args.batch_size), generator=generator, backend=backend,
             grad_sample_module=gsm,
         )
+    # opacus' own ghost clipping (GradSampleModuleFastGradientClipping, two backward passes), the
+    # library alternative to our "ghost" backend: its clipped sum is checked against ours, then the
+    # same noise and Adam step are timed.
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+    fgc_model, fgc_optimizer = fresh()
+    fgc = GradSampleModuleFastGradientClipping(fgc_model.net, batch_first=True, loss_reduction="sum",
+                                               max_grad_norm=1.0, use_ghost_clipping=True)
+
+    def opacus_clipped_sum() -> list[torch.Tensor]:
+        fgc.enable_hooks()
+        fgc_optimizer.zero_grad(set_to_none=True)
+        losses = fgc_model.per_sample_loss(xb, tb, eb)
+        losses.sum().backward(retain_graph=True)
+        coefficients = fgc.get_clipping_coef()
+        fgc_optimizer.zero_grad(set_to_none=True)
+        fgc.disable_hooks()
+        (coefficients.detach() * losses).sum().backward()
+        return [p.grad.detach().clone() for p in fgc_model.net.parameters()]
+
+    ours, _, _, _ = clipped_sum_ghost(fresh()[0], xb, tb, eb, clip_norm=1.0)
+    opacus_ghost_max_abs_diff = max(float((a - b).abs().max()) for a, b in zip(opacus_clipped_sum(), ours.values()))
+
+    def opacus_ghost_step() -> None:
+        opacus_clipped_sum()
+        for p in fgc_model.net.parameters():
+            noise = torch.normal(0.0, 1.0, size=p.shape, generator=generator)
+            p.grad = (p.grad + noise) / float(args.batch_size)
+        fgc_optimizer.step()
+
+    steps["dp_opacus_ghost"] = opacus_ghost_step
     # Bayesian DP: the same DP-SGD step plus the budget filter and accounting of account_step
     # (add-remove: the clipped norms of the batch; replace-one: pairwise distances of 16 records
     # from the Gram matrix of their clipped gradients; per-order costs, UCB); a budget it never hits.
@@ -131,6 +165,7 @@ def main() -> None:
         "default_backend": DEFAULT_BACKEND,
         "ratio_dp_over_plain": mean[f"dp_{DEFAULT_BACKEND}"] / mean["plain"],
         **{f"ratio_{name}_over_plain": mean[name] / mean["plain"] for name in steps if name != "plain"},
+        "opacus_ghost_clipped_sum_max_abs_diff_vs_ours": opacus_ghost_max_abs_diff,
         "target_ratio": 3.0,
         "ratio_bdp_over_dp": mean["bdp"] / mean[f"dp_{DEFAULT_BACKEND}"],
         "ratio_bdp_replace_one_over_dp": mean["bdp_replace_one"] / mean[f"dp_{DEFAULT_BACKEND}"],

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 from matplotlib.figure import Figure
 from scipy.stats import binomtest
 
@@ -175,6 +176,7 @@ def plot_fig10(table: pd.DataFrame, results: pd.DataFrame, sites: pd.DataFrame, 
     (ax_a, ax_b), (ax_c, ax_d) = fig.subplots(2, 2)
     targets = sorted(e for e in results["epsilon_target"].unique() if math.isfinite(e))
     width = 0.8 / len(SCENARIOS)
+    colours = {"No DP": "tab:blue", "Classical DP": "tab:orange", "BDP": "tab:green"}
     for k, (label, strategy) in enumerate(SCENARIOS):
         means, stds = [], []
         for target in targets:
@@ -185,18 +187,22 @@ def plot_fig10(table: pd.DataFrame, results: pd.DataFrame, sites: pd.DataFrame, 
             means.append(runs["test_c_index"].mean() if len(runs) else math.nan)
             stds.append(runs["test_c_index"].std(ddof=1) if len(runs) > 1 else 0.0)
         positions = np.arange(len(targets)) + (k - (len(SCENARIOS) - 1) / 2) * width
+        centralised = label.startswith("Centralized")
         ax_a.bar(positions, means, width, yerr=stds, label=label, capsize=2,
-                 hatch="//" if label.startswith("Centralized") else None, alpha=0.85)
+                 color=colours[label.split("(")[1].rstrip(")")], hatch="//" if centralised else None,
+                 alpha=0.45 if centralised else 0.9, edgecolor="black", linewidth=0.5)
     ax_a.set_xticks(np.arange(len(targets)), [f"ε = {t:g}" for t in targets])
     ax_a.set_ylabel("test C-index (mean ± std over seeds)")
+    ax_a.set_ylim(0.4, 1.0)
     ax_a.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
     ax_a.set_title("(a) centralised vs federated, by mechanism")
-    ax_a.legend(fontsize=7, ncol=2)
+    ax_a.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.07))
     for mechanism, part in effect.groupby("mechanism", sort=False):
         ax_b.plot(part["epsilon_target"], part["effect"], marker="o", label=mechanism)
     ax_b.axhline(0.0, color="grey", linewidth=0.8)
     ax_b.set_xscale("log")
     ax_b.set_xticks(targets, [f"{t:g}" for t in targets])
+    ax_b.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax_b.set_xlabel("target ε")
     ax_b.set_ylabel("federated − centralised test C-index")
     ax_b.set_title("(b) federation effect")
