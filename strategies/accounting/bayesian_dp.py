@@ -275,14 +275,7 @@ def log_binomial_cost(
     )
     if not np.all(np.isfinite(d)) or np.any(d < 0.0):
         raise ValueError("distance must be finite and >= 0")
-    n = order + 1
-    k = np.arange(n + 1, dtype=np.float64)
-    log_pmf = (
-        gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
-        + xlogy(k, sample_rate) + xlog1py(n - k, -sample_rate)
-    )
-    exponent = (k * (k - 1.0) / 2.0) * (d[..., None] / noise_std) ** 2
-    result = logsumexp(log_pmf + exponent, axis=-1)
+    result = _costs(d.reshape(-1), (order,), sample_rate, noise_std)[:, 0].reshape(d.shape)
     return float(result) if scalar else result
 
 
@@ -330,27 +323,7 @@ def ucb_cost(costs_per_pair: Any, *, total_steps: int, gamma_step: float) -> flo
         raise ValueError("costs_per_pair must not contain NaN")
     total_steps = check_count(total_steps, "total_steps")
     gamma_step = check_probability(gamma_step, "gamma_step")
-    if np.any(np.isposinf(costs)):
-        return math.inf
-    samples = total_steps * costs
-    count = samples.size
-    log_mean = float(logsumexp(samples) - math.log(count))
-    if count == 1:
-        warnings.warn(
-            "a single pair gives no variance estimate; the UCB falls back to its cost",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return float(costs[0])
-    peak = float(samples.max())
-    scaled = np.exp(samples - peak)
-    variance_scaled = float(np.mean((scaled - scaled.mean()) ** 2))
-    if variance_scaled <= 0.0:
-        return log_mean / total_steps
-    log_std = peak + 0.5 * math.log(variance_scaled)
-    quantile = _student_t_isf(gamma_step, count - 1)
-    log_penalty = math.log(quantile) + log_std - 0.5 * math.log(count - 1)
-    return float(np.logaddexp(log_mean, log_penalty)) / total_steps
+    return float(_ucb(costs[:, None], np.ones(costs.size), total_steps=total_steps, gamma_step=gamma_step)[0])
 
 
 @functools.lru_cache(maxsize=64)
@@ -383,9 +356,9 @@ def step_costs(
 ) -> np.ndarray:
     r"""``ĉ(λ)`` for every order: :func:`ucb_cost` of :func:`log_binomial_cost` over the distances.
 
-    The same figures as ``[ucb_cost(log_binomial_cost(λ, d, ...), ...) for λ in orders]``
-    (tested equal), computed for all orders and distances in one array pass: the accountant
-    calls this before every training step.
+    The figures of ``[ucb_cost(log_binomial_cost(λ, d, ...), ...) for λ in orders]`` (the
+    same code), computed for all orders and the distinct distances in one array pass: the
+    accountant calls this before every training step.
 
     Parameters
     ----------
@@ -408,30 +381,39 @@ def step_costs(
     noise_std = check_positive(noise_std, "noise_std")
     total_steps = check_count(total_steps, "total_steps")
     gamma_step = check_probability(gamma_step, "gamma_step")
-    log_pmf, half_pairs = _log_binomial_table(orders, sample_rate)
     # Distinct values with their multiplicities (under add/remove most records are clipped to
     # exactly C): the same mean and variance as over all M, fewer exponentials.
     values, counts = np.unique(d, return_counts=True)
+    return _ucb(_costs(values, orders, sample_rate, noise_std), counts, total_steps=total_steps,
+                gamma_step=gamma_step)
+
+
+def _costs(values: np.ndarray, orders: tuple[int, ...], sample_rate: float, noise_std: float) -> np.ndarray:
+    """``c(λ; d)`` (:func:`log_binomial_cost`) for every distance and order: shape (len(values), len(orders))."""
+    log_pmf, half_pairs = _log_binomial_table(orders, sample_rate)
     ratio = (values / noise_std) ** 2
-    # c(λ; d) for every distinct distance and order: shape (U, orders)
-    per_pair = logsumexp(log_pmf[None, :, :] + half_pairs[None, None, :] * ratio[:, None, None], axis=-1)
-    count = d.size
+    return logsumexp(log_pmf[None, :, :] + half_pairs[None, None, :] * ratio[:, None, None], axis=-1)
+
+
+def _ucb(costs: np.ndarray, counts: np.ndarray, *, total_steps: int, gamma_step: float) -> np.ndarray:
+    """:func:`ucb_cost` per column of ``costs`` (shape (U, orders)), row ``u`` counted ``counts[u]`` times."""
+    count = int(counts.sum())
     if count == 1:
         warnings.warn("a single distance gives no variance estimate; the UCB falls back to its cost",
-                      RuntimeWarning, stacklevel=2)
-        return per_pair[0].astype(np.float64)
-    samples = total_steps * per_pair.T  # (orders, U)
+                      RuntimeWarning, stacklevel=3)
+        return costs[0].astype(np.float64)
+    infinite = np.isposinf(costs).any(axis=0)
+    samples = total_steps * np.where(np.isposinf(costs), 0.0, costs).T  # (orders, U)
     weights = counts / count
     log_mean = logsumexp(samples + np.log(weights), axis=1)
     peak = samples.max(axis=1)
     scaled = np.exp(samples - peak[:, None])
-    mean_scaled = scaled @ weights
-    variance_scaled = ((scaled - mean_scaled[:, None]) ** 2) @ weights
+    variance_scaled = ((scaled - (scaled @ weights)[:, None]) ** 2) @ weights
     with np.errstate(divide="ignore"):
         log_penalty = (math.log(_student_t_isf(gamma_step, count - 1)) + peak + 0.5 * np.log(variance_scaled)
                        - 0.5 * math.log(count - 1))
-    costs = np.where(variance_scaled > 0.0, np.logaddexp(log_mean, log_penalty), log_mean) / total_steps
-    return np.where(np.isposinf(per_pair).any(axis=0), math.inf, costs)
+    bound = np.where(variance_scaled > 0.0, np.logaddexp(log_mean, log_penalty), log_mean) / total_steps
+    return np.where(infinite, math.inf, bound)
 
 
 def epsilon_mu(total_costs: Any, orders: Sequence[int], *, beta: float) -> float:
