@@ -74,6 +74,13 @@ def _mean_std(values: pd.Series) -> str:
     return f"{values.mean():.3f} ± {values.std(ddof=1):.3f}"
 
 
+def _runs(results: pd.DataFrame, strategy: str, target: float) -> pd.DataFrame:
+    """The runs of ``strategy`` at target ε ``target``; a non-DP strategy's runs (target ∞) for any."""
+    private = strategy not in ("centralized", "fedavg")
+    at_target = (results["epsilon_target"] == target) if private else ~np.isfinite(results["epsilon_target"])
+    return results[(results["strategy"] == strategy) & at_target]
+
+
 def table3(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (target ε, scenario): the metrics as mean ± std over seeds and the achieved ε.
 
@@ -84,9 +91,7 @@ def table3(results: pd.DataFrame) -> pd.DataFrame:
     for target in targets:
         for label, strategy in SCENARIOS:
             private = strategy not in ("centralized", "fedavg")
-            runs = results[(results["strategy"] == strategy)
-                           & ((results["epsilon_target"] == target) if private
-                              else ~np.isfinite(results["epsilon_target"]))]
+            runs = _runs(results, strategy, target)
             row: dict[str, object] = {"epsilon_target": target, "scenario": label, "seeds": len(runs)}
             for name, column in METRICS:
                 row[name] = _mean_std(runs[column]) if column in runs else "–"
@@ -142,7 +147,7 @@ def win_counts(sites: pd.DataFrame) -> pd.DataFrame:
         for prefix in ("", "oot_"):
             difference = part[f"{prefix}difference"].dropna()
             difference = difference[difference != 0]
-            wins, total = int((difference > 0).sum()), int(len(difference))
+            wins, total = int((difference > 0).sum()), len(difference)
             row[f"{prefix}bdp_wins"] = f"{wins}/{total}"
             row[f"{prefix}p_value"] = binomtest(wins, total, 0.5, alternative="greater").pvalue if total else math.nan
         rows.append(row)
@@ -157,13 +162,7 @@ def federation_effect(results: pd.DataFrame) -> pd.DataFrame:
     targets = sorted(e for e in results["epsilon_target"].unique() if math.isfinite(e))
     for target in targets:
         for mechanism, (federated, centralised) in pairs.items():
-            def mean_c(strategy: str) -> float:
-                finite = strategy not in ("fedavg", "centralized")
-                runs = results[(results["strategy"] == strategy)
-                               & ((results["epsilon_target"] == target) if finite
-                                  else ~np.isfinite(results["epsilon_target"]))]
-                return float(runs["test_c_index"].mean()) if len(runs) else math.nan
-            fed, cen = mean_c(federated), mean_c(centralised)
+            fed, cen = (float(_runs(results, name, target)["test_c_index"].mean()) for name in (federated, centralised))
             rows.append({"epsilon_target": target, "mechanism": mechanism, "federated": fed, "centralized": cen,
                          "effect": fed - cen, "relative_effect": (fed - cen) / cen if cen else math.nan})
     return pd.DataFrame(rows)
@@ -180,10 +179,7 @@ def plot_fig10(table: pd.DataFrame, results: pd.DataFrame, sites: pd.DataFrame, 
     for k, (label, strategy) in enumerate(SCENARIOS):
         means, stds = [], []
         for target in targets:
-            finite = strategy not in ("fedavg", "centralized")
-            runs = results[(results["strategy"] == strategy)
-                           & ((results["epsilon_target"] == target) if finite
-                              else ~np.isfinite(results["epsilon_target"]))]
+            runs = _runs(results, strategy, target)
             means.append(runs["test_c_index"].mean() if len(runs) else math.nan)
             stds.append(runs["test_c_index"].std(ddof=1) if len(runs) > 1 else 0.0)
         positions = np.arange(len(targets)) + (k - (len(SCENARIOS) - 1) / 2) * width

@@ -6,6 +6,7 @@ Each returns the value converted to its plain Python type, or raises with the ar
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,3 +42,10 @@ def check_count(value: int, name: str, *, minimum: int = 1) -> int:
     if int(value) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_choice(value: str, options: Sequence[str], name: str) -> str:
+    """One of ``options`` (an adjacency, a dispersion measure, ...)."""
+    if value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+    return value

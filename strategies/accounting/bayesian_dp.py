@@ -52,7 +52,7 @@ import torch
 from scipy.special import gammaln, xlog1py, xlogy
 from scipy.stats import t as student_t
 
-from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
+from strategies.validation import check_choice, check_count, check_positive, check_probability, check_sample_rate
 
 #: Default grid of orders λ (Rényi order α = λ + 1).
 DEFAULT_ORDERS: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
@@ -95,9 +95,7 @@ def _check_orders(orders: Sequence[int]) -> tuple[int, ...]:
 
 def check_adjacency(adjacency: str) -> str:
     """``adjacency`` if it is one of :data:`ADJACENCIES`, else ``ValueError``."""
-    if adjacency not in ADJACENCIES:
-        raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {adjacency!r}")
-    return adjacency
+    return check_choice(adjacency, ADJACENCIES, "adjacency")
 
 
 def _as_distances(distances: Any) -> np.ndarray:

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, epsilon_gaussian_rounds
-from strategies.validation import check_count, check_positive, check_probability
+from strategies.validation import check_choice, check_count, check_positive, check_probability
 
 __all__ = [
     "AUDIT_RDP_ORDERS",
@@ -127,12 +127,6 @@ def _check_uniform_mix(uniform_mix: float) -> float:
     if not math.isfinite(checked) or not 0.0 <= checked <= 1.0:
         raise ValueError(f"uniform_mix must lie in [0, 1], got {uniform_mix!r}")
     return checked
-
-
-def _check_measure(measure: str) -> str:
-    if measure not in DISPERSION_MEASURES:
-        raise ValueError(f"measure must be one of {DISPERSION_MEASURES}, got {measure!r}")
-    return measure
 
 
 def _flat_stds(noise_stds: Any) -> np.ndarray:
@@ -485,7 +479,7 @@ def dispersion(iterates: Any, measure: str) -> np.ndarray:
     Niu et al., Mathematics 2025, §3.2 ("LS-ADP / ROW-DP",
     ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
     """
-    measure = _check_measure(measure)
+    measure = check_choice(measure, DISPERSION_MEASURES, "measure")
     array = _to_numpy(iterates)
     if array.ndim < 1 or array.shape[0] < 1:
         raise ValueError(f"iterates must have shape (m, ...) with m >= 1, got {array.shape}")
