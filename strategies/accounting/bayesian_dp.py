@@ -529,8 +529,8 @@ def calibrate_noise_for_bdp(
             )
         eps_high = project(high)
     low = high / 2.0
-    while project(low) <= target and low > 1e-6:
-        high, eps_high = low, project(low)
+    while low > 1e-6 and (eps_low := project(low)) <= target:
+        high, eps_high = low, eps_low
         low /= 2.0
     while target - eps_high > tolerance and (high - low) > 1e-10 * high:
         middle = 0.5 * (low + high)
