@@ -59,7 +59,7 @@ def train(message: Message, context: Context) -> Message:
     server_round = int(message.content["config"]["server-round"])
     seed = task.round_seed(cfg.seed, server_round, index)
     if cfg.strategy in task.PRIVATE_TRAINING:
-        # σ and the site's accountant live in its node state across rounds (never rebuilt).
+        # σ and the site's accountant (or its spent privacy) live in its node state across rounds.
         stored = context.state.config_records.get(PRIVACY_STATE)
         previous = None if stored is None else json.loads(str(stored["json"]))
         metrics, state = task.PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from models.data import DATASETS
+from strategies.mechanisms.adaptive_dp import DISPERSION_MEASURES
+from strategies.mechanisms.nbafl import ALLOCATIONS
 
 MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp")
+STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
+
 ACCOUNTANTS = ("rdp", "prv")
 ADJACENCIES = ("add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +93,10 @@ class PrivacyConfig:
     clip_norm: float
     accountant: str
     adjacency: str
+    allocation: str
+    dispersion: str
+    uniform_mix: float
+    min_site_records: int
 
     @property
     def enabled(self) -> bool:
@@ -229,7 +236,15 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         clip_norm=_positive("privacy.clip_norm", _get(flat, "privacy.clip_norm", float)),
         accountant=_choice("privacy.accountant", _get(flat, "privacy.accountant", str), ACCOUNTANTS),
         adjacency=_choice("privacy.adjacency", _get(flat, "privacy.adjacency", str), ADJACENCIES),
+        allocation=_choice("privacy.allocation", _get(flat, "privacy.allocation", str), ALLOCATIONS),
+        dispersion=_choice("privacy.dispersion", _get(flat, "privacy.dispersion", str), DISPERSION_MEASURES),
+        uniform_mix=_get(flat, "privacy.uniform_mix", float),
+        min_site_records=int(
+            _positive("privacy.min_site_records", _get(flat, "privacy.min_site_records", int), allow_zero=True)
+        ),
     )
+    if not 0.0 <= privacy.uniform_mix <= 1.0:
+        raise ConfigError(f"run config: 'privacy.uniform_mix' must be in [0, 1], got {privacy.uniform_mix}")
     if not 0.0 < privacy.delta < 1.0:
         raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
     strategy = _choice("strategy.name", _get(flat, "strategy.name", str), STRATEGIES)
@@ -238,7 +253,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
             f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
             f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
         )
-    if strategy in ("dp_sgd", "bdp", "central_dp") and not privacy.enabled:
+    if strategy != "fedavg" and not privacy.enabled:
         raise ConfigError(f"run config: strategy '{strategy}' needs a finite 'privacy.epsilon' (the target budget)")
     if privacy.adjacency != "add-remove" and strategy != "bdp":
         raise ConfigError(

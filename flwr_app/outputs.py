@@ -48,7 +48,7 @@ class RunOutputs:
     directory: Path
 
     @classmethod
-    def create(cls, cfg: ExperimentConfig) -> "RunOutputs":
+    def create(cls, cfg: ExperimentConfig) -> RunOutputs:
         """The run's directory: ``output.dir`` or ``./outputs/<time>-<data>-<strategy>``."""
         if cfg.output_dir:
             directory = Path(cfg.output_dir)

@@ -18,9 +18,11 @@ from models.data import FederatedDataset, SurvivalArrays, build_federated_datase
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from models.training import train_epochs
-from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_gaussian_rounds
+from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
 from strategies.mechanisms.bdp import train_epochs_bdp
 from strategies.mechanisms.dp_sgd import poisson_schedule, train_epochs_dp
+from strategies.mechanisms.nbafl import WEIGHT_PERTURBATION, layer_parameters, release_weights, select_layer
 
 DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -160,6 +162,96 @@ def train_local_bdp(
     )
 
 
+def smallest_site_records(cfg: ExperimentConfig) -> int:
+    """``m`` of NbAFL's sensitivity ``2C/m``: ``privacy.min_site_records``, or if 0 the smallest
+    site's number of training records in this (simulated) federation."""
+    if cfg.privacy.min_site_records > 0:
+        return cfg.privacy.min_site_records
+    return min(len(site.train) for site in load_federation(cfg).sites)
+
+
+def train_local_perturbed(
+    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
+) -> tuple[dict[str, float], dict]:
+    """One round at a site of ``nbafl``, ``ls_adp`` or ``row_dp``: train, clip, perturb the weights.
+
+    Local training is the plain one (:func:`train_local`; ROW-DP also records the selected
+    layer's weights after every step); then :func:`strategies.mechanisms.nbafl.release_weights`
+    clips and perturbs ``model.net`` in place. LS-ADP's metric ``p`` is the model's loss on the
+    site's whole training part (eval mode). ``L`` (exposures) is ``federation.rounds``: every
+    site may upload in every round.
+
+    The privacy spent so far composes each round's release, a Gaussian mechanism with noise
+    multiplier ``z_r`` relative to ``Δs_U``: by RDP, one Gaussian with ``1/z² = Σ_r 1/z_r²``;
+    by the paper's formula (linear composition), ``Σ_r c/z_r``. ``state`` carries both sums.
+
+    Returns
+    -------
+    metrics
+        ``train_loss``; ``epsilon`` (RDP, cumulative), ``epsilon_audited_formula`` (the
+        paper's formula at the smallest noise, cumulative), ``epsilon_nominal`` (the paper's
+        average budget, the target), ``noise_multiplier`` (this round's), ``noise_min``,
+        ``noise_max``, ``weight_norm``, ``clip_norm``, ``steps`` (uploads so far),
+        ``min_site_records``, ``selected_layer``.
+    state
+        ``inverse_square_sum``, ``formula_sum`` and ``steps``.
+    """
+    torch.set_num_threads(cfg.train.num_threads)
+    privacy = cfg.privacy
+    public_state = {key: value.detach().clone() for key, value in model.net.state_dict().items()}
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
+    selected, iterates = -1, []
+    on_step = None
+    if cfg.strategy == "row_dp":
+        selected = select_layer(model.net, generator)
+        params = layer_parameters(model.net)[selected]
+
+        def on_step() -> None:
+            iterates.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
+
+    stats = train_epochs(
+        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
+        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, on_step=on_step,
+    )
+    x_t = torch.as_tensor(np.asarray(data.x, dtype=np.float32))
+    time_t = torch.as_tensor(np.asarray(data.time, dtype=np.float64))
+    event_t = torch.as_tensor(np.asarray(data.event, dtype=np.float32))
+
+    def site_loss(net: torch.nn.Module) -> float:
+        net.eval()
+        return float(model.loss(x_t, time_t, event_t, generator=torch.Generator().manual_seed(seed)))
+
+    min_records = smallest_site_records(cfg)
+    release = release_weights(
+        model.net, method=cfg.strategy, allocation=privacy.allocation, epsilon=privacy.epsilon,
+        delta=privacy.delta, clip_norm=privacy.clip_norm, min_site_records=min_records,
+        exposures=cfg.federation.rounds, generator=generator, public_state=public_state,
+        evaluate=site_loss if cfg.strategy == "ls_adp" else None,
+        iterates=torch.stack(iterates) if iterates else None, selected_layer=selected,
+        dispersion_measure=privacy.dispersion, uniform_mix=privacy.uniform_mix,
+    )
+    state = dict(state or {"inverse_square_sum": 0.0, "formula_sum": 0.0, "steps": 0})
+    state["inverse_square_sum"] += 1.0 / release.noise_multiplier**2
+    state["formula_sum"] += release.epsilon_audited_formula / cfg.federation.rounds
+    state["steps"] += 1
+    metrics = {
+        "train_loss": float(stats["loss"]),
+        "epsilon": epsilon_gaussian_rounds(noise_multiplier=state["inverse_square_sum"] ** -0.5, rounds=1,
+                                           delta=privacy.delta, orders=list(AUDIT_RDP_ORDERS)),
+        "epsilon_audited_formula": state["formula_sum"],
+        "epsilon_nominal": release.epsilon_nominal,
+        "noise_multiplier": release.noise_multiplier,
+        "noise_min": release.noise_min,
+        "noise_max": release.noise_max,
+        "weight_norm": release.weight_norm,
+        "clip_norm": privacy.clip_norm,
+        "steps": state["steps"],
+        "min_site_records": min_records,
+        "selected_layer": release.selected_layer,
+    }
+    return metrics, state
+
+
 def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) -> dict[str, float]:
     """Test metrics of ``model``; the IPCW censoring distribution comes from ``train``."""
     times, surv = model.predict_survival(test.x)
@@ -190,8 +282,10 @@ def round_seed(seed: int, server_round: int, site_index: int) -> int:
     return int(np.random.SeedSequence([seed, server_round, site_index]).generate_state(1)[0])
 
 
-#: Record-level private training, by strategy name: ``(model, data, cfg, *, seed, state)``.
-PRIVATE_TRAINING = {"dp_sgd": train_local_dp, "bdp": train_local_bdp}
+#: Private training, by strategy name: ``(model, data, cfg, *, seed, state)``; ``state`` is kept
+#: by the site between rounds.
+PRIVATE_TRAINING = {"dp_sgd": train_local_dp, "bdp": train_local_bdp,
+                    **{name: train_local_perturbed for name in WEIGHT_PERTURBATION}}
 
 
 def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:
@@ -204,14 +298,15 @@ def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[
     on the pooled data, as one site holding every record for all rounds, with the same target
     ``(ε, δ)``, clip norm and (for ``bdp``) adjacency; its spent ε is returned under
     ``"privacy"``. For the other strategies it is trained without DP (client-level DP has no
-    centralised counterpart).
+    centralised counterpart; the weight-perturbation strategies' paper compares with the no-DP
+    Cox-MLP).
     """
     model = build_model(cfg, dataset)
     train = dataset.pooled("train")
     epochs = cfg.federation.rounds * cfg.train.local_epochs
     torch.set_num_threads(cfg.train.num_threads)
     privacy: dict[str, object] | str = "none (no DP)"
-    if cfg.strategy in PRIVATE_TRAINING:
+    if cfg.strategy in ("dp_sgd", "bdp"):
         state = None
         for server_round in range(1, cfg.federation.rounds + 1):
             metrics, state = PRIVATE_TRAINING[cfg.strategy](

@@ -5,6 +5,8 @@ The same function runs a federated client's local epochs and the centralised bas
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -24,6 +26,7 @@ def train_epochs(
     lr: float,
     weight_decay: float = 0.0,
     seed: int,
+    on_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Train ``model.net`` in place with Adam on shuffled mini-batches of ``model.loss``.
 
@@ -45,6 +48,9 @@ def train_epochs(
     weight_decay : float, default 0
         Adam's L2 weight decay.
     seed : int
+    on_step : callable, optional
+        Called with no arguments after every optimiser step (e.g. to record the weights'
+        iterates, as ROW-DP does).
 
     Returns
     -------
@@ -79,6 +85,8 @@ def train_epochs(
                 loss = model.loss(x_t[batch], time_t[batch], event_t[batch], generator=generator)
                 loss.backward()
                 optimizer.step()
+                if on_step is not None:
+                    on_step()
                 total += loss.item() * batch.numel()
                 num_steps += 1
             epoch_loss = total / n

@@ -37,7 +37,9 @@ BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
 #: Per-site privacy figures in train replies: kept per site, never averaged across sites.
 PRIVACY_KEYS = frozenset(
-    {"epsilon", "epsilon_mu", "noise_multiplier", "sample_rate", "clip_norm", "steps", "stopped", "fallback"}
+    {"epsilon", "epsilon_mu", "noise_multiplier", "sample_rate", "clip_norm", "steps", "stopped", "fallback",
+     "epsilon_nominal", "epsilon_audited_formula", "noise_min", "noise_max", "weight_norm", "min_site_records",
+     "selected_layer"}
 )
 
 

@@ -35,6 +35,8 @@ class LedgerEntry:
     sample_rate: float | None = None
     steps: int | None = None
     epsilon_classical: float | None = None
+    epsilon_nominal: float | None = None
+    epsilon_audited_formula: float | None = None
     assumptions: tuple[str, ...] = ()
 
 
@@ -67,7 +69,8 @@ class PrivacyLedger:
         worst = unbounded[0] if unbounded else max(latest.values(), key=lambda entry: entry.epsilon)
         headline = {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
                     "accountant": worst.accountant, "site": worst.site}
-        classical = [entry.epsilon_classical for entry in latest.values() if entry.epsilon_classical is not None]
-        if classical:
-            headline["epsilon_classical"] = max(classical)  # worst site, worst case
+        for key in ("epsilon_classical", "epsilon_nominal", "epsilon_audited_formula"):
+            values = [getattr(entry, key) for entry in latest.values() if getattr(entry, key) is not None]
+            if values:
+                headline[key] = max(values)  # the worst site
         return headline

@@ -78,6 +78,7 @@ __all__ = [
     "nbafl_sensitivity",
     "nbafl_uplink_noise_std",
     "noise_std_from_budgets",
+    "parameterised_layers",
     "perturbed_layer_metrics",
     "row_dp_budgets",
     "row_dp_importance",
@@ -376,7 +377,7 @@ def layer_sensitivity_importance(baseline_metric: float, perturbed_metrics: Sequ
     return changes / total
 
 
-def _parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules that directly own parameters, in ``named_modules`` order."""
     return [
         (name, module)
@@ -427,7 +428,7 @@ def perturbed_layer_metrics(
     ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
     """
     noise_std = check_positive(noise_std, "noise_std")
-    layers = _parameterised_layers(model)
+    layers = parameterised_layers(model)
     if not layers:
         raise ValueError("model has no parameters")
     with torch.no_grad():

@@ -1,0 +1,86 @@
+"""The horizontal federation as one in-process loop, for repetition-heavy reproductions.
+
+:func:`run_federation` runs exactly the steps of the ServerApp and ClientApp of a horizontal
+run — the same data, model, seeds, local training (``flwr_app.task``), privacy mechanism,
+site-ordered weighted averaging (Flower's own ``aggregate_arrayrecords``) and federated Breslow
+baseline — without Flower's messaging and Ray. A test checks that it reproduces a Flower
+simulation's final model and privacy figures; the reproduction scripts use it to run hundreds of
+repetitions on a laptop. It does not replace the Flower path for users: it has no fault
+handling, no per-round outputs and no deployment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from flwr_app import task
+from flwr_app.config import ExperimentConfig
+from strategies.horizontal import WEIGHT_KEY
+
+__all__ = ["run_federation"]
+
+
+def run_federation(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Train ``cfg``'s federation for ``federation.rounds`` rounds in process; evaluate at the end.
+
+    Every site trains in every round (``federation.fraction_train`` must be 1).
+
+    Returns
+    -------
+    dict
+        ``test``: metrics of the final global model on the pooled test split (as the ServerApp's
+        server-side evaluation); ``privacy``: the worst site's last training report (its
+        privacy figures), or ``None`` without DP; ``state_dict``: the final global weights.
+    """
+    if cfg.federation.fraction_train != 1.0:
+        raise ValueError("run_federation trains every site in every round: set federation.fraction_train = 1")
+    dataset = task.load_federation(cfg)
+    model = task.build_model(cfg, dataset)
+    global_arrays = ArrayRecord(model.net.state_dict())
+    order = sorted(range(dataset.num_sites), key=lambda index: dataset.sites[index].name)
+    states: dict[int, dict | None] = dict.fromkeys(order)
+    reports: dict[int, dict[str, float]] = {}
+    for server_round in range(1, cfg.federation.rounds + 1):
+        replies = []
+        for index in order:
+            site = dataset.sites[index]
+            model.net.load_state_dict(global_arrays.to_torch_state_dict())
+            seed = task.round_seed(cfg.seed, server_round, index)
+            weight = len(site.train)
+            if cfg.strategy in task.PRIVATE_TRAINING:
+                previous = states[index]
+                metrics, states[index] = task.PRIVATE_TRAINING[cfg.strategy](
+                    model, site.train, cfg, seed=seed, state=previous)
+                if previous is not None and states[index]["steps"] == previous["steps"]:
+                    weight = 0
+                reports[index] = metrics
+            elif cfg.strategy == "fedavg":
+                task.train_local(model, site.train, cfg, seed=seed)
+            else:
+                raise ValueError(f"run_federation does not run strategy {cfg.strategy!r} (server-side mechanism)")
+            if weight > 0:
+                replies.append(RecordDict({"arrays": ArrayRecord(model.net.state_dict()),
+                                           "metrics": MetricRecord({WEIGHT_KEY: weight})}))
+        if replies:
+            global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
+    model.net.load_state_dict(global_arrays.to_torch_state_dict())
+    if model.needs_baseline:
+        event_counts, risk_sums = None, None
+        for index in order:
+            site = dataset.sites[index]
+            counts, sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
+            counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
+            event_counts = counts if event_counts is None else event_counts + counts
+            risk_sums = sums if risk_sums is None else risk_sums + sums
+        model.set_baseline(event_counts, risk_sums)
+    test = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"))
+    privacy = None
+    if reports:
+        privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
+    return {"test": test, "privacy": privacy,
+            "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
