@@ -252,12 +252,14 @@ def train_local_perturbed(
     return metrics, state
 
 
-def evaluate(model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays) -> dict[str, float]:
+def evaluate(
+    model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays, *, concordance_td: bool = True,
+) -> dict[str, float]:
     """Test metrics of ``model``; the IPCW censoring distribution comes from ``train``."""
     times, surv = model.predict_survival(test.x)
     return evaluate_survival(
         times, surv, time=test.time, event=test.event, train_time=train.time, train_event=train.event,
-        risk=model.risk_score(test.x),
+        risk=model.risk_score(test.x), concordance_td=concordance_td,
     )
 
 

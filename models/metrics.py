@@ -113,6 +113,7 @@ def evaluate_survival(
     train_event: np.ndarray,
     risk: np.ndarray | None = None,
     eval_times: np.ndarray | None = None,
+    concordance_td: bool = True,
 ) -> dict[str, float]:
     r"""Discrimination and calibration of predicted survival curves on a test set.
 
@@ -158,6 +159,8 @@ def evaluate_survival(
         Grid for ``ibs`` and ``inbll``; default :func:`default_eval_times`. Points outside the
         range where IPCW is defined (before the first test time, at or beyond the limit of
         :func:`default_eval_times`) are dropped.
+    concordance_td : bool, default True
+        Compute Antolini's ``c_index_td`` (O(n²) in the test records); when False it is NaN.
 
     Returns
     -------
@@ -186,7 +189,7 @@ def evaluate_survival(
     finite = bool(np.all(np.isfinite(surv)))
     return {
         "c_index": _harrell(risk, time, event),
-        "c_index_td": _antolini(times, surv, time, event) if finite else _NAN,
+        "c_index_td": _antolini(times, surv, time, event) if finite and concordance_td else _NAN,
         "ibs": _ibs(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
         "inbll": _inbll(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
     }

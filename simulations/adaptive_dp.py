@@ -73,7 +73,7 @@ PAPER: dict[str, dict[str, dict[float, float]]] = {
     },
 }
 
-FIELDS = ("method", "epsilon_target", "seed", "c_index", "c_index_td", "ibs", "inbll", "epsilon_rdp",
+FIELDS = ("method", "epsilon_target", "seed", "c_index", "ibs", "inbll", "epsilon_rdp",
           "epsilon_audited_formula", "epsilon_nominal", "noise_multiplier", "wall_s")
 LOWER_IS_BETTER = {"ibs", "inbll"}
 
@@ -88,11 +88,11 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
                  "privacy.epsilon": "inf" if method == "no DP" else epsilon}
     _, cfg = resolve(overrides)
     started = time.perf_counter()
-    result = run_federation(cfg)
+    result = run_federation(cfg, concordance_td=False)
     privacy = result["privacy"] or {}
     return {
         "method": method, "epsilon_target": epsilon, "seed": seed,
-        **{key: result["test"].get(key, math.nan) for key in ("c_index", "c_index_td", "ibs", "inbll")},
+        **{key: result["test"].get(key, math.nan) for key in ("c_index", "ibs", "inbll")},
         "epsilon_rdp": privacy.get("epsilon", math.nan),
         "epsilon_audited_formula": privacy.get("epsilon_audited_formula", math.nan),
         "epsilon_nominal": privacy.get("epsilon_nominal", math.nan),

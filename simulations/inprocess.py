@@ -25,10 +25,11 @@ from strategies.horizontal import WEIGHT_KEY
 __all__ = ["run_federation"]
 
 
-def run_federation(cfg: ExperimentConfig) -> dict[str, Any]:
+def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dict[str, Any]:
     """Train ``cfg``'s federation for ``federation.rounds`` rounds in process; evaluate at the end.
 
-    Every site trains in every round (``federation.fraction_train`` must be 1).
+    Every site trains in every round (``federation.fraction_train`` must be 1). With
+    ``concordance_td=False`` the O(n²) Antolini C-index is skipped (NaN).
 
     Returns
     -------
@@ -78,7 +79,7 @@ def run_federation(cfg: ExperimentConfig) -> dict[str, Any]:
             event_counts = counts if event_counts is None else event_counts + counts
             risk_sums = sums if risk_sums is None else risk_sums + sums
         model.set_baseline(event_counts, risk_sums)
-    test = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"))
+    test = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"), concordance_td=concordance_td)
     privacy = None
     if reports:
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
