@@ -22,6 +22,7 @@ import math
 import os
 import time
 import tomllib
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ PAPER: dict[str, dict[str, dict[float, float]]] = {
 }
 
 FIELDS = ("method", "epsilon_target", "seed", "c_index", "ibs", "inbll", "epsilon_rdp",
-          "epsilon_audited_formula", "epsilon_nominal", "noise_multiplier", "wall_s")
+          "epsilon_audited_formula", "epsilon_nominal", "noise_multiplier", "wall_s", "error")
 LOWER_IS_BETTER = {"ibs", "inbll"}
 
 
@@ -84,6 +85,7 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
     from simulations.inprocess import run_federation
 
     method, epsilon, seed, shared = job
+    warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverged model: reported as such
     overrides = {**shared, **METHODS[method], "seed": seed, "baseline.centralized": False,
                  "privacy.epsilon": "inf" if method == "no DP" else epsilon}
     _, cfg = resolve(overrides)
@@ -98,6 +100,7 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
         "epsilon_nominal": privacy.get("epsilon_nominal", math.nan),
         "noise_multiplier": privacy.get("noise_multiplier", math.nan),
         "wall_s": time.perf_counter() - started,
+        "error": result["error"],
     }
 
 
@@ -108,7 +111,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
         rows = list(csv.DictReader(handle))
     for row in rows:
         for key in FIELDS:
-            if key != "method":
+            if key not in ("method", "error"):
                 row[key] = float(row[key])
     return rows
 

@@ -15,14 +15,38 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flwr_app import task
 from flwr_app.config import ExperimentConfig
+from models.data import FederatedDataset
+from models.survival import SurvivalModel
 from strategies.horizontal import WEIGHT_KEY
 
 __all__ = ["run_federation"]
+
+_METRICS = ("c_index", "c_index_td", "ibs", "inbll")
+
+
+def _evaluate(model: SurvivalModel, dataset: FederatedDataset, *, concordance_td: bool) -> tuple[dict[str, float], str]:
+    """Federated Breslow baseline (Cox models) and pooled test metrics; NaN and why if diverged."""
+    if not all(bool(torch.isfinite(value).all()) for value in model.net.state_dict().values()):
+        return dict.fromkeys(_METRICS, math.nan), "diverged: non-finite weights"
+    try:
+        if model.needs_baseline:
+            event_counts, risk_sums = None, None
+            for site in sorted(dataset.sites, key=lambda site: site.name):
+                counts, sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
+                counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
+                event_counts = counts if event_counts is None else event_counts + counts
+                risk_sums = sums if risk_sums is None else risk_sums + sums
+            model.set_baseline(event_counts, risk_sums)
+        return task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"),
+                             concordance_td=concordance_td), ""
+    except ValueError as err:  # e.g. risks that overflow to inf or underflow to an empty risk set
+        return dict.fromkeys(_METRICS, math.nan), f"diverged: {err}"
 
 
 def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dict[str, Any]:
@@ -35,7 +59,8 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
     -------
     dict
         ``test``: metrics of the final global model on the pooled test split (as the ServerApp's
-        server-side evaluation); ``privacy``: the worst site's last training report (its
+        server-side evaluation; NaN, with the reason in ``error``, when the model diverged, e.g.
+        non-finite weights or risks that overflow); ``privacy``: the worst site's last training report (its
         privacy figures), or ``None`` without DP; ``state_dict``: the final global weights.
     """
     if cfg.federation.fraction_train != 1.0:
@@ -70,18 +95,9 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
         if replies:
             global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
     model.net.load_state_dict(global_arrays.to_torch_state_dict())
-    if model.needs_baseline:
-        event_counts, risk_sums = None, None
-        for index in order:
-            site = dataset.sites[index]
-            counts, sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
-            counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
-            event_counts = counts if event_counts is None else event_counts + counts
-            risk_sums = sums if risk_sums is None else risk_sums + sums
-        model.set_baseline(event_counts, risk_sums)
-    test = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"), concordance_td=concordance_td)
+    test, error = _evaluate(model, dataset, concordance_td=concordance_td)
     privacy = None
     if reports:
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
-    return {"test": test, "privacy": privacy,
+    return {"test": test, "error": error, "privacy": privacy,
             "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}

@@ -70,7 +70,8 @@ TEST_METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 SETTING_COLUMNS = ["variant", "data", "model", "rounds", "num_sites"]
 GROUP_COLUMNS = [*SETTING_COLUMNS, "strategy", "epsilon_target"]
 BASE_COLUMNS = [
-    "status", "strategy", "epsilon_target", "epsilon", "epsilon_classical", "delta", "unit", "accountant", "seed",
+    "status", "strategy", "epsilon_target", "epsilon", "epsilon_classical", "epsilon_nominal",
+    "epsilon_audited_formula", "delta", "unit", "accountant", "seed",
     "data", "model", "rounds", "num_sites", "variant",
     *(f"test_{m}" for m in TEST_METRICS),
 ]
@@ -330,6 +331,9 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
         "epsilon": _float(privacy.get("epsilon")),  # the headline epsilon only, never per site
         # Bayesian DP: the worst-case epsilon of the same mechanism, beside epsilon_mu above
         "epsilon_classical": _float(privacy.get("epsilon_classical")),
+        # NbAFL / LS-ADP / ROW-DP: the paper's average budget and its formula at the smallest noise
+        "epsilon_nominal": _float(privacy.get("epsilon_nominal")),
+        "epsilon_audited_formula": _float(privacy.get("epsilon_audited_formula")),
         "delta": _float(privacy.get("delta")),
         "unit": privacy.get("unit", "none"),
         "accountant": privacy.get("accountant", "none"),
@@ -361,6 +365,8 @@ def _centralized_row(run: Mapping[str, Any], summary: Mapping[str, Any]) -> dict
         "epsilon_target": run["epsilon_target"] if private else math.inf,
         "epsilon": _float(privacy.get("epsilon_mu", privacy.get("epsilon"))) if private else math.nan,
         "epsilon_classical": _float(privacy.get("epsilon")) if private and "epsilon_mu" in privacy else math.nan,
+        "epsilon_nominal": math.nan,
+        "epsilon_audited_formula": math.nan,
         "delta": run["delta"] if private else math.nan,
         "unit": "record" if private else "none",
         "accountant": run["accountant"] if private else "none",
@@ -429,7 +435,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
     Columns: the group keys, ``n_runs`` (successful), ``n_failed``, ``seeds``, ``epsilon_max``
     (largest headline epsilon over the seeds; never a mean of sites' epsilons), ``epsilon_classical_max``
-    (for Bayesian DP: the largest worst-case epsilon of the same mechanism), ``<metric>_mean``
+    (for Bayesian DP: the largest worst-case epsilon of the same mechanism), ``epsilon_nominal_max`` and
+    ``epsilon_audited_formula_max`` (NbAFL / LS-ADP / ROW-DP: the paper's figures), ``<metric>_mean``
     and ``<metric>_std`` for every test/OOT metric, and ``wall_time_s_mean``.
     """
     frame = results.copy()
@@ -443,6 +450,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
         seeds=("seed", lambda s: ",".join(str(v) for v in sorted(s.dropna().unique()))),
         epsilon_max=("epsilon", "max"),
         epsilon_classical_max=("epsilon_classical", "max"),
+        epsilon_nominal_max=("epsilon_nominal", "max"),
+        epsilon_audited_formula_max=("epsilon_audited_formula", "max"),
         wall_time_s_mean=("wall_time_s", "mean"),
     )
     for metric in metrics:
@@ -452,7 +461,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     table = table.join(failed, how="outer")
     table["n_runs"] = table["n_runs"].fillna(0).astype(int)
     table["n_failed"] = table["n_failed"].fillna(0).astype(int)
-    front = ["n_runs", "n_failed", "seeds", "epsilon_max", "epsilon_classical_max"]
+    front = ["n_runs", "n_failed", "seeds", "epsilon_max", "epsilon_classical_max", "epsilon_nominal_max",
+             "epsilon_audited_formula_max"]
     table = table[[*front, *(c for c in table.columns if c not in front)]]
     return table.reset_index()
 
