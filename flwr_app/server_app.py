@@ -15,6 +15,7 @@ import math
 import time
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
@@ -210,6 +211,24 @@ def wait_for_sites(grid: Grid, expected: int, *, timeout_s: float = 300.0) -> in
     return connected
 
 
+def _evaluate_global(
+    model: SurvivalModel, arrays: ArrayRecord, strategy: SurvivalFedAvg, dataset: FederatedDataset,
+) -> tuple[dict[str, float], str]:
+    """Load the global model and evaluate it on the pooled test split.
+
+    Returns ``(metrics, "")``, or ``({}, reason)`` when the model has diverged (non-finite
+    weights, or risks that overflow so that no baseline hazard or survival curve exists): a
+    noisy DP run can do that, and its round is then recorded as diverged instead of ending the run.
+    """
+    try:
+        _load(model, arrays, strategy)
+        if not all(bool(torch.isfinite(value).all()) for value in model.net.state_dict().values()):
+            raise ValueError("non-finite weights")
+        return _global_metrics(model, dataset), ""
+    except ValueError as err:
+        return {}, f"global model diverged: {err}"
+
+
 def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, float]:
     metrics = task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"))
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
@@ -259,9 +278,9 @@ def main(grid: Grid, context: Context) -> None:
             ledger.record(ledger_entry(cfg, server_round, site, train_sites[site],
                                        central_noise_multiplier=central_noise_multiplier))
         global_test: dict[str, float] = {}
+        diverged = ""
         if cfg.server_evaluation:
-            _load(model, arrays, survival)
-            global_test = _global_metrics(model, dataset)
+            global_test, diverged = _evaluate_global(model, arrays, survival, dataset)
         line: dict[str, Any] = {
             "round": server_round,
             "train": weighted_nanmean({site: {key: value for key, value in metrics.items() if key not in PRIVACY_KEYS}
@@ -273,13 +292,16 @@ def main(grid: Grid, context: Context) -> None:
             "failures": record.failures if record else [],
             "elapsed_s": time.perf_counter() - started,
         }
+        if diverged:
+            line["diverged"] = diverged
         outputs.append_metrics(line)
         shown = global_test or line["sites_mean"]
         print(
             f"round {server_round:3d}/{cfg.federation.rounds}  train_loss {line['train'].get('train_loss', math.nan):.4f}  "
             f"{'test' if global_test else 'sites'}: {_fmt(shown)}"
             + (f"  epsilon {line['privacy']['epsilon']:.3f}" if line["privacy"]["epsilon"] is not None else "")
-            + (f"  [{len(line['failures'])} failed]" if line["failures"] else ""),
+            + (f"  [{len(line['failures'])} failed]" if line["failures"] else "")
+            + (f"  [{diverged}]" if diverged else ""),
             flush=True,
         )
         return MetricRecord({key: value for key, value in global_test.items() if math.isfinite(value)})
@@ -293,18 +315,18 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_config=ConfigRecord(),
         evaluate_fn=end_of_round,
     )
-    _load(model, result.arrays, survival)
-    _write_results(cfg, dataset, model, survival, ledger, outputs, time.perf_counter() - started)
+    _write_results(cfg, dataset, model, result.arrays, survival, ledger, outputs, time.perf_counter() - started)
 
 
 def _write_results(
-    cfg: ExperimentConfig, dataset: FederatedDataset, model: SurvivalModel, strategy: SurvivalFedAvg,
-    ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
+    cfg: ExperimentConfig, dataset: FederatedDataset, model: SurvivalModel, arrays: ArrayRecord,
+    strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
 ) -> None:
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
+    diverged = ""
     if cfg.server_evaluation:
-        test = _global_metrics(model, dataset)
+        test, diverged = _evaluate_global(model, arrays, strategy, dataset)
         test_source = "global model on the pooled test split (server-side, simulation)"
     else:
         test = weighted_nanmean(sites)
@@ -325,10 +347,13 @@ def _write_results(
     oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}
     if oot:
         summary["oot"] = oot
+    if diverged:
+        summary["diverged"] = diverged
+    model.net.load_state_dict(arrays.to_torch_state_dict())
     model.net.eval()
     outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(),
                        baseline=strategy.baseline)
-    if cfg.server_evaluation:
+    if cfg.server_evaluation and not diverged:
         summary["calibration"] = task.calibration(model, dataset)
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
     if cfg.centralized_baseline:

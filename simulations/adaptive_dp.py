@@ -38,6 +38,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "LS-ADP": {"strategy.name": "ls_adp"},
     "NbAFL exact": {"strategy.name": "nbafl", "privacy.allocation": "exact"},
     "LS-ADP exact": {"strategy.name": "ls_adp", "privacy.allocation": "exact"},
+    "ROW-DP(Var) exact": {"strategy.name": "row_dp", "privacy.dispersion": "var", "privacy.allocation": "exact"},
+    # The paper's rule with every weight guaranteed half the mean budget (uniform_mix 0.5).
+    "ROW-DP(Var) mix 0.5": {"strategy.name": "row_dp", "privacy.dispersion": "var", "privacy.uniform_mix": 0.5},
 }
 
 #: The paper's Tables 2–4 (mean over 100 repetitions), by metric, method and ε.
