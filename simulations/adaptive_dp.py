@@ -43,38 +43,46 @@ METHODS: dict[str, dict[str, Any]] = {
     "ROW-DP(Var) mix 0.5": {"strategy.name": "row_dp", "privacy.dispersion": "var", "privacy.uniform_mix": 0.5},
 }
 
-#: The paper's Tables 2–4 (mean over 100 repetitions), by metric, method and ε.
+SIMULATION_EPSILONS = (0.6, 0.7, 0.8, 0.9, 1.0)
+FLCHAIN_EPSILONS = (3.0, 4.0, 5.0, 7.0)
+
+
+def _by_epsilon(epsilons: tuple[float, ...], rows: dict[str, tuple[float, ...]]) -> dict[str, dict[float, float]]:
+    return {method: dict(zip(epsilons, values, strict=True)) for method, values in rows.items()}
+
+
+#: The paper's Tables 2–4 (means over 100 repetitions), by metric, method and ε.
 PAPER: dict[str, dict[str, dict[float, float]]] = {
-    "inbll": {
-        "NbAFL": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2753, 0.2613, 0.2581, 0.2446, 0.2359), strict=True)),
-        "ROW-DP(Std)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2726, 0.2553, 0.2541, 0.2498, 0.2476), strict=True)),
-        "ROW-DP(Var)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2681, 0.2596, 0.2572, 0.2530, 0.2456), strict=True)),
-        "ROW-DP(Range)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2686, 0.2594, 0.2567, 0.2464, 0.2455), strict=True)),
-        "ROW-DP(MAE)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2692, 0.2683, 0.2593, 0.2515, 0.2450), strict=True)),
-        "ROW-DP(IQR)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2690, 0.2600, 0.2554, 0.2528, 0.2365), strict=True)),
-        "LS-ADP": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.2560, 0.2551, 0.2550, 0.2464, 0.2455), strict=True)),
-        "no DP": dict.fromkeys((0.6, 0.7, 0.8, 0.9, 1.0), 0.2309),
-    },
-    "ibs": {
-        "NbAFL": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0592, 0.0572, 0.0549, 0.0548, 0.0542), strict=True)),
-        "ROW-DP(Std)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0577, 0.0560, 0.0553, 0.0543, 0.0545), strict=True)),
-        "ROW-DP(Var)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0569, 0.0562, 0.0555, 0.0552, 0.0546), strict=True)),
-        "ROW-DP(Range)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0576, 0.0567, 0.0553, 0.0548, 0.0547), strict=True)),
-        "ROW-DP(MAE)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0561, 0.0558, 0.0553, 0.0548, 0.0543), strict=True)),
-        "ROW-DP(IQR)": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0569, 0.0569, 0.0545, 0.0545, 0.0544), strict=True)),
-        "LS-ADP": dict(zip((0.6, 0.7, 0.8, 0.9, 1.0), (0.0551, 0.0547, 0.0542, 0.0543, 0.0543), strict=True)),
-        "no DP": dict.fromkeys((0.6, 0.7, 0.8, 0.9, 1.0), 0.0540),
-    },
-    "c_index": {
-        "NbAFL": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7361, 0.7560, 0.7656, 0.7676), strict=True)),
-        "ROW-DP(Std)": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7301, 0.7484, 0.7538, 0.7550), strict=True)),
-        "ROW-DP(Var)": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7292, 0.7438, 0.7433, 0.7573), strict=True)),
-        "ROW-DP(Range)": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7251, 0.7522, 0.7530, 0.7568), strict=True)),
-        "ROW-DP(MAE)": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7231, 0.7485, 0.7515, 0.7599), strict=True)),
-        "ROW-DP(IQR)": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7248, 0.7515, 0.7585, 0.7593), strict=True)),
-        "LS-ADP": dict(zip((3.0, 4.0, 5.0, 7.0), (0.7627, 0.7653, 0.7678, 0.7701), strict=True)),
-        "no DP": dict.fromkeys((3.0, 4.0, 5.0, 7.0), 0.7701),
-    },
+    "inbll": _by_epsilon(SIMULATION_EPSILONS, {
+        "NbAFL": (0.2753, 0.2613, 0.2581, 0.2446, 0.2359),
+        "ROW-DP(Std)": (0.2726, 0.2553, 0.2541, 0.2498, 0.2476),
+        "ROW-DP(Var)": (0.2681, 0.2596, 0.2572, 0.2530, 0.2456),
+        "ROW-DP(Range)": (0.2686, 0.2594, 0.2567, 0.2464, 0.2455),
+        "ROW-DP(MAE)": (0.2692, 0.2683, 0.2593, 0.2515, 0.2450),
+        "ROW-DP(IQR)": (0.2690, 0.2600, 0.2554, 0.2528, 0.2365),
+        "LS-ADP": (0.2560, 0.2551, 0.2550, 0.2464, 0.2455),
+        "no DP": (0.2309,) * 5,
+    }),
+    "ibs": _by_epsilon(SIMULATION_EPSILONS, {
+        "NbAFL": (0.0592, 0.0572, 0.0549, 0.0548, 0.0542),
+        "ROW-DP(Std)": (0.0577, 0.0560, 0.0553, 0.0543, 0.0545),
+        "ROW-DP(Var)": (0.0569, 0.0562, 0.0555, 0.0552, 0.0546),
+        "ROW-DP(Range)": (0.0576, 0.0567, 0.0553, 0.0548, 0.0547),
+        "ROW-DP(MAE)": (0.0561, 0.0558, 0.0553, 0.0548, 0.0543),
+        "ROW-DP(IQR)": (0.0569, 0.0569, 0.0545, 0.0545, 0.0544),
+        "LS-ADP": (0.0551, 0.0547, 0.0542, 0.0543, 0.0543),
+        "no DP": (0.0540,) * 5,
+    }),
+    "c_index": _by_epsilon(FLCHAIN_EPSILONS, {
+        "NbAFL": (0.7361, 0.7560, 0.7656, 0.7676),
+        "ROW-DP(Std)": (0.7301, 0.7484, 0.7538, 0.7550),
+        "ROW-DP(Var)": (0.7292, 0.7438, 0.7433, 0.7573),
+        "ROW-DP(Range)": (0.7251, 0.7522, 0.7530, 0.7568),
+        "ROW-DP(MAE)": (0.7231, 0.7485, 0.7515, 0.7599),
+        "ROW-DP(IQR)": (0.7248, 0.7515, 0.7585, 0.7593),
+        "LS-ADP": (0.7627, 0.7653, 0.7678, 0.7701),
+        "no DP": (0.7701,) * 4,
+    }),
 }
 
 FIELDS = ("method", "epsilon_target", "seed", "c_index", "ibs", "inbll", "epsilon_rdp",

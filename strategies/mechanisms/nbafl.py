@@ -95,19 +95,18 @@ class Release:
     noise_min, noise_max : float
         Smallest and largest per-weight noise std (``inf`` for a unit not released).
     epsilon_nominal : float
-        The paper's ε of the whole training: the mean budget (``"paper"``) or the target
-        (``"exact"``).
+        The paper's ε of the whole training: the mean budget (= the target, for both allocations).
     epsilon_audited_formula : float
-        The paper's formula at the smallest noise (``"paper"``); for ``"exact"`` the same
-        formula at the smallest noise relative to its own unit's sensitivity.
+        The paper's formula ``c·L/z`` at this release's effective noise multiplier ``z``: what
+        ``L`` such releases would spend by the formula (linear composition; proved for ε < 1).
     epsilon_rdp : float
-        ε over ``L`` uploads by Gaussian RDP at the release's effective noise multiplier
-        (``"paper"``: ``min σ / Δs_U``; ``"exact"``: the joint multiplier, = the target).
+        What ``L`` such releases spend by Gaussian RDP at ``z`` (``"exact"``: the target).
     noise_multiplier : float
-        That effective noise multiplier.
-    importance : list of float
-        LS-ADP: per-layer ``V``; ROW-DP: ``V`` of the selected layer's weights is not reported
-        (only its extremes, below); NbAFL: empty.
+        ``z``, the effective noise multiplier of the release relative to ``Δs_U``:
+        ``min σ / Δs_U`` for ``"paper"`` (one clip bounds the whole update, so the least noised
+        unit sets the guarantee), the joint multiplier ``1/sqrt(Σ Δ_u²/s_u²)`` for ``"exact"``.
+    importance : tuple of float
+        LS-ADP: the layers' ``V`` (after ``uniform_mix``); empty for NbAFL and ROW-DP.
     selected_layer : int
         ROW-DP's layer index; -1 otherwise.
     """
