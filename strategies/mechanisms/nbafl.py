@@ -21,7 +21,8 @@ Two allocations (``allocation``):
     paper's budgets (``Σ V_u = 1``) and ``z`` is the noise multiplier whose Gaussian RDP over
     ``L`` uploads gives the target ``(ε, δ)``. The joint release is then a Gaussian mechanism
     with noise multiplier exactly ``z`` (:func:`~strategies.mechanisms.adaptive_dp.joint_noise_multiplier`).
-    The units are the layers, and for ROW-DP each weight of the selected layer.
+    The units are the layers, and for ROW-DP each weight of the selected layer (each clipped to
+    ``|w| ≤ C/sqrt(P)``).
 
 In both, the sensitivity ``Δs_U = 2C/m`` of a site's clipped weights to replacing one record is
 NbAFL's Lemma 1 (Wei et al. 2020), taken as given: it is the paper's bound, not a proof for
@@ -258,7 +259,7 @@ def release_weights(
         weight_norm = math.sqrt(sum(float(values.square().sum()) for values in flat))
         if allocation == "paper":
             flat, _ = clip_update(flat, clip_norm)
-        else:
+        else:  # each unit to its own C_u; ROW-DP's per-weight units of the selected layer come later
             _clip_per_unit(flat, clip_norm * np.sqrt(np.asarray(sizes, dtype=np.float64) / total_size))
         _write_layers(layers, flat)
 
@@ -282,6 +283,10 @@ def release_weights(
                 raise ValueError(f"iterates must have shape (m, {sizes[selected_layer]}), got {tuple(iterates.shape)}")
             weights = row_dp_importance(iterates, dispersion_measure)
             budgets = row_dp_budgets(sizes, selected_layer, weights, epsilon=epsilon, uniform_mix=uniform_mix)
+            if allocation == "exact":  # one unit per weight: each clipped to C_u = C/sqrt(P)
+                bound = clip_norm / math.sqrt(total_size)
+                flat[selected_layer] = flat[selected_layer].clamp(-bound, bound)
+                _write_layers(layers, flat)
 
         if allocation == "paper":
             stds = [noise_std_from_budgets(b, **privacy) for b in budgets]
@@ -319,7 +324,7 @@ def _exact_stds(
     """Per-weight noise of the exact-budget allocation and its joint noise multiplier.
 
     Units: every layer, except that the selected layer of ROW-DP is split into one unit per
-    weight. ``V_u`` = the unit's share of the paper's budgets (``Σ V_u = 1``),
+    weight (the caller clips each unit to its ``C_u``). ``V_u`` = the unit's share of the paper's budgets (``Σ V_u = 1``),
     ``Δ_u = 2C_u/m`` with ``C_u = C·sqrt(size_u/P)``, and ``s_u = z·Δ_u/sqrt(V_u)``.
     """
     total_size = sum(sizes)
