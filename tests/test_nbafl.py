@@ -218,7 +218,7 @@ def test_exact_allocation_clips_each_layer_to_its_share_of_the_clip_norm(method:
     after = [float(v.norm()) for v in layers]
     for index, (norm, bound) in enumerate(zip(after, bounds, strict=True)):
         if index == result.selected_layer:  # row_dp: one unit per weight, each |w| <= C/sqrt(P)
-            assert float(layers[index].abs().max()) <= clip / math.sqrt(sum(sizes)) + 1e-5
+            assert float(layers[index].abs().max()) <= clip / math.sqrt(sum(sizes)) + 1e-4  # + tiny noise
             assert norm <= bound + 1e-4
         else:
             assert norm == pytest.approx(bound, abs=1e-4)
