@@ -213,9 +213,10 @@ def _figure(path: Path, rows: list[dict[str, Any]], methods: list[str], epsilons
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics) + 2.5, 4), squeeze=False)
+    colours = plt.get_cmap("tab20").colors
     for ax, metric in zip(axes[0], metrics, strict=True):
-        for method in methods:
+        for index, method in enumerate(methods):
             means, stds = [], []
             for eps in epsilons:
                 values = [row[metric] for row in rows if row["method"] == method
@@ -224,13 +225,15 @@ def _figure(path: Path, rows: list[dict[str, Any]], methods: list[str], epsilons
                 means.append(np.mean(finite) if finite else np.nan)
                 stds.append(np.std(finite) if finite else np.nan)
             style = "--" if method == "no DP" else ("-." if "exact" in method else "-")
-            ax.errorbar(epsilons, means, yerr=stds, label=method, linestyle=style, marker="o", capsize=2)
+            ax.errorbar(epsilons, means, yerr=stds, label=method, linestyle=style, marker="o", capsize=2,
+                        color=colours[(2 * index) % 20 + (2 * index // 20) % 2])
         ax.set_xlabel("target ε (the paper's average budget)")
         ax.set_ylabel(metric)
         if metric in LOWER_IS_BETTER:
             ax.set_yscale("log")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0 - 2.3 / fig.get_figwidth(), 1.0))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
