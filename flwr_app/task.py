@@ -236,8 +236,9 @@ def train_local_perturbed(
     state["steps"] += 1
     metrics = {
         "train_loss": float(stats["loss"]),
-        "epsilon": epsilon_gaussian_rounds(noise_multiplier=state["inverse_square_sum"] ** -0.5, rounds=1,
-                                           delta=privacy.delta, orders=list(AUDIT_RDP_ORDERS)),
+        "epsilon": 0.0 if state["inverse_square_sum"] == 0.0 else epsilon_gaussian_rounds(  # 0: nothing released
+            noise_multiplier=state["inverse_square_sum"] ** -0.5, rounds=1, delta=privacy.delta,
+            orders=list(AUDIT_RDP_ORDERS)),
         "epsilon_audited_formula": state["formula_sum"],
         "epsilon_nominal": release.epsilon_nominal,
         "noise_multiplier": release.noise_multiplier,
