@@ -1,0 +1,268 @@
+"""Vertically partitioned survival data: the same people, one modality per site (DESIGN.md §5).
+
+A :class:`VerticalTable` holds, for one cohort, the labels (kept by the server, the active party)
+and one feature table per modality (kept by the sites, the passive parties), all keyed by record
+ID. :func:`align_modalities` is the check a split-learning run makes before training: every site
+must hold IDs the label holder knows, without duplicates; a record a site lacks is *missing* for
+that modality (a zero input and a fusion mask, as in the BVFLMSP paper), not an error.
+
+Data sets:
+
+* METABRIC (``../shared/data/metabric.csv``): genomic ``x0..x3`` | clinical ``x4..x8``;
+* scikit-survival's ``load_breast_cancer``: 76 gene-expression columns | clinical (age, ER,
+  grade, size);
+* :func:`simulate_multimodal`: three modalities whose true log-hazard is the sum of one score per
+  modality, so that no pair of modalities recovers the risk ordering of all three.
+
+References
+----------
+BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), §4–5 (modalities held by
+separate clients, zero tensor for a missing modality).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "METABRIC_MODALITIES",
+    "VerticalAlignmentError",
+    "VerticalTable",
+    "align_modalities",
+    "load_breast_cancer_vertical",
+    "load_metabric_vertical",
+    "simulate_multimodal",
+]
+
+#: METABRIC's modalities (DeepSurv's preparation: MKI67, EGFR, PGR, ERBB2 | hormone treatment,
+#: radiotherapy, chemotherapy, ER-positive, age).
+METABRIC_MODALITIES: dict[str, tuple[str, ...]] = {
+    "genomic": ("x0", "x1", "x2", "x3"),
+    "clinical": ("x4", "x5", "x6", "x7", "x8"),
+}
+
+
+class VerticalAlignmentError(ValueError):
+    """The sites' record IDs cannot be aligned with the label holder's."""
+
+
+@dataclass(frozen=True)
+class VerticalTable:
+    """One cohort split by modality.
+
+    Attributes
+    ----------
+    name : str
+    ids : numpy.ndarray of str, shape (n,)
+        Record IDs in label order (unique).
+    time, event : numpy.ndarray, shape (n,)
+        Labels, held by the server.
+    modalities : dict of str to pandas.DataFrame
+        Features of each modality, indexed by record ID (every ID of ``ids`` present).
+    """
+
+    name: str
+    ids: np.ndarray
+    time: np.ndarray
+    event: np.ndarray
+    modalities: dict[str, pd.DataFrame]
+
+    def __post_init__(self) -> None:
+        n = self.ids.shape[0]
+        if self.time.shape != (n,) or self.event.shape != (n,):
+            raise ValueError(f"{self.name}: ids, time and event must have the same length")
+        if len(set(self.ids.tolist())) != n:
+            raise ValueError(f"{self.name}: record IDs must be unique")
+        for modality, frame in self.modalities.items():
+            if not frame.index.equals(pd.Index(self.ids)):
+                raise ValueError(f"{self.name}: modality {modality!r} is not indexed by the label IDs in order")
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def subset(self, ids: Sequence[str]) -> VerticalTable:
+        """The records ``ids`` (in that order), every modality and label included."""
+        position = pd.Index(self.ids).get_indexer(list(ids))
+        if np.any(position < 0):
+            raise KeyError(f"{self.name}: {int(np.sum(position < 0))} of the requested IDs are not in the table")
+        return VerticalTable(
+            name=self.name, ids=self.ids[position], time=self.time[position], event=self.event[position],
+            modalities={name: frame.iloc[position] for name, frame in self.modalities.items()},
+        )
+
+
+def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[str]]) -> np.ndarray:
+    """Check the sites' record IDs against the label holder's; return which records each site has.
+
+    Parameters
+    ----------
+    label_ids : sequence of str
+        The server's record IDs (unique), in training order.
+    site_ids : mapping of site (modality) name to sequence of str
+        The IDs each site holds.
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (len(label_ids), len(site_ids))
+        ``present[i, k]``: site ``k`` (in mapping order) holds record ``i``. A record some site
+        lacks is a missing modality for that record (zero input, masked in fusion).
+
+    Raises
+    ------
+    VerticalAlignmentError
+        Naming the site, the problem and up to five offending IDs: duplicate IDs at a site or
+        at the label holder, IDs a site holds that the label holder does not know, a site that
+        shares no record with the labels, or a record no site holds.
+    """
+    labels = pd.Index([str(value) for value in label_ids])
+    if labels.has_duplicates:
+        raise VerticalAlignmentError(f"label holder: duplicate record IDs {_examples(labels[labels.duplicated()])}")
+    present = np.zeros((len(labels), len(site_ids)), dtype=bool)
+    for column, (site, ids) in enumerate(site_ids.items()):
+        held = pd.Index([str(value) for value in ids])
+        if held.has_duplicates:
+            raise VerticalAlignmentError(f"site {site!r}: duplicate record IDs {_examples(held[held.duplicated()])}")
+        unknown = held.difference(labels)
+        if len(unknown):
+            raise VerticalAlignmentError(
+                f"site {site!r}: {len(unknown)} record IDs are not in the label holder's cohort, e.g. "
+                f"{_examples(unknown)} (the IDs must be the same pseudonyms at every site)"
+            )
+        present[:, column] = labels.isin(held)
+        if not present[:, column].any():
+            raise VerticalAlignmentError(f"site {site!r} holds none of the label holder's {len(labels)} records")
+    orphans = labels[~present.any(axis=1)]
+    if len(orphans):
+        raise VerticalAlignmentError(f"{len(orphans)} labelled records are held by no site, e.g. {_examples(orphans)}")
+    return present
+
+
+def _examples(values: pd.Index, limit: int = 5) -> str:
+    shown = ", ".join(repr(value) for value in values[:limit])
+    return f"[{shown}{', ...' if len(values) > limit else ''}]"
+
+
+def _table(name: str, ids: np.ndarray, time: np.ndarray, event: np.ndarray,
+           features: pd.DataFrame, modalities: Mapping[str, Sequence[str]]) -> VerticalTable:
+    features = features.set_axis(pd.Index(ids), axis=0)
+    return VerticalTable(
+        name=name, ids=ids, time=np.asarray(time, dtype=np.float64), event=np.asarray(event, dtype=np.int64),
+        modalities={modality: features.loc[:, list(columns)] for modality, columns in modalities.items()},
+    )
+
+
+def load_metabric_vertical(data_dir: str | Path) -> VerticalTable:
+    """METABRIC (1,904 patients) as genomic ``x0..x3`` | clinical ``x4..x8`` modalities.
+
+    Record IDs are ``"metabric-<row>"``.
+    """
+    path = Path(data_dir) / "metabric.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: METABRIC file not found (set data.dir to the folder holding metabric.csv)")
+    frame = pd.read_csv(path)
+    needed = {column for columns in METABRIC_MODALITIES.values() for column in columns} | {"duration", "event"}
+    missing = sorted(needed - set(frame.columns))
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    ids = np.array([f"metabric-{row}" for row in range(len(frame))])
+    return _table("metabric", ids, frame["duration"].to_numpy(), frame["event"].to_numpy(), frame,
+                  METABRIC_MODALITIES)
+
+
+def load_breast_cancer_vertical() -> VerticalTable:
+    """scikit-survival's breast-cancer cohort (198 patients) as genes | clinical modalities.
+
+    Genes: the 76 expression columns. Clinical: age, size, ER (1 = positive) and grade as an
+    ordinal code (1 well, 2 intermediate, 3 poorly differentiated; the data's ``"unkown"`` grade
+    becomes the median code 2). Time: ``t.tdm`` (days to distant metastasis); event: ``e.tdm``.
+    """
+    from sksurv.datasets import load_breast_cancer
+
+    features, labels = load_breast_cancer()
+    clinical = pd.DataFrame({
+        "age": features["age"].astype(float),
+        "size": features["size"].astype(float),
+        "er": (features["er"].astype(str) == "positive").astype(float),
+        "grade": features["grade"].astype(str).map(
+            {"well differentiated": 1.0, "intermediate": 2.0, "poorly differentiated": 3.0}).fillna(2.0),
+    })
+    genes = [column for column in features.columns if column not in ("age", "size", "er", "grade")]
+    frame = pd.concat([features[genes].astype(float).reset_index(drop=True), clinical.reset_index(drop=True)], axis=1)
+    ids = np.array([f"breast-{row}" for row in range(len(frame))])
+    return _table("breast_cancer", ids, labels["t.tdm"], labels["e.tdm"].astype(int), frame,
+                  {"genes": genes, "clinical": list(clinical.columns)})
+
+
+def simulate_multimodal(
+    n: int = 3000, *, features_per_modality: int = 8, signal: float = 1.0, censoring_rate: float = 0.3,
+    seed: int = 0,
+) -> VerticalTable:
+    r"""Three modalities (``"a"``, ``"b"``, ``"c"``) whose hazard needs all three.
+
+    Each modality ``k`` has ``features_per_modality`` standard-normal features ``x_k``; its score
+    is ``s_k = signal · w_kᵀ x_k / ||w_k||`` with fixed random directions ``w_k``, so every score
+    is N(0, signal²). The true model is Cox with a unit exponential baseline:
+
+    .. math::
+
+        h(t \mid x) = \exp(s_a + s_b + s_c),
+
+    so every modality carries one third of the log-risk variance and any two recover only part of
+    the ranking. Censoring is independent exponential with the rate that censors about
+    ``censoring_rate`` of the records (set from the marginal event rate by bisection on a large
+    pilot sample).
+
+    Parameters
+    ----------
+    n : int
+        Number of records.
+    features_per_modality : int
+    signal : float
+        Standard deviation of each modality's score.
+    censoring_rate : float
+        Target share of censored records, in [0, 1).
+    seed : int
+
+    Returns
+    -------
+    VerticalTable
+        IDs ``"sim-<row>"``.
+    """
+    if n < 1 or features_per_modality < 1 or signal < 0 or not 0.0 <= censoring_rate < 1.0:
+        raise ValueError(f"invalid n={n}, features_per_modality={features_per_modality}, signal={signal}, "
+                         f"censoring_rate={censoring_rate}")
+    rng = np.random.default_rng(seed)
+    directions = {k: rng.normal(size=features_per_modality) for k in "abc"}
+    directions = {k: w / np.linalg.norm(w) for k, w in directions.items()}
+    features = {k: rng.normal(size=(n, features_per_modality)) for k in "abc"}
+    log_risk = sum(signal * features[k] @ directions[k] for k in "abc")
+    event_time = rng.exponential(1.0, size=n) / np.exp(log_risk)
+    rate = _censoring_rate(signal, censoring_rate, rng) if censoring_rate > 0 else 0.0
+    censor_time = rng.exponential(1.0 / rate, size=n) if rate > 0 else np.full(n, np.inf)
+    time = np.minimum(event_time, censor_time)
+    event = (event_time <= censor_time).astype(int)
+    columns = {k: [f"{k}{j}" for j in range(features_per_modality)] for k in "abc"}
+    frame = pd.concat([pd.DataFrame(features[k], columns=columns[k]) for k in "abc"], axis=1)
+    ids = np.array([f"sim-{row}" for row in range(n)])
+    return _table("sim_multimodal", ids, time, event, frame, columns)
+
+
+def _censoring_rate(signal: float, target: float, rng: np.random.Generator, pilot: int = 200_000) -> float:
+    """Exponential censoring rate that censors ``target`` of the records (bisection on a pilot)."""
+    log_risk = rng.normal(scale=signal * np.sqrt(3.0), size=pilot)
+    event_time = rng.exponential(1.0, size=pilot) / np.exp(log_risk)
+    unit = rng.exponential(1.0, size=pilot)
+    low, high = 1e-6, 1e6
+    for _ in range(100):
+        middle = np.sqrt(low * high)
+        censored = float(np.mean(unit / middle < event_time))
+        if censored < target:
+            low = middle
+        else:
+            high = middle
+    return float(np.sqrt(low * high))
