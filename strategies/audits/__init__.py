@@ -1,0 +1,1 @@
+"""Empirical privacy audits: attacks run against what a mechanism releases."""
