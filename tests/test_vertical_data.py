@@ -6,6 +6,7 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from sksurv.linear_model import CoxPHSurvivalAnalysis
 from sksurv.metrics import concordance_index_censored
@@ -15,9 +16,13 @@ from models.data.vertical import (
     METABRIC_MODALITIES,
     VerticalAlignmentError,
     align_modalities,
+    fit_modality_transform,
     load_breast_cancer_vertical,
     load_metabric_vertical,
+    load_vertical,
+    read_modality_file,
     simulate_multimodal,
+    split_train_test,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -103,3 +108,62 @@ def test_metabric_with_a_missing_column_names_the_file_and_column(tmp_path) -> N
     (tmp_path / "metabric.csv").write_text("x0,x1,x2,x3,x4,x5,x6,x7,duration,event\n" + "0," * 9 + "1\n")
     with pytest.raises(ValueError, match=r"metabric.csv: missing columns \['x8'\]"):
         load_metabric_vertical(tmp_path)
+
+
+def test_modality_transform_codes_categories_and_standardises_on_training_rows() -> None:
+    train = pd.DataFrame({"grade": [1.0, 3.0, 3.0, 1.0], "er": [0.0, 1.0, 1.0, 1.0], "age": [40.0, 50.0, 60.0, np.nan]})
+    transform = fit_modality_transform(train, categorical=["grade", "er"])
+    assert transform.input_shape == ((3, 3), 1)  # two levels each + one code for missing/unseen
+    new = pd.DataFrame({"grade": [3.0, 2.0, np.nan], "er": [0.0, 1.0, 1.0], "age": [55.0, np.nan, 40.0]})
+    out = transform.transform(new)
+    assert out.dtype == np.float32 and out.shape == (3, 3)
+    assert out[:, 0].tolist() == [1, 2, 2]  # 3 -> code 1; unseen 2 and missing -> code 2
+    assert out[:, 1].tolist() == [0, 1, 1]
+    mean, std = np.mean([40, 50, 60]), np.std([40, 50, 60])
+    np.testing.assert_allclose(out[:, 2], [(55 - mean) / std, 0.0, (40 - mean) / std], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"site 'clinical': column 'age': 1 non-numeric values \(records \[1\]\)"):
+        transform.transform(new.assign(age=[1.0, "old", 3.0]), source="site 'clinical'")
+    with pytest.raises(ValueError, match=r"clinical.csv: missing columns \['er'\]"):
+        transform.transform(new.drop(columns="er"), source="clinical.csv")
+    constant = fit_modality_transform(pd.DataFrame({"x": [2.0, 2.0]}))
+    assert constant.scale.tolist() == [1.0] and constant.input_shape == ((), 1)
+
+
+def test_label_holder_split_is_stratified_disjoint_and_reproducible() -> None:
+    table = simulate_multimodal(1000, seed=0)
+    train, test = split_train_test(table, test_fraction=0.2, seed=3)
+    assert len(train) + len(test) == 1000 and not set(train) & set(test)
+    assert len(test) == pytest.approx(200, abs=1)
+    event = pd.Series(table.event, index=table.ids)
+    assert event[test].mean() == pytest.approx(event[train].mean(), abs=0.01)
+    again, _ = split_train_test(table, test_fraction=0.2, seed=3)
+    assert np.array_equal(train, again)
+    assert not np.array_equal(train, split_train_test(table, test_fraction=0.2, seed=4)[0])
+
+
+def test_select_keeps_the_named_modalities_and_their_categorical_columns() -> None:
+    table = load_breast_cancer_vertical()
+    assert table.categorical == {"clinical": ("er", "grade")}
+    clinical = table.select(["clinical"])
+    assert list(clinical.modalities) == ["clinical"] and clinical.categorical == table.categorical
+    assert table.select(["genes"]).categorical == {}
+    with pytest.raises(ValueError, match="unknown modalities \\['dna'\\]"):
+        table.select(["dna"])
+    assert list(load_vertical("synthetic_multimodal", n=50).modalities) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="unknown vertical data set"):
+        load_vertical("flchain")
+
+
+def test_read_modality_file_errors_name_file_and_column(tmp_path) -> None:
+    good = tmp_path / "genes.csv"
+    good.write_text("id,g1,g2\np1,0.5,1\np2,0.1,2\n")
+    frame = read_modality_file(good)
+    assert list(frame.index) == ["p1", "p2"] and list(frame.columns) == ["g1", "g2"]
+    dup = tmp_path / "dup.csv"
+    dup.write_text("id,g1\np1,0.5\np1,0.1\n")
+    with pytest.raises(ValueError, match=r"dup.csv: column 'id': duplicate IDs \['p1'\]"):
+        read_modality_file(dup)
+    with pytest.raises(ValueError, match=r"genes.csv: no ID column 'patient'"):
+        read_modality_file(good, id_column="patient")
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        read_modality_file(tmp_path / "missing.csv")

@@ -14,6 +14,11 @@ Data sets:
 * :func:`simulate_multimodal`: three modalities whose true log-hazard is the sum of one score per
   modality, so that no pair of modalities recovers the risk ordering of all three.
 
+:func:`load_vertical` picks one by name. :func:`split_train_test` is the label holder's
+train/test split of the record IDs (stratified by event); :class:`ModalityTransform` is a site's
+own preprocessing of its modality (category codes, standardisation), fitted on the training
+records it holds; :func:`read_modality_file` reads a site's modality file in a deployment.
+
 References
 ----------
 BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), §4–5 (modalities held by
@@ -23,21 +28,31 @@ separate clients, zero tensor for a missing modality).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 __all__ = [
+    "METABRIC_CATEGORICAL",
     "METABRIC_MODALITIES",
+    "VERTICAL_DATASETS",
+    "ModalityTransform",
     "VerticalAlignmentError",
     "VerticalTable",
     "align_modalities",
+    "fit_modality_transform",
     "load_breast_cancer_vertical",
     "load_metabric_vertical",
+    "load_vertical",
+    "read_modality_file",
     "simulate_multimodal",
+    "split_train_test",
 ]
+
+#: Vertical data sets by ``data.name``.
+VERTICAL_DATASETS = ("metabric", "breast_cancer", "synthetic_multimodal")
 
 #: METABRIC's modalities (DeepSurv's preparation: MKI67, EGFR, PGR, ERBB2 | hormone treatment,
 #: radiotherapy, chemotherapy, ER-positive, age).
@@ -45,6 +60,8 @@ METABRIC_MODALITIES: dict[str, tuple[str, ...]] = {
     "genomic": ("x0", "x1", "x2", "x3"),
     "clinical": ("x4", "x5", "x6", "x7", "x8"),
 }
+#: METABRIC's categorical (binary) clinical columns; age (``x8``) is continuous.
+METABRIC_CATEGORICAL: dict[str, tuple[str, ...]] = {"clinical": ("x4", "x5", "x6", "x7")}
 
 
 class VerticalAlignmentError(ValueError):
@@ -64,6 +81,8 @@ class VerticalTable:
         Labels, held by the server.
     modalities : dict of str to pandas.DataFrame
         Features of each modality, indexed by record ID (every ID of ``ids`` present).
+    categorical : dict of str to tuple of str
+        The categorical columns of each modality (absent: none); the others are continuous.
     """
 
     name: str
@@ -71,6 +90,7 @@ class VerticalTable:
     time: np.ndarray
     event: np.ndarray
     modalities: dict[str, pd.DataFrame]
+    categorical: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.ids.shape[0]
@@ -81,6 +101,9 @@ class VerticalTable:
         for modality, frame in self.modalities.items():
             if not frame.index.equals(pd.Index(self.ids)):
                 raise ValueError(f"{self.name}: modality {modality!r} is not indexed by the label IDs in order")
+        for modality, columns in self.categorical.items():
+            if modality not in self.modalities or set(columns) - set(self.modalities[modality].columns):
+                raise ValueError(f"{self.name}: categorical columns {columns} are not all in modality {modality!r}")
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -93,6 +116,18 @@ class VerticalTable:
         return VerticalTable(
             name=self.name, ids=self.ids[position], time=self.time[position], event=self.event[position],
             modalities={name: frame.iloc[position] for name, frame in self.modalities.items()},
+            categorical=self.categorical,
+        )
+
+    def select(self, modalities: Sequence[str]) -> VerticalTable:
+        """The same records with only ``modalities`` (in that order)."""
+        unknown = [name for name in modalities if name not in self.modalities]
+        if unknown or not modalities:
+            raise ValueError(f"{self.name}: unknown modalities {unknown}; the data set has {list(self.modalities)}")
+        return VerticalTable(
+            name=self.name, ids=self.ids, time=self.time, event=self.event,
+            modalities={name: self.modalities[name] for name in modalities},
+            categorical={name: cols for name, cols in self.categorical.items() if name in modalities},
         )
 
 
@@ -148,18 +183,21 @@ def _examples(values: pd.Index, limit: int = 5) -> str:
 
 
 def _table(name: str, ids: np.ndarray, time: np.ndarray, event: np.ndarray,
-           features: pd.DataFrame, modalities: Mapping[str, Sequence[str]]) -> VerticalTable:
+           features: pd.DataFrame, modalities: Mapping[str, Sequence[str]],
+           categorical: Mapping[str, Sequence[str]] | None = None) -> VerticalTable:
     features = features.set_axis(pd.Index(ids), axis=0)
     return VerticalTable(
         name=name, ids=ids, time=np.asarray(time, dtype=np.float64), event=np.asarray(event, dtype=np.int64),
         modalities={modality: features.loc[:, list(columns)] for modality, columns in modalities.items()},
+        categorical={modality: tuple(columns) for modality, columns in (categorical or {}).items()},
     )
 
 
 def load_metabric_vertical(data_dir: str | Path) -> VerticalTable:
     """METABRIC (1,904 patients) as genomic ``x0..x3`` | clinical ``x4..x8`` modalities.
 
-    Record IDs are ``"metabric-<row>"``.
+    Record IDs are ``"metabric-<row>"``. Clinical ``x4..x7`` are binary (categorical), ``x8``
+    (age) continuous.
     """
     path = Path(data_dir) / "metabric.csv"
     if not path.exists():
@@ -171,14 +209,14 @@ def load_metabric_vertical(data_dir: str | Path) -> VerticalTable:
         raise ValueError(f"{path}: missing columns {missing}")
     ids = np.array([f"metabric-{row}" for row in range(len(frame))])
     return _table("metabric", ids, frame["duration"].to_numpy(), frame["event"].to_numpy(), frame,
-                  METABRIC_MODALITIES)
+                  METABRIC_MODALITIES, METABRIC_CATEGORICAL)
 
 
 def load_breast_cancer_vertical() -> VerticalTable:
     """scikit-survival's breast-cancer cohort (198 patients) as genes | clinical modalities.
 
-    Genes: the 76 expression columns. Clinical: age, size, ER (1 = positive) and grade as an
-    ordinal code (1 well, 2 intermediate, 3 poorly differentiated; the data's ``"unkown"`` grade
+    Genes: the 76 expression columns. Clinical: age, size (continuous), ER (1 = positive) and
+    grade (categorical) as an ordinal code (1 well, 2 intermediate, 3 poorly differentiated; the data's ``"unkown"`` grade
     becomes the median code 2). Time: ``t.tdm`` (days to distant metastasis); event: ``e.tdm``.
     """
     from sksurv.datasets import load_breast_cancer
@@ -195,7 +233,7 @@ def load_breast_cancer_vertical() -> VerticalTable:
     frame = pd.concat([features[genes].astype(float).reset_index(drop=True), clinical.reset_index(drop=True)], axis=1)
     ids = np.array([f"breast-{row}" for row in range(len(frame))])
     return _table("breast_cancer", ids, labels["t.tdm"], labels["e.tdm"].astype(int), frame,
-                  {"genes": genes, "clinical": list(clinical.columns)})
+                  {"genes": genes, "clinical": list(clinical.columns)}, {"clinical": ("er", "grade")})
 
 
 def simulate_multimodal(
@@ -266,3 +304,158 @@ def _censoring_rate(signal: float, target: float, rng: np.random.Generator, pilo
         else:
             high = middle
     return float(np.sqrt(low * high))
+
+
+def load_vertical(name: str, *, data_dir: str | Path = "", seed: int = 0, n: int = 3000) -> VerticalTable:
+    """A vertical data set by name: ``metabric``, ``breast_cancer`` or ``synthetic_multimodal``.
+
+    ``data_dir`` is the folder of ``metabric.csv``; ``seed`` and ``n`` apply to the generator only
+    (its draw is part of the data set, so it uses ``seed`` 0 unless told otherwise).
+    """
+    if name == "metabric":
+        return load_metabric_vertical(data_dir)
+    if name == "breast_cancer":
+        return load_breast_cancer_vertical()
+    if name == "synthetic_multimodal":
+        return simulate_multimodal(n, seed=seed)
+    raise ValueError(f"unknown vertical data set {name!r}; options: {', '.join(VERTICAL_DATASETS)}")
+
+
+def split_train_test(table: VerticalTable, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The label holder's split of the record IDs into training and test IDs, stratified by event.
+
+    Each event class sends ``round(test_fraction · n_class)`` records to the test part
+    (:func:`models.data.partition.stratified_split`); both parts keep the label order.
+    """
+    from models.data.partition import stratified_split
+
+    positions = np.arange(len(table))
+    train, test = stratified_split(positions, table.event.astype(np.float64), test_fraction,
+                                   np.random.default_rng(np.random.SeedSequence([seed, 17])))
+    return table.ids[train], table.ids[test]
+
+
+@dataclass(frozen=True)
+class ModalityTransform:
+    """A site's preprocessing of its modality, fitted on the training records it holds.
+
+    Categorical columns become integer codes ``0 .. L-1`` of the levels seen in training, with
+    code ``L`` for a missing or unseen value; continuous columns are standardised with the
+    training mean and standard deviation (1 if constant), and a missing value becomes 0 (the
+    mean). :meth:`transform` lays the codes first, then the continuous columns: the input
+    convention of :class:`models.multimodal.BayesianClinicalNet` (:class:`BayesianFC` when there
+    is no categorical column).
+
+    Attributes
+    ----------
+    categorical, continuous : tuple of str
+    levels : tuple of tuple of float
+        Training levels of each categorical column.
+    mean, scale : numpy.ndarray
+        Of the continuous columns.
+    """
+
+    categorical: tuple[str, ...]
+    continuous: tuple[str, ...]
+    levels: tuple[tuple[float, ...], ...]
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @property
+    def cardinalities(self) -> tuple[int, ...]:
+        """Number of codes of each categorical column (its levels + 1 for missing/unseen)."""
+        return tuple(len(levels) + 1 for levels in self.levels)
+
+    @property
+    def input_shape(self) -> tuple[tuple[int, ...], int]:
+        """``(cardinalities, num_continuous)``: what :func:`models.multimodal.build_encoder` takes."""
+        return self.cardinalities, len(self.continuous)
+
+    def transform(self, frame: pd.DataFrame, *, source: str = "modality") -> np.ndarray:
+        """float32 array (n, num_categorical + num_continuous) of ``frame``'s rows.
+
+        Raises ``ValueError`` naming ``source`` and the column when a column is missing or holds
+        non-numeric values.
+        """
+        values = _numeric(frame, self.categorical + self.continuous, source)
+        k = len(self.categorical)
+        out = np.empty(values.shape, dtype=np.float32)
+        for j, levels in enumerate(self.levels):
+            codes = np.searchsorted(np.asarray(levels), values[:, j])
+            known = (codes < len(levels)) & np.isin(values[:, j], levels)
+            out[:, j] = np.where(known, codes, len(levels))
+        continuous = (values[:, k:] - self.mean) / self.scale
+        out[:, k:] = np.nan_to_num(continuous, nan=0.0)
+        return out
+
+
+def _numeric(frame: pd.DataFrame, columns: Sequence[str], source: str) -> np.ndarray:
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ValueError(f"{source}: missing columns {missing}; columns present: {list(frame.columns)[:10]}")
+    out = np.empty((len(frame), len(columns)), dtype=np.float64)
+    for j, column in enumerate(columns):
+        converted = pd.to_numeric(frame[column], errors="coerce")
+        bad = converted.isna() & frame[column].notna()
+        if bad.any():
+            rows = list(frame.index[bad.to_numpy()][:5])
+            raise ValueError(f"{source}: column {column!r}: {int(bad.sum())} non-numeric values (records {rows})")
+        out[:, j] = converted.to_numpy(dtype=np.float64)
+    return out
+
+
+def fit_modality_transform(
+    frame: pd.DataFrame, *, categorical: Sequence[str] = (), source: str = "modality",
+) -> ModalityTransform:
+    """Fit :class:`ModalityTransform` on ``frame`` (the site's training records of its modality).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Training records (rows) of the modality's columns.
+    categorical : sequence of str
+        Columns to encode as categories; every other column is continuous.
+    source : str
+        Name of the file or site, for error messages.
+    """
+    if len(frame) == 0:
+        raise ValueError(f"{source}: no training records to fit the preprocessing on")
+    unknown = [column for column in categorical if column not in frame.columns]
+    if unknown:
+        raise ValueError(f"{source}: categorical columns {unknown} are not in the data")
+    categorical = tuple(categorical)
+    continuous = tuple(column for column in frame.columns if column not in categorical)
+    values = _numeric(frame, categorical + continuous, source)
+    k = len(categorical)
+    levels = tuple(tuple(float(v) for v in np.unique(values[:, j][~np.isnan(values[:, j])])) for j in range(k))
+    with np.errstate(all="ignore"):
+        mean = np.nanmean(values[:, k:], axis=0) if continuous else np.empty(0)
+        scale = np.nanstd(values[:, k:], axis=0) if continuous else np.empty(0)
+    mean = np.nan_to_num(mean, nan=0.0)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    return ModalityTransform(categorical=categorical, continuous=continuous, levels=levels, mean=mean, scale=scale)
+
+
+def read_modality_file(path: str | Path, *, id_column: str = "id") -> pd.DataFrame:
+    """A site's modality file (CSV or Parquet): one row per record, an ID column and feature columns.
+
+    Returns the features indexed by the IDs (as strings). Errors name the file, the column and
+    the problem: file missing, no ID column, duplicate or empty IDs, no feature column.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: modality file not found")
+    frame = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    if id_column not in frame.columns:
+        raise ValueError(f"{path}: no ID column {id_column!r}; columns present: {list(frame.columns)[:10]}")
+    ids = frame[id_column]
+    if ids.isna().any():
+        raise ValueError(f"{path}: column {id_column!r}: {int(ids.isna().sum())} empty IDs "
+                         f"(rows {list(np.flatnonzero(ids.isna().to_numpy())[:5])})")
+    ids = ids.astype(str)
+    if ids.duplicated().any():
+        raise ValueError(f"{path}: column {id_column!r}: duplicate IDs {_examples(pd.Index(ids[ids.duplicated()]))}")
+    features = frame.drop(columns=[id_column]).set_axis(pd.Index(ids, name=id_column), axis=0)
+    if features.shape[1] == 0:
+        raise ValueError(f"{path}: no feature columns besides {id_column!r}")
+    return features
