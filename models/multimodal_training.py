@@ -29,6 +29,7 @@ __all__ = [
     "PREDICT_SALT",
     "EmbeddingHook",
     "MultimodalData",
+    "batch_loss",
     "discretised_labels",
     "epoch_batches",
     "fit_transforms",
@@ -40,7 +41,7 @@ __all__ = [
 
 #: Name under which the label holder's batch permutation seeds are derived.
 BATCH_SEED_NAME = "batches"
-#: Salt of prediction passes (kept apart from training steps, which count up from 0).
+#: First step of prediction passes (kept apart from training steps, which count up from 0).
 PREDICT_SALT = 2**31 - 1
 
 #: ``hook(modality, embeddings, step)`` -> what the server receives in place of ``embeddings``.
@@ -108,6 +109,25 @@ def _forward(model: BayesianMultisurv, inputs: Mapping[str, Tensor], present: Te
         return model.fusion_head(embeddings, mask), embeddings
 
 
+def batch_loss(
+    model: BayesianMultisurv, data: MultimodalData, batch: Tensor, *, step: int, seed: int,
+    similarity_weight: float = 0.05, hook: EmbeddingHook | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Loss and hazard logits of training step ``step`` on the records ``batch`` (positions in ``data``).
+
+    Encoder ``k`` runs under ``seeded(part_seed(seed, k, step))``, ``hook(k, E_k, step)`` replaces
+    its embeddings (e.g. the sites' clip and noise), missing modalities are zeroed, the fusion head
+    runs under ``seeded(part_seed(seed, HEAD_SEED_NAME, step))``, and the loss is
+    :func:`models.multimodal.bvflmsp_loss` with the KL of every Bayesian layer over ``N = len(data)``.
+    """
+    inputs = {name: x[batch] for name, x in data.inputs.items()}
+    present = data.present[batch]
+    logits, embeddings = _forward(model, inputs, present, step_seeds(seed, model.modalities, step), step, hook)
+    loss = bvflmsp_loss(logits, data.time_index[batch], data.event[batch], embeddings, kl=kl_divergence(model),
+                        num_train=len(data), similarity_weight=similarity_weight, mask=present)
+    return loss, logits
+
+
 def train_multisurv(
     model: BayesianMultisurv,
     data: MultimodalData,
@@ -123,10 +143,8 @@ def train_multisurv(
 ) -> list[float]:
     """Train ``model`` in place on ``data`` (records of one training set) for ``epochs`` epochs.
 
-    Step ``t`` (counted over epochs) runs encoder ``k`` under ``seeded(part_seed(seed, k, t))``,
-    applies ``hook(k, E_k, t)`` (e.g. clip and noise), zeroes missing modalities, runs the fusion
-    head under ``seeded(part_seed(seed, HEAD_SEED_NAME, t))`` and takes one AdamW step on
-    :func:`models.multimodal.bvflmsp_loss` with the KL of every Bayesian layer.
+    Step ``t`` (counted over epochs) takes one AdamW step on :func:`batch_loss` of the label
+    holder's batch ``t`` (:func:`epoch_batches`).
 
     Returns
     -------
@@ -144,12 +162,8 @@ def train_multisurv(
         total = 0.0
         for batch in epoch_batches(n, batch_size=batch_size, seed=seed, epoch=epoch):
             optimizer.zero_grad(set_to_none=True)
-            inputs = {name: x[batch] for name, x in data.inputs.items()}
-            present = data.present[batch]
-            logits, embeddings = _forward(model, inputs, present, step_seeds(seed, model.modalities, step), step, hook)
-            loss = bvflmsp_loss(logits, data.time_index[batch], data.event[batch], embeddings,
-                                kl=kl_divergence(model), num_train=n, similarity_weight=similarity_weight,
-                                mask=present)
+            loss, _ = batch_loss(model, data, batch, step=step, seed=seed, similarity_weight=similarity_weight,
+                                 hook=hook)
             loss.backward()
             optimizer.step()
             total += float(loss.detach()) * batch.numel()
@@ -168,13 +182,15 @@ def predict_multisurv(
     *,
     passes: int,
     seed: int,
+    first_step: int = PREDICT_SALT,
     hook: EmbeddingHook | None = None,
 ) -> Tensor:
     """Hazard logits of ``passes`` stochastic passes in eval mode, shape (passes, n, T).
 
-    Pass ``j`` runs every part under ``part_seed(seed, part, PREDICT_SALT, j)``; the hook (if any)
-    sees step ``-(j + 1)``. Bayesian layers draw fresh weights in every pass (a deterministic
-    MultiSurv gives ``passes`` equal rows unless the hook adds noise).
+    Pass ``j`` is step ``first_step + j``: every part runs under ``part_seed(seed, part, first_step + j)``
+    and the hook (if any) sees that step, as in the split protocol's prediction. Bayesian layers
+    draw fresh weights in every pass (a deterministic MultiSurv gives ``passes`` equal rows unless
+    the hook adds noise).
     """
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
@@ -183,8 +199,8 @@ def predict_multisurv(
     try:
         out = []
         for j in range(passes):
-            seeds = {name: part_seed(seed, name, PREDICT_SALT, j) for name in (*model.modalities, HEAD_SEED_NAME)}
-            out.append(_forward(model, inputs, present, seeds, -(j + 1), hook)[0])
+            step = first_step + j
+            out.append(_forward(model, inputs, present, step_seeds(seed, model.modalities, step), step, hook)[0])
     finally:
         model.train(was_training)
     return torch.stack(out)
