@@ -1,8 +1,9 @@
-"""ClientApp: one site of a horizontal federation.
+"""ClientApp: one site of a horizontal federation, or one modality site of a vertical one.
 
 Message handling only: decode the global model, call the training / evaluation code in
 ``flwr_app.task``, encode the reply. Which records a node holds comes from its node config:
-``partition-id`` (simulation) selects one site of the run's federated data set.
+``partition-id`` (simulation) selects one site of the run's federated data set. The split-learning
+messages (``*.split_*``) are handled by :mod:`flwr_app.vertical_client`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app import task
+from flwr_app import task, vertical_client
 from flwr_app.config import parse_run_config
 from models.data import SiteData
 from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
 
 app = ClientApp()
 PRIVACY_STATE = "privacy.state"
+app.query("split_hello")(vertical_client.hello)
+app.train("split_setup")(vertical_client.setup)
+app.train("split_step")(vertical_client.step)
+app.query("split_predict")(vertical_client.predict)
 
 
 def _site(context: Context) -> tuple[SiteData, int]:

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from models.data import DATASETS
+from models.data.vertical import VERTICAL_DATASETS
 from strategies.mechanisms.adaptive_dp import DISPERSION_MEASURES
 from strategies.mechanisms.nbafl import ALLOCATIONS
 
-MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
+HORIZONTAL_MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
+VERTICAL_MODELS = ("bayesian_multisurv", "multisurv")
+MODELS = HORIZONTAL_MODELS + VERTICAL_MODELS
+STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp", "split")
+ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not in DATASETS)
+SPLIT_CALIBRATIONS = ("rdp", "paper")
 
 ACCOUNTANTS = ("rdp", "prv")
-ADJACENCIES = ("add-remove", "replace-one")
+ADJACENCIES = ("auto", "add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,6 +50,7 @@ class DataConfig:
     test_fraction: float
     horizon_months: int
     oot_start: str
+    synthetic_records: int
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,28 @@ class PrivacyConfig:
 
 
 @dataclass(frozen=True)
+class SplitConfig:
+    """Vertical split learning (strategy ``split``): modalities, architecture, embedding privacy.
+
+    ``modalities`` empty means every modality of the data set. ``calibration`` is ``"rdp"`` (σ
+    from an RDP accountant without amplification, for the record's releases at every site) or
+    ``"paper"`` (the BVFLMSP formula, labelled as such). ``mc_samples`` is the number of
+    stochastic prediction passes per held-out record (each one a release unless
+    ``clean_inference``).
+    """
+
+    modalities: tuple[str, ...]
+    embedding_dim: int
+    encoder_layers: int
+    head_layers: int
+    dropout: float
+    similarity_weight: float
+    calibration: str
+    mc_samples: int
+    clean_inference: bool
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one run needs, parsed once at the edge."""
 
@@ -114,6 +142,7 @@ class ExperimentConfig:
     train: TrainConfig
     federation: FederationConfig
     privacy: PrivacyConfig
+    split: SplitConfig
     output_dir: str
     server_evaluation: bool
     centralized_baseline: bool
@@ -176,7 +205,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         range. The message names the key.
     """
     data = DataConfig(
-        name=_choice("data.name", _get(flat, "data.name", str), DATASETS),
+        name=_choice("data.name", _get(flat, "data.name", str), ALL_DATASETS),
         path=_get(flat, "data.path", str),
         dir=_get(flat, "data.dir", str),
         time_col=_get(flat, "data.time_col", str),
@@ -185,6 +214,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         test_fraction=_get(flat, "data.test_fraction", float),
         horizon_months=_get(flat, "data.horizon_months", int),
         oot_start=_get(flat, "data.oot_start", str),
+        synthetic_records=int(_positive("data.synthetic_records", _get(flat, "data.synthetic_records", int))),
     )
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
@@ -248,17 +278,33 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     if not 0.0 < privacy.delta < 1.0:
         raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
     strategy = _choice("strategy.name", _get(flat, "strategy.name", str), STRATEGIES)
+    split = SplitConfig(
+        modalities=_csv(_get(flat, "split.modalities", str)),
+        embedding_dim=int(_positive("split.embedding_dim", _get(flat, "split.embedding_dim", int))),
+        encoder_layers=int(_positive("split.encoder_layers", _get(flat, "split.encoder_layers", int), allow_zero=True)),
+        head_layers=int(_positive("split.head_layers", _get(flat, "split.head_layers", int), allow_zero=True)),
+        dropout=_get(flat, "split.dropout", float),
+        similarity_weight=_positive("split.similarity_weight", _get(flat, "split.similarity_weight", float),
+                                    allow_zero=True),
+        calibration=_choice("split.calibration", _get(flat, "split.calibration", str), SPLIT_CALIBRATIONS),
+        mc_samples=int(_positive("split.mc_samples", _get(flat, "split.mc_samples", int))),
+        clean_inference=_get(flat, "split.clean_inference", bool),
+    )
+    if not 0.0 <= split.dropout < 1.0:
+        raise ConfigError(f"run config: 'split.dropout' must be in [0, 1), got {split.dropout}")
+    privacy = _resolve_adjacency(strategy, privacy)
+    _check_vertical(strategy, data, model, privacy)
     if strategy == "fedavg" and privacy.enabled:
         raise ConfigError(
             f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
             f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
         )
-    if strategy != "fedavg" and not privacy.enabled:
+    if strategy not in ("fedavg", "split") and not privacy.enabled:
         raise ConfigError(f"run config: strategy '{strategy}' needs a finite 'privacy.epsilon' (the target budget)")
-    if privacy.adjacency != "add-remove" and strategy != "bdp":
+    if privacy.adjacency != "add-remove" and strategy not in ("bdp", "split"):
         raise ConfigError(
-            f"run config: privacy.adjacency = {privacy.adjacency!r} is offered for strategy 'bdp' only; the "
-            f"opacus accountants of '{strategy}' bound add/remove-one neighbours"
+            f"run config: privacy.adjacency = {privacy.adjacency!r} is offered for strategies 'bdp' and "
+            f"'split' only; the accountants of '{strategy}' bound add/remove-one neighbours"
         )
     if strategy == "central_dp" and federation.fraction_train != 1.0:
         raise ConfigError(
@@ -281,7 +327,37 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         train=train,
         federation=federation,
         privacy=privacy,
+        split=split,
         output_dir=_get(flat, "output.dir", str),
         server_evaluation=_get(flat, "evaluation.server_side", bool),
         centralized_baseline=_get(flat, "baseline.centralized", bool),
     )
+
+
+def _resolve_adjacency(strategy: str, privacy: PrivacyConfig) -> PrivacyConfig:
+    """``privacy.adjacency = "auto"``: replace-one for ``split``, add-remove for every other strategy."""
+    if privacy.adjacency != "auto":
+        return privacy
+    return replace(privacy, adjacency="replace-one" if strategy == "split" else "add-remove")
+
+
+def _check_vertical(strategy: str, data: DataConfig, model: ModelConfig, privacy: PrivacyConfig) -> None:
+    """Vertical runs need a vertical data set and model; horizontal runs refuse them."""
+    if strategy == "split":
+        if data.name not in VERTICAL_DATASETS:
+            raise ConfigError(f"run config: strategy 'split' needs a vertical data set (data.name one of "
+                              f"{', '.join(VERTICAL_DATASETS)}), got {data.name!r}")
+        if model.name not in VERTICAL_MODELS:
+            raise ConfigError(f"run config: strategy 'split' trains model.name 'bayesian_multisurv' or 'multisurv' "
+                              f"(Hydra: model=bayesian_multisurv), got {model.name!r}")
+        if privacy.adjacency == "add-remove":
+            raise ConfigError("run config: strategy 'split' protects a record's features under replace-one adjacency; "
+                              "add/remove is not offered because the server picks the batch IDs and sees which records "
+                              "a site holds")
+        return
+    if model.name in VERTICAL_MODELS:
+        raise ConfigError(f"run config: model {model.name!r} is a vertical (multimodal) model; use strategy.name = "
+                          f"'split'")
+    if data.name not in DATASETS:
+        raise ConfigError(f"run config: data set {data.name!r} is vertical (one modality per site); use "
+                          f"strategy.name = 'split'")

@@ -1,4 +1,4 @@
-"""ServerApp: FedAvg over the sites, per-round metrics, outputs.
+"""ServerApp: FedAvg over the sites, per-round metrics, outputs (split learning: :mod:`flwr_app.vertical_server`).
 
 Message handling and bookkeeping only; the aggregation is
 :class:`strategies.horizontal.SurvivalFedAvg`, the model and metrics come from ``flwr_app.task``.
@@ -20,9 +20,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_app import task
+from flwr_app import task, vertical_task
 from flwr_app.config import ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
+from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
 from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
@@ -244,6 +245,10 @@ def main(grid: Grid, context: Context) -> None:
     outputs = RunOutputs.create(cfg)
     outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
+    if cfg.strategy == "split":
+        wait_for_sites(grid, len(vertical_task.load_table(cfg).modalities))
+        run_vertical(cfg, FlowerSplitTransport(grid), outputs, started=started)
+        return
 
     dataset = task.load_federation(cfg)
     model = task.build_model(cfg, dataset)

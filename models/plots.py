@@ -55,3 +55,46 @@ def plot_survival_vs_km(model: SurvivalModel, dataset: FederatedDataset, path: P
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_survival_bands(
+    cuts: np.ndarray, mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, path: Path, *,
+    records: int = 6, title: str = "",
+) -> Path:
+    """Mean predicted survival curve and its credible band for a few records (one panel each).
+
+    The records shown are spread over the range of predicted risk (quantiles of the mean curve's
+    last value), so that the panels show low-, middle- and high-risk records.
+
+    Parameters
+    ----------
+    cuts : ndarray, shape (T,)
+        Time grid of the curves.
+    mean, lower, upper : ndarray, shape (n, T)
+        Mean survival and the band's bounds per record (e.g. :func:`models.multimodal.survival_band`).
+    path : Path
+    records : int, default 6
+    title : str
+    """
+    n = mean.shape[0]
+    order = np.argsort(mean[:, -1])
+    chosen = order[np.unique(np.linspace(0, n - 1, min(records, n)).round().astype(int))]
+    columns = min(3, len(chosen))
+    rows = math.ceil(len(chosen) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False, sharey=True)
+    for axis, index in zip(axes.flat, chosen):
+        axis.fill_between(cuts, lower[index], upper[index], step="post", alpha=0.3, color="C0", label="95% band")
+        axis.step(cuts, mean[index], where="post", color="C0", label="mean survival")
+        axis.set_title(f"record {index}", fontsize=8)
+        axis.set_ylim(0, 1.02)
+    for axis in list(axes.flat)[len(chosen):]:
+        axis.set_visible(False)
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    for axis in axes[:, 0]:
+        axis.set_ylabel("survival")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -27,7 +27,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from flwr_app import task
+from flwr_app import task, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 
 
@@ -57,13 +57,17 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
     """Run one experiment and return its ``summary.json``.
 
     The number of simulated SuperNodes is the number of sites of the run's data set (for a
-    natural partition that is the number of groups, known only once the data are loaded).
+    natural partition that is the number of groups, known only once the data are loaded; for
+    split learning the number of modalities).
     """
     fused, cfg = resolve(overrides)
     if not cfg.output_dir:
         raise ConfigError("run_simulation needs 'output.dir' so that it can read the run's summary")
-    num_sites = task.load_federation(cfg).num_sites
-    if num_sites < cfg.federation.min_sites:
+    if cfg.strategy == "split":
+        num_sites = len(vertical_task.load_table(cfg).modalities)
+    else:
+        num_sites = task.load_federation(cfg).num_sites
+    if cfg.strategy != "split" and num_sites < cfg.federation.min_sites:
         raise ConfigError(
             f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
         )

@@ -1,5 +1,6 @@
-"""The horizontal federation as one in-process loop, for repetition-heavy reproductions.
+"""Federations as in-process loops, for repetition-heavy reproductions.
 
+Horizontal:
 :func:`run_federation` runs exactly the steps of the ServerApp and ClientApp of a horizontal
 run — the same data, model, seeds, local training (``flwr_app.task``), privacy mechanism,
 site-ordered weighted averaging (Flower's own ``aggregate_arrayrecords``) and federated Breslow
@@ -7,6 +8,11 @@ baseline — without Flower's messaging and Ray. A test checks that it reproduce
 simulation's final model and privacy figures; the reproduction scripts use it to run hundreds of
 repetitions on a laptop. It does not replace the Flower path for users: it has no fault
 handling, no per-round outputs and no deployment.
+
+Vertical: :class:`LocalSplitTransport` holds the simulated modality sites as objects and
+:func:`run_vertical_inprocess` runs the ServerApp's own :func:`flwr_app.vertical_server.run_vertical`
+over it, outputs and ledger included; a test checks that it reproduces a Flower simulation of
+the same run.
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flwr_app import task
+from flwr_app import task, vertical_task
 from flwr_app.config import ExperimentConfig
+from flwr_app.outputs import RunOutputs
+from flwr_app.vertical_server import run_vertical
 from models.data import FederatedDataset
 from models.survival import SurvivalModel
 from strategies.horizontal import WEIGHT_KEY
+from strategies.split import LocalSites, PredictRequest, SiteConfig, SiteReply, SiteRequest, SplitSite
 
-__all__ = ["run_federation"]
+__all__ = ["LocalSplitTransport", "run_federation", "run_vertical_inprocess"]
 
 _METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 
@@ -101,3 +110,41 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
     return {"test": test, "error": error, "privacy": privacy,
             "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
+
+
+class LocalSplitTransport:
+    """The simulated modality sites of ``cfg`` as objects in this process (partition ``i`` = modality ``i``)."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self.data = [vertical_task.simulated_site(cfg, index)
+                     for index in range(len(vertical_task.load_table(cfg).modalities))]
+        self.sites = LocalSites({})
+        self.round_trips = 0
+
+    def hello(self) -> dict[str, list[str]]:
+        return {data.modality: [str(i) for i in data.features.index[data.features.notna().any(axis=1).to_numpy()]]
+                for data in self.data}
+
+    def setup(self, configs: dict[str, SiteConfig]) -> None:
+        by_modality = {data.modality: data for data in self.data}
+        self.sites = LocalSites({
+            name: SplitSite(config, by_modality[name].features, by_modality[name].categorical,
+                            noise_base_seed=by_modality[name].noise_base_seed, source=by_modality[name].source)
+            for name, config in configs.items()})
+
+    def exchange(self, requests: dict[str, SiteRequest]) -> dict[str, SiteReply]:
+        self.round_trips += 1
+        return self.sites(requests)
+
+    def predict(self, requests: dict[str, PredictRequest]) -> dict[str, SiteReply]:
+        return self.sites.predict(requests)
+
+
+def run_vertical_inprocess(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Run ``cfg`` (strategy ``split``) with the ServerApp's code over :class:`LocalSplitTransport`."""
+    if cfg.strategy != "split":
+        raise ValueError("run_vertical_inprocess runs strategy 'split'")
+    outputs = RunOutputs.create(cfg)
+    outputs.write_config(cfg, {})
+    return run_vertical(cfg, LocalSplitTransport(cfg), outputs)

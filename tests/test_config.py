@@ -36,6 +36,7 @@ def test_hydra_tree_and_pyproject_declare_the_same_keys_and_defaults():
 @pytest.mark.parametrize("group", ["data", "model"])
 def test_every_group_option_keeps_the_schema(group):
     keys = set(pyproject_defaults())
+    vertical_only = {"breast_cancer", "synthetic_multimodal", "bayesian_multisurv", "multisurv"}
     for option in sorted(path.stem for path in (CONF / group).glob("*.yaml") if path.stem != "base"):
         flat = hydra_flat(f"{group}={option}")
         assert set(flat) == keys, option
@@ -43,6 +44,11 @@ def test_every_group_option_keeps_the_schema(group):
         if option == "csv":
             with pytest.raises(ConfigError, match="needs 'data.path'"):
                 parse_run_config(flat)
+        elif option in vertical_only:
+            with pytest.raises(ConfigError, match="use strategy.name = 'split'"):
+                parse_run_config(flat)
+            other = "model=bayesian_multisurv" if group == "data" else "data=synthetic_multimodal"
+            assert parse_run_config(hydra_flat(f"{group}={option}", other, "strategy=split")).strategy == "split"
         else:
             parse_run_config(flat)
 
@@ -74,6 +80,15 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"privacy.accountant": "gdp"}, "'privacy.accountant' = 'gdp'; choose one of rdp, prv"),
         ({"data.name": "csv"}, "data.name='csv' needs 'data.path'"),
         ({"model.hidden": "64,x"}, "'model.hidden'"),
+        ({"strategy.name": "split"}, "strategy 'split' needs a vertical data set"),
+        ({"strategy.name": "split", "data.name": "metabric"}, "trains model.name 'bayesian_multisurv' or 'multisurv'"),
+        ({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv",
+          "privacy.adjacency": "add-remove"}, "add/remove is not offered"),
+        ({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv", "split.calibration": "x"},
+         "'split.calibration' = 'x'; choose one of rdp, paper"),
+        ({"data.name": "synthetic_multimodal"}, "is vertical"),
+        ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "privacy.adjacency": "replace-one"},
+         "offered for strategies 'bdp' and 'split' only"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -92,3 +107,13 @@ def test_readme_documents_every_key():
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     missing = [key for key in pyproject_defaults() if f"`{key}`" not in readme]
     assert not missing, f"README.md does not document: {missing}"
+
+
+def test_adjacency_auto_is_replace_one_for_split_and_add_remove_otherwise():
+    _, horizontal = resolve({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0})
+    assert horizontal.privacy.adjacency == "add-remove"
+    _, vertical = resolve({"strategy.name": "split", "data.name": "metabric", "model.name": "bayesian_multisurv",
+                           "privacy.epsilon": 1.0, "split.modalities": "clinical, genomic"})
+    assert vertical.privacy.adjacency == "replace-one" and vertical.split.modalities == ("clinical", "genomic")
+    _, plain = resolve({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv"})
+    assert not plain.privacy.enabled  # split learning without embedding noise is allowed (no DP)

@@ -1,0 +1,94 @@
+"""Flower message encoding of the split-learning protocol (:mod:`strategies.split`).
+
+Message types (``<category>.<action>``, routed by the ClientApp):
+
+``query.split_hello``    the site answers with its modality and the record IDs it holds
+``train.split_setup``    the label holder's :class:`~strategies.split.SiteConfig`; the site builds its encoder
+``train.split_step``     one round trip: gradient of batch ``t−1`` and IDs of batch ``t`` -> embeddings of ``t``
+``query.split_predict``  prediction passes for a list of IDs -> embeddings (passes, b, dim)
+
+Arrays travel in an ``ArrayRecord`` (numpy, lossless), IDs and steps in a ``ConfigRecord``, the
+site's privacy report in a ``MetricRecord``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from strategies.split import PredictRequest, SiteConfig, SiteReply, SiteRequest
+
+HELLO = "query.split_hello"
+SETUP = "train.split_setup"
+STEP = "train.split_step"
+PREDICT = "query.split_predict"
+
+_REQUEST, _ARRAYS, _PRIVACY, _SITE = "split.request", "split.arrays", "split.privacy", "split.site"
+
+
+def encode_hello_reply(modality: str, ids: list[str]) -> RecordDict:
+    return RecordDict({_SITE: ConfigRecord({"modality": modality, "ids": ids})})
+
+
+def decode_hello_reply(content: RecordDict) -> tuple[str, list[str]]:
+    site = content.config_records[_SITE]
+    return str(site["modality"]), [str(i) for i in site["ids"]]
+
+
+def encode_setup(config: SiteConfig) -> RecordDict:
+    return RecordDict({_REQUEST: ConfigRecord({"config": config.to_json()})})
+
+
+def decode_setup(content: RecordDict) -> SiteConfig:
+    return SiteConfig.from_json(str(content.config_records[_REQUEST]["config"]))
+
+
+def encode_request(request: SiteRequest) -> RecordDict:
+    config = ConfigRecord({
+        "backward_ids": request.backward_ids or [], "has_backward": request.backward_ids is not None,
+        "backward_step": request.backward_step,
+        "forward_ids": request.forward_ids or [], "has_forward": request.forward_ids is not None,
+        "forward_step": request.forward_step,
+    })
+    content = RecordDict({_REQUEST: config})
+    if request.gradient is not None:
+        content[_ARRAYS] = ArrayRecord({"gradient": Array(np.ascontiguousarray(request.gradient, dtype=np.float32))})
+    return content
+
+
+def decode_request(content: RecordDict) -> SiteRequest:
+    config = content.config_records[_REQUEST]
+    gradient = content.array_records[_ARRAYS]["gradient"].numpy() if _ARRAYS in content.array_records else None
+    return SiteRequest(
+        backward_ids=[str(i) for i in config["backward_ids"]] if config["has_backward"] else None,
+        backward_step=int(config["backward_step"]), gradient=gradient,
+        forward_ids=[str(i) for i in config["forward_ids"]] if config["has_forward"] else None,
+        forward_step=int(config["forward_step"]),
+    )
+
+
+def encode_predict(request: PredictRequest) -> RecordDict:
+    return RecordDict({_REQUEST: ConfigRecord({"ids": request.ids, "passes": request.passes,
+                                               "first_step": request.first_step, "clean": request.clean})})
+
+
+def decode_predict(content: RecordDict) -> PredictRequest:
+    config = content.config_records[_REQUEST]
+    return PredictRequest(ids=[str(i) for i in config["ids"]], passes=int(config["passes"]),
+                          first_step=int(config["first_step"]), clean=bool(config["clean"]))
+
+
+def encode_reply(modality: str, reply: SiteReply) -> RecordDict:
+    return RecordDict({
+        _ARRAYS: ArrayRecord({"embeddings": Array(np.ascontiguousarray(reply.embeddings, dtype=np.float32)),
+                              "present": Array(np.ascontiguousarray(reply.present, dtype=bool))}),
+        _PRIVACY: MetricRecord({key: float(value) for key, value in reply.privacy.items()}),
+        _SITE: ConfigRecord({"modality": modality}),
+    })
+
+
+def decode_reply(content: RecordDict) -> tuple[str, SiteReply]:
+    arrays = content.array_records[_ARRAYS]
+    privacy = {key: float(value) for key, value in content.metric_records[_PRIVACY].items()}
+    reply = SiteReply(arrays["embeddings"].numpy(), arrays["present"].numpy(), privacy)
+    return str(content.config_records[_SITE]["modality"]), reply

@@ -1,0 +1,81 @@
+"""ClientApp side of a vertical run (strategy ``split``): one modality site.
+
+Message handling only. Which modality and records a node holds comes from its node config
+(:func:`flwr_app.vertical_task.site_from_node_config`); the site's encoder, optimiser moments and
+release counts live in ``context.state`` between messages (each message may run in a new
+process), and its computations are :class:`strategies.split.SplitSite`'s.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from flwr_app import split_messages as wire
+from flwr_app import vertical_task
+from flwr_app.config import parse_run_config
+from strategies.split import SiteConfig, SiteReply, SplitSite
+
+CONFIG_STATE = "split.config"
+SITE_STATE = "split.site"
+
+
+def _site_data(context: Context) -> vertical_task.SiteData:
+    return vertical_task.site_from_node_config(parse_run_config(context.run_config), context.node_config)
+
+
+def _build(config: SiteConfig, context: Context) -> SplitSite:
+    data = _site_data(context)
+    if config.modality != data.modality:
+        raise ValueError(f"the label holder configured modality {config.modality!r} but this site holds "
+                         f"{data.modality!r} ({data.source})")
+    return SplitSite(config, data.features, data.categorical, noise_base_seed=data.noise_base_seed,
+                     source=data.source)
+
+
+def _save(site: SplitSite, context: Context) -> None:
+    context.state[SITE_STATE] = ArrayRecord({key: Array(value) for key, value in site.state_dict().items()})
+
+
+def _restore(context: Context) -> SplitSite:
+    if CONFIG_STATE not in context.state.config_records:
+        raise ValueError("split-learning step before set-up: this site has no configuration in its state")
+    site = _build(SiteConfig.from_json(str(context.state.config_records[CONFIG_STATE]["json"])), context)
+    arrays = context.state.array_records[SITE_STATE]
+    site.load_state_dict({key: arrays[key].numpy() for key in arrays})
+    return site
+
+
+def hello(message: Message, context: Context) -> Message:
+    """Reply with this site's modality and the record IDs it holds."""
+    data = _site_data(context)
+    held = data.features.index[data.features.notna().any(axis=1).to_numpy()]
+    return Message(content=wire.encode_hello_reply(data.modality, [str(i) for i in held]), reply_to=message)
+
+
+def setup(message: Message, context: Context) -> Message:
+    """Build the encoder from the label holder's configuration and keep it in the node state."""
+    config = wire.decode_setup(message.content)
+    site = _build(config, context)
+    context.state[CONFIG_STATE] = ConfigRecord({"json": config.to_json()})
+    _save(site, context)
+    return Message(content=RecordDict({"split.site": ConfigRecord({"modality": config.modality})}),
+                   reply_to=message)
+
+
+def step(message: Message, context: Context) -> Message:
+    """One round trip: apply the previous batch's gradient, release the next batch's embeddings."""
+    site = _restore(context)
+    reply = site.handle(wire.decode_request(message.content))
+    _save(site, context)
+    return Message(content=wire.encode_reply(site.config.modality, reply), reply_to=message)
+
+
+def predict(message: Message, context: Context) -> Message:
+    """Prediction passes for the requested records."""
+    site = _restore(context)
+    request = wire.decode_predict(message.content)
+    embeddings, present = site.predict(request)
+    _save(site, context)
+    return Message(content=wire.encode_reply(site.config.modality, SiteReply(embeddings, present,
+                                                                             site.privacy_report())),
+                   reply_to=message)

@@ -1,0 +1,323 @@
+"""The label holder's side of a vertical run (strategy ``split``), over any transport.
+
+:func:`run_vertical` is what the ServerApp runs for ``strategy.name = "split"``: it asks every
+site which modality and record IDs it holds, checks the alignment, sends each site its
+configuration (the training IDs, the architecture, the embedding noise σ), trains the split model
+with one round trip per batch (:func:`strategies.split.run_split_training`), predicts the test
+records with ``split.mc_samples`` stochastic passes, and writes the run's outputs and privacy
+ledger. The transport is :class:`FlowerSplitTransport` (Flower messages through the grid) in a
+real run and :class:`simulations.inprocess.LocalSplitTransport` for in-process repetitions; both
+run the same steps, so their results are equal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from flwr_app import split_messages as wire
+from flwr_app import vertical_task
+from flwr_app.config import ExperimentConfig
+from flwr_app.outputs import RunOutputs
+from models.data.vertical import VerticalTable, align_modalities
+from models.metrics import evaluate_survival, restricted_mean_survival_time
+from models.multimodal import build_multisurv, survival_band
+from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
+from models.plots import plot_survival_bands
+from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.split import (
+    PredictRequest,
+    SiteConfig,
+    SiteReply,
+    SiteRequest,
+    SplitSiteError,
+    embedding_hook,
+    predict_split,
+    run_split_training,
+)
+
+__all__ = ["FlowerSplitTransport", "SplitTransport", "run_vertical", "split_assumptions"]
+
+RECORD_LEVEL = "all modalities"
+
+
+class SplitTransport(Protocol):
+    """How the label holder reaches the modality sites."""
+
+    round_trips: int
+
+    def hello(self) -> dict[str, list[str]]:
+        """Each site's modality and the record IDs it holds."""
+
+    def setup(self, configs: Mapping[str, SiteConfig]) -> None:
+        """Send every site its configuration (it builds its encoder)."""
+
+    def exchange(self, requests: Mapping[str, SiteRequest]) -> dict[str, SiteReply]:
+        """One training round trip with every site."""
+
+    def predict(self, requests: Mapping[str, PredictRequest]) -> dict[str, SiteReply]:
+        """Prediction passes at every site."""
+
+
+class FlowerSplitTransport:
+    """The protocol over Flower messages: one message per site per round trip, sent in parallel.
+
+    A site that replies with an error, or does not reply within ``timeout`` seconds, stops the
+    run with :class:`strategies.split.SplitSiteError` naming its modality and node.
+    """
+
+    def __init__(self, grid: Grid, *, timeout: float | None = 600.0) -> None:
+        self.grid = grid
+        self.timeout = timeout
+        self.nodes: dict[str, int] = {}
+        self.round_trips = 0
+
+    def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
+        messages = [Message(content=content, dst_node_id=node, message_type=message_type)
+                    for node, content in contents.items()]
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        names = {node: name for name, node in self.nodes.items()}
+        received: dict[int, RecordDict] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                raise SplitSiteError(f"site {names.get(node, '?')!r} (node {node}) failed on {message_type}: "
+                                     f"{reply.error.reason}")
+            received[node] = reply.content
+        silent = [f"{names.get(node, '?')!r} (node {node})" for node in contents if node not in received]
+        if silent:
+            raise SplitSiteError(f"sites {', '.join(silent)} did not answer {message_type} within {self.timeout} s")
+        return received
+
+    def hello(self) -> dict[str, list[str]]:
+        replies = self._send(wire.HELLO, {node: RecordDict() for node in self.grid.get_node_ids()})
+        held: dict[str, list[str]] = {}
+        for node, content in sorted(replies.items()):
+            modality, ids = wire.decode_hello_reply(content)
+            if modality in self.nodes:
+                raise SplitSiteError(f"nodes {self.nodes[modality]} and {node} both hold modality {modality!r}")
+            self.nodes[modality] = node
+            held[modality] = ids
+        return held
+
+    def _by_modality(self, message_type: str, contents: Mapping[str, RecordDict]) -> dict[str, RecordDict]:
+        unknown = [name for name in contents if name not in self.nodes]
+        if unknown:
+            raise SplitSiteError(f"no site holds modality {unknown}")
+        replies = self._send(message_type, {self.nodes[name]: content for name, content in contents.items()})
+        return {name: replies[self.nodes[name]] for name in contents}
+
+    def setup(self, configs: Mapping[str, SiteConfig]) -> None:
+        self._by_modality(wire.SETUP, {name: wire.encode_setup(config) for name, config in configs.items()})
+
+    def exchange(self, requests: Mapping[str, SiteRequest]) -> dict[str, SiteReply]:
+        self.round_trips += 1
+        replies = self._by_modality(wire.STEP, {name: wire.encode_request(r) for name, r in requests.items()})
+        return {name: wire.decode_reply(content)[1] for name, content in replies.items()}
+
+    def predict(self, requests: Mapping[str, PredictRequest]) -> dict[str, SiteReply]:
+        replies = self._by_modality(wire.PREDICT, {name: wire.encode_predict(r) for name, r in requests.items()})
+        return {name: wire.decode_reply(content)[1] for name, content in replies.items()}
+
+
+def split_assumptions(cfg: ExperimentConfig, noise_multiplier: float) -> tuple[str, ...]:
+    """The ledger's statement of what a split run's figures cover and assume."""
+    if not cfg.privacy.enabled:
+        return ("split learning without a privacy mechanism: each site's embeddings reach the server in the clear",
+                "the server learns which record IDs each site holds (alignment)")
+    calibration = (
+        f"sigma = {noise_multiplier:.6g} calibrated by RDP without amplification so that one record's releases at "
+        f"every site together (sites x {vertical_task.planned_releases(cfg)} releases) spend privacy.epsilon"
+        if cfg.split.calibration == "rdp" else
+        f"sigma = {noise_multiplier:.6g} from the BVFLMSP paper's formula 2p sqrt(tau ln(1/delta))/epsilon (p = B/N, "
+        f"tau = epochs x batches; Theorem 1 with c2 = 1): it credits sub-sampling that does not happen and composes "
+        f"nothing across sites; epsilon_nominal is that formula's claim, epsilon the RDP figure of this sigma")
+    return (
+        "each site clips every record's embedding to L2 norm clip_norm and adds N(0, (sigma clip_norm)^2) per "
+        "coordinate before sending it (BVFLMSP embedding perturbation)",
+        calibration,
+        "unit: one record's features; adjacency replace-one (sensitivity 2 clip_norm); a record's embedding is "
+        "released once per epoch and once per prediction pass; the server picks the batches, so no sub-sampling "
+        "amplification is credited",
+        "per-site epsilon: RDP of that site's releases (protects the record's features held there); "
+        f"'{RECORD_LEVEL}': RDP composition of every site's releases of the record (the record-level figure and "
+        "the run's headline): a record's features are split over the sites, so no parallel composition applies",
+        "not covered: the gradients the server sends back to the sites, and a record's influence on its site's "
+        "encoder weights (which shape every later embedding of other records): the guarantee covers the direct "
+        "embedding releases only (per-sample DP-SGD of the encoders is not implemented)",
+        "not covered: the labels (the server holds them) and which record IDs each site holds (the server learns "
+        "it at alignment)",
+        "clean inference: prediction embeddings released without noise; those records get no guarantee"
+        if cfg.split.clean_inference else
+        "prediction embeddings carry the same clipping and noise and are counted",
+        "noise seed: derived from the run seed in simulation (reproducible; a server that knows it could remove "
+        "the noise), from each site's secret noise-seed or the operating system's entropy in a deployment",
+    )
+
+
+def _ledger_entries(cfg: ExperimentConfig, epoch: int, reports: Mapping[str, Mapping[str, float]],
+                    noise_multiplier: float) -> list[LedgerEntry]:
+    enabled = cfg.privacy.enabled
+    assumptions = split_assumptions(cfg, noise_multiplier)
+
+    def entry(site: str, epsilon: float | None, nominal: float | None, releases: int) -> LedgerEntry:
+        return LedgerEntry(
+            round=epoch, site=site, mechanism=f"embedding_gaussian_{cfg.split.calibration}" if enabled else "none",
+            unit="record" if enabled else "none", adjacency=cfg.privacy.adjacency if enabled else "n/a",
+            accountant="gaussian-rdp (no amplification)" if enabled else "none",
+            epsilon=epsilon if enabled else None, delta=cfg.privacy.delta if enabled else None,
+            noise_multiplier=noise_multiplier if enabled else None,
+            clip_norm=cfg.privacy.clip_norm if enabled else None, sample_rate=1.0 if enabled else None,
+            steps=releases, epsilon_nominal=nominal if enabled else None, assumptions=assumptions,
+        )
+
+    entries = [entry(site, report["epsilon"], report["epsilon_paper"], int(report["releases_max"]))
+               for site, report in sorted(reports.items())]
+    entries.append(entry(RECORD_LEVEL, vertical_task.epsilon_from_reports(reports, cfg),
+                         max(report["epsilon_paper"] for report in reports.values()),
+                         int(sum(report["releases_max"] for report in reports.values()))))
+    return entries
+
+
+def _metrics(label_info: vertical_task.Labels, survival: np.ndarray, *, time_: np.ndarray, event: np.ndarray,
+             concordance_td: bool = True) -> dict[str, float]:
+    return evaluate_survival(label_info.cuts, survival, time=time_, event=event, train_time=label_info.train_time,
+                             train_event=label_info.train_event,
+                             risk=-restricted_mean_survival_time(label_info.cuts, survival),
+                             concordance_td=concordance_td)
+
+
+def _fmt(metrics: Mapping[str, float]) -> str:
+    return "  ".join(f"{key} {value:.4f}" for key, value in metrics.items() if math.isfinite(value))
+
+
+def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunOutputs, *,
+                 table: VerticalTable | None = None, started: float | None = None) -> dict[str, Any]:
+    """Train and evaluate the split model over ``transport``; write and return the summary.
+
+    ``table`` holds the labels (in simulation the whole data set, which also trains the
+    centralised twin when ``baseline.centralized``); default :func:`vertical_task.load_table`.
+    """
+    started = time.perf_counter() if started is None else started
+    torch.set_num_threads(cfg.train.num_threads)
+    table = vertical_task.load_table(cfg) if table is None else table
+    modalities = tuple(table.modalities)
+    held = transport.hello()
+    unexpected = sorted(set(held) - set(modalities))
+    absent = [name for name in modalities if name not in held]
+    if unexpected or absent:
+        raise SplitSiteError(f"the run needs one site per modality {list(modalities)}; "
+                             f"{'no site holds ' + str(absent) if absent else ''}"
+                             f"{'; unexpected sites ' + str(unexpected) if unexpected else ''}")
+    present = align_modalities(table.ids, {name: held[name] for name in modalities})
+    label_info = vertical_task.labels(cfg, table)
+    noise_multiplier = vertical_task.embedding_noise_multiplier(cfg, num_modalities=len(modalities),
+                                                                num_train=len(label_info.train_ids))
+    transport.setup({name: vertical_task.site_config(cfg, name, label_info, noise_multiplier) for name in modalities})
+    server = vertical_task.server(cfg, modalities, label_info)
+    ledger = PrivacyLedger(outputs.ledger_path)
+    print(f"fedsurv: split | {cfg.data.name} ({len(modalities)} modality sites: {', '.join(modalities)}; "
+          f"{len(label_info.train_ids)} training / {len(label_info.test_ids)} test records, "
+          f"{int((~present).sum())} missing modality entries) | {cfg.model.name} | {cfg.federation.rounds} epochs"
+          + (f" | embedding noise sigma {noise_multiplier:.4g} ({cfg.split.calibration})" if cfg.privacy.enabled
+             else " | no DP") + f" -> {outputs.directory}", flush=True)
+
+    def on_epoch(epoch: int, info: dict[str, Any]) -> None:
+        for entry in _ledger_entries(cfg, epoch + 1, info["privacy"], noise_multiplier):
+            ledger.record(entry)
+        positions = info["positions"].numpy()
+        survival = torch.cumprod(1.0 - torch.sigmoid(info["logits"]), dim=1).numpy()
+        train = _metrics(label_info, survival, time_=label_info.train_time[positions],
+                         event=label_info.train_event[positions], concordance_td=False)
+        line = {"round": epoch + 1, "train": {"loss": info["loss"], **train}, "privacy": ledger.headline(),
+                "round_trips": transport.round_trips, "elapsed_s": time.perf_counter() - started}
+        outputs.append_metrics(line)
+        epsilon = line["privacy"]["epsilon"]
+        print(f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
+              f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None else ""),
+              flush=True)
+
+    history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
+                                 batch_size=cfg.train.batch_size, on_epoch=on_epoch)
+    logits, reports = predict_split(server, transport.predict, list(label_info.test_ids),
+                                    passes=cfg.split.mc_samples, clean=cfg.split.clean_inference)
+    for entry in _ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
+        ledger.record(entry)
+    mean, lower, upper = survival_band(logits)
+    test = _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event)
+    headline = {key: value for key, value in ledger.headline().items() if key != "site"}
+    summary: dict[str, Any] = {
+        "test": test,
+        "test_source": f"mean survival of {cfg.split.mc_samples} stochastic passes on the label holder's test split",
+        "band_width": float((upper - lower).mean()),
+        "privacy": headline,
+        "privacy_sites": {name: dict(report) for name, report in sorted(reports.items())},
+        "noise_multiplier": noise_multiplier,
+        "calibration": cfg.split.calibration if cfg.privacy.enabled else None,
+        "strategy": cfg.strategy, "data": cfg.data.name, "model": cfg.model.name, "modalities": list(modalities),
+        "epochs": cfg.federation.rounds, "seed": cfg.seed,
+        "batches": history.batches, "round_trips": transport.round_trips,
+        "round_trips_per_batch": transport.round_trips / max(history.batches, 1),
+        "train_loss": history.epoch_loss,
+    }
+    torch.save({"fusion_head": server.fusion_head.state_dict(), "cuts": label_info.cuts, "config": cfg.as_dict(),
+                "modalities": modalities}, outputs.model_path)
+    np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(label_info.test_ids, dtype=str),
+                        cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
+    plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
+                        outputs.directory / "survival_bands.png",
+                        title=f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes")
+    summary["wall_time_s"] = time.perf_counter() - started
+    if cfg.centralized_baseline:
+        print("training the centralised twin (same network, seeds and embedding mechanism) ...", flush=True)
+        summary["centralized"] = train_centralized_twin(cfg, table, label_info, noise_multiplier)
+    outputs.write_summary(summary)
+    print(f"final test: {_fmt(test)}  (95% band width {summary['band_width']:.4f}; "
+          f"{transport.round_trips} round trips for {history.batches} batches)", flush=True)
+    if headline["epsilon"] is not None:
+        print(f"privacy: epsilon {headline['epsilon']:.4f} at delta {headline['delta']:g} per record over all "
+              f"modalities ({headline['accountant']}; the paper's formula would claim "
+              f"{headline.get('epsilon_nominal', math.nan):.4f} per site; assumptions in ledger.jsonl)", flush=True)
+    if "centralized" in summary:
+        print(f"centralised twin test: {_fmt(summary['centralized']['test'])}", flush=True)
+    print(f"outputs: {outputs.directory}", flush=True)
+    return summary
+
+
+def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: vertical_task.Labels,
+                           noise_multiplier: float) -> dict[str, Any]:
+    """The same network, seeds, batches and embedding mechanism trained on the pooled modalities.
+
+    Its figures equal the split run's up to floating-point error (the protocol computes exactly
+    the centralised steps; ``tests/test_split.py``): the comparison shows that the split itself
+    costs nothing, and any gap between them is numerical.
+    """
+    transforms = fit_transforms(table, label_info.train_ids)
+    inputs, present = modality_inputs(table, label_info.train_ids, transforms)
+    data = MultimodalData(inputs, present, label_info.time_index, label_info.event)
+    model = build_multisurv({name: t.input_shape for name, t in transforms.items()}, seed=cfg.seed,
+                            bayesian=cfg.model.name == "bayesian_multisurv", dim=cfg.split.embedding_dim,
+                            num_durations=len(label_info.cuts), encoder_layers=cfg.split.encoder_layers,
+                            head_layers=cfg.split.head_layers, dropout=cfg.split.dropout)
+    hook = (embedding_hook(noise_base_seed=vertical_task.simulation_noise_seed(cfg), clip_norm=cfg.privacy.clip_norm,
+                           noise_multiplier=noise_multiplier) if cfg.privacy.enabled else None)
+    train_multisurv(model, data, epochs=cfg.federation.rounds, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
+                    weight_decay=cfg.train.weight_decay, seed=cfg.seed, similarity_weight=cfg.split.similarity_weight,
+                    hook=hook)
+    test_inputs, test_present = modality_inputs(table, label_info.test_ids, transforms)
+    clean_hook = None
+    if cfg.privacy.enabled and cfg.split.clean_inference:
+        clean_hook = embedding_hook(noise_base_seed=0, clip_norm=cfg.privacy.clip_norm, noise_multiplier=0.0)
+    logits = predict_multisurv(model, test_inputs, test_present, passes=cfg.split.mc_samples, seed=cfg.seed,
+                               hook=clean_hook if cfg.split.clean_inference else hook)
+    mean, lower, upper = survival_band(logits)
+    return {"test": _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event),
+            "band_width": float((upper - lower).mean()),
+            "privacy": "same embedding mechanism and sigma as the split run" if cfg.privacy.enabled else "none (no DP)"}

@@ -1,0 +1,221 @@
+"""Binds a typed :class:`ExperimentConfig` of a vertical run (strategy ``split``) to data, model and privacy.
+
+The ServerApp (label holder), the ClientApp (modality sites), the in-process runner and the
+benchmark all build their parts here, so every path trains the same network on the same split
+with the same noise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flwr_app.config import ExperimentConfig
+from flwr_app.task import resolve_data_dir
+from models.bayesian import seeded
+from models.data.vertical import VerticalTable, load_vertical, read_modality_file, split_train_test
+from models.multimodal import HEAD_SEED_NAME, FusionHead, part_seed
+from models.multimodal_training import discretised_labels
+from models.survival import make_time_grid
+from strategies.accounting.rdp import epsilon_gaussian_rounds
+from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
+from strategies.mechanisms.embedding_dp import (
+    EMBEDDING_ADJACENCIES,
+    calibrate_embedding_noise,
+    paper_embedding_noise,
+)
+from strategies.split import SiteConfig, SplitServer
+
+__all__ = [
+    "Labels",
+    "SiteData",
+    "embedding_noise_multiplier",
+    "epsilon_from_reports",
+    "labels",
+    "load_table",
+    "planned_releases",
+    "server",
+    "simulated_site",
+    "simulation_noise_seed",
+    "site_config",
+    "site_from_node_config",
+]
+
+
+@functools.lru_cache(maxsize=4)
+def _table(name: str, data_dir: str, records: int, modalities: tuple[str, ...]) -> VerticalTable:
+    table = load_vertical(name, data_dir=data_dir, n=records)
+    return table.select(modalities) if modalities else table
+
+
+def load_table(cfg: ExperimentConfig) -> VerticalTable:
+    """The run's vertical data set with the modalities of ``split.modalities`` (memoised per process).
+
+    In simulation the label holder reads the labels from it, and each simulated site its modality.
+    The synthetic data set is drawn with seed 0 (it is a data set, not part of the run's randomness).
+    """
+    return _table(cfg.data.name, resolve_data_dir(cfg.data.dir), cfg.data.synthetic_records, cfg.split.modalities)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What the label holder derives from its labels: the split, the time grid, discretised labels."""
+
+    train_ids: np.ndarray
+    test_ids: np.ndarray
+    cuts: np.ndarray
+    time_index: torch.Tensor
+    event: torch.Tensor
+    train_time: np.ndarray
+    train_event: np.ndarray
+    test_time: np.ndarray
+    test_event: np.ndarray
+
+
+def labels(cfg: ExperimentConfig, table: VerticalTable) -> Labels:
+    """Train/test split of the record IDs (stratified by event, ``data.test_fraction``), the time grid
+    (``model.num_durations`` on the training labels) and the discretised training labels."""
+    train_ids, test_ids = split_train_test(table, test_fraction=cfg.data.test_fraction, seed=cfg.seed)
+    train, test = table.subset(train_ids), table.subset(test_ids)
+    cuts = make_time_grid(train.time, train.event, num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid)
+    time_index, event = discretised_labels(train.time, train.event, cuts)
+    return Labels(train_ids=train_ids, test_ids=test_ids, cuts=cuts, time_index=time_index, event=event,
+                  train_time=train.time, train_event=train.event, test_time=test.time, test_event=test.event)
+
+
+def planned_releases(cfg: ExperimentConfig) -> int:
+    """The most times any record's embedding leaves one site: once per epoch (training records) or
+    once per prediction pass (held-out records; 0 with clean inference)."""
+    return max(cfg.federation.rounds, 0 if cfg.split.clean_inference else cfg.split.mc_samples)
+
+
+def embedding_noise_multiplier(cfg: ExperimentConfig, *, num_modalities: int, num_train: int) -> float:
+    """σ of every site's embedding release (0 without DP).
+
+    ``split.calibration = "rdp"``: the smallest σ whose RDP (no amplification, replace-one
+    sensitivity 2C) over all of one record's releases, ``num_modalities × planned_releases``,
+    stays within ``privacy.epsilon``: the record's features at every site together are the unit.
+    ``"paper"``: the BVFLMSP formula for one site, ``2p·sqrt(τ ln(1/δ))/ε`` with ``p = B/N`` and
+    ``τ = E⌈N/B⌉`` (it credits sub-sampling that does not happen and composes nothing across
+    sites; the ledger reports the RDP ε of the σ it gives).
+    """
+    privacy = cfg.privacy
+    if not privacy.enabled:
+        return 0.0
+    if cfg.split.calibration == "paper":
+        return paper_embedding_noise(epsilon=privacy.epsilon, delta=privacy.delta,
+                                     batch_size=min(cfg.train.batch_size, num_train), train_size=num_train,
+                                     epochs=cfg.federation.rounds)
+    return calibrate_embedding_noise(epsilon=privacy.epsilon, delta=privacy.delta,
+                                     epochs=num_modalities * planned_releases(cfg), adjacency=privacy.adjacency)
+
+
+def site_config(cfg: ExperimentConfig, modality: str, label_info: Labels, noise_multiplier: float) -> SiteConfig:
+    """What the label holder sends a site at set-up."""
+    return SiteConfig(
+        modality=modality, seed=cfg.seed, train_ids=tuple(str(i) for i in label_info.train_ids),
+        num_train=len(label_info.train_ids), dim=cfg.split.embedding_dim, encoder_layers=cfg.split.encoder_layers,
+        dropout=cfg.split.dropout, bayesian=cfg.model.name == "bayesian_multisurv", lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay, clip_norm=cfg.privacy.clip_norm if cfg.privacy.enabled else None,
+        noise_multiplier=noise_multiplier, delta=cfg.privacy.delta,
+        adjacency=cfg.privacy.adjacency, batch_size=cfg.train.batch_size, epochs=cfg.federation.rounds,
+    )
+
+
+def server(cfg: ExperimentConfig, modalities: tuple[str, ...], label_info: Labels) -> SplitServer:
+    """The label holder's part: the fusion head (initialised from its own seed) and its optimiser."""
+    with seeded(part_seed(cfg.seed, HEAD_SEED_NAME)):
+        head = FusionHead(cfg.split.embedding_dim, len(label_info.cuts), cfg.split.head_layers, cfg.split.dropout,
+                          bayesian=cfg.model.name == "bayesian_multisurv")
+    return SplitServer(modalities=modalities, fusion_head=head, time_index=label_info.time_index,
+                       event=label_info.event, train_ids=[str(i) for i in label_info.train_ids], seed=cfg.seed,
+                       lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                       similarity_weight=cfg.split.similarity_weight)
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """One site's modality: features indexed by record ID, its categorical columns, the noise seed."""
+
+    modality: str
+    features: pd.DataFrame
+    categorical: tuple[str, ...]
+    noise_base_seed: int
+    source: str
+
+
+def simulated_site(cfg: ExperimentConfig, partition_id: int) -> SiteData:
+    """Site ``partition_id`` of a simulation: the ``partition_id``-th modality of the run's data set.
+
+    Its noise seed is derived from the run seed, so simulations are reproducible; in a deployment
+    each site's noise comes from its own secret (:func:`site_from_node_config`).
+    """
+    table = load_table(cfg)
+    modalities = list(table.modalities)
+    if not 0 <= partition_id < len(modalities):
+        raise ValueError(f"partition-id {partition_id} is outside the {len(modalities)} modalities {modalities} of "
+                         f"{cfg.data.name}: run with num-supernodes = {len(modalities)}")
+    modality = modalities[partition_id]
+    return SiteData(modality=modality, features=table.modalities[modality],
+                    categorical=table.categorical.get(modality, ()),
+                    noise_base_seed=simulation_noise_seed(cfg),
+                    source=f"{cfg.data.name} modality {modality!r}")
+
+
+def simulation_noise_seed(cfg: ExperimentConfig) -> int:
+    """The simulated sites' noise seed (from the run seed; :func:`strategies.split.noise_seed` adds the
+    modality and step). Known to anyone who knows the run seed: simulation only."""
+    return part_seed(cfg.seed, "noise")
+
+
+def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, object]) -> SiteData:
+    """A site's modality from its node config.
+
+    Simulation (``partition-id``): :func:`simulated_site`. Deployment: ``modality`` names the
+    modality and ``data-path`` its file (CSV or Parquet with an ID column ``id-column``, default
+    ``id``); ``categorical`` lists categorical columns (comma-separated); ``noise-seed`` (an
+    integer kept secret from the server) makes the noise reproducible, otherwise every release
+    draws fresh entropy from the operating system.
+    """
+    if "partition-id" in node_config:
+        return simulated_site(cfg, int(node_config["partition-id"]))
+    missing = [key for key in ("modality", "data-path") if key not in node_config]
+    if missing:
+        raise ValueError(f"node config lacks {missing}: a vertical site needs 'modality' and 'data-path'")
+    path = str(node_config["data-path"])
+    features = read_modality_file(path, id_column=str(node_config.get("id-column", "id")))
+    categorical = tuple(part.strip() for part in str(node_config.get("categorical", "")).split(",") if part.strip())
+    seed = node_config.get("noise-seed")
+    return SiteData(modality=str(node_config["modality"]), features=features, categorical=categorical,
+                    noise_base_seed=int(seed) if seed is not None else secrets.randbits(63), source=path)
+
+
+def epsilon_from_reports(reports: Mapping[str, Mapping[str, float]], cfg: ExperimentConfig) -> float:
+    """Record-level ε over every site: the RDP composition of all sites' releases of one record.
+
+    A record's features are split over the sites, so its guarantee composes the sites' Gaussian
+    releases (no parallel composition across modalities): with ``R_k`` releases of noise
+    multiplier ``σ_k/2`` (replace-one) at site ``k``, one Gaussian of ``1/z² = Σ_k R_k/(σ_k/Δ)²``.
+    ``R_k`` is the most releases of any record at site ``k`` (an upper bound, tight when every
+    record is released equally often).
+    """
+    sensitivity = EMBEDDING_ADJACENCIES[cfg.privacy.adjacency]
+    inverse_square = 0.0
+    for report in reports.values():
+        releases, sigma = report["releases_max"], report["noise_multiplier"]
+        if releases == 0:
+            continue
+        if sigma == 0:
+            return math.inf
+        inverse_square += releases * (sensitivity / sigma) ** 2
+    if inverse_square == 0:
+        return math.nan
+    return epsilon_gaussian_rounds(noise_multiplier=inverse_square ** -0.5, rounds=1, delta=cfg.privacy.delta,
+                                   orders=list(AUDIT_RDP_ORDERS))
