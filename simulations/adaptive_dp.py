@@ -21,13 +21,14 @@ import csv
 import math
 import os
 import time
-import tomllib
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from simulations.hydra_config import parse_value
 
 #: Method label -> run-config overrides.
 METHODS: dict[str, dict[str, Any]] = {
@@ -238,14 +239,6 @@ def _figure(path: Path, rows: list[dict[str, Any]], methods: list[str], epsilons
     plt.close(fig)
 
 
-def _value(text: str) -> Any:
-    """A command-line value as a TOML literal (``50``, ``0.3``, ``1e-5``, ``inf``, ``true``), else a string."""
-    try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -257,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="rewrite table.md/figure.png from results.csv")
     parser.add_argument("overrides", nargs="*", help="run-config key=value shared by every run")
     args = parser.parse_args(argv)
-    shared = {key: _value(text) for key, text in (item.split("=", 1) for item in args.overrides)}
+    shared = {key: parse_value(text) for key, text in (item.split("=", 1) for item in args.overrides)}
     methods = [method.strip() for method in args.methods.split(",")]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:

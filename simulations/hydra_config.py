@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,3 +24,11 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
 
     walk(container, "")
     return flat
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as a TOML literal (``50``, ``0.3``, ``1e-5``, ``inf``, ``true``), else a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text

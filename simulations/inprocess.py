@@ -28,7 +28,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr_app import task, vertical_task
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
-from flwr_app.vertical_server import run_vertical
+from flwr_app.vertical_server import EmbeddingAudit, run_vertical
 from models.data import FederatedDataset
 from models.survival import SurvivalModel
 from strategies.horizontal import WEIGHT_KEY
@@ -141,10 +141,10 @@ class LocalSplitTransport:
         return self.sites.predict(requests)
 
 
-def run_vertical_inprocess(cfg: ExperimentConfig) -> dict[str, Any]:
+def run_vertical_inprocess(cfg: ExperimentConfig, *, audit: EmbeddingAudit | None = None) -> dict[str, Any]:
     """Run ``cfg`` (strategy ``split``) with the ServerApp's code over :class:`LocalSplitTransport`."""
     if cfg.strategy != "split":
         raise ValueError("run_vertical_inprocess runs strategy 'split'")
     outputs = RunOutputs.create(cfg)
     outputs.write_config(cfg, {})
-    return run_vertical(cfg, LocalSplitTransport(cfg), outputs)
+    return run_vertical(cfg, LocalSplitTransport(cfg), outputs, audit=audit)

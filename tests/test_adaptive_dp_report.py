@@ -10,8 +10,9 @@ from flwr.app import ArrayRecord
 
 from flwr_app import task
 from flwr_app.server_app import _evaluate_global
-from simulations.adaptive_dp import PAPER, _value, write_report
+from simulations.adaptive_dp import PAPER, write_report
 from simulations.engine import resolve
+from simulations.hydra_config import parse_value
 from simulations.inprocess import _evaluate
 from strategies.horizontal import SurvivalFedAvg
 
@@ -44,8 +45,8 @@ def test_report_puts_the_papers_figure_beside_mean_and_std_and_counts_diverged_r
 
 
 def test_command_line_values_are_typed_like_toml() -> None:
-    assert _value("50") == 50 and _value("0.3") == 0.3 and _value("1e-5") == 1e-5
-    assert _value("inf") == math.inf and _value("true") is True and _value("sim_cox") == "sim_cox"
+    assert parse_value("50") == 50 and parse_value("0.3") == 0.3 and parse_value("1e-5") == 1e-5
+    assert parse_value("inf") == math.inf and parse_value("true") is True and parse_value("sim_cox") == "sim_cox"
 
 
 @pytest.fixture(scope="module")
