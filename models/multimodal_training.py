@@ -23,6 +23,7 @@ from torch import Tensor
 from models.bayesian import kl_divergence, seeded
 from models.data.vertical import ModalityTransform, VerticalTable, fit_modality_transform
 from models.multimodal import HEAD_SEED_NAME, BayesianMultisurv, bvflmsp_loss, part_seed
+from models.survival import discretise
 
 __all__ = [
     "BATCH_SEED_NAME",
@@ -208,8 +209,6 @@ def predict_multisurv(
 
 def discretised_labels(time: np.ndarray, event: np.ndarray, cuts: np.ndarray) -> tuple[Tensor, Tensor]:
     """Interval indices and event indicators on ``cuts`` as tensors (see :func:`models.survival.discretise`)."""
-    from models.survival import discretise
-
     idx, ev = discretise(np.asarray(time, dtype=np.float64), np.asarray(event), cuts)
     return torch.from_numpy(idx), torch.from_numpy(ev)
 

@@ -11,7 +11,6 @@ import pytest
 from models.data import (
     DataValidationError,
     build_federated_dataset,
-    check_aligned_ids,
     check_same_schema,
     load_table,
     validate_survival_frame,
@@ -208,16 +207,4 @@ def test_schema_differences_name_site_and_columns():
         "site 'B': extra columns ['bmi']",
         "site 'C': column 'age' is categorical",
         "numeric (float64) at site 'A'",
-    )
-
-
-def test_aligned_ids():
-    check_aligned_ids({"clinical": [1, 2, 3], "genomic": [3, 1, 2]})
-    with pytest.raises(DataValidationError) as error:
-        check_aligned_ids({"clinical": ["p1", "p2", "p3", "p4"], "genomic": ["p1", "p3", "p9", "p9"]})
-    assert_message(
-        error,
-        "site 'genomic': 2 IDs of site 'clinical' missing ('p2', 'p4')",
-        "site 'genomic': 1 IDs absent at site 'clinical' ('p9')",
-        "site 'genomic': 1 duplicate IDs ('p9')",
     )

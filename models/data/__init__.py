@@ -1,7 +1,7 @@
 """Data layer of fedsurv: loading, validation, partitioning and preprocessing (pandas/numpy only).
 
 Entry point: :func:`build_federated_dataset`. Lower-level pieces: :func:`load_table`,
-:func:`validate_survival_frame`, :func:`check_same_schema`, :func:`check_aligned_ids`,
+:func:`validate_survival_frame`, :func:`check_same_schema`,
 :class:`Preprocessor` and :func:`partition_indices`.
 """
 
@@ -11,7 +11,6 @@ from models.data.partition import natural_partition, partition_indices, stratifi
 from models.data.preprocess import FeatureStatistics, Preprocessor
 from models.data.validate import (
     DataValidationError,
-    check_aligned_ids,
     check_same_schema,
     validate_survival_frame,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "SiteData",
     "SurvivalArrays",
     "build_federated_dataset",
-    "check_aligned_ids",
     "check_same_schema",
     "load_table",
     "natural_partition",

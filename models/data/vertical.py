@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.data.partition import stratified_split
+
 __all__ = [
     "METABRIC_CATEGORICAL",
     "METABRIC_MODALITIES",
@@ -327,8 +329,6 @@ def split_train_test(table: VerticalTable, *, test_fraction: float, seed: int) -
     Each event class sends ``round(test_fraction · n_class)`` records to the test part
     (:func:`models.data.partition.stratified_split`); both parts keep the label order.
     """
-    from models.data.partition import stratified_split
-
     positions = np.arange(len(table))
     train, test = stratified_split(positions, table.event.astype(np.float64), test_fraction,
                                    np.random.default_rng(np.random.SeedSequence([seed, 17])))
