@@ -231,10 +231,3 @@ def check_same_schema(frames: Mapping[str, pd.DataFrame]) -> None:
         ]
     if problems:
         raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
-
-
-def _some(ids: Iterable[object]) -> str:
-    """A few IDs, sorted, and how many there are."""
-    listed = sorted(ids, key=str)
-    shown = ", ".join(repr(i) for i in listed[:MAX_LISTED])
-    return shown + (f", ... ({len(listed)} in all)" if len(listed) > MAX_LISTED else "")
