@@ -288,7 +288,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(label_info.test_ids, dtype=str),
                         cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
     plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
-                        outputs.directory / "survival_bands.png",
+                        outputs.directory / "survival_bands.png", labels=[str(i) for i in label_info.test_ids],
                         title=f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes")
     summary["wall_time_s"] = time.perf_counter() - started
     if cfg.centralized_baseline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +19,28 @@ from models.survival import SurvivalModel  # noqa: E402
 MAX_PANELS = 16
 
 
+def _panels(count: int, *, width: float = 3.6, height: float = 2.9) -> tuple[plt.Figure, np.ndarray]:
+    """A grid of ``count`` panels, at most 4 per row, with a shared y axis."""
+    columns = min(4, count)
+    rows = math.ceil(count / columns)
+    return plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, sharey=True)
+
+
+def _save(fig: plt.Figure, axes: np.ndarray, used: int, path: Path, title: str, *, title_size: float = 12) -> Path:
+    """Hide the unused panels, label the survival axis, add the legend and title, write ``path``."""
+    for axis in list(axes.flat)[used:]:
+        axis.set_visible(False)
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    for axis in axes[:, 0]:
+        axis.set_ylabel("survival")
+    if title:
+        fig.suptitle(title, fontsize=title_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_survival_vs_km(model: SurvivalModel, dataset: FederatedDataset, path: Path, *, title: str = "") -> Path:
     """Mean predicted survival of each site's test records against their Kaplan–Meier curve.
 
@@ -27,9 +50,7 @@ def plot_survival_vs_km(model: SurvivalModel, dataset: FederatedDataset, path: P
     """
     sites = sorted(dataset.sites, key=lambda site: len(site.test), reverse=True)[:MAX_PANELS]
     panels = [("pooled test", dataset.pooled("test"))] + [(site.name, site.test) for site in sites]
-    columns = min(4, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False, sharey=True)
+    fig, axes = _panels(len(panels))
     for axis, (name, part) in zip(axes.flat, panels):
         if len(part) == 0:
             axis.set_visible(False)
@@ -44,22 +65,12 @@ def plot_survival_vs_km(model: SurvivalModel, dataset: FederatedDataset, path: P
                   color="C3", label="mean predicted")
         axis.set_title(f"{name} (n={len(part)}, events={int(part.event.sum())})", fontsize=8)
         axis.set_xlim(0, float(np.max(part.time)))
-    for axis in list(axes.flat)[len(panels):]:
-        axis.set_visible(False)
-    axes[0, 0].legend(fontsize=7, loc="lower left")
-    for axis in axes[:, 0]:
-        axis.set_ylabel("survival")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, len(panels), path, title)
 
 
 def plot_survival_bands(
     cuts: np.ndarray, mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, path: Path, *,
-    records: int = 6, title: str = "",
+    labels: Sequence[str] | None = None, records: int = 6, title: str = "",
 ) -> Path:
     """Mean predicted survival curve and its credible band for a few records (one panel each).
 
@@ -73,28 +84,19 @@ def plot_survival_bands(
     mean, lower, upper : ndarray, shape (n, T)
         Mean survival and the band's bounds per record (e.g. :func:`models.multimodal.survival_band`).
     path : Path
+    labels : sequence of str, optional
+        Record names (e.g. IDs) for the panel titles; default the row index.
     records : int, default 6
     title : str
     """
     n = mean.shape[0]
     order = np.argsort(mean[:, -1])
     chosen = order[np.unique(np.linspace(0, n - 1, min(records, n)).round().astype(int))]
-    columns = min(3, len(chosen))
-    rows = math.ceil(len(chosen) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False, sharey=True)
+    fig, axes = _panels(len(chosen))
     for axis, index in zip(axes.flat, chosen):
         axis.fill_between(cuts, lower[index], upper[index], step="post", alpha=0.3, color="C0", label="95% band")
         axis.step(cuts, mean[index], where="post", color="C0", label="mean survival")
-        axis.set_title(f"record {index}", fontsize=8)
+        axis.set_title(f"record {labels[index] if labels is not None else index}", fontsize=8)
+        axis.set_xlabel("time")
         axis.set_ylim(0, 1.02)
-    for axis in list(axes.flat)[len(chosen):]:
-        axis.set_visible(False)
-    axes[0, 0].legend(fontsize=7, loc="lower left")
-    for axis in axes[:, 0]:
-        axis.set_ylabel("survival")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, len(chosen), path, title, title_size=9)

@@ -17,18 +17,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from simulations.hydra_config import parse_value
+from simulations.results_file import append_runs, read_rows
 
 #: Method label -> run-config overrides.
 METHODS: dict[str, dict[str, Any]] = {
@@ -117,21 +116,12 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    for row in rows:
-        for key in FIELDS:
-            if key not in ("method", "error"):
-                row[key] = float(row[key])
-    return rows
+    return read_rows(path, text_fields=("method", "error"))
 
 
 def run_grid(out: Path, methods: list[str], epsilons: list[float], reps: int, shared: dict[str, Any],
              jobs: int) -> list[dict[str, Any]]:
     """Run the grid's missing runs (no DP once per seed, at every ε's row) and return all rows."""
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "results.csv"
     done = {(row["method"], float(row["epsilon_target"]), int(row["seed"])) for row in _read(path)}
     todo = []
@@ -140,17 +130,9 @@ def run_grid(out: Path, methods: list[str], epsilons: list[float], reps: int, sh
             for epsilon in ([math.inf] if method == "no DP" else epsilons):
                 if (method, epsilon, seed) not in done:
                     todo.append((method, epsilon, seed, shared))
-    new_file = not path.exists()
-    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=jobs) as pool:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for count, row in enumerate(pool.map(_run, todo), start=1):
-            writer.writerow(row)
-            handle.flush()
-            print(f"[{count}/{len(todo)}] {row['method']} eps={row['epsilon_target']} seed={int(row['seed'])}: "
-                  f"C {row['c_index']:.4f} IBS {row['ibs']:.4f} INBLL {row['inbll']:.4f} "
-                  f"eps_rdp {row['epsilon_rdp']:.3f} ({row['wall_s']:.1f} s)", flush=True)
+    append_runs(path, FIELDS, todo, _run, workers=jobs, describe=lambda row: (
+        f"{row['method']} eps={row['epsilon_target']} seed={int(row['seed'])}: C {row['c_index']:.4f} "
+        f"IBS {row['ibs']:.4f} INBLL {row['inbll']:.4f} eps_rdp {row['epsilon_rdp']:.3f} ({row['wall_s']:.1f} s)"))
     return _read(path)
 
 

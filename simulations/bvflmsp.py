@@ -19,13 +19,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import time
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from simulations.hydra_config import parse_value
+from simulations.results_file import append_runs, read_rows
 
 #: The paper's Table 2 (TCGA; validation C-index): modalities -> ε -> (federated, centralised).
 PAPER_TABLE2: dict[str, dict[float, tuple[float, float]]] = {
@@ -116,14 +115,8 @@ def _run(job: tuple[str, tuple[str, ...], float, str, int, bool, dict[str, Any]]
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_rows(path, text_fields=("setting", "modalities", "calibration", "r2"))
     for row in rows:
-        for key in FIELDS:
-            if key not in ("setting", "modalities", "calibration", "r2"):
-                row[key] = float(row[key])
         row["r2"] = {part.split("=")[0]: float(part.split("=")[1]) for part in row["r2"].split(";") if part}
     return rows
 
@@ -135,7 +128,6 @@ def run_grid(out: Path, settings: list[tuple[str, tuple[str, ...]]], epsilons: l
     The centralised twin runs beside the seeds in ``twin_seeds`` only: it computes the split run's
     steps exactly (its C-index differs by floating-point error), so one seed documents that.
     """
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "results.csv"
     done = {(row["setting"], row["modalities"], row["epsilon_target"], row["calibration"], int(row["seed"]))
             for row in _read(path)}
@@ -147,18 +139,10 @@ def run_grid(out: Path, settings: list[tuple[str, tuple[str, ...]]], epsilons: l
                     key = (setting, "+".join(modalities), epsilon, calibration, seed)
                     if key not in done:
                         todo.append((setting, modalities, epsilon, calibration, seed, seed in twin_seeds, shared))
-    new_file = not path.exists()
-    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=jobs) as pool:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for count, row in enumerate(pool.map(_run, todo), start=1):
-            writer.writerow(row)
-            handle.flush()
-            print(f"[{count}/{len(todo)}] {row['setting']} {row['modalities']} eps={row['epsilon_target']} "
-                  f"{row['calibration']} seed={row['seed']}: federated C {row['federated_c_index']:.4f}, "
-                  f"centralised C {row['centralised_c_index']:.4f}, eps_record {row['epsilon_record']:.3g}, "
-                  f"R2 {row['r2']} ({row['wall_s']:.0f} s)", flush=True)
+    append_runs(path, FIELDS, todo, _run, workers=jobs, describe=lambda row: (
+        f"{row['setting']} {row['modalities']} eps={row['epsilon_target']} {row['calibration']} seed={row['seed']}: "
+        f"federated C {row['federated_c_index']:.4f}, centralised C {row['centralised_c_index']:.4f}, "
+        f"eps_record {row['epsilon_record']:.3g}, R2 {row['r2']} ({row['wall_s']:.0f} s)"))
     return _read(path)
 
 

@@ -1,0 +1,45 @@
+"""The results file of a reproduction grid: one CSV row per run, appended as each run finishes.
+
+A rerun reads the rows already there and runs only the missing ones, so an interrupted grid
+loses at most the runs in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["append_runs", "read_rows"]
+
+
+def read_rows(path: Path, *, text_fields: Iterable[str]) -> list[dict[str, Any]]:
+    """Rows of ``path`` (none if it does not exist), every field but ``text_fields`` as a float."""
+    if not path.exists():
+        return []
+    text = set(text_fields)
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return [{key: value if key in text else float(value) for key, value in row.items()} for row in rows]
+
+
+def append_runs(
+    path: Path, fields: Sequence[str], jobs: Sequence[Any], run: Callable[[Any], dict[str, Any]], *,
+    workers: int, describe: Callable[[dict[str, Any]], str],
+) -> None:
+    """Run ``run(job)`` for every job in ``workers`` processes; append and flush each row as it comes.
+
+    ``describe(row)`` is the progress line printed after each run.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not path.exists()
+    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=workers) as pool:
+        writer = csv.DictWriter(handle, fieldnames=list(fields))
+        if new_file:
+            writer.writeheader()
+        for count, row in enumerate(pool.map(run, jobs), start=1):
+            writer.writerow(row)
+            handle.flush()
+            print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
