@@ -159,6 +159,8 @@ def split_assumptions(cfg: ExperimentConfig, noise_multiplier: float) -> tuple[s
         "prediction embeddings carry the same clipping and noise and are counted",
         "noise seed: derived from the run seed in simulation (reproducible; a server that knows it could remove "
         "the noise), from each site's secret noise-seed or the operating system's entropy in a deployment",
+        "semi-honest label holder: the sites apply the sigma, clip norm and number of releases it configures; "
+        "a server that deviates from the protocol (sigma 0, extra prediction requests) is not defended against",
     )
 
 
