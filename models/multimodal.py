@@ -16,7 +16,8 @@ network is the frequentist MultiSurv of Vale-Silva & Rohr (2021), whose KL term 
   initialising every part from its own seed (:func:`part_seed`), so that a site building its
   encoder alone gets exactly the centralised model's encoder.
 * :func:`bvflmsp_loss`: discrete-time NLL + KL / N + 0.05 x (1 - cosine) alignment term.
-* :func:`mc_survival`: ``m`` stochastic passes -> mean survival curve and a credible band.
+* :func:`survival_band`: mean survival curve and credible band over ``m`` stochastic passes
+  (the passes: :func:`models.multimodal_training.predict_multisurv`).
 
 Only torch: the vertical split protocol (sites, server, embedding noise) is
 :mod:`strategies.split`.
@@ -60,7 +61,6 @@ __all__ = [
     "build_multisurv",
     "bvflmsp_loss",
     "hidden_width",
-    "mc_survival",
     "part_seed",
     "survival_band",
 ]
@@ -608,44 +608,6 @@ def bvflmsp_loss(
     if similarity_weight:
         loss = loss + similarity_weight * _similarity_term(embeddings, None if mask is None else mask.to(torch.bool))
     return loss
-
-
-@torch.no_grad()
-def mc_survival(
-    model: BayesianMultisurv,
-    inputs: Mapping[str, Tensor],
-    *,
-    num_samples: int = 50,
-    mask: Tensor | None = None,
-    level: float = 0.95,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""``num_samples`` stochastic passes in eval mode -> mean survival curve and an equal-tailed credible band.
-
-    Each pass draws fresh weights in every Bayesian layer and gives
-    :math:`S_i(\tau_j) = \prod_{l \le j} (1 - \sigma(\phi_{il}))`; the band is the pointwise
-    :math:`(1 \mp \text{level})/2` quantiles over passes (:func:`survival_band`). The model's
-    train/eval state and sampling switches are restored afterwards (sampling is forced on during
-    the passes).
-
-    Returns
-    -------
-    mean, lower, upper : Tensor, shape (B, T)
-    """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    was_training = model.training
-    layers = list(bayesian_layers(model))
-    saved = [m.sample for m in layers]
-    model.eval()
-    try:
-        for m in layers:
-            m.sample = True
-        logits = torch.stack([model(inputs, mask)[0] for _ in range(num_samples)])
-    finally:
-        model.train(was_training)
-        for m, s in zip(layers, saved, strict=True):
-            m.sample = s
-    return survival_band(logits, level=level)
 
 
 def survival_band(logits: Tensor, *, level: float = 0.95) -> tuple[Tensor, Tensor, Tensor]:

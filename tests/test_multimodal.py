@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from sksurv.metrics import concordance_index_censored
 
 from models.bayesian import BayesianLinear, kl_divergence, posterior_mean, seeded
@@ -24,10 +25,10 @@ from models.multimodal import (
     build_multisurv,
     bvflmsp_loss,
     hidden_width,
-    mc_survival,
     part_seed,
     survival_band,
 )
+from models.multimodal_training import predict_multisurv
 from models.survival import discretise, make_time_grid
 
 # --------------------------------------------------------------------------- encoders
@@ -147,7 +148,8 @@ def test_multisurv_shapes_missing_modality_and_uncertainty() -> None:
     assert (passes.std(0) > 0).all()
     with posterior_mean(model):
         torch.testing.assert_close(model(inputs)[0], model(inputs)[0], rtol=0, atol=0)
-    mean, lo, hi = mc_survival(model, inputs, num_samples=20)
+    logits = predict_multisurv(model, inputs, torch.ones(9, 2, dtype=torch.bool), passes=20, seed=0)
+    mean, lo, hi = survival_band(logits)
     assert mean.shape == (9, 7) and (lo <= mean + 1e-6).all() and (mean <= hi + 1e-6).all() and (hi > lo).any()
     assert (mean.diff(dim=1) <= 1e-6).all() and not model.training
 
