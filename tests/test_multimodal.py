@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from sksurv.metrics import concordance_index_censored
+from torch import nn
 
 from models.bayesian import BayesianLinear, kl_divergence, posterior_mean, seeded
 from models.losses import logistic_hazard_nll
