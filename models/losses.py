@@ -1,4 +1,4 @@
-"""Survival losses: discrete-time logistic hazard, Cox partial likelihood, CoxTime case-control.
+"""Survival losses: discrete-time logistic hazard, Cox partial likelihood, CoxTime case-control, DeepHit.
 
 All functions take PyTorch tensors and are differentiable in their first argument(s).
 Shapes are checked here, at the public boundary; nothing inside re-checks them.
@@ -13,6 +13,7 @@ from torch import Tensor
 __all__ = [
     "cox_ph_loss",
     "cox_time_loss",
+    "deephit_loss",
     "logistic_hazard_nll",
     "sample_risk_set_controls",
 ]
@@ -247,3 +248,93 @@ def sample_risk_set_controls(
     u = torch.rand(case_idx.numel(), generator=generator, dtype=torch.float64)
     offset = torch.minimum((u * at_risk).long(), at_risk - 1)
     return case_idx, order[first_at_risk + offset]
+
+
+def deephit_loss(
+    logits: Tensor, idx_durations: Tensor, events: Tensor, *, alpha: float = 0.2, sigma: float = 0.1
+) -> Tensor:
+    r"""Single-risk DeepHit loss: PMF negative log-likelihood and the pairwise ranking loss.
+
+    The net's :math:`T` logits :math:`\phi_i` and a fixed 0 appended for the mass beyond the last
+    grid point give the probability mass function and its CDF on the grid,
+
+    .. math::
+
+        f_{il} = \operatorname{softmax}([\phi_{i0}, \dots, \phi_{i,T-1}, 0])_l, \qquad
+        F_i(j) = \sum_{l \le j} f_{il}, \qquad S_i(\tau_j) = 1 - F_i(j).
+
+    For records observed in interval :math:`\kappa_i` with event indicator :math:`\delta_i`,
+
+    .. math::
+
+        \mathcal L = \alpha \, \frac1n \sum_i \ell_i + (1 - \alpha) \, \mathcal L_{\text{rank}},
+        \qquad
+        \ell_i = -\delta_i \log f_{i\kappa_i} - (1 - \delta_i) \log\big(1 - F_i(\kappa_i)\big),
+
+        \mathcal L_{\text{rank}} = \frac{1}{n^2} \sum_{i,j} A_{ij}
+            \exp\Big(-\frac{F_i(\kappa_i) - F_j(\kappa_i)}{\sigma}\Big),
+        \qquad
+        A_{ij} = \delta_i \, \mathbb 1\big[\kappa_i < \kappa_j \text{ or }
+                 (\kappa_i = \kappa_j,\ \delta_j = 0)\big].
+
+    ``alpha`` weighs the two terms as in pycox (``DeepHitSingleLoss``), not as in Lee et al.,
+    whose loss is :math:`\sum \ell_i + \beta \mathcal L_{\text{rank}}`: pycox's ``alpha`` is
+    :math:`1 / (1 + \beta)` up to an overall scale. The ranking term couples every pair of the
+    batch, so the loss is not a sum of per-record terms.
+
+    Parameters
+    ----------
+    logits : Tensor, shape (n, T)
+        :math:`\phi`.
+    idx_durations : LongTensor, shape (n,)
+        Interval index :math:`\kappa_i \in \{0, \dots, T-1\}` (see ``survival.discretise``).
+    events : Tensor, shape (n,)
+        Event indicator (1 event, 0 censored).
+    alpha : float, default 0.2
+        Weight of the likelihood, in [0, 1] (pycox's default).
+    sigma : float, default 0.1
+        Scale :math:`\sigma > 0` of the ranking loss (pycox's default).
+
+    Returns
+    -------
+    Tensor
+        Scalar loss.
+
+    References
+    ----------
+    Lee, Zame, Yoon & van der Schaar (2018), AAAI, "DeepHit: a deep learning approach to survival
+    analysis with competing risks", eqs. (2)-(4); Kvamme, Borgan & Scheel (2019), JMLR 20(129)
+    (pycox ``DeepHitSingleLoss``, ``nll_pmf``, ``rank_loss_deephit_single``).
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape (n, T), got {tuple(logits.shape)}")
+    n, num_intervals = logits.shape
+    if idx_durations.shape != (n,) or events.shape != (n,):
+        raise ValueError(
+            f"idx_durations and events must have shape ({n},), got "
+            f"{tuple(idx_durations.shape)} and {tuple(events.shape)}"
+        )
+    if idx_durations.dtype != torch.int64:
+        raise TypeError(f"idx_durations must be int64, got {idx_durations.dtype}")
+    if n == 0:
+        raise ValueError("deephit_loss needs a non-empty batch")
+    if idx_durations.min() < 0 or idx_durations.max() >= num_intervals:
+        raise ValueError(f"idx_durations must lie in [0, {num_intervals - 1}]")
+    if not 0.0 <= alpha <= 1.0 or sigma <= 0:
+        raise ValueError(f"need alpha in [0, 1] and sigma > 0, got alpha={alpha}, sigma={sigma}")
+    log_pmf = F.log_softmax(F.pad(logits, (0, 1)), dim=1)
+    idx = idx_durations.reshape(-1, 1)
+    is_event = events.to(torch.bool)
+    log_event = log_pmf.gather(1, idx).reshape(-1)
+    # log(1 - F_i(kappa_i)) = log sum_{l > kappa_i} f_il, including the padded column.
+    after = torch.arange(num_intervals + 1, device=logits.device).reshape(1, -1) > idx
+    log_survival = torch.logsumexp(log_pmf.masked_fill(~after, float("-inf")), dim=1)
+    nll = -torch.where(is_event, log_event, log_survival).mean()
+    cdf = log_pmf.exp().cumsum(1)
+    cdf_at_own_time = cdf.gather(1, idx)  # (n, 1): F_i(kappa_i)
+    cdf_of_others = cdf[:, idx_durations].T  # (n, n): [i, j] = F_j(kappa_i)
+    earlier = idx_durations.reshape(-1, 1) < idx_durations.reshape(1, -1)
+    tied_with_censored = (idx_durations.reshape(-1, 1) == idx_durations.reshape(1, -1)) & ~is_event.reshape(1, -1)
+    pairs = (is_event.reshape(-1, 1) & (earlier | tied_with_censored)).to(logits.dtype)
+    rank = (pairs * torch.exp(-(cdf_at_own_time - cdf_of_others) / sigma)).mean()
+    return alpha * nll + (1.0 - alpha) * rank

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from pycox.models.loss import cox_cc_loss, cox_cc_loss_single_ctrl, nll_logistic_hazard
+from pycox.models.data import pair_rank_mat
+from pycox.models.loss import DeepHitSingleLoss, cox_cc_loss, cox_cc_loss_single_ctrl, nll_logistic_hazard
 from pycox.models.loss import cox_ph_loss as pycox_cox_ph_loss
 from sksurv.linear_model import CoxPHSurvivalAnalysis
 from sksurv.util import Surv
 
-from models.losses import cox_ph_loss, cox_time_loss, logistic_hazard_nll, sample_risk_set_controls
+from models.losses import cox_ph_loss, cox_time_loss, deephit_loss, logistic_hazard_nll, sample_risk_set_controls
 
 
 def _hazard_batch(n=64, num_intervals=12, seed=0):
@@ -170,3 +171,29 @@ def test_sample_risk_set_controls_draws_uniformly_from_risk_set():
     a = sample_risk_set_controls(time, event, torch.Generator().manual_seed(7))
     b = sample_risk_set_controls(time, event, torch.Generator().manual_seed(7))
     assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.2, 1.0])
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_deephit_loss_and_gradient_match_pycox_deephit_single_loss(alpha, scale):
+    gen = torch.Generator().manual_seed(5)
+    logits = (scale * torch.randn(80, 10, generator=gen)).requires_grad_(True)
+    idx = torch.randint(0, 10, (80,), generator=gen)  # many tied intervals
+    events = torch.randint(0, 2, (80,), generator=gen).to(torch.float32)
+    rank_mat = torch.from_numpy(pair_rank_mat(idx.numpy(), events.numpy()))
+    ref = DeepHitSingleLoss(alpha, 0.1)(logits, idx, events, rank_mat)
+    ours = deephit_loss(logits, idx, events, alpha=alpha, sigma=0.1)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=2e-5)  # float32; pycox adds 1e-7 in its logs
+    grad_ref, = torch.autograd.grad(ref, logits)
+    grad_ours, = torch.autograd.grad(ours, logits)
+    torch.testing.assert_close(grad_ours, grad_ref, rtol=1e-4, atol=2e-5)
+
+
+def test_deephit_loss_validates():
+    logits, idx, events = _hazard_batch(n=4, num_intervals=3)
+    with pytest.raises(ValueError, match=r"\[0, 2\]"):
+        deephit_loss(logits, idx + 3, events)
+    with pytest.raises(ValueError, match="alpha"):
+        deephit_loss(logits, idx, events, alpha=1.5)
+    with pytest.raises(TypeError):
+        deephit_loss(logits, idx.to(torch.int32), events)
