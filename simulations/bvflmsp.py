@@ -147,9 +147,12 @@ def run_grid(out: Path, settings: list[tuple[str, tuple[str, ...]]], epsilons: l
 
 
 def _mean_std(values: list[float], digits: int = 3) -> str:
+    """``mean ± std`` (sample std) of the finite values; ``value (1 run)`` when there is one."""
     finite = [value for value in values if math.isfinite(value)]
     if not finite:
         return "–"
+    if len(finite) == 1:
+        return f"{finite[0]:.{digits}f} (1 run)"
     spread = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
     return f"{float(np.mean(finite)):.{digits}f} ± {spread:.{digits}f}"
 
@@ -182,7 +185,7 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
                                if math.isfinite(row["centralised_c_index"])]
                 r2 = {name: [row["r2"][name] for row in group] for name in group[0]["r2"]}
                 lines.append(
-                    f"| {setting} | {modalities} | {_eps(epsilon)} | {_mean_std([r['noise_multiplier'] for r in group])} | "
+                    f"| {setting} | {modalities} | {_eps(epsilon)} | {_eps(max(r['noise_multiplier'] for r in group))} | "
                     f"{_eps(max(r['epsilon_record'] for r in group))} | {_eps(max(r['epsilon_site_max'] for r in group))} | "
                     f"{_eps(max(r['epsilon_paper'] for r in group))} | "
                     f"{_mean_std([r['federated_c_index'] for r in group])} | "

@@ -177,7 +177,8 @@ def test_multisurv_learns_synthetic_hazard() -> None:
     test_x, test_t, test_e = _synthetic(400, rng)
     cuts = make_time_grid(train_t, train_e, num_durations=8)
     idx, ev = (torch.from_numpy(a) for a in discretise(train_t, train_e, cuts))
-    test_idx, test_ev = (torch.from_numpy(a) for a in discretise(np.minimum(test_t, cuts[-1]), test_e * (test_t <= cuts[-1]), cuts))
+    censored_at_horizon = discretise(np.minimum(test_t, cuts[-1]), test_e * (test_t <= cuts[-1]), cuts)
+    test_idx, test_ev = (torch.from_numpy(a) for a in censored_at_horizon)
     model = _small_model(num_durations=cuts.size)
 
     def evaluate() -> tuple[float, float]:
