@@ -2,8 +2,10 @@
 
 Message handling only: decode the global model, call the training / evaluation code in
 ``flwr_app.task``, encode the reply. Which records a node holds comes from its node config:
-``partition-id`` (simulation) selects one site of the run's federated data set. The split-learning
-messages (``*.split_*``) are handled by :mod:`flwr_app.vertical_client`.
+``partition-id`` (simulation) selects one site of the run's federated data set; in a deployment
+(``data.name = "site_files"``) ``data-path`` names the site's own file, and the set-up messages
+(``*.site_*``) are handled by :mod:`flwr_app.deployment`. The split-learning messages
+(``*.split_*``) are handled by :mod:`flwr_app.vertical_client`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app import task, vertical_client
+from flwr_app import deployment, task, vertical_client
 from flwr_app.config import parse_run_config
 from models.data import SiteData
 from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
@@ -25,10 +27,16 @@ app.query("split_hello")(vertical_client.hello)
 app.train("split_setup")(vertical_client.setup)
 app.train("split_step")(vertical_client.step)
 app.query("split_predict")(vertical_client.predict)
+app.query("site_summary")(deployment.summary)
+app.query("site_time_histogram")(deployment.histogram)
+app.train("site_setup")(deployment.setup)
 
 
 def _site(context: Context) -> tuple[SiteData, int]:
+    """The node's site and its index in the seeds (simulation: ``partition-id``; deployment: the node ID)."""
     cfg = parse_run_config(context.run_config)
+    if cfg.data.deployed:
+        return deployment.deployed_site(cfg, context), context.node_id
     dataset = task.load_federation(cfg)
     if "partition-id" not in context.node_config:
         raise ValueError("node config has no 'partition-id': cannot tell which site this node is")
@@ -44,7 +52,10 @@ def _site(context: Context) -> tuple[SiteData, int]:
 
 def _model(context: Context, message: Message):
     cfg = parse_run_config(context.run_config)
-    model = task.build_model(cfg, task.load_federation(cfg))
+    if cfg.data.deployed:
+        model = task.model_from_spec(cfg, deployment.stored_spec(context))
+    else:
+        model = task.build_model(cfg, task.load_federation(cfg))
     model.net.load_state_dict(message.content["arrays"].to_torch_state_dict())
     return cfg, model
 

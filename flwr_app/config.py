@@ -19,13 +19,16 @@ from typing import Any
 from models.data import DATASETS
 from models.data.vertical import VERTICAL_DATASETS
 from strategies.mechanisms.adaptive_dp import DISPERSION_MEASURES
-from strategies.mechanisms.nbafl import ALLOCATIONS
+from strategies.mechanisms.nbafl import ALLOCATIONS, WEIGHT_PERTURBATION
 
 HORIZONTAL_MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
 VERTICAL_MODELS = ("bayesian_multisurv", "multisurv")
 MODELS = HORIZONTAL_MODELS + VERTICAL_MODELS
 STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp", "split")
-ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not in DATASETS)
+#: ``data.name`` of a deployment: every site reads its own file (node config ``data-path``); in a
+#: vertical run the label holder reads ``data.labels_path``.
+DEPLOYED_DATA = "site_files"
+ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not in DATASETS) + (DEPLOYED_DATA,)
 SPLIT_CALIBRATIONS = ("rdp", "paper")
 
 ACCOUNTANTS = ("rdp", "prv")
@@ -51,6 +54,12 @@ class DataConfig:
     horizon_months: int
     oot_start: str
     synthetic_records: int
+    labels_path: str
+
+    @property
+    def deployed(self) -> bool:
+        """True when the sites read their own files (``data.name = "site_files"``): a deployment."""
+        return self.name == DEPLOYED_DATA
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         horizon_months=_get(flat, "data.horizon_months", int),
         oot_start=_get(flat, "data.oot_start", str),
         synthetic_records=int(_positive("data.synthetic_records", _get(flat, "data.synthetic_records", int))),
+        labels_path=_get(flat, "data.labels_path", str),
     )
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
@@ -294,6 +304,11 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"run config: 'split.dropout' must be in [0, 1), got {split.dropout}")
     privacy = _resolve_adjacency(strategy, privacy)
     _check_vertical(strategy, data, model, privacy)
+    server_evaluation = _get(flat, "evaluation.server_side", bool)
+    centralized_baseline = _get(flat, "baseline.centralized", bool)
+    if data.deployed:
+        _check_deployment(strategy, split, privacy, data, server_evaluation=server_evaluation,
+                          centralized_baseline=centralized_baseline)
     if strategy == "fedavg" and privacy.enabled:
         raise ConfigError(
             f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
@@ -329,8 +344,8 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         privacy=privacy,
         split=split,
         output_dir=_get(flat, "output.dir", str),
-        server_evaluation=_get(flat, "evaluation.server_side", bool),
-        centralized_baseline=_get(flat, "baseline.centralized", bool),
+        server_evaluation=server_evaluation,
+        centralized_baseline=centralized_baseline,
     )
 
 
@@ -344,7 +359,7 @@ def _resolve_adjacency(strategy: str, privacy: PrivacyConfig) -> PrivacyConfig:
 def _check_vertical(strategy: str, data: DataConfig, model: ModelConfig, privacy: PrivacyConfig) -> None:
     """Vertical runs need a vertical data set and model; horizontal runs refuse them."""
     if strategy == "split":
-        if data.name not in VERTICAL_DATASETS:
+        if data.name not in VERTICAL_DATASETS + (DEPLOYED_DATA,):
             raise ConfigError(f"run config: strategy 'split' needs a vertical data set (data.name one of "
                               f"{', '.join(VERTICAL_DATASETS)}), got {data.name!r}")
         if model.name not in VERTICAL_MODELS:
@@ -358,6 +373,29 @@ def _check_vertical(strategy: str, data: DataConfig, model: ModelConfig, privacy
     if model.name in VERTICAL_MODELS:
         raise ConfigError(f"run config: model {model.name!r} is a vertical (multimodal) model; use strategy.name = "
                           f"'split'")
-    if data.name not in DATASETS:
+    if data.name not in DATASETS + (DEPLOYED_DATA,):
         raise ConfigError(f"run config: data set {data.name!r} is vertical (one modality per site); use "
                           f"strategy.name = 'split'")
+
+
+def _check_deployment(strategy: str, split: SplitConfig, privacy: PrivacyConfig, data: DataConfig, *,
+                      server_evaluation: bool, centralized_baseline: bool) -> None:
+    """A deployment (``data.name = "site_files"``): the server holds no pooled data."""
+    if server_evaluation or centralized_baseline:
+        raise ConfigError(
+            f"run config: data.name = {DEPLOYED_DATA!r} (a deployment) leaves no pooled data at the server: set "
+            "evaluation.server_side = false (each site evaluates on its own held-out part) and "
+            "baseline.centralized = false"
+        )
+    if strategy == "split":
+        if not data.labels_path or not split.modalities:
+            raise ConfigError(
+                f"run config: a vertical deployment (strategy 'split', data.name = {DEPLOYED_DATA!r}) needs "
+                "'data.labels_path' (the label holder's file of id, time and event) and 'split.modalities' "
+                "(the modality of every site, e.g. 'clinical,genomic')"
+            )
+    elif strategy in WEIGHT_PERTURBATION and privacy.min_site_records == 0:
+        raise ConfigError(
+            f"run config: strategy '{strategy}' in a deployment needs 'privacy.min_site_records' (m in the "
+            "sensitivity 2C/m, the smallest site's number of training records): the server cannot count them"
+        )

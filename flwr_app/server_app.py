@@ -6,7 +6,10 @@ Message handling and bookkeeping only; the aggregation is
 In simulation the server also holds the pooled test split of the embedded data set, so it
 evaluates the global model on it after each round (``evaluation.server_side``) and can train the
 centralised baseline (``baseline.centralized``). Per-site figures always come from the sites
-themselves (federated evaluation on each site's own test part).
+themselves (federated evaluation on each site's own test part). In a deployment
+(``data.name = "site_files"``) the server holds no records: it agrees the preprocessing and the time
+grid with the sites first (:func:`flwr_app.deployment.prepare_sites`), and the run's test figures
+are the sites' own.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_app import task, vertical_task
+from flwr_app import deployment, task, vertical_task
 from flwr_app.config import ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
@@ -246,12 +249,22 @@ def main(grid: Grid, context: Context) -> None:
     outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
     if cfg.strategy == "split":
-        wait_for_sites(grid, len(vertical_task.load_table(cfg).modalities))
-        run_vertical(cfg, FlowerSplitTransport(grid), outputs, started=started)
+        table = vertical_task.load_table(cfg)
+        wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)))
+        run_vertical(cfg, FlowerSplitTransport(grid), outputs, table=table, started=started)
         return
 
-    dataset = task.load_federation(cfg)
-    model = task.build_model(cfg, dataset)
+    dataset: FederatedDataset | None = None
+    if cfg.data.deployed:
+        wait_for_sites(grid, cfg.federation.num_sites)
+        spec, sites = deployment.prepare_sites(grid, cfg)
+        model, num_sites = task.model_from_spec(cfg, spec), len(sites)
+        description = f"{num_sites} sites' own files"
+    else:
+        dataset = task.load_federation(cfg)
+        model, num_sites = task.build_model(cfg, dataset), dataset.num_sites
+        description = f"{num_sites} sites, partition '{cfg.federation.partition}'"
+        wait_for_sites(grid, num_sites)
     survival = SurvivalFedAvg(
         needs_baseline=model.needs_baseline,
         fraction_train=cfg.federation.fraction_train,
@@ -265,12 +278,12 @@ def main(grid: Grid, context: Context) -> None:
     if cfg.strategy == "central_dp":
         strategy, central_noise_multiplier = with_central_dp(
             survival, epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, rounds=cfg.federation.rounds,
-            clip_norm=cfg.privacy.clip_norm, num_sites=dataset.num_sites, accountant=cfg.privacy.accountant,
+            clip_norm=cfg.privacy.clip_norm, num_sites=num_sites, accountant=cfg.privacy.accountant,
         )
     ledger = PrivacyLedger(outputs.ledger_path)
     print(
-        f"fedsurv: {cfg.strategy} | {cfg.data.name} ({dataset.num_sites} sites, partition "
-        f"'{cfg.federation.partition}') | {cfg.model.name} | {cfg.federation.rounds} rounds -> {outputs.directory}",
+        f"fedsurv: {cfg.strategy} | {cfg.data.name} ({description}) | {cfg.model.name} | "
+        f"{cfg.federation.rounds} rounds -> {outputs.directory}",
         flush=True,
     )
 
@@ -311,7 +324,6 @@ def main(grid: Grid, context: Context) -> None:
         )
         return MetricRecord({key: value for key, value in global_test.items() if math.isfinite(value)})
 
-    wait_for_sites(grid, dataset.num_sites)
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.net.state_dict()),
@@ -320,13 +332,19 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_config=ConfigRecord(),
         evaluate_fn=end_of_round,
     )
-    _write_results(cfg, dataset, model, result.arrays, survival, ledger, outputs, time.perf_counter() - started)
+    _write_results(cfg, dataset, num_sites, model, result.arrays, survival, ledger, outputs,
+                   time.perf_counter() - started)
 
 
 def _write_results(
-    cfg: ExperimentConfig, dataset: FederatedDataset, model: SurvivalModel, arrays: ArrayRecord,
-    strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
+    cfg: ExperimentConfig, dataset: FederatedDataset | None, num_sites: int, model: SurvivalModel,
+    arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
 ) -> None:
+    """Write the summary, the model and (with the pooled data of a simulation) calibration and the baseline.
+
+    ``dataset`` is ``None`` in a deployment, where ``evaluation.server_side`` and
+    ``baseline.centralized`` are off (checked by :func:`flwr_app.config.parse_run_config`).
+    """
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
     diverged = ""
@@ -344,7 +362,7 @@ def _write_results(
         "strategy": cfg.strategy,
         "data": cfg.data.name,
         "model": cfg.model.name,
-        "num_sites": dataset.num_sites,
+        "num_sites": num_sites,
         "rounds": cfg.federation.rounds,
         "seed": cfg.seed,
         "wall_time_s": wall_time_s,

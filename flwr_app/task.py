@@ -7,14 +7,16 @@ and model here, so that every path trains exactly the same network on exactly th
 from __future__ import annotations
 
 import functools
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from flwr_app.config import PROJECT_ROOT, ExperimentConfig
-from models.data import FederatedDataset, SurvivalArrays, build_federated_dataset
+from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from models.training import train_epochs
@@ -73,17 +75,65 @@ def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalMod
     cuts = make_time_grid(
         train.time, train.event, num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid
     )
+    return build_network(cfg, in_features=dataset.in_features, cuts=cuts,
+                         time_scale=(float(np.mean(train.time)), float(np.std(train.time))))
+
+
+def build_network(
+    cfg: ExperimentConfig, *, in_features: int, cuts: np.ndarray, time_scale: tuple[float, float],
+) -> SurvivalModel:
+    """The run's survival model for ``in_features`` inputs on the time grid ``cuts``.
+
+    ``time_scale`` is the mean and standard deviation of the training times (CoxTime's time input).
+    """
     return build_survival_model(
         cfg.model.name,
-        in_features=dataset.in_features,
+        in_features=in_features,
         cuts=cuts,
         hidden=cfg.model.hidden,
         dropout=cfg.model.dropout,
         activation=cfg.model.activation,
         penalty=cfg.model.penalty,
-        time_scale=(float(np.mean(train.time)), float(np.std(train.time))),
+        time_scale=time_scale,
         seed=cfg.seed,
     )
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """What a deployment's server sends every site before training: the shared preprocessing
+    (fitted from the sites' summed feature statistics), the time grid (from their summed time
+    histograms) and the training times' mean and standard deviation (from their summed sums)."""
+
+    preprocessor: Preprocessor
+    cuts: np.ndarray
+    time_scale: tuple[float, float]
+
+    def to_json(self) -> str:
+        return json.dumps({"preprocessor": self.preprocessor.to_dict(), "cuts": self.cuts.tolist(),
+                           "time_scale": list(self.time_scale)})
+
+    @classmethod
+    def from_json(cls, text: str) -> SiteSpec:
+        payload = json.loads(text)
+        return cls(Preprocessor.from_dict(payload["preprocessor"]), np.asarray(payload["cuts"], dtype=np.float64),
+                   (float(payload["time_scale"][0]), float(payload["time_scale"][1])))
+
+
+def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:
+    """The run's survival model in a deployment (the same network at the server and every site)."""
+    return build_network(cfg, in_features=len(spec.preprocessor.feature_names), cuts=spec.cuts,
+                         time_scale=spec.time_scale)
+
+
+def load_site_table(cfg: ExperimentConfig, path: str) -> RawTable:
+    """A deployed site's own file (CSV or Parquet), validated like ``data.name = "csv"``.
+
+    Outcome columns ``data.time_col`` and ``data.event_col`` ("" = ``time``, ``event``), features
+    ``data.feature_cols`` ("" = every other column); errors name the file, the column and the rows.
+    """
+    return load_table("csv", path=path, time_col=cfg.data.time_col, event_col=cfg.data.event_col,
+                      feature_cols=cfg.data.feature_cols)
 
 
 def train_local(model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int) -> dict[str, float]:

@@ -211,14 +211,15 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     """Train and evaluate the split model over ``transport``; write and return the summary.
 
     ``table`` holds the labels (in simulation the whole data set, which also trains the
-    centralised twin when ``baseline.centralized``); default :func:`vertical_task.load_table`.
+    centralised twin when ``baseline.centralized``; in a deployment the labels file
+    ``data.labels_path`` only); default :func:`vertical_task.load_table`.
     ``audit`` (simulation studies, e.g. the feature-reconstruction attack) sees the embeddings
     the server received in the last epoch; its result is the summary's ``audit``.
     """
     started = time.perf_counter() if started is None else started
     torch.set_num_threads(cfg.train.num_threads)
     table = vertical_task.load_table(cfg) if table is None else table
-    modalities = tuple(table.modalities)
+    modalities = vertical_task.modality_names(cfg, table)
     held = transport.hello()
     unexpected = sorted(set(held) - set(modalities))
     absent = [name for name in modalities if name not in held]

@@ -20,7 +20,13 @@ import torch
 from flwr_app.config import ExperimentConfig
 from flwr_app.task import resolve_data_dir
 from models.bayesian import seeded
-from models.data.vertical import VerticalTable, load_vertical, read_modality_file, split_train_test
+from models.data.vertical import (
+    VerticalTable,
+    load_vertical,
+    read_labels_file,
+    read_modality_file,
+    split_train_test,
+)
 from models.multimodal import HEAD_SEED_NAME, FusionHead, part_seed
 from models.multimodal_training import discretised_labels
 from models.survival import make_time_grid
@@ -40,6 +46,7 @@ __all__ = [
     "epsilon_from_reports",
     "labels",
     "load_table",
+    "modality_names",
     "planned_releases",
     "server",
     "simulated_site",
@@ -60,8 +67,19 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
 
     In simulation the label holder reads the labels from it, and each simulated site its modality.
     The synthetic data set is drawn with seed 0 (it is a data set, not part of the run's randomness).
+    In a deployment (``data.name = "site_files"``) it is the label holder's file ``data.labels_path``
+    (columns ``id``, ``data.time_col`` and ``data.event_col``; "" = ``time``, ``event``), without
+    modalities: the sites hold them.
     """
+    if cfg.data.deployed:
+        return read_labels_file(cfg.data.labels_path, time_col=cfg.data.time_col or "time",
+                                event_col=cfg.data.event_col or "event")
     return _table(cfg.data.name, resolve_data_dir(cfg.data.dir), cfg.data.synthetic_records, cfg.split.modalities)
+
+
+def modality_names(cfg: ExperimentConfig, table: VerticalTable) -> tuple[str, ...]:
+    """The run's modalities, one site each: the table's (simulation) or ``split.modalities`` (deployment)."""
+    return cfg.split.modalities if cfg.data.deployed else tuple(table.modalities)
 
 
 @dataclass(frozen=True)

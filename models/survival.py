@@ -145,6 +145,33 @@ def make_time_grid(
     return cuts
 
 
+def time_histogram(time: np.ndarray, event: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Events and censorings per interval of ``edges`` (the last interval includes its right edge).
+
+    A deployed site's contribution to :func:`time_grid_from_histograms`: counts only, no time.
+    """
+    time, event = _check_time_event(time, event)
+    events, _ = np.histogram(time[event == 1], bins=edges)
+    censored, _ = np.histogram(time[event == 0], bins=edges)
+    return events, censored
+
+
+def time_grid_from_histograms(
+    edges: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int, scheme: str = "quantiles",
+) -> np.ndarray:
+    """:func:`make_time_grid` of the records summarised by the summed :func:`time_histogram` counts.
+
+    Each record is placed at the right edge of its interval, so the grid is that of the pooled
+    times rounded up to the histogram's resolution (``edges[-1]``, the largest time, is exact);
+    with ``"equidistant"`` it equals :func:`make_time_grid` of the pooled times.
+    """
+    edges = np.asarray(edges, dtype=np.float64)
+    counts = np.concatenate([np.asarray(events, dtype=np.int64), np.asarray(censored, dtype=np.int64)])
+    times = np.repeat(np.concatenate([edges[1:], edges[1:]]), counts)
+    flags = np.repeat(np.concatenate([np.ones(len(edges) - 1), np.zeros(len(edges) - 1)]), counts)
+    return make_time_grid(times, flags, num_durations=num_durations, scheme=scheme)
+
+
 def _discretise_tensor(time: Tensor, event: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
     """Tensor core of :func:`discretise` (no checks; ``time >= cuts[0]`` assumed)."""
     time = time.to(cuts.dtype)

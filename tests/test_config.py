@@ -75,7 +75,8 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"privacy.epsilon": 1.0}, "strategy 'fedavg' adds no noise"),
         ({"strategy.name": "dp_sgd"}, "'dp_sgd' needs a finite 'privacy.epsilon'"),
         ({"strategy.name": "bdp", "privacy.epsilon": 1.0, "model.name": "cox_time"}, "not per-sample decomposable"),
-        ({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "federation.fraction_train": 0.5}, "without sub-sampling amplification"),
+        ({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "federation.fraction_train": 0.5},
+         "without sub-sampling amplification"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "model.name": "cox_mlp"}, "not per-sample decomposable"),
         ({"privacy.accountant": "gdp"}, "'privacy.accountant' = 'gdp'; choose one of rdp, prv"),
         ({"data.name": "csv"}, "data.name='csv' needs 'data.path'"),
@@ -117,3 +118,15 @@ def test_adjacency_auto_is_replace_one_for_split_and_add_remove_otherwise():
     assert vertical.privacy.adjacency == "replace-one" and vertical.split.modalities == ("clinical", "genomic")
     _, plain = resolve({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv"})
     assert not plain.privacy.enabled  # split learning without embedding noise is allowed (no DP)
+
+
+def test_a_deployment_needs_federated_evaluation_and_a_vertical_one_its_labels_file():
+    deployed = {**pyproject_defaults(), "data.name": "site_files"}
+    with pytest.raises(ConfigError, match="evaluation.server_side = false"):
+        parse_run_config(deployed)
+    local = {"evaluation.server_side": False, "baseline.centralized": False}
+    assert parse_run_config({**deployed, **local}).data.deployed
+    vertical = {**deployed, **local, "strategy.name": "split", "model.name": "bayesian_multisurv"}
+    with pytest.raises(ConfigError, match="'data.labels_path'"):
+        parse_run_config(vertical)
+    assert parse_run_config({**vertical, "data.labels_path": "/l.csv", "split.modalities": "a,b"}).split.modalities == ("a", "b")

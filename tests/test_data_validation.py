@@ -208,3 +208,40 @@ def test_schema_differences_name_site_and_columns():
         "site 'C': column 'age' is categorical",
         "numeric (float64) at site 'A'",
     )
+
+
+def test_labels_file_of_a_vertical_deployment_names_file_column_and_rows(tmp_path: Path) -> None:
+    from models.data.vertical import read_labels_file
+
+    path = tmp_path / "labels.csv"
+    pd.DataFrame({"id": ["p1", "p2", "p3"], "time": [3.0, -1.0, 2.0], "event": [1, 0, 2]}).to_csv(path, index=False)
+    with pytest.raises(DataValidationError) as err:
+        read_labels_file(path)
+    assert f"{path}: column 'time': 1 negative values (row 2)" in str(err.value)
+    assert f"{path}: column 'event': 1 values not in {{0, 1}} (found 2) (row 3)" in str(err.value)
+    pd.DataFrame({"id": ["p1", "p2"], "t": [3.0, 1.0], "e": [1, 0]}).to_csv(path, index=False)
+    table = read_labels_file(path, time_col="t", event_col="e")
+    assert table.ids.tolist() == ["p1", "p2"] and table.time.tolist() == [3.0, 1.0] and not table.modalities
+
+
+def test_deployed_preprocessing_from_summed_site_statistics_equals_the_pooled_fit() -> None:
+    from models.data import FeatureStatistics, Preprocessor
+    from models.survival import make_time_grid, time_grid_from_histograms, time_histogram
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"age": rng.normal(60, 10, 90), "sex": rng.choice(["F", "M"], 90)})
+    frame.loc[[3, 50], "age"] = np.nan
+    sites = [frame.iloc[:30], frame.iloc[30:60], frame.iloc[60:]]
+    summed = sum((FeatureStatistics.from_dict(FeatureStatistics.from_frame(site).to_dict()) for site in sites[1:]),
+                 start=FeatureStatistics.from_frame(sites[0]))
+    deployed = Preprocessor.from_dict(Preprocessor.from_statistics(summed).to_dict())
+    np.testing.assert_allclose(deployed.transform(frame), Preprocessor.fit(frame).transform(frame), rtol=1e-6)
+
+    time, event = rng.exponential(5.0, 90), rng.integers(0, 2, 90)
+    edges = np.linspace(0.0, time.max(), 2001)
+    counts = [time_histogram(time[part], event[part], edges) for part in np.array_split(np.arange(90), 3)]
+    events, censored = (np.sum([c[k] for c in counts], axis=0) for k in (0, 1))
+    np.testing.assert_allclose(time_grid_from_histograms(edges, events, censored, num_durations=10, scheme="equidistant"),
+                               make_time_grid(time, event, num_durations=10, scheme="equidistant"))
+    quantiles = time_grid_from_histograms(edges, events, censored, num_durations=10)
+    assert np.abs(quantiles - make_time_grid(time, event, num_durations=10)).max() <= time.max() / 2000

@@ -241,3 +241,29 @@ def build_federated_dataset(
         feature_names=preprocessor.feature_names,
         source=table.source,
     )
+
+
+def split_site_table(table: RawTable, *, name: str, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """A deployed site's split of its own table into training and test positions.
+
+    The same stratified split (by event, seeded by ``seed``) as a simulated site's
+    (:func:`build_federated_dataset`); the test part is the site's own held-out part for federated
+    evaluation.
+
+    Raises
+    ------
+    DataValidationError
+        When the training part has no event, naming the site and the file.
+    """
+    train, test = stratified_split(np.arange(len(table)), table.event, test_fraction,
+                                   np.random.default_rng([seed, SPLIT_STREAM]))
+    check_site_events({name: table.event[train]}, source=table.source, part="training")
+    return train, test
+
+
+def preprocessed_site(
+    table: RawTable, train: np.ndarray, test: np.ndarray, preprocessor: Preprocessor, *, name: str,
+) -> SiteData:
+    """One site's training and test parts, encoded with the federation's shared ``preprocessor``."""
+    arrays = SurvivalArrays(preprocessor.transform(table.features), table.time, table.event)
+    return SiteData(name, arrays.subset(train), arrays.subset(test))

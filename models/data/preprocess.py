@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -102,6 +103,23 @@ class FeatureStatistics:
                 categorical[str(column)] = dict(Counter(category_keys(series).dropna()))
         return cls(numeric, categorical, tuple(map(str, frame.columns)))
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (what a deployed site sends the server); :meth:`from_dict` inverts it."""
+        return {
+            "numeric": {c: [s.count, s.total, s.total_sq] for c, s in self.numeric.items()},
+            "categorical": {c: dict(counts) for c, counts in self.categorical.items()},
+            "order": list(self.order),
+        }
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any]) -> FeatureStatistics:
+        """Statistics from :meth:`to_dict`'s form."""
+        return cls(
+            {str(c): NumericStatistics(int(n), float(t), float(q)) for c, (n, t, q) in payload["numeric"].items()},
+            {str(c): {str(k): int(v) for k, v in counts.items()} for c, counts in payload["categorical"].items()},
+            tuple(map(str, payload["order"])),
+        )
+
     def __add__(self, other: FeatureStatistics) -> FeatureStatistics:
         if self.order != other.order or set(self.numeric) != set(other.numeric):
             raise ValueError("cannot add statistics of tables with different columns")
@@ -135,6 +153,21 @@ class Preprocessor:
             categories={
                 c: tuple(sorted(k for k, n in counts.items() if n > 0)) for c, counts in stats.categorical.items()
             },
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (what a deployment's server sends the sites); :meth:`from_dict` inverts it."""
+        return {"columns": list(self.columns), "means": dict(self.means), "stds": dict(self.stds),
+                "categories": {c: list(k) for c, k in self.categories.items()}}
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any]) -> Preprocessor:
+        """Preprocessor from :meth:`to_dict`'s form."""
+        return cls(
+            columns=tuple(map(str, payload["columns"])),
+            means={str(c): float(v) for c, v in payload["means"].items()},
+            stds={str(c): float(v) for c, v in payload["stds"].items()},
+            categories={str(c): tuple(map(str, k)) for c, k in payload["categories"].items()},
         )
 
     @classmethod

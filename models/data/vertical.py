@@ -17,7 +17,8 @@ Data sets:
 :func:`load_vertical` picks one by name. :func:`split_train_test` is the label holder's
 train/test split of the record IDs (stratified by event); :class:`ModalityTransform` is a site's
 own preprocessing of its modality (category codes, standardisation), fitted on the training
-records it holds; :func:`read_modality_file` reads a site's modality file in a deployment.
+records it holds; :func:`read_modality_file` reads a site's modality file in a deployment and
+:func:`read_labels_file` the label holder's file of IDs, times and events.
 
 References
 ----------
@@ -34,7 +35,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.data.datasets import read_frame
 from models.data.partition import stratified_split
+from models.data.validate import validate_survival_frame
 
 __all__ = [
     "METABRIC_CATEGORICAL",
@@ -48,6 +51,7 @@ __all__ = [
     "load_breast_cancer_vertical",
     "load_metabric_vertical",
     "load_vertical",
+    "read_labels_file",
     "read_modality_file",
     "simulate_multimodal",
     "split_train_test",
@@ -436,6 +440,20 @@ def fit_modality_transform(
     return ModalityTransform(categorical=categorical, continuous=continuous, levels=levels, mean=mean, scale=scale)
 
 
+def _record_ids(frame: pd.DataFrame, path: Path, id_column: str) -> pd.Index:
+    """The ID column of a site's or the label holder's file as strings; errors name the file and the column."""
+    if id_column not in frame.columns:
+        raise ValueError(f"{path}: no ID column {id_column!r}; columns present: {list(frame.columns)[:10]}")
+    ids = frame[id_column]
+    if ids.isna().any():
+        raise ValueError(f"{path}: column {id_column!r}: {int(ids.isna().sum())} empty IDs "
+                         f"(rows {list(np.flatnonzero(ids.isna().to_numpy())[:5])})")
+    ids = ids.astype(str)
+    if ids.duplicated().any():
+        raise ValueError(f"{path}: column {id_column!r}: duplicate IDs {_examples(pd.Index(ids[ids.duplicated()]))}")
+    return pd.Index(ids, name=id_column)
+
+
 def read_modality_file(path: str | Path, *, id_column: str = "id") -> pd.DataFrame:
     """A site's modality file (CSV or Parquet): one row per record, an ID column and feature columns.
 
@@ -446,16 +464,27 @@ def read_modality_file(path: str | Path, *, id_column: str = "id") -> pd.DataFra
     if not path.exists():
         raise FileNotFoundError(f"{path}: modality file not found")
     frame = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
-    if id_column not in frame.columns:
-        raise ValueError(f"{path}: no ID column {id_column!r}; columns present: {list(frame.columns)[:10]}")
-    ids = frame[id_column]
-    if ids.isna().any():
-        raise ValueError(f"{path}: column {id_column!r}: {int(ids.isna().sum())} empty IDs "
-                         f"(rows {list(np.flatnonzero(ids.isna().to_numpy())[:5])})")
-    ids = ids.astype(str)
-    if ids.duplicated().any():
-        raise ValueError(f"{path}: column {id_column!r}: duplicate IDs {_examples(pd.Index(ids[ids.duplicated()]))}")
-    features = frame.drop(columns=[id_column]).set_axis(pd.Index(ids, name=id_column), axis=0)
+    ids = _record_ids(frame, path, id_column)
+    features = frame.drop(columns=[id_column]).set_axis(ids, axis=0)
     if features.shape[1] == 0:
         raise ValueError(f"{path}: no feature columns besides {id_column!r}")
     return features
+
+
+def read_labels_file(
+    path: str | Path, *, id_column: str = "id", time_col: str = "time", event_col: str = "event",
+) -> VerticalTable:
+    """The label holder's file in a vertical deployment (CSV or Parquet): record IDs, times, events.
+
+    Returns a :class:`VerticalTable` without modalities (the sites hold them). The times and
+    events are checked like any survival table (:func:`models.data.validate.validate_survival_frame`:
+    missing columns, non-numeric, negative or missing times, events outside {0, 1}, no events),
+    the IDs like a site's; every error names the file, the column and the rows.
+    """
+    path = Path(path)
+    frame = read_frame(path)
+    ids = _record_ids(frame, path, id_column)
+    time, event = validate_survival_frame(frame, source=str(path), time_col=time_col, event_col=event_col,
+                                          feature_cols=())
+    return VerticalTable(name=path.stem, ids=ids.to_numpy(dtype=str), time=time, event=event.astype(np.int64),
+                         modalities={})

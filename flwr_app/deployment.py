@@ -1,0 +1,207 @@
+"""Horizontal deployment (``data.name = "site_files"``): every site trains on its own file.
+
+A deployed SuperNode names its file in its node config (``data-path='/data/site.csv'``, optional
+``site-name='hospital-a'``). The server holds no records, so before the first round it agrees the
+shared parts of the model with the sites in three messages:
+
+1. ``site_summary``: each site splits its file into training and test parts (stratified by event,
+   seeded by the run seed) and returns the additive statistics of its training features
+   (:class:`models.data.FeatureStatistics`: counts, sums, sums of squares, category counts), the
+   count, sum and sum of squares of its training times and its largest training time;
+2. ``site_time_histogram``: each site counts its training events and censorings in
+   ``TIME_HISTOGRAM_BINS`` equal intervals up to the largest time of any site;
+3. ``site_setup``: the server sends every site the :class:`flwr_app.task.SiteSpec` built from the
+   sums (the preprocessing, the time grid, the time scale), which the site keeps in its node state.
+
+The summed statistics are exactly those of the pooled training parts, so the preprocessing equals
+the simulation's (up to summation order) and the time grid is the simulation's rounded to the
+histogram's resolution. Nothing else leaves a site before training; the statistics are sent
+without noise (the privacy ledger says so). Evaluation is federated: each site reports the global
+model's metrics on its own test part.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid
+
+from flwr_app import task
+from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
+from models.data import DataValidationError, FeatureStatistics, Preprocessor, RawTable, SiteData
+from models.data.federated import preprocessed_site, split_site_table
+from models.data.preprocess import NumericStatistics
+from models.survival import time_grid_from_histograms, time_histogram
+
+SUMMARY = "query.site_summary"
+HISTOGRAM = "query.site_time_histogram"
+SETUP = "train.site_setup"
+PAYLOAD = "deployment"
+SPEC_STATE = "deployment.spec"
+#: Resolution of the federated time grid: intervals of the sites' time histograms.
+TIME_HISTOGRAM_BINS = 2000
+
+
+def _payload(content: Mapping[str, Any]) -> RecordDict:
+    return RecordDict({PAYLOAD: ConfigRecord({"json": json.dumps(content)})})
+
+
+def _read(message: Message) -> dict[str, Any]:
+    return json.loads(str(message.content.config_records[PAYLOAD]["json"]))
+
+
+def _ask(
+    grid: Grid, message_type: str, contents: Mapping[int, Mapping[str, Any]], timeout: float,
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """Send one message per node; return the decoded replies and, per failed node, why it failed."""
+    messages = [Message(content=_payload(content), dst_node_id=node, message_type=message_type)
+                for node, content in contents.items()]
+    answered: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            failed[node] = reply.error.reason
+        else:
+            answered[node] = _read(reply)
+    failed.update({node: f"no reply to {message_type} within {timeout:.0f} s"
+                   for node in contents if node not in answered and node not in failed})
+    return answered, failed
+
+
+def _check_schema(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics]) -> None:
+    """Every site's feature columns and their kinds (numeric or categorical) must be the first site's."""
+    (reference_node, reference), *_ = statistics.items()
+    reference_name = names[reference_node]
+    problems = []
+    for node, stats in statistics.items():
+        missing = [c for c in reference.order if c not in stats.order]
+        extra = [c for c in stats.order if c not in reference.order]
+        if missing:
+            problems.append(f"site '{names[node]}': missing columns {missing} (present at site '{reference_name}')")
+        if extra:
+            problems.append(f"site '{names[node]}': extra columns {extra} (absent at site '{reference_name}')")
+        problems += [
+            f"site '{names[node]}': column '{c}' is {'numeric' if c in stats.numeric else 'categorical'} but "
+            f"{'numeric' if c in reference.numeric else 'categorical'} at site '{reference_name}'"
+            for c in reference.order if c in stats.order and (c in stats.numeric) != (c in reference.numeric)
+        ]
+        if not missing and not extra and stats.order != reference.order:
+            problems.append(f"site '{names[node]}': columns in another order than at site '{reference_name}'")
+    if problems:
+        raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
+
+
+def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> tuple[task.SiteSpec, dict[int, str]]:
+    """Agree the preprocessing and the time grid with the connected sites and send them the result.
+
+    A site whose file cannot be used replies with an error naming the file, the column and the
+    problem; it is reported and left out, and the run goes on with the others if at least
+    ``federation.min_sites`` remain.
+
+    Returns
+    -------
+    spec
+        What every site received (the server builds its model from it).
+    sites
+        Node ID -> site name of the sites that took part.
+
+    Raises
+    ------
+    RuntimeError
+        When fewer than ``federation.min_sites`` sites can take part (listing why each failed).
+    DataValidationError
+        When the sites' files have different columns.
+    """
+    nodes = sorted(grid.get_node_ids())
+    summaries, failed = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
+    names = {node: str(summary["site"]) for node, summary in summaries.items()}
+    for node, reason in sorted(failed.items()):
+        print(f"site at node {node} left out: {reason}", flush=True)
+    if len(summaries) < cfg.federation.min_sites:
+        reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(failed.items()))
+        raise RuntimeError(f"only {len(summaries)} of {len(nodes)} sites can take part, fewer than "
+                           f"federation.min_sites = {cfg.federation.min_sites}:\n{reasons}")
+    statistics = {node: FeatureStatistics.from_dict(summary["features"]) for node, summary in summaries.items()}
+    _check_schema(names, statistics)
+    features = functools.reduce(operator.add, statistics.values())
+    times = sum((NumericStatistics(*summary["time"]) for summary in summaries.values()), start=NumericStatistics())
+    max_time = max(float(summary["max_time"]) for summary in summaries.values())
+    histograms, failed = _ask(grid, HISTOGRAM, {node: {"max_time": max_time, "bins": TIME_HISTOGRAM_BINS}
+                                                for node in summaries}, timeout)
+    if failed:
+        raise RuntimeError(f"sites failed to send their time histograms: {failed}")
+    cuts = time_grid_from_histograms(
+        np.linspace(0.0, max_time, TIME_HISTOGRAM_BINS + 1),
+        np.sum([h["events"] for h in histograms.values()], axis=0),
+        np.sum([h["censored"] for h in histograms.values()], axis=0),
+        num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid,
+    )
+    spec = task.SiteSpec(Preprocessor.from_statistics(features), cuts, (times.mean, times.std))
+    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json()} for node in summaries}, timeout)
+    if failed:
+        raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
+    print(f"{len(summaries)} sites ({', '.join(sorted(names.values()))}): {int(times.count)} training records, "
+          f"{len(spec.preprocessor.feature_names)} encoded features, {len(cuts)} time-grid points", flush=True)
+    return spec, names
+
+
+def site_name(context: Context) -> str:
+    """The site's name in metrics and the ledger: node config ``site-name``, else ``node-<id>``."""
+    return str(context.node_config.get("site-name", f"node-{context.node_id}"))
+
+
+def _site_table(cfg: ExperimentConfig, context: Context) -> tuple[RawTable, np.ndarray, np.ndarray]:
+    if "data-path" not in context.node_config:
+        raise ValueError(f"node config has no 'data-path': in a deployment (data.name = {DEPLOYED_DATA!r}) every "
+                         "SuperNode names its data file, e.g. --node-config \"data-path='/data/site.csv'\"")
+    table = task.load_site_table(cfg, str(context.node_config["data-path"]))
+    train, test = split_site_table(table, name=site_name(context), seed=cfg.seed, test_fraction=cfg.data.test_fraction)
+    return table, train, test
+
+
+def stored_spec(context: Context) -> task.SiteSpec:
+    """The shared preprocessing and time grid this site received at set-up."""
+    if SPEC_STATE not in context.state.config_records:
+        raise ValueError("this site has no shared preprocessing in its node state: the server's set-up "
+                         f"({SUMMARY}, {HISTOGRAM}, {SETUP}) did not reach it")
+    return task.SiteSpec.from_json(str(context.state.config_records[SPEC_STATE]["json"]))
+
+
+def deployed_site(cfg: ExperimentConfig, context: Context) -> SiteData:
+    """This site's training and test parts, encoded with the shared preprocessing."""
+    table, train, test = _site_table(cfg, context)
+    return preprocessed_site(table, train, test, stored_spec(context).preprocessor, name=site_name(context))
+
+
+def summary(message: Message, context: Context) -> Message:
+    """Additive statistics of the site's training part (features, times) and its largest training time."""
+    table, train, _ = _site_table(parse_run_config(context.run_config), context)
+    time = table.time[train]
+    return Message(content=_payload({
+        "site": site_name(context),
+        "features": FeatureStatistics.from_frame(table.features.iloc[train]).to_dict(),
+        "time": [int(time.size), float(time.sum()), float(np.square(time).sum())],
+        "max_time": float(time.max()),
+    }), reply_to=message)
+
+
+def histogram(message: Message, context: Context) -> Message:
+    """Training events and censorings per interval of the server's histogram."""
+    request = _read(message)
+    table, train, _ = _site_table(parse_run_config(context.run_config), context)
+    edges = np.linspace(0.0, float(request["max_time"]), int(request["bins"]) + 1)
+    events, censored = time_histogram(table.time[train], table.event[train], edges)
+    return Message(content=_payload({"events": events.tolist(), "censored": censored.tolist()}), reply_to=message)
+
+
+def setup(message: Message, context: Context) -> Message:
+    """Keep the server's shared preprocessing and time grid in the node state."""
+    context.state[SPEC_STATE] = ConfigRecord({"json": str(_read(message)["spec"])})
+    return Message(content=_payload({}), reply_to=message)

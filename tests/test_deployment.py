@@ -1,0 +1,190 @@
+"""A deployment on 127.0.0.1: TLS, SuperNode authentication, site files, `flwr run` (README "Deploy at partner sites").
+
+The deploy scripts make the certificates and keys; a SuperLink runs with TLS and
+``--enable-supernode-auth``; three registered SuperNodes each read their own file. A horizontal
+``dp_sgd`` run and a vertical ``split`` run go through ``flwr run``, and a SuperNode whose key was
+never registered is refused. Every process is started in its own process group and stopped by it.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flwr_app.config import PROJECT_ROOT
+from models.data.datasets import _sksurv_flchain
+from models.data.vertical import simulate_multimodal
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+DEPLOY = PROJECT_ROOT / "deploy"
+CONNECTION = "deployment"
+SITES = ("site-1", "site-2", "site-3")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Deployment:
+    """The processes of one deployment; :meth:`stop_all` ends every one of them by process group."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.logs = root / "logs"
+        self.logs.mkdir()
+        self.env = {**os.environ, "FLWR_HOME": str(root / "flwr_home"), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "PATH": f"{BIN}:{os.environ['PATH']}"}
+        self.port = free_port()
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def run(self, *command: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([str(part) for part in command], cwd=PROJECT_ROOT, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def start(self, name: str, *command: str | Path) -> subprocess.Popen:
+        with (self.logs / f"{name}.log").open("w") as log:
+            process = subprocess.Popen([str(part) for part in command], cwd=self.root, env=self.env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text()
+
+    def start_supernode(self, site: str, node_config: str, *, key: str | None = None) -> subprocess.Popen:
+        return self.start(site, BIN / "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
+                          "--root-certificates", self.root / "certs" / "ca.crt",
+                          "--auth-supernode-private-key", self.root / "keys" / (key or site),
+                          "--port", str(free_port()), "--node-config", node_config)
+
+    def stop(self, name: str) -> None:
+        process = self.processes.pop(name)
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children left in the group (SuperExec, app processes) after the leader exited
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def flwr_run(self, run_config: str) -> dict:
+        """``flwr run`` against the deployment; the run's entry of ``flwr ls`` (``--stream`` exits 0 on failure)."""
+        before = {run["run-id"] for run in self.runs()}
+        result = self.run(BIN / "flwr", "run", ".", CONNECTION, "--stream", "--run-config", run_config, timeout=480)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (run,) = [run for run in self.runs() if run["run-id"] not in before]
+        assert run["status"] == "finished:completed", (run, result.stdout[-4000:], self.log("superlink")[-4000:])
+        return run
+
+    def runs(self) -> list[dict]:
+        return json.loads(self.run(BIN / "flwr", "ls", CONNECTION, "--format", "json").stdout)["runs"]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deployment")
+    deploy = Deployment(root)
+    try:
+        for command in (
+            ["make_certificates.sh", root / "certs", "127.0.0.1"],
+            ["make_supernode_keys.sh", root / "keys", *SITES, "intruder"],
+            ["add_connection.sh", CONNECTION, f"127.0.0.1:{deploy.port}", root / "certs" / "ca.crt"],
+        ):
+            result = deploy.run("bash", DEPLOY / command[0], *command[1:])
+            assert result.returncode == 0, result.stderr
+        certs = root / "certs"
+        deploy.start("superlink", BIN / "flower-superlink", "--ssl-ca-certfile", certs / "ca.crt",
+                     "--ssl-certfile", certs / "server.crt", "--ssl-keyfile", certs / "server.key",
+                     "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(deploy.port))
+        deadline = time.monotonic() + 60
+        while deploy.run(BIN / "flwr", "supernode", "list", CONNECTION).returncode != 0:
+            assert time.monotonic() < deadline, deploy.log("superlink")
+            assert deploy.processes["superlink"].poll() is None, deploy.log("superlink")
+            time.sleep(1)
+        for site in SITES:
+            result = deploy.run(BIN / "flwr", "supernode", "register", root / "keys" / f"{site}.pub", CONNECTION,
+                                "--format", "json")
+            assert result.returncode == 0 and json.loads(result.stdout)["success"], result.stdout + result.stderr
+        yield deploy
+    finally:
+        deploy.stop_all()
+
+
+def test_unregistered_supernode_is_refused_and_horizontal_dp_sgd_run_completes(deployment):
+    intruder = deployment.start_supernode("intruder", "data-path='/nonexistent.csv'", key="intruder")
+    assert intruder.wait(timeout=120) != 0
+    deployment.stop("intruder")
+    assert "No SuperNode found with the given public key" in deployment.log("superlink")
+
+    flchain = _sksurv_flchain().drop(columns=["chapter"]).sample(n=1500, random_state=0)
+    for site, rows in zip(SITES, np.array_split(np.arange(len(flchain)), len(SITES))):
+        path = deployment.root / f"{site}.csv"
+        flchain.iloc[rows].to_csv(path, index=False)
+        deployment.start_supernode(site, f"data-path='{path}' site-name='{site}'")
+    out = deployment.root / "horizontal"
+    deployment.flwr_run(
+        f"data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
+        f"privacy.epsilon=5 federation.num_sites=3 federation.rounds=2 train.batch_size=64 "
+        f"evaluation.server_side=false baseline.centralized=false output.dir='{out}'"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_sites"] == 3 and summary["rounds"] == 2 and set(summary["sites"]) == set(SITES)
+    assert summary["test_source"] == "weighted mean of the sites' own test metrics"
+    assert 0.5 < summary["test"]["c_index"] <= 1.0
+    assert 0 < summary["privacy"]["epsilon"] <= 5
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in rounds] == [1, 2] and not rounds[-1]["failures"]
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    assert {(entry["round"], entry["site"], entry["mechanism"]) for entry in ledger} == {
+        (r, site, "dp_sgd") for r in (1, 2) for site in SITES}
+    for site in SITES:
+        deployment.stop(site)
+
+
+def test_vertical_split_run_with_labels_file_completes(deployment):
+    table = simulate_multimodal(300)
+    labels = deployment.root / "labels.csv"
+    table_labels = {"id": table.ids, "time": table.time, "event": table.event}
+    pd.DataFrame(table_labels).to_csv(labels, index=False)
+    for site, modality in zip(SITES, table.modalities):
+        path = deployment.root / f"{modality}.csv"
+        table.modalities[modality].rename_axis("id").reset_index().to_csv(path, index=False)
+        deployment.start_supernode(site, f"modality='{modality}' data-path='{path}'")
+    out = deployment.root / "vertical"
+    deployment.flwr_run(
+        f"data.name='site_files' data.labels_path='{labels}' strategy.name='split' model.name='bayesian_multisurv' "
+        f"split.modalities='a,b,c' split.embedding_dim=16 split.mc_samples=2 privacy.epsilon=10 federation.rounds=1 "
+        f"evaluation.server_side=false baseline.centralized=false output.dir='{out}'"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["modalities"] == ["a", "b", "c"] and summary["epochs"] == 1
+    assert summary["round_trips"] == summary["batches"] + 1
+    assert summary["privacy"]["epsilon"] <= 10 + 1e-6
+    assert (out / "metrics.jsonl").read_text().count("\n") == 1
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    assert {entry["site"] for entry in ledger} == {"a", "b", "c", "all modalities"}
+    assert (out / "survival_bands.npz").exists()
