@@ -55,6 +55,8 @@ class Deployment:
                               text=True, timeout=timeout)
 
     def start(self, name: str, *command: str | Path) -> subprocess.Popen:
+        if name in self.processes:  # a test that failed before stopping its own: never lose track of a process
+            self.stop(name)
         with (self.logs / f"{name}.log").open("w") as log:
             process = subprocess.Popen([str(part) for part in command], cwd=self.root, env=self.env, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
@@ -99,6 +101,24 @@ class Deployment:
         (run,) = [run for run in self.runs() if run["run-id"] not in before]
         assert run["status"] == "finished:completed", (run, result.stdout[-4000:], self.log("superlink")[-4000:])
         return run
+
+    def submit(self, run_config: str) -> int:
+        """``flwr run`` without ``--stream``: the new run's ID (it returns once the SuperLink has the run)."""
+        before = {run["run-id"] for run in self.runs()}
+        result = self.run(BIN / "flwr", "run", ".", CONNECTION, "--run-config", run_config, timeout=240)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (run,) = [run for run in self.runs() if run["run-id"] not in before]
+        return run["run-id"]
+
+    def wait_finished(self, run_id: int, *, timeout: float) -> dict:
+        """Poll ``flwr ls`` until the run has finished; its entry."""
+        deadline = time.monotonic() + timeout
+        while True:
+            (run,) = [run for run in self.runs() if run["run-id"] == run_id]
+            if run["status"].startswith("finished"):
+                return run
+            assert time.monotonic() < deadline, (run, self.log("superlink")[-4000:])
+            time.sleep(2)
 
     def runs(self) -> list[dict]:
         return json.loads(self.run(BIN / "flwr", "ls", CONNECTION, "--format", "json").stdout)["runs"]
@@ -188,3 +208,47 @@ def test_vertical_split_run_with_labels_file_completes(deployment):
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     assert {entry["site"] for entry in ledger} == {"a", "b", "c", "all modalities"}
     assert (out / "survival_bands.npz").exists()
+    for site in SITES:
+        deployment.stop(site)
+
+
+def test_a_supernode_killed_mid_run_leaves_the_run_to_finish_with_the_others(deployment, tmp_path):
+    """Issue 6: the run finishes with the remaining sites; the ledger has the killed site's spend up to its last round."""
+    flchain = _sksurv_flchain().drop(columns=["chapter"]).sample(n=1500, random_state=1)
+    for site, rows in zip(SITES, np.array_split(np.arange(len(flchain)), len(SITES))):
+        path = tmp_path / f"{site}.csv"
+        flchain.iloc[rows].to_csv(path, index=False)
+        deployment.start_supernode(site, f"data-path='{path}' site-name='{site}'")
+    out = deployment.root / "killed"
+    rounds = 4
+    run_id = deployment.submit(
+        f"data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
+        f"privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 federation.rounds={rounds} "
+        f"train.batch_size=64 evaluation.server_side=false baseline.centralized=false output.dir='{out}'"
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline, deployment.log("superlink")[-4000:]
+        time.sleep(1)
+    killed = SITES[-1]
+    deployment.stop(killed)  # SIGTERM, then SIGKILL to its whole process group: the site is gone
+    run = deployment.wait_finished(run_id, timeout=600)
+    assert run["status"] == "finished:completed", (run, deployment.log("superlink")[-4000:])
+
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["round"] for line in lines] == list(range(1, rounds + 1))
+    assert set(lines[0]["sites"]) == set(SITES)
+    assert set(lines[-1]["sites"]) == set(SITES) - {killed}
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    spent = {site: sorted(entry["round"] for entry in ledger if entry["site"] == site) for site in SITES}
+    last = max(spent[killed])
+    assert spent[killed] == list(range(1, last + 1)) and last < rounds
+    for site in SITES[:-1]:
+        assert spent[site] == list(range(1, rounds + 1))
+    # the killed site's last entry is its spend when it vanished; the headline is the worst site's
+    killed_epsilon = max(entry["epsilon"] for entry in ledger if entry["site"] == killed)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["privacy"]["epsilon"] >= killed_epsilon
+    for site in SITES[:-1]:
+        deployment.stop(site)
