@@ -18,8 +18,16 @@ from flwr.clientapp import ClientApp
 
 from flwr_app import deployment, task, vertical_client
 from flwr_app.config import parse_run_config
+from flwr_app.faults import inject_failure
 from models.data import SiteData
-from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, SITE_KEY, WEIGHT_KEY
+from strategies.horizontal import (
+    BASELINE_EVENTS,
+    BASELINE_RISK,
+    PRIVACY_STATE_KEY,
+    RESUMED_PRIVACY_STATE,
+    SITE_KEY,
+    WEIGHT_KEY,
+)
 
 app = ClientApp()
 PRIVACY_STATE = "privacy.state"
@@ -60,41 +68,61 @@ def _model(context: Context, message: Message):
     return cfg, model
 
 
-def _reply(message: Message, site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None) -> Message:
-    content = RecordDict({"metrics": MetricRecord(metrics), SITE_KEY: ConfigRecord({"name": site.name})})
+def _reply(message: Message, site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None, *,
+           privacy_state: str | None = None) -> Message:
+    site_record = ConfigRecord({"name": site.name})
+    if privacy_state is not None:
+        site_record[PRIVACY_STATE_KEY] = privacy_state
+    content = RecordDict({"metrics": MetricRecord(metrics), SITE_KEY: site_record})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content=content, reply_to=message)
+
+
+def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
+    """The site's privacy state: its node state, else (a resumed run, whose node states start empty) the checkpoint's."""
+    stored = context.state.config_records.get(PRIVACY_STATE)
+    if stored is not None:
+        return json.loads(str(stored["json"]))
+    if RESUMED_PRIVACY_STATE in config:
+        return json.loads(str(config[RESUMED_PRIVACY_STATE]))
+    return None
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Local epochs on the site's training part, starting from the global model."""
     site, index = _site(context)
+    config = message.content["config"]
+    server_round = int(config["server-round"])
+    inject_failure(parse_run_config(context.run_config), site=site.name, server_round=server_round, message="train")
     cfg, model = _model(context, message)
-    server_round = int(message.content["config"]["server-round"])
     seed = task.round_seed(cfg.seed, server_round, index)
+    privacy_state = None
     if cfg.strategy in task.PRIVATE_TRAINING:
-        # σ and the site's accountant (or its spent privacy) live in its node state across rounds.
-        stored = context.state.config_records.get(PRIVACY_STATE)
-        previous = None if stored is None else json.loads(str(stored["json"]))
+        # σ and the site's accountant (or its spent privacy) live in its node state across rounds; the reply
+        # carries them too, so that the server's checkpoint can give them back to a resumed run.
+        previous = _privacy_state(context, config)
         metrics, state = task.PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)
-        context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
+        privacy_state = json.dumps(state)
+        context.state[PRIVACY_STATE] = ConfigRecord({"json": privacy_state})
         if previous is not None and state["steps"] == previous["steps"]:
             metrics[WEIGHT_KEY] = 0  # budget spent: nothing new to contribute to the average
     else:
         metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
     # Client-level central DP bounds one site's influence on the mean only with equal weights.
     metrics.setdefault(WEIGHT_KEY, 1 if cfg.strategy == "central_dp" else len(site.train))
-    return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()))
+    return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()), privacy_state=privacy_state)
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     """Test metrics of the global model on the site's own test part."""
     site, _ = _site(context)
-    _, model = _model(context, message)
     config = message.content["config"]
+    inject_failure(parse_run_config(context.run_config), site=site.name, server_round=int(config["server-round"]),
+                   message="evaluate")
+    _, model = _model(context, message)
     if model.needs_baseline:
         if BASELINE_EVENTS not in config:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
@@ -106,10 +134,19 @@ def evaluate(message: Message, context: Context) -> Message:
     return _reply(message, site, metrics)
 
 
+@app.query("site_name")
+def site_name(message: Message, context: Context) -> Message:
+    """Which site this node is (a resumed run sends each site its own saved privacy state)."""
+    site, _ = _site(context)
+    return _reply(message, site, {})
+
+
 @app.query("breslow")
 def breslow(message: Message, context: Context) -> Message:
     """Sufficient statistics of the site's training part for the federated Breslow estimator."""
     site, _ = _site(context)
+    inject_failure(parse_run_config(context.run_config), site=site.name,
+                   server_round=int(message.content["config"]["server-round"]), message="breslow")
     _, model = _model(context, message)
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
     metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist(), WEIGHT_KEY: len(site.train)}

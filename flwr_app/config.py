@@ -32,6 +32,8 @@ ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not i
 SPLIT_CALIBRATIONS = ("rdp", "paper")
 
 ACCOUNTANTS = ("rdp", "prv")
+FAIL_MESSAGES = ("train", "evaluate", "breslow")
+FAIL_MODES = ("raise", "hang")
 ADJACENCIES = ("auto", "add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,6 +99,25 @@ class FederationConfig:
     min_site_records: int
     fraction_train: float
     min_sites: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Injected failures for tests of fault tolerance (simulation only; README "Fault tolerance and checkpoints").
+
+    ``fail_site`` (a horizontal site's name, ``site-<i>``, or a split run's modality; empty: none)
+    fails on every ``fail_message`` (``train``, ``evaluate``, ``breslow``) from round (split:
+    epoch) ``fail_round`` on, by raising (``fail_mode = "raise"``: an error reply) or by never
+    answering (``"hang"``). ``stop_after_round`` > 0 stops the ServerApp once that round's
+    outputs and checkpoint are written, as a crash of the server would.
+    """
+
+    fail_site: str
+    fail_round: int
+    fail_message: str
+    fail_mode: str
+    stop_after_round: int
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,8 @@ class ExperimentConfig:
     output_dir: str
     server_evaluation: bool
     centralized_baseline: bool
+    resume_from: str
+    debug: DebugConfig
 
     def as_dict(self) -> dict[str, Any]:
         """Plain nested dictionary (JSON-serialisable) of the resolved configuration."""
@@ -265,6 +288,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         ),
         fraction_train=_get(flat, "federation.fraction_train", float),
         min_sites=int(_positive("federation.min_sites", _get(flat, "federation.min_sites", int))),
+        timeout_s=_positive("federation.timeout_s", _get(flat, "federation.timeout_s", float)),
     )
     if not 0.0 < federation.fraction_train <= 1.0:
         raise ConfigError(
@@ -306,6 +330,16 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     _check_vertical(strategy, data, model, privacy)
     server_evaluation = _get(flat, "evaluation.server_side", bool)
     centralized_baseline = _get(flat, "baseline.centralized", bool)
+    debug = DebugConfig(
+        fail_site=_get(flat, "debug.fail_site", str).strip(),
+        fail_round=int(_positive("debug.fail_round", _get(flat, "debug.fail_round", int))),
+        fail_message=_choice("debug.fail_message", _get(flat, "debug.fail_message", str), FAIL_MESSAGES),
+        fail_mode=_choice("debug.fail_mode", _get(flat, "debug.fail_mode", str), FAIL_MODES),
+        stop_after_round=int(_positive("debug.stop_after_round", _get(flat, "debug.stop_after_round", int),
+                                       allow_zero=True)),
+    )
+    resume_from = _get(flat, "resume.from", str).strip()
+    _check_faults(strategy, data, debug, resume_from)
     if data.deployed:
         _check_deployment(strategy, split, privacy, data, server_evaluation=server_evaluation,
                           centralized_baseline=centralized_baseline)
@@ -346,7 +380,26 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         output_dir=_get(flat, "output.dir", str),
         server_evaluation=server_evaluation,
         centralized_baseline=centralized_baseline,
+        resume_from=resume_from,
+        debug=debug,
     )
+
+
+def _check_faults(strategy: str, data: DataConfig, debug: DebugConfig, resume_from: str) -> None:
+    """Injected failures are for simulations; split runs have no checkpoints and no Breslow or evaluate messages."""
+    if data.deployed and (debug.fail_site or debug.stop_after_round):
+        raise ConfigError("run config: 'debug.fail_site' and 'debug.stop_after_round' inject failures into "
+                          f"simulations only; a deployment (data.name = {DEPLOYED_DATA!r}) must leave them at their "
+                          "defaults ('' and 0)")
+    if strategy != "split":
+        return
+    if resume_from or debug.stop_after_round:
+        raise ConfigError("run config: 'resume.from' and 'debug.stop_after_round' apply to horizontal runs only: a "
+                          "split run keeps each site's encoder in that site's node state, which no server checkpoint "
+                          "can restore")
+    if debug.fail_site and debug.fail_message != "train":
+        raise ConfigError(f"run config: a split run's sites answer training round trips only; "
+                          f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
 
 
 def _resolve_adjacency(strategy: str, privacy: PrivacyConfig) -> PrivacyConfig:

@@ -5,6 +5,7 @@
 ``ledger.jsonl``     privacy ledger, one line per site and round (strategies.accounting.ledger)
 ``summary.json``     final test metrics and the headline privacy claim
 ``model.pt``         final global model (``state_dict`` plus what is needed to rebuild it)
+``checkpoint.pt``    horizontal runs: everything needed to continue after the last completed round
 ``survival_vs_km.png``  mean predicted survival vs Kaplan–Meier per site
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +22,9 @@ from typing import Any
 
 import torch
 
-from flwr_app.config import ExperimentConfig
+from flwr_app.config import ConfigError, ExperimentConfig
+
+CHECKPOINT = "checkpoint.pt"
 
 
 def _jsonable(value: Any) -> Any:
@@ -49,7 +53,17 @@ class RunOutputs:
 
     @classmethod
     def create(cls, cfg: ExperimentConfig) -> RunOutputs:
-        """The run's directory: ``output.dir`` or ``./outputs/<time>-<data>-<strategy>``."""
+        """The run's directory: ``output.dir`` or ``./outputs/<time>-<data>-<strategy>``.
+
+        A resumed run (``resume.from``) continues in the directory of its checkpoint; ``output.dir``
+        must then be empty or name that directory.
+        """
+        if cfg.resume_from:
+            directory = resume_directory(cfg.resume_from)
+            if cfg.output_dir and Path(cfg.output_dir).resolve() != directory:
+                raise ConfigError(f"run config: resume.from = {cfg.resume_from!r} continues the run in {directory}, "
+                                  f"but output.dir = {cfg.output_dir!r} names another directory; leave output.dir empty")
+            return cls(directory)
         if cfg.output_dir:
             directory = Path(cfg.output_dir)
         else:
@@ -79,6 +93,10 @@ class RunOutputs:
     def plot_path(self) -> Path:
         return self.directory / "survival_vs_km.png"
 
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.directory / CHECKPOINT
+
     def write_config(self, cfg: ExperimentConfig, run_config: Mapping[str, Any]) -> None:
         write_json(self.directory / "config.json", {"resolved": cfg.as_dict(), "run_config": dict(run_config)})
 
@@ -87,8 +105,46 @@ class RunOutputs:
         with self.metrics_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(_jsonable(line), allow_nan=False) + "\n")
 
+    def keep_metrics_until(self, last_round: int) -> int:
+        """Drop the metrics lines of rounds after ``last_round`` (rewritten atomically); return how many were dropped.
+
+        A run that crashed after writing a round's line but before that round's checkpoint leaves
+        such lines; the resumed run writes them again.
+        """
+        if not self.metrics_path.exists():
+            return 0
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if json.loads(line)["round"] <= last_round]
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(self.metrics_path)
+        return len(lines) - len(kept)
+
+    def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
+        """Write ``checkpoint.pt`` atomically (temporary file, then ``os.replace``): a crash leaves the previous one."""
+        tmp = self.checkpoint_path.with_suffix(".pt.tmp")
+        torch.save(dict(checkpoint), tmp)
+        os.replace(tmp, self.checkpoint_path)
+
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json(self.summary_path, summary)
 
     def save_model(self, state_dict: Mapping[str, torch.Tensor], **metadata: Any) -> None:
         torch.save({"state_dict": dict(state_dict), **metadata}, self.model_path)
+
+
+def resume_directory(resume_from: str) -> Path:
+    """The run directory that ``resume.from`` (a run directory or its ``checkpoint.pt``) names."""
+    path = Path(resume_from).resolve()
+    return path if path.is_dir() else path.parent
+
+
+def load_checkpoint(resume_from: str) -> dict[str, Any]:
+    """The checkpoint that ``resume.from`` names (tensors and plain Python only: loaded with ``weights_only``)."""
+    path = Path(resume_from).resolve()
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"run config: resume.from = {resume_from!r}: no checkpoint at {path} (a horizontal run "
+                          "writes one after every round)")
+    return torch.load(path, weights_only=True)

@@ -10,32 +10,51 @@ themselves (federated evaluation on each site's own test part). In a deployment
 (``data.name = "site_files"``) the server holds no records: it agrees the preprocessing and the time
 grid with the sites first (:func:`flwr_app.deployment.prepare_sites`), and the run's test figures
 are the sites' own.
+
+Fault tolerance: a site that fails or does not answer in a round is recorded in that round's
+``failures`` and the round goes on with the others, down to ``federation.min_sites`` (see
+:meth:`strategies.horizontal.SurvivalFedAvg.run_rounds`). After every round the server writes
+``checkpoint.pt`` (the global model, the strategy's records, every site's last privacy state and
+the configuration); ``resume.from`` continues a stopped run from its last checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
 from flwr_app import deployment, task, vertical_task
-from flwr_app.config import ExperimentConfig, parse_run_config
-from flwr_app.outputs import RunOutputs
+from flwr_app.config import ConfigError, ExperimentConfig, parse_run_config
+from flwr_app.outputs import RunOutputs, load_checkpoint
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
 from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
 from strategies.accounting.rdp import epsilon_gaussian_rounds
-from strategies.horizontal import PRIVACY_KEYS, SurvivalFedAvg, weighted_nanmean, with_central_dp
+from strategies.horizontal import (
+    PRIVACY_KEYS,
+    SurvivalFedAvg,
+    TooFewSitesError,
+    weighted_nanmean,
+    with_central_dp,
+)
 from strategies.mechanisms.nbafl import WEIGHT_PERTURBATION
 
 app = ServerApp()
+CHECKPOINT_FORMAT = 1
+
+
+class RunStopped(RuntimeError):
+    """``debug.stop_after_round`` stopped the run (a simulated crash of the server)."""
 
 SHARED_STATISTICS = (
     "not covered: the shared time grid (quantiles of the pooled training times) and the preprocessing "
@@ -241,17 +260,80 @@ def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str
     return metrics
 
 
+def run_identity(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The configuration a resumed run must share with its checkpoint, as JSON values.
+
+    Everything but where the outputs go, ``resume.from``, the injected failures (``debug.*``) and
+    ``federation.timeout_s``: in particular ``federation.rounds``, for which the sites calibrated
+    their noise (extending a run would spend more than ``privacy.epsilon``).
+    """
+    identity = cfg.as_dict()
+    for key in ("output_dir", "resume_from", "debug"):
+        identity.pop(key)
+    identity["federation"].pop("timeout_s")
+    return json.loads(json.dumps(identity))
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where two nested configurations differ."""
+    paths = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            paths += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            paths.append(f"{prefix}{key} ({a!r} in the checkpoint, {b!r} now)")
+    return paths
+
+
+@dataclass
+class _Resumed:
+    """Where a resumed run starts: the global model after ``last_round`` and every site's privacy state."""
+
+    arrays: ArrayRecord
+    last_round: int
+    ledger: PrivacyLedger
+    privacy_states: dict[str, str]
+
+
+def _resume(cfg: ExperimentConfig, outputs: RunOutputs, survival: SurvivalFedAvg) -> _Resumed:
+    """Load ``resume.from``'s checkpoint, check it belongs to this configuration, cut the outputs back to it.
+
+    Metrics lines and ledger entries of rounds after the checkpoint's (a crash between writing
+    them and the checkpoint) are dropped: those rounds run again with the same seeds.
+    """
+    checkpoint = load_checkpoint(cfg.resume_from)
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"run config: resume.from = {cfg.resume_from!r} is not a fedsurv checkpoint of format "
+                          f"{CHECKPOINT_FORMAT}")
+    differences = _differences(json.loads(checkpoint["config"]), run_identity(cfg))
+    if differences:
+        raise ConfigError(f"run config: resume.from = {cfg.resume_from!r} was written by a run with another "
+                          f"configuration; a resumed run must keep it (only output.dir, resume.from, debug.* and "
+                          f"federation.timeout_s may change): {'; '.join(differences)}")
+    last_round = int(checkpoint["round"])
+    dropped = outputs.keep_metrics_until(last_round)
+    ledger = PrivacyLedger.resume(outputs.ledger_path, last_round=last_round)
+    survival.load_state_dict(checkpoint["strategy"])
+    print(f"resuming {outputs.directory} after round {last_round} of {cfg.federation.rounds}"
+          + (f" (dropped {dropped} metrics line(s) of later rounds written before the checkpoint)" if dropped else ""),
+          flush=True)
+    return _Resumed(ArrayRecord(checkpoint["arrays"]), last_round, ledger, dict(checkpoint["privacy_states"]))
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run ``federation.rounds`` rounds of FedAvg and write the run's outputs."""
     cfg = parse_run_config(context.run_config)
     outputs = RunOutputs.create(cfg)
-    outputs.write_config(cfg, context.run_config)
+    if not cfg.resume_from:  # a resumed run keeps the config.json of the run it continues (checked equal)
+        outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
     if cfg.strategy == "split":
         table = vertical_task.load_table(cfg)
         wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)))
-        run_vertical(cfg, FlowerSplitTransport(grid), outputs, table=table, started=started)
+        run_vertical(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table,
+                     started=started)
         return
 
     dataset: FederatedDataset | None = None
@@ -265,11 +347,14 @@ def main(grid: Grid, context: Context) -> None:
         model, num_sites = task.build_model(cfg, dataset), dataset.num_sites
         description = f"{num_sites} sites, partition '{cfg.federation.partition}'"
         wait_for_sites(grid, num_sites)
+    # Central DP's noise is calibrated to the mean of num_sites updates: a round without every site is not released.
+    min_sites = num_sites if cfg.strategy == "central_dp" else cfg.federation.min_sites
     survival = SurvivalFedAvg(
         needs_baseline=model.needs_baseline,
+        timeout=cfg.federation.timeout_s,
         fraction_train=cfg.federation.fraction_train,
         fraction_evaluate=1.0,
-        min_train_nodes=cfg.federation.min_sites,
+        min_train_nodes=min_sites,
         min_evaluate_nodes=cfg.federation.min_sites,
         min_available_nodes=cfg.federation.min_sites,
     )
@@ -280,16 +365,16 @@ def main(grid: Grid, context: Context) -> None:
             survival, epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, rounds=cfg.federation.rounds,
             clip_norm=cfg.privacy.clip_norm, num_sites=num_sites, accountant=cfg.privacy.accountant,
         )
-    ledger = PrivacyLedger(outputs.ledger_path)
+    resumed = _resume(cfg, outputs, survival) if cfg.resume_from else None
+    ledger = resumed.ledger if resumed else PrivacyLedger(outputs.ledger_path)
+    privacy_states = resumed.privacy_states if resumed else {}
     print(
         f"fedsurv: {cfg.strategy} | {cfg.data.name} ({description}) | {cfg.model.name} | "
         f"{cfg.federation.rounds} rounds -> {outputs.directory}",
         flush=True,
     )
 
-    def end_of_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        if server_round == 0:
-            return None
+    def end_of_round(server_round: int, arrays: ArrayRecord) -> None:
         record = survival.rounds.get(server_round)
         train_sites = record.train_sites if record else {}
         for site in sorted(train_sites):
@@ -312,7 +397,15 @@ def main(grid: Grid, context: Context) -> None:
         }
         if diverged:
             line["diverged"] = diverged
+        if record and record.shortfall:
+            line["not_aggregated"] = record.shortfall
         outputs.append_metrics(line)
+        privacy_states.update(record.privacy_states if record else {})
+        outputs.save_checkpoint({
+            "format": CHECKPOINT_FORMAT, "round": server_round, "config": json.dumps(run_identity(cfg)),
+            "arrays": arrays.to_torch_state_dict(), "strategy": survival.state_dict(),
+            "privacy_states": dict(privacy_states),
+        })
         shown = global_test or line["sites_mean"]
         print(
             f"round {server_round:3d}/{cfg.federation.rounds}  train_loss {line['train'].get('train_loss', math.nan):.4f}  "
@@ -322,23 +415,28 @@ def main(grid: Grid, context: Context) -> None:
             + (f"  [{diverged}]" if diverged else ""),
             flush=True,
         )
-        return MetricRecord({key: value for key, value in global_test.items() if math.isfinite(value)})
+        if server_round == cfg.debug.stop_after_round:
+            raise RunStopped(f"debug.stop_after_round = {server_round}: the run stops after round {server_round} "
+                             f"(a simulated crash of the server); continue it with resume.from = "
+                             f"'{outputs.directory}'")
 
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(model.net.state_dict()),
-        num_rounds=cfg.federation.rounds,
-        train_config=ConfigRecord(),
-        evaluate_config=ConfigRecord(),
-        evaluate_fn=end_of_round,
-    )
-    _write_results(cfg, dataset, num_sites, model, result.arrays, survival, ledger, outputs,
-                   time.perf_counter() - started)
+    try:
+        arrays = survival.run_rounds(
+            grid, arrays=resumed.arrays if resumed else ArrayRecord(model.net.state_dict()),
+            first_round=resumed.last_round + 1 if resumed else 1, last_round=cfg.federation.rounds,
+            end_of_round=end_of_round, outer=strategy, site_states=dict(privacy_states),
+        )
+    except TooFewSitesError as err:
+        raise TooFewSitesError(f"{err}. The outputs up to this round and its checkpoint are in {outputs.directory}; "
+                               f"once the sites are back, continue with resume.from = '{outputs.directory}'") from err
+    _write_results(cfg, dataset, num_sites, model, arrays, survival, ledger, outputs, time.perf_counter() - started,
+                   resumed_after_round=resumed.last_round if resumed else 0)
 
 
 def _write_results(
     cfg: ExperimentConfig, dataset: FederatedDataset | None, num_sites: int, model: SurvivalModel,
     arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
+    *, resumed_after_round: int = 0,
 ) -> None:
     """Write the summary, the model and (with the pooled data of a simulation) calibration and the baseline.
 
@@ -367,6 +465,8 @@ def _write_results(
         "seed": cfg.seed,
         "wall_time_s": wall_time_s,
     }
+    if resumed_after_round:
+        summary["resumed_after_round"] = resumed_after_round  # wall_time_s then counts the resumed part only
     oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}
     if oot:
         summary["oot"] = oot

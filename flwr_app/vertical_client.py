@@ -13,6 +13,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr_app import split_messages as wire
 from flwr_app import vertical_task
 from flwr_app.config import parse_run_config
+from flwr_app.faults import inject_failure
+from models.multimodal_training import epoch_batches
 from strategies.split import SiteConfig, SiteReply, SplitSite
 
 CONFIG_STATE = "split.config"
@@ -65,7 +67,13 @@ def setup(message: Message, context: Context) -> Message:
 def step(message: Message, context: Context) -> Message:
     """One round trip: apply the previous batch's gradient, release the next batch's embeddings."""
     site = _restore(context)
-    reply = site.handle(wire.decode_request(message.content))
+    request = wire.decode_request(message.content)
+    config = site.config
+    batches_per_epoch = len(epoch_batches(config.num_train, batch_size=config.batch_size, seed=config.seed, epoch=0))
+    step = request.backward_step if request.backward_step >= 0 else request.forward_step
+    inject_failure(parse_run_config(context.run_config), site=config.modality,
+                   server_round=step // batches_per_epoch + 1, message="train")
+    reply = site.handle(request)
     _save(site, context)
     return Message(content=wire.encode_reply(site.config.modality, reply), reply_to=message)
 

@@ -12,6 +12,7 @@ run the same steps, so their results are equal.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from models.multimodal import build_multisurv, survival_band
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
 from models.plots import plot_survival_bands
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.mechanisms.embedding_dp import embedding_epsilon
 from strategies.split import (
     PredictRequest,
     SiteConfig,
@@ -39,6 +41,7 @@ from strategies.split import (
     SiteRequest,
     SplitSiteError,
     embedding_hook,
+    paper_epsilon,
     predict_split,
     run_split_training,
 )
@@ -70,7 +73,8 @@ class FlowerSplitTransport:
     """The protocol over Flower messages: one message per site per round trip, sent in parallel.
 
     A site that replies with an error, or does not reply within ``timeout`` seconds, stops the
-    run with :class:`strategies.split.SplitSiteError` naming its modality and node.
+    run with :class:`strategies.split.SplitSiteError` naming its modality and node
+    (:func:`run_vertical` adds the epoch).
     """
 
     def __init__(self, grid: Grid, *, timeout: float | None = 600.0) -> None:
@@ -188,6 +192,22 @@ def _ledger_entries(cfg: ExperimentConfig, epoch: int, reports: Mapping[str, Map
     return entries
 
 
+def _upper_bound_reports(configs: Mapping[str, SiteConfig], releases: int) -> dict[str, dict[str, float]]:
+    """Every site's privacy position as if each record had been released ``releases`` times.
+
+    A run that stops during an epoch (or during prediction) may have released records more often
+    than its last ledger entries say, and the replies of the failed round trip are lost; counting
+    the most releases any record can have had by then bounds what was released, the failed site
+    included.
+    """
+    return {name: {"epsilon": math.inf if config.noise_multiplier == 0 else embedding_epsilon(
+                       noise_multiplier=config.noise_multiplier, epochs=releases, delta=config.delta,
+                       adjacency=config.adjacency),
+                   "epsilon_paper": paper_epsilon(config), "releases_max": float(releases),
+                   "noise_multiplier": config.noise_multiplier}
+            for name, config in configs.items()}
+
+
 def _metrics(label_info: vertical_task.Labels, survival: np.ndarray, *, time_: np.ndarray, event: np.ndarray,
              concordance_td: bool = True) -> dict[str, float]:
     return evaluate_survival(label_info.cuts, survival, time=time_, event=event, train_time=label_info.train_time,
@@ -231,7 +251,8 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     label_info = vertical_task.labels(cfg, table)
     noise_multiplier = vertical_task.embedding_noise_multiplier(cfg, num_modalities=len(modalities),
                                                                 num_train=len(label_info.train_ids))
-    transport.setup({name: vertical_task.site_config(cfg, name, label_info, noise_multiplier) for name in modalities})
+    site_configs = {name: vertical_task.site_config(cfg, name, label_info, noise_multiplier) for name in modalities}
+    transport.setup(site_configs)
     server = vertical_task.server(cfg, modalities, label_info)
     ledger = PrivacyLedger(outputs.ledger_path)
     print(f"fedsurv: split | {cfg.data.name} ({len(modalities)} modality sites: {', '.join(modalities)}; "
@@ -240,7 +261,11 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
           + (f" | embedding noise sigma {noise_multiplier:.4g} ({cfg.split.calibration})" if cfg.privacy.enabled
              else " | no DP") + f" -> {outputs.directory}", flush=True)
 
+    completed_epochs = 0
+
     def on_epoch(epoch: int, info: dict[str, Any]) -> None:
+        nonlocal completed_epochs
+        completed_epochs = epoch + 1
         for entry in _ledger_entries(cfg, epoch + 1, info["privacy"], noise_multiplier):
             ledger.record(entry)
         positions = info["positions"].numpy()
@@ -261,10 +286,28 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
               flush=True)
 
     audit_result: dict[str, Any] = {}
-    history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
-                                 batch_size=cfg.train.batch_size, on_epoch=on_epoch)
-    logits, reports = predict_split(server, transport.predict, list(label_info.test_ids),
-                                    passes=cfg.split.mc_samples, clean=cfg.split.clean_inference)
+    try:
+        history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
+                                     batch_size=cfg.train.batch_size, on_epoch=on_epoch)
+        logits, reports = predict_split(server, transport.predict, list(label_info.test_ids),
+                                        passes=cfg.split.mc_samples, clean=cfg.split.clean_inference)
+    except SplitSiteError as err:
+        # Every site holds a part of each record: without one the split model cannot go on.
+        training = completed_epochs < cfg.federation.rounds
+        during = f"epoch {completed_epochs + 1} of {cfg.federation.rounds}" if training else "prediction"
+        # A record is released once per epoch at each site (and a test record once per prediction pass); the
+        # round trip that ends an epoch also carries the next epoch's first batch.
+        releases = min(completed_epochs + 2, cfg.federation.rounds) if training else max(
+            completed_epochs, 0 if cfg.split.clean_inference else cfg.split.mc_samples)
+        note = (f"the run stopped during {during} ({err}): this entry bounds what was released by counting "
+                f"{releases} release(s) of every record at every site")
+        for entry in _ledger_entries(cfg, min(completed_epochs + 1, cfg.federation.rounds),
+                                     _upper_bound_reports(site_configs, releases), noise_multiplier):
+            ledger.record(dataclasses.replace(entry, assumptions=entry.assumptions + (note,)))
+        raise SplitSiteError(f"{err} (during {during}). The run stops: {outputs.metrics_path.name} in "
+                             f"{outputs.directory} holds epochs 1 to {completed_epochs}, {outputs.ledger_path.name} "
+                             f"the privacy spent up to the failure (an upper bound); no model or summary was "
+                             "written") from err
     for entry in _ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
         ledger.record(entry)
     mean, lower, upper = survival_band(logits)

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -29,6 +28,7 @@ from flwr.supercore.telemetry import EventType
 
 from flwr_app import task, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
+from flwr_app.outputs import RunOutputs
 
 
 def schema_keys() -> set[str]:
@@ -61,8 +61,8 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
     split learning the number of modalities).
     """
     fused, cfg = resolve(overrides)
-    if not cfg.output_dir:
-        raise ConfigError("run_simulation needs 'output.dir' so that it can read the run's summary")
+    if not cfg.output_dir and not cfg.resume_from:
+        raise ConfigError("run_simulation needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
     if cfg.strategy == "split":
         num_sites = len(vertical_task.load_table(cfg).modalities)
     else:
@@ -106,4 +106,4 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
         )
     finally:
         flwr_logger.setLevel(level)
-    return json.loads((Path(cfg.output_dir) / "summary.json").read_text(encoding="utf-8"))
+    return json.loads(RunOutputs.create(cfg).summary_path.read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""Federations as in-process loops, for repetition-heavy reproductions.
+"""Federations as in-process loops, for repetition-heavy reproductions and fast tests.
 
 Horizontal:
 :func:`run_federation` runs exactly the steps of the ServerApp and ClientApp of a horizontal
@@ -9,6 +9,11 @@ simulation's final model and privacy figures; the reproduction scripts use it to
 repetitions on a laptop. It does not replace the Flower path for users: it has no fault
 handling, no per-round outputs and no deployment.
 
+Any strategy: :func:`run_inprocess` runs the ServerApp and the ClientApp themselves, messages
+included, over :class:`InProcessGrid` (a Flower ``Grid`` whose nodes are ClientApp calls in this
+process) instead of Ray: fault handling, per-round outputs, checkpoints and resumption are the
+ServerApp's own. Tests of those use it (seconds instead of a Ray start per run).
+
 Vertical: :class:`LocalSplitTransport` holds the simulated modality sites as objects and
 :func:`run_vertical_inprocess` runs the ServerApp's own :func:`flwr_app.vertical_server.run_vertical`
 over it, outputs and ledger included; a test checks that it reproduces a Flower simulation of
@@ -17,24 +22,38 @@ the same run.
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
+from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
-from flwr_app import task, vertical_task
-from flwr_app.config import ExperimentConfig
+from flwr_app import client_app, server_app, task, vertical_task
+from flwr_app.config import ConfigError, ExperimentConfig
 from flwr_app.outputs import RunOutputs
 from flwr_app.vertical_server import EmbeddingAudit, run_vertical
 from models.data import FederatedDataset
 from models.survival import SurvivalModel
+from simulations.engine import resolve
 from strategies.horizontal import WEIGHT_KEY
 from strategies.split import LocalSites, PredictRequest, SiteConfig, SiteReply, SiteRequest, SplitSite
 
-__all__ = ["LocalSplitTransport", "run_federation", "run_vertical_inprocess"]
+__all__ = ["InProcessGrid", "LocalSplitTransport", "run_federation", "run_inprocess", "run_vertical_inprocess"]
+
+RUN_ID = 1
 
 _METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 
@@ -110,6 +129,113 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
     return {"test": test, "error": error, "privacy": privacy,
             "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
+
+
+class InProcessGrid(Grid):
+    """A Flower ``Grid`` whose nodes are calls of ``client_app`` in this process (simulated sites).
+
+    Node ``i + 1`` is partition ``i`` (node config ``partition-id``, ``num-partitions``) with its
+    own ``context.state``, which, as in Flower's simulation engine, changes only when the ClientApp
+    returns; a ClientApp that raises gives an error reply (worded as Flower's) and leaves the node
+    state as it was. Messages run one at a time in the order
+    given, each in a thread that is waited for up to ``timeout`` seconds (the real sites run in
+    parallel, each within the round's timeout); a ClientApp that has not returned by then gives no
+    reply and keeps running in its daemon thread, as a hung site would.
+
+    ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
+    need what the server received, e.g. the sites' updates; tests of what a site was sent).
+    """
+
+    def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
+                 observe: Callable[[Message, Message], None] | None = None) -> None:
+        self.app = app
+        self.observe = observe
+        self._run = Run.create_empty(run_id=RUN_ID)
+        self.contexts = {
+            node: Context(run_id=RUN_ID, node_id=node, node_config={PARTITION_ID_KEY: node - 1,
+                                                                    NUM_PARTITIONS_KEY: num_nodes},
+                          state=RecordDict(), run_config=dict(run_config))
+            for node in range(1, num_nodes + 1)
+        }
+        self.replies: dict[str, Message] = {}
+        self.timeout: float | None = None
+        self._lock = threading.Lock()
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def _deliver(self, message: Message) -> None:
+        """Run the node's ClientApp on ``message``; keep its reply (or error) and, on success, its node state."""
+        node = message.metadata.dst_node_id
+        stored = self.contexts[node]
+        context = Context(run_id=stored.run_id, node_id=node, node_config=stored.node_config,
+                          state=copy.deepcopy(stored.state), run_config=stored.run_config)
+        try:
+            reply = self.app(message, context)
+            with self._lock:
+                stored.state = context.state
+        except Exception as err:  # as Flower's simulation engine: every exception becomes an error reply
+            wrapped = ClientAppException(str(err))
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"),
+                            reply_to=message)
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        if self.observe is not None:
+            self.observe(message, reply)
+        with self._lock:
+            self.replies[message.metadata.message_id] = reply
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver each message in turn, waiting up to :attr:`timeout` seconds for its ClientApp."""
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id not in self.contexts:
+                raise ValueError(f"no node {message.metadata.dst_node_id} in this in-process federation")
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            worker = threading.Thread(target=self._deliver, args=(message,), daemon=True)
+            worker.start()
+            worker.join(self.timeout)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        with self._lock:
+            return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        self.timeout = timeout
+        return self.pull_messages(self.push_messages(messages))
+
+
+def run_inprocess(overrides: Mapping[str, Any], *,
+                  observe: Callable[[Message, Message], None] | None = None) -> dict[str, Any]:
+    """Run one experiment with the ServerApp and ClientApp over :class:`InProcessGrid`; return its summary.
+
+    ``observe`` is passed to :class:`InProcessGrid`.
+
+    The run config is fused and validated as :func:`simulations.engine.run_simulation` does, with
+    one node per site (split: per modality). Whatever the ServerApp raises (a failed run) propagates.
+    """
+    fused, cfg = resolve(overrides)
+    if not cfg.output_dir and not cfg.resume_from:
+        raise ConfigError("run_inprocess needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
+    num_nodes = (len(vertical_task.load_table(cfg).modalities) if cfg.strategy == "split"
+                 else task.load_federation(cfg).num_sites)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
+    grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe)
+    server_app.app(grid, Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                                 run_config=fused))
+    return json.loads(RunOutputs.create(cfg).summary_path.read_text(encoding="utf-8"))
 
 
 class LocalSplitTransport:

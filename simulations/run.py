@@ -30,7 +30,7 @@ from simulations.hydra_config import flatten
 def main(cfg: DictConfig) -> float | None:
     """Run the experiment; return the test C-index (Hydra sweepers may optimise it)."""
     flat = flatten(cfg)
-    if not flat["output.dir"]:
+    if not flat["output.dir"] and not flat["resume.from"]:  # a resumed run continues in its own directory
         flat["output.dir"] = HydraConfig.get().runtime.output_dir
     try:
         summary = run_simulation(flat)

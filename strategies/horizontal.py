@@ -12,19 +12,25 @@ that survival models need:
   sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums them,
   and sends the resulting baseline to the sites with the evaluation message. No event time
   leaves a site.
+
+Its :meth:`SurvivalFedAvg.run_rounds` replaces Flower's ``Strategy.start``: it can begin at any
+round (a run resumed from a checkpoint), records every error reply and every missing reply per
+phase and site, and stops the run after a round in which fewer sites trained than
+``min_train_nodes`` (that round is not aggregated).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
 
@@ -35,6 +41,13 @@ WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
+#: In a train reply's site record: the site's privacy state (JSON: σ, its accountant), kept in the checkpoint.
+PRIVACY_STATE_KEY = "privacy_state"
+#: In a resumed run's train config: the receiving site's own privacy state from the checkpoint (JSON), for a
+#: site whose node state is empty (a new run starts with empty node states). Each site gets only its own.
+RESUMED_PRIVACY_STATE = "resume.privacy_state"
+#: Query asking a node which site it is (a resumed run must give each site its own privacy state).
+SITE_NAME_QUERY = "query.site_name"
 #: Per-site privacy figures in train replies: kept per site, never averaged across sites.
 PRIVACY_KEYS = frozenset(
     {"epsilon", "epsilon_mu", "noise_multiplier", "sample_rate", "clip_norm", "steps", "stopped", "fallback",
@@ -43,13 +56,23 @@ PRIVACY_KEYS = frozenset(
 )
 
 
+class TooFewSitesError(RuntimeError):
+    """Fewer sites trained in a round than the federation's minimum; the run cannot go on."""
+
+
 @dataclass
 class RoundRecord:
-    """What the strategy learnt about one round."""
+    """What the strategy learnt about one round.
+
+    ``privacy_states`` holds the privacy state each site reported with its training reply (JSON);
+    ``shortfall`` says why the round was not aggregated (too few sites trained), empty otherwise.
+    """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     evaluate_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    privacy_states: dict[str, str] = field(default_factory=dict)
+    shortfall: str = ""
 
 
 def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
@@ -106,6 +129,16 @@ def _metrics(message: Message) -> dict[str, float]:
     return {key: float(value) for key, value in record.items() if not isinstance(value, list)}
 
 
+def _sorted_replies(replies: Iterable[Message]) -> list[Message]:
+    """Replies in a fixed order (successful ones by site name, then errors).
+
+    Replies arrive in whatever order the sites finish. Sorting them makes the floating-point sums
+    of the aggregation, and so a rerun with the same seed, reproducible.
+    """
+    return sorted(replies, key=lambda message: (message.has_error(), "" if message.has_error()
+                                                else _site_name(message)))
+
+
 class SurvivalFedAvg(FedAvg):
     """Weighted FedAvg that keeps per-site metrics and builds a federated Breslow baseline.
 
@@ -114,10 +147,11 @@ class SurvivalFedAvg(FedAvg):
     needs_baseline
         True for Cox-type models: collect Breslow aggregates before every evaluation.
     timeout
-        Seconds to wait for the Breslow query replies.
+        Seconds to wait for the sites' replies to each message of a round (train, Breslow, evaluate).
     **fedavg_kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
-        ``min_train_nodes``, ...).
+        ``min_train_nodes``, ...). ``min_train_nodes`` is also the fewest sites whose training
+        replies :meth:`run_rounds` aggregates.
     """
 
     def __init__(self, *, needs_baseline: bool, timeout: float = 3600.0, **fedavg_kwargs: object) -> None:
@@ -129,33 +163,127 @@ class SurvivalFedAvg(FedAvg):
         self.timeout = timeout
         self.rounds: dict[int, RoundRecord] = {}
         self.baseline: tuple[np.ndarray, np.ndarray] | None = None
+        self.node_sites: dict[int, str] = {}
 
     def _record(self, server_round: int) -> RoundRecord:
         return self.rounds.setdefault(server_round, RoundRecord())
 
-    def _split_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Record failed replies; return all replies in a fixed order (by site name).
+    def record_failures(
+        self, server_round: int, phase: str, messages: Iterable[Message], replies: Iterable[Message],
+    ) -> list[Message]:
+        """Record every error reply and every message left unanswered; return the replies, sorted.
 
-        Replies arrive in whatever order the sites finish. Sorting them makes the floating-point
-        sums of the aggregation, and so a rerun with the same seed, reproducible.
+        Failures read ``"<phase>: <site> (node <id>): <reason>"``; a site is named once it has
+        answered any message of this run.
         """
-        replies = sorted(replies, key=lambda message: (message.has_error(), "" if message.has_error()
-                                                        else _site_name(message)))
+        replies = _sorted_replies(replies)
+        for message in replies:
+            if not message.has_error():
+                self.node_sites[message.metadata.src_node_id] = _site_name(message)
         record = self._record(server_round)
+
+        def name(node: int) -> str:
+            return f"{self.node_sites.get(node, 'unnamed site')} (node {node})"
+
         for message in replies:
             if message.has_error():
-                record.failures.append(f"node {message.metadata.src_node_id}: {message.error.reason}")
+                record.failures.append(f"{phase}: {name(message.metadata.src_node_id)}: {message.error.reason}")
+        answered = {message.metadata.src_node_id for message in replies}
+        for node in sorted({message.metadata.dst_node_id for message in messages} - answered):
+            record.failures.append(f"{phase}: {name(node)}: no reply within {self.timeout:g} s")
         return replies
+
+    def run_rounds(
+        self, grid: Grid, *, arrays: ArrayRecord, first_round: int, last_round: int,
+        end_of_round: Callable[[int, ArrayRecord], None], outer: Strategy | None = None,
+        site_states: Mapping[str, str] | None = None,
+    ) -> ArrayRecord:
+        """Rounds ``first_round`` to ``last_round`` from the global model ``arrays``; return the final model.
+
+        Each round: train (the sites' replies aggregated by ``outer``, a wrapper such as Flower's
+        central-DP strategy around this one, or this strategy), Breslow query and evaluation, then
+        ``end_of_round(round, global arrays)``. A site that fails or does not answer within
+        ``timeout`` is recorded in the round's ``failures`` and the round goes on without it. If
+        fewer than ``min_train_nodes`` sites trained, the round is not aggregated (the global model
+        stays as it was; the sites that trained have still released their updates, so their
+        metrics are kept), ``end_of_round`` runs, and :class:`TooFewSitesError` stops the run.
+
+        ``site_states`` (a resumed run: site name -> its privacy state from the checkpoint): the
+        nodes are asked which site they are first, and each training message carries its own
+        site's state only (:data:`RESUMED_PRIVACY_STATE`); no site sees another's.
+        """
+        outer = self if outer is None else outer
+        if site_states:
+            self.identify_sites(grid)
+        for server_round in range(first_round, last_round + 1):
+            record = self._record(server_round)
+            messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
+            if site_states:
+                messages = [self._with_own_state(message, site_states) for message in messages]
+            replies = self.record_failures(server_round, "train", messages,
+                                           grid.send_and_receive(messages, timeout=self.timeout))
+            aggregated, _ = outer.aggregate_train(server_round, replies)
+            trained = sum(not message.has_error() for message in replies)
+            if trained < self.min_train_nodes:
+                record.shortfall = (f"{trained} of {len(messages)} sites trained, fewer than the minimum "
+                                    f"{self.min_train_nodes}: the round was not aggregated")
+            elif aggregated is not None:
+                arrays = aggregated
+            messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+            replies = self.record_failures(server_round, "evaluate", messages,
+                                           grid.send_and_receive(messages, timeout=self.timeout))
+            outer.aggregate_evaluate(server_round, replies)
+            end_of_round(server_round, arrays)
+            if record.shortfall:
+                raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
+                                       f"{'; '.join(record.failures)}")
+        return arrays
+
+    def identify_sites(self, grid: Grid) -> None:
+        """Ask every connected node which site it is (:data:`SITE_NAME_QUERY`); remember the answers."""
+        messages = [Message(content=RecordDict({self.configrecord_key: ConfigRecord()}), dst_node_id=node,
+                            message_type=SITE_NAME_QUERY) for node in grid.get_node_ids()]
+        for reply in grid.send_and_receive(messages, timeout=self.timeout):
+            if not reply.has_error():
+                self.node_sites[reply.metadata.src_node_id] = _site_name(reply)
+
+    def _with_own_state(self, message: Message, site_states: Mapping[str, str]) -> Message:
+        """``message`` with its destination site's own saved privacy state added to its config (if it has one)."""
+        site = self.node_sites.get(message.metadata.dst_node_id)
+        if site not in site_states:
+            return message
+        config = ConfigRecord(dict(message.content[self.configrecord_key]))
+        config[RESUMED_PRIVACY_STATE] = site_states[site]
+        content = RecordDict({self.arrayrecord_key: message.content[self.arrayrecord_key],
+                              self.configrecord_key: config})
+        return Message(content=content, dst_node_id=message.metadata.dst_node_id,
+                       message_type=message.metadata.message_type)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue: each round's records and the last Breslow baseline (plain Python)."""
+        return {"rounds": {server_round: asdict(record) for server_round, record in self.rounds.items()},
+                "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.rounds = {int(server_round): RoundRecord(**record) for server_round, record in state["rounds"].items()}
+        baseline = state["baseline"]
+        self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
+                                                       np.asarray(baseline[1], dtype=np.float64))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg aggregation, after recording each site's training metrics."""
-        replies = self._split_replies(server_round, replies)
+        """FedAvg aggregation, after recording each site's training metrics and privacy state."""
+        replies = _sorted_replies(replies)
         record = self._record(server_round)
         for message in replies:
             if not message.has_error():
-                record.train_sites[_site_name(message)] = _metrics(message)
+                site = _site_name(message)
+                record.train_sites[site] = _metrics(message)
+                site_record = message.content.config_records.get(SITE_KEY)
+                if site_record is not None and PRIVACY_STATE_KEY in site_record:
+                    record.privacy_states[site] = str(site_record[PRIVACY_STATE_KEY])
         # A site with nothing new to contribute (e.g. its privacy budget is spent) replies with
         # weight 0; if every site does, the global model stays as it is.
         contributing = [m for m in replies if m.has_error() or _metrics(m).get(WEIGHT_KEY, 0.0) > 0]
@@ -176,7 +304,7 @@ class SurvivalFedAvg(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Keep each site's evaluation metrics; return their NaN-aware weighted mean."""
-        replies = self._split_replies(server_round, replies)
+        replies = _sorted_replies(replies)
         record = self._record(server_round)
         for message in replies:
             if not message.has_error():
@@ -192,16 +320,17 @@ class SurvivalFedAvg(FedAvg):
         node_ids = list(grid.get_node_ids())
         messages = [
             Message(
-                content=RecordDict({self.arrayrecord_key: arrays}),
+                content=RecordDict({self.arrayrecord_key: arrays,
+                                    self.configrecord_key: ConfigRecord({"server-round": server_round})}),
                 dst_node_id=node_id,
                 message_type=BRESLOW_QUERY,
             )
             for node_id in node_ids
         ]
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        replies = grid.send_and_receive(messages, timeout=self.timeout)
         event_counts: np.ndarray | None = None
         risk_sums: np.ndarray | None = None
-        for message in self._split_replies(server_round, replies):
+        for message in self.record_failures(server_round, "breslow", messages, replies):
             if message.has_error():
                 continue
             metrics = next(iter(message.content.metric_records.values()))

@@ -47,6 +47,23 @@ class PrivacyLedger:
     path: Path | None = None
     entries: list[LedgerEntry] = field(default_factory=list)
 
+    @classmethod
+    def resume(cls, path: Path, *, last_round: int) -> PrivacyLedger:
+        """The ledger at ``path`` up to ``last_round``, to be continued by a resumed run.
+
+        Entries of later rounds (written before a crash that came before those rounds' checkpoint)
+        are dropped from the file too (rewritten atomically): the resumed run runs those rounds
+        again with the same seeds and records them again.
+        """
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        entries = [LedgerEntry(**{**fields, "assumptions": tuple(fields["assumptions"])})
+                   for fields in map(json.loads, lines)]
+        kept = [entry for entry in entries if entry.round <= last_round]
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(json.dumps(asdict(entry)) + "\n" for entry in kept), encoding="utf-8")
+        tmp.replace(path)
+        return cls(path, kept)
+
     def record(self, entry: LedgerEntry) -> None:
         """Append ``entry`` (and flush it to disk at once, so a crash loses nothing)."""
         self.entries.append(entry)
