@@ -22,19 +22,22 @@ model's metrics on its own test part.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
 from flwr_app import task
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
-from models.data import DataValidationError, FeatureStatistics, Preprocessor, RawTable, SiteData
+from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.survival import time_grid_from_histograms, time_histogram
@@ -75,61 +78,121 @@ def _ask(
     return answered, failed
 
 
-def _check_schema(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics]) -> None:
-    """Every site's feature columns and their kinds (numeric or categorical) must be the first site's."""
-    (reference_node, reference), *_ = statistics.items()
-    reference_name = names[reference_node]
-    problems = []
+def _schema_problems(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics]) -> dict[int, str]:
+    """Sites whose feature columns (names, order, numeric or categorical) differ from the most common schema.
+
+    The schema most sites share is the reference (ties: the one of the lowest node ID); returns
+    node -> what differs, naming the columns and a site that has the reference schema.
+    """
+    def schema(stats: FeatureStatistics) -> tuple[tuple[str, ...], frozenset[str]]:
+        return stats.order, frozenset(stats.numeric)
+
+    counts = collections.Counter(schema(stats) for stats in statistics.values())
+    reference_node = min((node for node, stats in statistics.items() if counts[schema(stats)] == max(counts.values())))
+    reference, reference_name = statistics[reference_node], names[reference_node]
+    problems: dict[int, str] = {}
     for node, stats in statistics.items():
+        found = []
         missing = [c for c in reference.order if c not in stats.order]
         extra = [c for c in stats.order if c not in reference.order]
         if missing:
-            problems.append(f"site '{names[node]}': missing columns {missing} (present at site '{reference_name}')")
+            found.append(f"missing columns {missing} (present at site '{reference_name}')")
         if extra:
-            problems.append(f"site '{names[node]}': extra columns {extra} (absent at site '{reference_name}')")
-        problems += [
-            f"site '{names[node]}': column '{c}' is {'numeric' if c in stats.numeric else 'categorical'} but "
+            found.append(f"extra columns {extra} (absent at site '{reference_name}')")
+        found += [
+            f"column '{c}' is {'numeric' if c in stats.numeric else 'categorical'} but "
             f"{'numeric' if c in reference.numeric else 'categorical'} at site '{reference_name}'"
             for c in reference.order if c in stats.order and (c in stats.numeric) != (c in reference.numeric)
         ]
         if not missing and not extra and stats.order != reference.order:
-            problems.append(f"site '{names[node]}': columns in another order than at site '{reference_name}'")
-    if problems:
-        raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
+            found.append(f"columns in another order than at site '{reference_name}'")
+        if found:
+            problems[node] = f"site '{names[node]}': schema differs from the other sites: " + "; ".join(found)
+    return problems
 
 
-def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> tuple[task.SiteSpec, dict[int, str]]:
+@dataclass(frozen=True)
+class SiteSetup:
+    """The outcome of :func:`prepare_sites`.
+
+    Attributes
+    ----------
+    spec
+        What every participating site received (the server builds its model from it).
+    sites
+        Node ID -> site name of the sites that take part.
+    left_out
+        Node ID -> why that site was left out (its error reply, naming file, column and problem;
+        no reply; or a schema that differs from the others').
+    """
+
+    spec: task.SiteSpec
+    sites: dict[int, str]
+    left_out: dict[int, str]
+
+
+class ParticipatingSites(Grid):
+    """``grid`` seen through the sites that passed the set-up: a site left out is never sent another message.
+
+    Every call is delegated; :meth:`get_node_ids` lists only the participating nodes that are
+    connected, so the strategy samples, trains and evaluates without the others.
+    """
+
+    def __init__(self, grid: Grid, node_ids: Iterable[int]) -> None:
+        self._grid = grid
+        self._node_ids = sorted(node_ids)
+
+    def set_run(self, run: Run) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self._grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        connected = set(self._grid.get_node_ids())
+        return [node for node in self._node_ids if node in connected]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> SiteSetup:
     """Agree the preprocessing and the time grid with the connected sites and send them the result.
 
     A site whose file cannot be used replies with an error naming the file, the column and the
-    problem; it is reported and left out, and the run goes on with the others if at least
-    ``federation.min_sites`` remain.
-
-    Returns
-    -------
-    spec
-        What every site received (the server builds its model from it).
-    sites
-        Node ID -> site name of the sites that took part.
+    problem; so is a site whose columns differ from the schema most sites share. Each is
+    reported and left out, and the run goes on with the others if at least
+    ``federation.min_sites`` remain (run the rounds over :class:`ParticipatingSites`).
 
     Raises
     ------
     RuntimeError
         When fewer than ``federation.min_sites`` sites can take part (listing why each failed).
-    DataValidationError
-        When the sites' files have different columns.
     """
     nodes = sorted(grid.get_node_ids())
-    summaries, failed = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
+    summaries, left_out = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
     names = {node: str(summary["site"]) for node, summary in summaries.items()}
-    for node, reason in sorted(failed.items()):
+    statistics = {node: FeatureStatistics.from_dict(summary["features"]) for node, summary in summaries.items()}
+    left_out.update(_schema_problems(names, statistics) if statistics else {})
+    summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
+    statistics = {node: statistics[node] for node in summaries}
+    for node, reason in sorted(left_out.items()):
         print(f"site at node {node} left out: {reason}", flush=True)
     if len(summaries) < cfg.federation.min_sites:
-        reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(failed.items()))
+        reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(left_out.items()))
         raise RuntimeError(f"only {len(summaries)} of {len(nodes)} sites can take part, fewer than "
                            f"federation.min_sites = {cfg.federation.min_sites}:\n{reasons}")
-    statistics = {node: FeatureStatistics.from_dict(summary["features"]) for node, summary in summaries.items()}
-    _check_schema(names, statistics)
     features = functools.reduce(operator.add, statistics.values())
     times = sum((NumericStatistics(*summary["time"]) for summary in summaries.values()), start=NumericStatistics())
     max_time = max(float(summary["max_time"]) for summary in summaries.values())
@@ -147,9 +210,10 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
     _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json()} for node in summaries}, timeout)
     if failed:
         raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
-    print(f"{len(summaries)} sites ({', '.join(sorted(names.values()))}): {int(times.count)} training records, "
+    print(f"{len(summaries)} sites ({', '.join(sorted(names[node] for node in summaries))}): "
+          f"{int(times.count)} training records, "
           f"{len(spec.preprocessor.feature_names)} encoded features, {len(cuts)} time-grid points", flush=True)
-    return spec, names
+    return SiteSetup(spec, {node: names[node] for node in summaries}, left_out)
 
 
 def site_name(context: Context) -> str:

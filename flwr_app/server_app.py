@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,11 +338,13 @@ def main(grid: Grid, context: Context) -> None:
         return
 
     dataset: FederatedDataset | None = None
+    left_out: dict[int, str] = {}
     if cfg.data.deployed:
         wait_for_sites(grid, cfg.federation.num_sites)
-        spec, sites = deployment.prepare_sites(grid, cfg)
-        model, num_sites = task.model_from_spec(cfg, spec), len(sites)
-        description = f"{num_sites} sites' own files"
+        setup = deployment.prepare_sites(grid, cfg)
+        grid = deployment.ParticipatingSites(grid, setup.sites)  # the sites left out get no further message
+        model, num_sites, left_out = task.model_from_spec(cfg, setup.spec), len(setup.sites), setup.left_out
+        description = f"{num_sites} sites' own files" + (f", {len(left_out)} left out" if left_out else "")
     else:
         dataset = task.load_federation(cfg)
         model, num_sites = task.build_model(cfg, dataset), dataset.num_sites
@@ -430,18 +433,19 @@ def main(grid: Grid, context: Context) -> None:
         raise TooFewSitesError(f"{err}. The outputs up to this round and its checkpoint are in {outputs.directory}; "
                                f"once the sites are back, continue with resume.from = '{outputs.directory}'") from err
     _write_results(cfg, dataset, num_sites, model, arrays, survival, ledger, outputs, time.perf_counter() - started,
-                   resumed_after_round=resumed.last_round if resumed else 0)
+                   resumed_after_round=resumed.last_round if resumed else 0, left_out=left_out)
 
 
 def _write_results(
     cfg: ExperimentConfig, dataset: FederatedDataset | None, num_sites: int, model: SurvivalModel,
     arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
-    *, resumed_after_round: int = 0,
+    *, resumed_after_round: int = 0, left_out: Mapping[int, str] | None = None,
 ) -> None:
     """Write the summary, the model and (with the pooled data of a simulation) calibration and the baseline.
 
     ``dataset`` is ``None`` in a deployment, where ``evaluation.server_side`` and
     ``baseline.centralized`` are off (checked by :func:`flwr_app.config.parse_run_config`).
+    ``left_out``: the deployed sites left out at set-up, node ID -> why (``summary["left_out"]``).
     """
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
@@ -465,6 +469,8 @@ def _write_results(
         "seed": cfg.seed,
         "wall_time_s": wall_time_s,
     }
+    if left_out:
+        summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
     if resumed_after_round:
         summary["resumed_after_round"] = resumed_after_round  # wall_time_s then counts the resumed part only
     oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}

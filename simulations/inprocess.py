@@ -26,7 +26,7 @@ import copy
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from uuid import uuid4
 
@@ -144,18 +144,24 @@ class InProcessGrid(Grid):
 
     ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
     need what the server received, e.g. the sites' updates; tests of what a site was sent).
+    ``node_configs`` replaces the simulated partitions with the given node configs (a deployment's
+    ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1`` getting ``node_configs[i]``.
     """
 
     def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
-                 observe: Callable[[Message, Message], None] | None = None) -> None:
+                 observe: Callable[[Message, Message], None] | None = None,
+                 node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.app = app
         self.observe = observe
         self._run = Run.create_empty(run_id=RUN_ID)
+        if node_configs is None:
+            node_configs = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_nodes} for index in range(num_nodes)]
+        elif len(node_configs) != num_nodes:
+            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
         self.contexts = {
-            node: Context(run_id=RUN_ID, node_id=node, node_config={PARTITION_ID_KEY: node - 1,
-                                                                    NUM_PARTITIONS_KEY: num_nodes},
-                          state=RecordDict(), run_config=dict(run_config))
-            for node in range(1, num_nodes + 1)
+            node: Context(run_id=RUN_ID, node_id=node, node_config=dict(config), state=RecordDict(),
+                          run_config=dict(run_config))
+            for node, config in enumerate(node_configs, start=1)
         }
         self.replies: dict[str, Message] = {}
         self.timeout: float | None = None
@@ -217,11 +223,12 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def run_inprocess(overrides: Mapping[str, Any], *,
-                  observe: Callable[[Message, Message], None] | None = None) -> dict[str, Any]:
+def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,
+                  node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Run one experiment with the ServerApp and ClientApp over :class:`InProcessGrid`; return its summary.
 
-    ``observe`` is passed to :class:`InProcessGrid`.
+    ``observe`` and ``node_configs`` (one node per entry: a deployment's sites, each reading its
+    own file) are passed to :class:`InProcessGrid`.
 
     The run config is fused and validated as :func:`simulations.engine.run_simulation` does, with
     one node per site (split: per modality). Whatever the ServerApp raises (a failed run) propagates.
@@ -229,10 +236,14 @@ def run_inprocess(overrides: Mapping[str, Any], *,
     fused, cfg = resolve(overrides)
     if not cfg.output_dir and not cfg.resume_from:
         raise ConfigError("run_inprocess needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
-    num_nodes = (len(vertical_task.load_table(cfg).modalities) if cfg.strategy == "split"
-                 else task.load_federation(cfg).num_sites)
+    if node_configs is not None:
+        num_nodes = len(node_configs)
+    elif cfg.strategy == "split":
+        num_nodes = len(vertical_task.load_table(cfg).modalities)
+    else:
+        num_nodes = task.load_federation(cfg).num_sites
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
-    grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe)
+    grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe, node_configs=node_configs)
     server_app.app(grid, Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                                  run_config=fused))
     return json.loads(RunOutputs.create(cfg).summary_path.read_text(encoding="utf-8"))

@@ -1,0 +1,105 @@
+"""Deployed sites with bad data (DESIGN §6): the site's error names file, column and problem; the server
+reports it, leaves the site out and trains with the others (in process: the real ServerApp and ClientApp,
+each node reading its own file as a SuperNode would)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from models.data.datasets import load_flchain
+from simulations.inprocess import run_inprocess
+
+RUN = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death", "strategy.name": "fedavg",
+       "federation.num_sites": 4, "federation.min_sites": 2, "federation.rounds": 2,
+       "evaluation.server_side": False, "baseline.centralized": False}
+SITES = ("site-1", "site-2", "site-3", "site-4")
+
+
+def _frames():
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    rows = np.array_split(np.random.default_rng(0).permutation(len(frame))[:2000], len(SITES))
+    return [frame.iloc[part].reset_index(drop=True) for part in rows]
+
+
+def _break_missing_time(frame):
+    return frame.drop(columns=["futime"])
+
+
+def _break_negative_time(frame):
+    frame.loc[3, "futime"] = -5.0
+    return frame
+
+
+def _break_missing_time_value(frame):
+    frame.loc[7, "futime"] = np.nan
+    return frame
+
+
+def _break_event_values(frame):
+    frame.loc[2, "death"] = 2
+    return frame
+
+
+def _break_no_events(frame):
+    frame["death"] = 0
+    return frame
+
+
+def _break_non_numeric(frame):
+    frame["age"] = frame["age"].astype(object)
+    frame.loc[5, "age"] = "unknown"
+    return frame
+
+
+def _break_extra_column(frame):
+    frame["ward"] = 1.0
+    return frame
+
+
+CASES = {
+    "missing time column": (_break_missing_time, ["futime"]),
+    "negative time": (_break_negative_time, ["futime", "negative"]),
+    "missing time": (_break_missing_time_value, ["futime"]),
+    "event not 0/1": (_break_event_values, ["death"]),
+    "no events": (_break_no_events, ["event"]),
+    "non-numeric value": (_break_non_numeric, ["age", "non-numeric", "row 6"]),
+    "extra column": (_break_extra_column, ["ward", "extra columns"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_site_with_bad_data_is_reported_and_left_out_and_the_others_train(case, tmp_path):
+    damage, words = CASES[case]
+    frames = _frames()
+    bad = tmp_path / "site-4.csv"
+    configs = []
+    for name, frame in zip(SITES, frames, strict=True):
+        path = tmp_path / f"{name}.csv"
+        (damage(frame) if path == bad else frame).to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": name})
+    messaged = []
+    summary = run_inprocess({**RUN, "output.dir": str(tmp_path / "out")}, node_configs=configs,
+                            observe=lambda message, reply: messaged.append((message.metadata.dst_node_id,
+                                                                            message.metadata.message_type)))
+    (reason,) = summary["left_out"].values()
+    for word in words:
+        assert word in reason, reason
+    if case != "extra column":  # the site's own error names its file (a schema mismatch names the sites)
+        assert str(bad) in reason, reason
+    assert summary["num_sites"] == 3 and set(summary["sites"]) == set(SITES[:3])
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2] and all(not line["failures"] for line in lines)
+    assert {message_type for node, message_type in messaged if node == 4} == {"query.site_summary"}
+
+
+def test_sites_whose_schemas_all_differ_stop_the_run_with_every_reason(tmp_path):
+    frames = _frames()
+    configs = []
+    for index, (name, frame) in enumerate(zip(SITES, frames, strict=True)):
+        path = tmp_path / f"{name}.csv"
+        frame.assign(**{f"extra_{index}": 0.0}).to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": name})
+    with pytest.raises(RuntimeError, match=r"only 1 of 4 sites can take part(.|\n)*extra_1"):
+        run_inprocess({**RUN, "output.dir": str(tmp_path / "out")}, node_configs=configs)
