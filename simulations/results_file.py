@@ -29,9 +29,10 @@ def append_runs(
     path: Path, fields: Sequence[str], jobs: Sequence[Any], run: Callable[[Any], dict[str, Any]], *,
     workers: int, describe: Callable[[dict[str, Any]], str],
 ) -> None:
-    """Run ``run(job)`` for every job in ``workers`` processes; append and flush each row as it comes.
+    """Run ``run(job)`` for every job in ``workers`` processes; append and flush its rows as they come.
 
-    ``describe(row)`` is the progress line printed after each run.
+    ``run(job)`` returns one row or a list of rows (a run that yields one row per site, say);
+    ``describe(row)`` is the progress line printed for each row.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.exists()
@@ -39,7 +40,9 @@ def append_runs(
         writer = csv.DictWriter(handle, fieldnames=list(fields))
         if new_file:
             writer.writeheader()
-        for count, row in enumerate(pool.map(run, jobs), start=1):
-            writer.writerow(row)
+        for count, result in enumerate(pool.map(run, jobs), start=1):
+            rows = result if isinstance(result, list) else [result]
+            writer.writerows(rows)
             handle.flush()
-            print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
+            for row in rows:
+                print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)

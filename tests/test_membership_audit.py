@@ -5,8 +5,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy.stats import mannwhitneyu, norm
 
+from models.survival import build_survival_model, make_time_grid
 from strategies.audits.membership import (
     loss_threshold_attack,
     max_accuracy,
@@ -36,6 +38,15 @@ def test_auc_is_the_mann_whitney_statistic_with_ties() -> None:
     assert audit.auc == pytest.approx(u / (members.size * non_members.size), abs=1e-12)
 
 
+def test_auc_standard_error_matches_the_bootstrap() -> None:
+    rng = np.random.default_rng(2)
+    members, non_members = rng.normal(0.0, 1.0, 400), rng.normal(0.4, 1.0, 300)
+    audit = loss_threshold_attack(members, non_members)
+    boot = [loss_threshold_attack(rng.choice(members, members.size), rng.choice(non_members, non_members.size)).auc
+            for _ in range(400)]
+    assert audit.auc_standard_error == pytest.approx(np.std(boot), rel=0.15)
+
+
 def test_identical_distributions_give_guessing_and_separated_ones_give_one() -> None:
     rng = np.random.default_rng(1)
     same = loss_threshold_attack(rng.normal(size=20000), rng.normal(size=20000))
@@ -51,6 +62,7 @@ def test_ceilings_without_delta_are_the_closed_forms() -> None:
         assert max_auc(epsilon=epsilon) == pytest.approx(bound)
         assert max_advantage(epsilon=epsilon) == pytest.approx(math.tanh(epsilon / 2))
     assert max_auc(epsilon=math.inf) == max_advantage(epsilon=math.inf) == 1.0
+    assert max_auc(epsilon=5000.0) == max_accuracy(epsilon=5000.0) == 1.0  # e^eps overflows: no bound
 
 
 def test_auc_ceiling_is_the_area_under_the_tpr_ceiling() -> None:
@@ -86,12 +98,28 @@ def test_gaussian_mechanism_tradeoff_lies_under_the_ceiling_of_its_own_epsilon_d
 
 
 def test_survival_log_loss_by_hand() -> None:
-    times = np.array([1.0, 2.0, 3.0])
-    surv = np.array([[0.9, 0.6, 0.2], [0.9, 0.6, 0.2], [0.9, 0.6, 0.2], [0.5, 0.4, 0.3]])
-    time = np.array([0.5, 2.5, 2.0, 10.0])
-    event = np.array([0, 1, 0, 1])
-    expected = [-math.log(1.0), -math.log(1 - 0.6), -math.log(0.6), -math.log(1 - 0.3)]
+    times = np.array([0.0, 1.0, 2.0, 3.0])
+    surv = np.tile([1.0, 0.9, 0.6, 0.2], (4, 1))
+    time = np.array([1.5, 1.5, 2.0, 10.0])
+    event = np.array([1, 0, 1, 1])
+    # event at 1.5 -> interval ending at 2.0: S(1) - S(2); censored at 1.5 -> S(1); event at 2.0 -> S(1) - S(2);
+    # beyond the grid -> censored at its end: S(3)
+    expected = [-math.log(0.9 - 0.6), -math.log(0.9), -math.log(0.9 - 0.6), -math.log(0.2)]
     np.testing.assert_allclose(survival_log_loss(times, surv, time, event), expected)
+
+
+def test_survival_log_loss_is_the_hazard_models_own_per_record_loss() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(200, 4))
+    time = rng.exponential(1.0, size=200).astype(np.float32).astype(np.float64)  # the model's loss sees float32
+    event = rng.integers(0, 2, size=200)
+    cuts = make_time_grid(time, event, num_durations=10)
+    model = build_survival_model("hazard_mlp", in_features=4, cuts=cuts, hidden=(16,), dropout=0.0,
+                                 activation="relu", penalty=0.0, time_scale=(1.0, 1.0), seed=0)
+    times, surv = model.predict_survival(x)
+    own = model.per_sample_loss(torch.tensor(x, dtype=torch.float32), torch.tensor(time, dtype=torch.float32),
+                                torch.tensor(event, dtype=torch.float32)).detach().numpy()
+    np.testing.assert_allclose(survival_log_loss(times, surv, time, event), own, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_inputs_are_refused() -> None:

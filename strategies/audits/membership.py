@@ -24,8 +24,9 @@ The ceilings hold for the unit the ε is about: a record-level ε bounds the att
 a site-level ε (client-level DP) bounds it on a whole site, and on one record only through group
 privacy.
 
-The attack's score is :func:`survival_log_loss`, defined from predicted survival curves, so that
-it applies to every model (Cox models have no per-record training loss).
+The attack's score is :func:`survival_log_loss`, the likelihood of a record's outcome under its
+predicted survival curve, so that it applies to every model (Cox models have no per-record
+training loss; for the hazard model it is its own).
 
 References
 ----------
@@ -47,6 +48,7 @@ from strategies.validation import check_probability
 
 __all__ = [
     "MembershipAudit",
+    "auc_standard_error",
     "loss_threshold_attack",
     "max_accuracy",
     "max_advantage",
@@ -64,6 +66,9 @@ class MembershipAudit:
     ----------
     auc : float
         Area under the attack's ROC curve (0.5 = guessing).
+    auc_standard_error : float
+        Hanley & McNeil's (1982) standard error of ``auc``: a measured AUC is above a ceiling
+        only if it exceeds it by more than sampling error.
     advantage : float
         :math:`\\max_t (\\mathrm{TPR}_t - \\mathrm{FPR}_t)` over thresholds (0 = guessing).
     tpr_at_fpr : float
@@ -75,6 +80,7 @@ class MembershipAudit:
     """
 
     auc: float
+    auc_standard_error: float
     advantage: float
     tpr_at_fpr: float
     fpr: float
@@ -85,21 +91,28 @@ class MembershipAudit:
 def survival_log_loss(
     times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray, *, floor: float = 1e-12,
 ) -> np.ndarray:
-    r"""Per-record log loss of the observed outcome at the record's own time under predicted curves.
+    r"""Per-record negative log-likelihood of the observed (time, event) under curves predicted on a grid.
+
+    The outcome is discretised on the grid as the models' own labels are
+    (:func:`models.survival.discretise`, pycox's convention: an event moves to the first grid
+    point at or after it, a censoring to the last at or before it, a time beyond the grid is a
+    censoring at its end; a time before the first point counts as at it). With
+    :math:`S_i(\tau_{-1}) = 1`,
 
     .. math::
 
-        \ell_i = -\delta_i \log\big(1 - S_i(t_i)\big) - (1 - \delta_i) \log S_i(t_i),
+        \ell_i = -\delta_i \log\big(S_i(\tau_{\kappa_i - 1}) - S_i(\tau_{\kappa_i})\big)
+                  - (1 - \delta_i) \log S_i(\tau_{\kappa_i}),
 
-    with :math:`S_i` the right-continuous step function through ``surv[i]`` on the grid ``times``
-    (:math:`S_i(t) = 1` before the first grid point) and probabilities floored at ``floor``. It is
-    the binomial log-likelihood term of the (unweighted) Brier-type log score at :math:`t_i`:
-    small when the model was confident of what happened to record i by its time.
+    probabilities floored at ``floor``. For the discrete-time hazard model this is its own
+    per-record training loss (the logistic-hazard NLL); for Cox models it is the likelihood of the
+    grid-discretised outcome under the Breslow curves. Over-fitting shows as smaller losses on
+    training records, which is what the attack exploits.
 
     Parameters
     ----------
     times : ndarray, shape (m,)
-        Increasing grid of the curves.
+        Strictly increasing grid of the curves (``m >= 2``).
     surv : ndarray, shape (n, m)
         :math:`S_i(\tau_j)`.
     time, event : ndarray, shape (n,)
@@ -107,21 +120,23 @@ def survival_log_loss(
     floor : float
         Lower bound on the probabilities inside the logarithm.
     """
+    from models.survival import discretise
+
     times = np.asarray(times, dtype=np.float64)
     surv = np.asarray(surv, dtype=np.float64)
     time = np.asarray(time, dtype=np.float64)
     event = np.asarray(event)
-    if times.ndim != 1 or np.any(np.diff(times) <= 0):
-        raise ValueError("times must be a strictly increasing 1-D grid")
-    if surv.ndim != 2 or surv.shape[1] != times.size:
+    if surv.ndim != 2 or times.ndim != 1 or surv.shape[1] != times.size:
         raise ValueError(f"surv must have shape (n, {times.size}), got {surv.shape}")
     if time.shape != (surv.shape[0],) or event.shape != (surv.shape[0],):
         raise ValueError(f"time and event must have shape ({surv.shape[0]},), got {time.shape} and {event.shape}")
     if not np.isin(event, (0, 1)).all():
         raise ValueError("event must be 0 or 1")
-    position = np.searchsorted(times, time, side="right") - 1  # last grid point <= t, -1 before the grid
-    at_time = np.where(position >= 0, surv[np.arange(surv.shape[0]), np.maximum(position, 0)], 1.0)
-    probability = np.where(event == 1, 1.0 - at_time, at_time)
+    index, observed = discretise(np.maximum(time, times[0]), event.astype(np.float64), times)
+    rows = np.arange(surv.shape[0])
+    at = surv[rows, index]
+    before = np.where(index > 0, surv[rows, np.maximum(index - 1, 0)], 1.0)
+    probability = np.where(observed == 1, before - at, at)
     return -np.log(np.clip(probability, floor, 1.0))
 
 
@@ -148,8 +163,10 @@ def loss_threshold_attack(
     labels = np.concatenate([np.ones(members.size), np.zeros(non_members.size)])
     scores = -np.concatenate([members, non_members])
     false_positive, true_positive, _ = roc_curve(labels, scores, drop_intermediate=False)
+    auc = float(np.trapezoid(true_positive, false_positive))
     return MembershipAudit(
-        auc=float(np.trapezoid(true_positive, false_positive)),
+        auc=auc,
+        auc_standard_error=auc_standard_error(auc, members=members.size, non_members=non_members.size),
         advantage=float(np.max(true_positive - false_positive)),
         tpr_at_fpr=float(np.max(true_positive[false_positive <= fpr])),
         fpr=fpr,
@@ -158,14 +175,37 @@ def loss_threshold_attack(
     )
 
 
+def auc_standard_error(auc: float, *, members: int, non_members: int) -> float:
+    r"""Hanley & McNeil's standard error of an AUC from ``members`` positives and ``non_members`` negatives.
+
+    .. math::
+
+        \mathrm{SE}^2 = \frac{A(1 - A) + (n_1 - 1)(Q_1 - A^2) + (n_0 - 1)(Q_2 - A^2)}{n_1 n_0},
+        \quad Q_1 = \frac{A}{2 - A}, \quad Q_2 = \frac{2A^2}{1 + A}.
+
+    References
+    ----------
+    Hanley & McNeil, "The meaning and use of the area under a receiver operating characteristic
+    (ROC) curve", Radiology 143 (1982), eq. (2).
+    """
+    q1, q2 = auc / (2.0 - auc), 2.0 * auc**2 / (1.0 + auc)
+    variance = (auc * (1.0 - auc) + (members - 1) * (q1 - auc**2) + (non_members - 1) * (q2 - auc**2)) / (
+        members * non_members)
+    return math.sqrt(max(variance, 0.0))
+
+
+#: Above this ε, e^ε overflows a float and every ceiling is 1 to within 1e-300: treated as no bound.
+_NO_BOUND_EPSILON = 700.0
+
+
 def _check_budget(epsilon: float, delta: float) -> tuple[float, float]:
-    """ε in [0, inf] and δ in [0, 1)."""
+    """ε in [0, inf] (anything above :data:`_NO_BOUND_EPSILON` as inf) and δ in [0, 1)."""
     epsilon, delta = float(epsilon), float(delta)
     if not epsilon >= 0:
         raise ValueError(f"epsilon must be >= 0 (inf allowed), got {epsilon}")
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must lie in [0, 1), got {delta}")
-    return epsilon, delta
+    return (math.inf if epsilon > _NO_BOUND_EPSILON else epsilon), delta
 
 
 def max_true_positive_rate(fpr: float | np.ndarray, *, epsilon: float, delta: float = 0.0) -> np.ndarray:
