@@ -40,6 +40,7 @@ from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
+from models.data.validate import column_differences
 from models.survival import time_grid_from_histograms, time_histogram
 
 SUMMARY = "query.site_summary"
@@ -90,21 +91,13 @@ def _schema_problems(names: Mapping[int, str], statistics: Mapping[int, FeatureS
     counts = collections.Counter(schema(stats) for stats in statistics.values())
     reference_node = min((node for node, stats in statistics.items() if counts[schema(stats)] == max(counts.values())))
     reference, reference_name = statistics[reference_node], names[reference_node]
+    def kinds(stats: FeatureStatistics) -> dict[str, str]:
+        return {c: "numeric" if c in stats.numeric else "categorical" for c in stats.order}
+
     problems: dict[int, str] = {}
     for node, stats in statistics.items():
-        found = []
-        missing = [c for c in reference.order if c not in stats.order]
-        extra = [c for c in stats.order if c not in reference.order]
-        if missing:
-            found.append(f"missing columns {missing} (present at site '{reference_name}')")
-        if extra:
-            found.append(f"extra columns {extra} (absent at site '{reference_name}')")
-        found += [
-            f"column '{c}' is {'numeric' if c in stats.numeric else 'categorical'} but "
-            f"{'numeric' if c in reference.numeric else 'categorical'} at site '{reference_name}'"
-            for c in reference.order if c in stats.order and (c in stats.numeric) != (c in reference.numeric)
-        ]
-        if not missing and not extra and stats.order != reference.order:
+        found = column_differences(kinds(stats), kinds(reference), reference_name=reference_name)
+        if not found and stats.order != reference.order:
             found.append(f"columns in another order than at site '{reference_name}'")
         if found:
             problems[node] = f"site '{names[node]}': schema differs from the other sites: " + "; ".join(found)

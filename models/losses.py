@@ -62,18 +62,7 @@ def logistic_hazard_nll(
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape (n, T), got {tuple(logits.shape)}")
-    n, num_intervals = logits.shape
-    if idx_durations.shape != (n,) or events.shape != (n,):
-        raise ValueError(
-            f"idx_durations and events must have shape ({n},), got "
-            f"{tuple(idx_durations.shape)} and {tuple(events.shape)}"
-        )
-    if idx_durations.dtype != torch.int64:
-        raise TypeError(f"idx_durations must be int64, got {idx_durations.dtype}")
-    if n and (idx_durations.min() < 0 or idx_durations.max() >= num_intervals):
-        raise ValueError(f"idx_durations must lie in [0, {num_intervals - 1}]")
+    _check_discrete_labels(logits, idx_durations, events)
     idx = idx_durations.reshape(-1, 1)
     targets = torch.zeros_like(logits).scatter(1, idx, events.to(logits.dtype).reshape(-1, 1))
     bce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
@@ -250,6 +239,23 @@ def sample_risk_set_controls(
     return case_idx, order[first_at_risk + offset]
 
 
+def _check_discrete_labels(logits: Tensor, idx_durations: Tensor, events: Tensor) -> tuple[int, int]:
+    """Shapes, dtype and range of a discrete-time loss's inputs; returns ``(n, T)``."""
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape (n, T), got {tuple(logits.shape)}")
+    n, num_intervals = logits.shape
+    if idx_durations.shape != (n,) or events.shape != (n,):
+        raise ValueError(
+            f"idx_durations and events must have shape ({n},), got "
+            f"{tuple(idx_durations.shape)} and {tuple(events.shape)}"
+        )
+    if idx_durations.dtype != torch.int64:
+        raise TypeError(f"idx_durations must be int64, got {idx_durations.dtype}")
+    if n and (idx_durations.min() < 0 or idx_durations.max() >= num_intervals):
+        raise ValueError(f"idx_durations must lie in [0, {num_intervals - 1}]")
+    return n, num_intervals
+
+
 def deephit_loss(
     logits: Tensor, idx_durations: Tensor, events: Tensor, *, alpha: float = 0.2, sigma: float = 0.1
 ) -> Tensor:
@@ -306,20 +312,9 @@ def deephit_loss(
     analysis with competing risks", eqs. (2)-(4); Kvamme, Borgan & Scheel (2019), JMLR 20(129)
     (pycox ``DeepHitSingleLoss``, ``nll_pmf``, ``rank_loss_deephit_single``).
     """
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape (n, T), got {tuple(logits.shape)}")
-    n, num_intervals = logits.shape
-    if idx_durations.shape != (n,) or events.shape != (n,):
-        raise ValueError(
-            f"idx_durations and events must have shape ({n},), got "
-            f"{tuple(idx_durations.shape)} and {tuple(events.shape)}"
-        )
-    if idx_durations.dtype != torch.int64:
-        raise TypeError(f"idx_durations must be int64, got {idx_durations.dtype}")
+    n, num_intervals = _check_discrete_labels(logits, idx_durations, events)
     if n == 0:
         raise ValueError("deephit_loss needs a non-empty batch")
-    if idx_durations.min() < 0 or idx_durations.max() >= num_intervals:
-        raise ValueError(f"idx_durations must lie in [0, {num_intervals - 1}]")
     if not 0.0 <= alpha <= 1.0 or sigma <= 0:
         raise ValueError(f"need alpha in [0, 1] and sigma > 0, got alpha={alpha}, sigma={sigma}")
     log_pmf = F.log_softmax(F.pad(logits, (0, 1)), dim=1)

@@ -205,8 +205,7 @@ def test_schema_differences_name_site_and_columns():
         error,
         "site 'B': missing columns ['stage']",
         "site 'B': extra columns ['bmi']",
-        "site 'C': column 'age' is categorical",
-        "numeric (float64) at site 'A'",
+        "site 'C': column 'age' is categorical but numeric at site 'A'",
     )
 
 

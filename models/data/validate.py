@@ -194,6 +194,26 @@ def _dtype_kind(dtype: object) -> str:
     return "numeric"
 
 
+def column_differences(
+    columns: Mapping[str, str], reference: Mapping[str, str], *, reference_name: str,
+) -> list[str]:
+    """How a site's columns differ from the reference site's: missing and extra columns, columns of another kind.
+
+    ``columns`` and ``reference`` map each column name, in file order, to its kind (``"numeric"``,
+    ``"categorical"``, ...). Each difference names the columns, the kinds and the reference site.
+    """
+    missing = [c for c in reference if c not in columns]
+    extra = [c for c in columns if c not in reference]
+    found = []
+    if missing:
+        found.append(f"missing columns {missing} (present at site '{reference_name}')")
+    if extra:
+        found.append(f"extra columns {extra} (absent at site '{reference_name}')")
+    found += [f"column '{c}' is {columns[c]} but {reference[c]} at site '{reference_name}'"
+              for c in reference if c in columns and columns[c] != reference[c]]
+    return found
+
+
 def check_same_schema(frames: Mapping[str, pd.DataFrame]) -> None:
     """Check that every site's frame has the columns and column kinds of the first site.
 
@@ -214,20 +234,11 @@ def check_same_schema(frames: Mapping[str, pd.DataFrame]) -> None:
         return
     reference_name, reference = next(iter(frames.items()))
     kinds = {str(c): _dtype_kind(t) for c, t in reference.dtypes.items()}
-    problems = []
-    for name, frame in frames.items():
-        site_kinds = {str(c): _dtype_kind(t) for c, t in frame.dtypes.items()}
-        missing = [c for c in kinds if c not in site_kinds]
-        extra = [c for c in site_kinds if c not in kinds]
-        if missing:
-            problems.append(f"site '{name}': missing columns {missing} (present at site '{reference_name}')")
-        if extra:
-            problems.append(f"site '{name}': extra columns {extra} (absent at site '{reference_name}')")
-        problems += [
-            f"site '{name}': column '{c}' is {site_kinds[c]} ({frame[c].dtype}) but {kinds[c]} "
-            f"({reference[c].dtype}) at site '{reference_name}'"
-            for c in kinds
-            if c in site_kinds and site_kinds[c] != kinds[c]
-        ]
+    problems = [
+        f"site '{name}': {difference}"
+        for name, frame in frames.items()
+        for difference in column_differences({str(c): _dtype_kind(t) for c, t in frame.dtypes.items()},
+                                             kinds, reference_name=reference_name)
+    ]
     if problems:
         raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
