@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from simulations.hydra_config import parse_value
-from simulations.results_file import append_runs, read_rows
+from simulations.results_file import append_runs, mean_std, read_rows
 
 #: The paper's Table 2 (TCGA; validation C-index): modalities -> ε -> (federated, centralised).
 PAPER_TABLE2: dict[str, dict[float, tuple[float, float]]] = {
@@ -146,17 +146,6 @@ def run_grid(out: Path, settings: list[tuple[str, tuple[str, ...]]], epsilons: l
     return _read(path)
 
 
-def _mean_std(values: list[float], digits: int = 3) -> str:
-    """``mean ± std`` (sample std) of the finite values; ``value (1 run)`` when there is one."""
-    finite = [value for value in values if math.isfinite(value)]
-    if not finite:
-        return "–"
-    if len(finite) == 1:
-        return f"{finite[0]:.{digits}f} (1 run)"
-    spread = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
-    return f"{float(np.mean(finite)):.{digits}f} ± {spread:.{digits}f}"
-
-
 def _eps(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3g}"
 
@@ -188,11 +177,11 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
                     f"| {setting} | {modalities} | {_eps(epsilon)} | {_eps(max(r['noise_multiplier'] for r in group))} | "
                     f"{_eps(max(r['epsilon_record'] for r in group))} | {_eps(max(r['epsilon_site_max'] for r in group))} | "
                     f"{_eps(max(r['epsilon_paper'] for r in group))} | "
-                    f"{_mean_std([r['federated_c_index'] for r in group])} | "
-                    f"{_mean_std([r['centralised_c_index'] for r in group])} | {_mean_std(no_dp)} | "
+                    f"{mean_std([r['federated_c_index'] for r in group])} | "
+                    f"{mean_std([r['centralised_c_index'] for r in group])} | {mean_std(no_dp)} | "
                     f"{f'max {max(differences):.1e}' if differences else '–'} | "
-                    f"{_mean_std([r['federated_band_width'] for r in group])} | "
-                    + ", ".join(f"{name} {_mean_std(values, 2)}" for name, values in r2.items()) + " |")
+                    f"{mean_std([r['federated_band_width'] for r in group])} | "
+                    + ", ".join(f"{name} {mean_std(values, 2)}" for name, values in r2.items()) + " |")
         lines.append("")
     lines += ["### The paper's Table 2 (TCGA, validation C-index; a different data set, for the shape only)", "",
               "| modalities | ε | federated | centralised |", "| --- | --- | --- | --- |"]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from simulations.hydra_config import parse_value
-from simulations.results_file import append_runs, read_rows
+from simulations.results_file import append_runs, mean_std, read_rows
 
 STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
 TARGETS = ("global", "update")
@@ -159,14 +159,9 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return read_rows(path, text_fields=("strategy", "site", "target", "guarantee"))
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
-
-
 def _run_c_index(group: list[dict[str, Any]]) -> str:
     """Mean ± std over the runs (one per seed) of the run's test C-index; "–" if every run diverged."""
-    per_run = [c for _, c in sorted({(r["seed"], r["test_c_index"]) for r in group}) if math.isfinite(c)]
-    return _mean_std(per_run) if per_run else "–"
+    return mean_std(c for _, c in sorted({(r["seed"], r["test_c_index"]) for r in group}))
 
 
 def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
@@ -186,9 +181,9 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
         above = sum(r["auc"] - 1.96 * r["auc_se"] > r["ceiling_auc"] for r in group)
         lines.append(
             f"| {strategy} | {'∞' if math.isinf(epsilon) else f'{epsilon:g}'} | {target} | "
-            f"{_mean_std([r['auc'] for r in group])} | {min(r['ceiling_auc'] for r in group):.3f} | "
-            f"{_mean_std([r['advantage'] for r in group])} | {min(r['ceiling_advantage'] for r in group):.3f} | "
-            f"{_mean_std([r['tpr_at_fpr'] for r in group])} | {min(r['ceiling_tpr_at_fpr'] for r in group):.3f} | "
+            f"{mean_std([r['auc'] for r in group])} | {min(r['ceiling_auc'] for r in group):.3f} | "
+            f"{mean_std([r['advantage'] for r in group])} | {min(r['ceiling_advantage'] for r in group):.3f} | "
+            f"{mean_std([r['tpr_at_fpr'] for r in group])} | {min(r['ceiling_tpr_at_fpr'] for r in group):.3f} | "
             f"{max(r['epsilon_record'] for r in group):.3g} | {above}/{len(group)} | "
             f"{_run_c_index(group)} | "
             f"{group[0]['guarantee']} |")

@@ -7,12 +7,24 @@ loses at most the runs in flight.
 from __future__ import annotations
 
 import csv
+import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_runs", "read_rows"]
+__all__ = ["append_runs", "mean_std", "read_rows"]
+
+
+def mean_std(values: Iterable[float], digits: int = 3) -> str:
+    """``mean ± std`` (sample std) of the finite values for a table cell; ``value (1 run)`` for one, ``–`` for none."""
+    finite = [float(value) for value in values if math.isfinite(value)]
+    if not finite:
+        return "–"
+    if len(finite) == 1:
+        return f"{finite[0]:.{digits}f} (1 run)"
+    return f"{statistics.mean(finite):.{digits}f} ± {statistics.stdev(finite):.{digits}f}"
 
 
 def read_rows(path: Path, *, text_fields: Iterable[str]) -> list[dict[str, Any]]:
