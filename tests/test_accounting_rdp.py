@@ -49,6 +49,12 @@ def test_google_dp_accounting_agrees(orders: tuple[float, ...] | None) -> None:
     assert round(google.get_epsilon(DELTA), 4) == round(ours, 4) == 2.1014
 
 
+def test_default_orders_are_opacus_default_grid() -> None:
+    from opacus.accountants import RDPAccountant
+
+    assert DEFAULT_RDP_ORDERS == tuple(RDPAccountant.DEFAULT_ALPHAS)
+
+
 def test_steps_compose() -> None:
     split = SiteAccountant()
     split.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=500)
