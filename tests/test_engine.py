@@ -1,0 +1,51 @@
+"""The simulation engine's one change to Flower's runtime: how often it looks for new messages."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from queue import Queue
+
+from flwr.server.superlink.fleet.vce import vce_api
+
+from simulations import engine
+
+
+def test_the_replaced_flower_loop_is_still_the_pinned_one():
+    """If a Flower upgrade changes the loop, the replacement must be reviewed, not silently kept."""
+    source = inspect.getsource(vce_api.add_messages_to_queue)
+    assert "state.get_message_ins(node_id=node_id, limit=1)" in source
+    assert "queue.put(msg)" in source
+    assert "f_stop.wait(0.1)" in source
+    assert inspect.signature(vce_api.add_messages_to_queue).parameters.keys() == \
+        inspect.signature(engine._add_messages_to_queue).parameters.keys()
+
+
+def test_the_replacement_is_used_inside_the_block_only():
+    original = vce_api.add_messages_to_queue
+    with engine._frequent_message_pickup():
+        assert vce_api.add_messages_to_queue is engine._add_messages_to_queue
+    assert vce_api.add_messages_to_queue is original
+
+
+class _State:
+    """A LinkState stand-in: two messages for node 7, one for node 9, handed out one per look."""
+
+    def __init__(self) -> None:
+        self.pending = {7: ["a", "b"], 9: ["c"]}
+
+    def get_message_ins(self, *, node_id: int, limit: int) -> list[str]:
+        assert limit == 1
+        return [self.pending[node_id].pop(0)] if self.pending[node_id] else []
+
+
+def test_the_replacement_moves_every_message_to_the_queue_in_order_and_stops():
+    queue: Queue = Queue()
+    f_stop = threading.Event()
+    thread = threading.Thread(target=engine._add_messages_to_queue, args=(_State(), queue, {7: 0, 9: 1}, f_stop))
+    thread.start()
+    received = [queue.get(timeout=5) for _ in range(3)]
+    f_stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert received == ["a", "c", "b"]
