@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulations.engine import run_simulation  # noqa: E402
+from simulations.engine import ray_cluster, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 from simulations.inprocess import run_inprocess  # noqa: E402
 
@@ -55,16 +55,17 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [{"strategy.name": "fedavg"}] + [{"strategy.name": strategy, "privacy.epsilon": float(epsilon)}
                                              for strategy in DP_STRATEGIES for epsilon in args.epsilons.split(",")]
     rows = []
-    for run in runs:
-        overrides = {**shared, **run}
-        flower_s, flower = _timed(run_simulation, overrides)
-        inprocess_s, inprocess = _timed(run_inprocess, overrides)
-        c_index = flower["test"].get("c_index", math.nan)
-        rows.append({"strategy": run["strategy.name"], "epsilon": run.get("privacy.epsilon"),
-                     "flower_s": round(flower_s, 2), "inprocess_s": round(inprocess_s, 2),
-                     "c_index": c_index, "epsilon_spent": flower["privacy"]["epsilon"],
-                     "same_c_index": c_index == inprocess["test"].get("c_index", math.nan)})
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    with ray_cluster():  # as `python -m simulations.sweep` runs its jobs: Ray starts once
+        for run in runs:
+            overrides = {**shared, **run}
+            flower_s, flower = _timed(run_simulation, overrides)
+            inprocess_s, inprocess = _timed(run_inprocess, overrides)
+            c_index = flower["test"].get("c_index", math.nan)
+            rows.append({"strategy": run["strategy.name"], "epsilon": run.get("privacy.epsilon"),
+                         "flower_s": round(flower_s, 2), "inprocess_s": round(inprocess_s, 2),
+                         "c_index": c_index, "epsilon_spent": flower["privacy"]["epsilon"],
+                         "same_c_index": c_index == inprocess["test"].get("c_index", math.nan)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     flower_total = sum(row["flower_s"] for row in rows)
     inprocess_total = sum(row["inprocess_s"] for row in rows)
     report = {"benchmark": "epsilon_sweep", "runs": len(rows), "flower_total_s": round(flower_total, 1),
