@@ -58,30 +58,39 @@ RUN_ID = 1
 _METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 
 
+def _set_federated_baseline(model: SurvivalModel, dataset: FederatedDataset) -> None:
+    """The Breslow baseline from every site's ``(d_k, R_k)``, summed in site order (Cox models only)."""
+    event_counts, risk_sums = None, None
+    for site in sorted(dataset.sites, key=lambda site: site.name):
+        counts, sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
+        counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
+        event_counts = counts if event_counts is None else event_counts + counts
+        risk_sums = sums if risk_sums is None else risk_sums + sums
+    model.set_baseline(event_counts, risk_sums)
+
+
 def _evaluate(model: SurvivalModel, dataset: FederatedDataset, *, concordance_td: bool) -> tuple[dict[str, float], str]:
     """Federated Breslow baseline (Cox models) and pooled test metrics; NaN and why if diverged."""
     if not all(bool(torch.isfinite(value).all()) for value in model.net.state_dict().values()):
         return dict.fromkeys(_METRICS, math.nan), "diverged: non-finite weights"
     try:
         if model.needs_baseline:
-            event_counts, risk_sums = None, None
-            for site in sorted(dataset.sites, key=lambda site: site.name):
-                counts, sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
-                counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
-                event_counts = counts if event_counts is None else event_counts + counts
-                risk_sums = sums if risk_sums is None else risk_sums + sums
-            model.set_baseline(event_counts, risk_sums)
+            _set_federated_baseline(model, dataset)
         return task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"),
                              concordance_td=concordance_td), ""
     except ValueError as err:  # e.g. risks that overflow to inf or underflow to an empty risk set
         return dict.fromkeys(_METRICS, math.nan), f"diverged: {err}"
 
 
-def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dict[str, Any]:
+def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evaluate_sites: bool = False) -> dict[str, Any]:
     """Train ``cfg``'s federation for ``federation.rounds`` rounds in process; evaluate at the end.
 
     Every site trains in every round (``federation.fraction_train`` must be 1). With
-    ``concordance_td=False`` the O(n²) Antolini C-index is skipped (NaN).
+    ``concordance_td=False`` the O(n²) Antolini C-index is skipped (NaN). With
+    ``evaluate_sites=True`` every site also evaluates the global model on its own test part after
+    every round, as the ClientApp does in a Flower run (the benchmarks' bare reference does the
+    same work as the Flower path); ``sites_mean`` is then the test-size-weighted mean of the last
+    round's site metrics.
 
     Returns
     -------
@@ -89,7 +98,8 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
         ``test``: metrics of the final global model on the pooled test split (as the ServerApp's
         server-side evaluation; NaN, with the reason in ``error``, when the model diverged, e.g.
         non-finite weights or risks that overflow); ``privacy``: the worst site's last training report (its
-        privacy figures), or ``None`` without DP; ``state_dict``: the final global weights.
+        privacy figures), or ``None`` without DP; ``state_dict``: the final global weights;
+        ``sites_mean`` (with ``evaluate_sites``).
     """
     if cfg.federation.fraction_train != 1.0:
         raise ValueError("run_federation trains every site in every round: set federation.fraction_train = 1")
@@ -122,13 +132,29 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True) -> dic
                                            "metrics": MetricRecord({WEIGHT_KEY: weight})}))
         if replies:
             global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
+        if evaluate_sites:
+            site_metrics = _evaluate_sites(model, global_arrays, dataset, concordance_td=concordance_td)
     model.net.load_state_dict(global_arrays.to_torch_state_dict())
     test, error = _evaluate(model, dataset, concordance_td=concordance_td)
     privacy = None
     if reports:
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
-    return {"test": test, "error": error, "privacy": privacy,
-            "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
+    result = {"test": test, "error": error, "privacy": privacy,
+              "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
+    if evaluate_sites:
+        result["sites_mean"] = site_metrics
+    return result
+
+
+def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: FederatedDataset, *,
+                    concordance_td: bool) -> dict[str, float]:
+    """Every site's metrics of the global model on its own test part, weighted by test size (as the ClientApp's)."""
+    model.net.load_state_dict(arrays.to_torch_state_dict())
+    if model.needs_baseline:
+        _set_federated_baseline(model, dataset)
+    weights = np.array([len(site.test) for site in dataset.sites], dtype=float)
+    metrics = [task.evaluate(model, site.test, site.train, concordance_td=concordance_td) for site in dataset.sites]
+    return {key: float(np.sum(weights * np.array([m[key] for m in metrics])) / weights.sum()) for key in metrics[0]}
 
 
 class InProcessGrid(Grid):
