@@ -19,6 +19,7 @@ writes, in the shape of FSL-BDP's Table 3 and Figure 10:
 Usage::
 
     python -m simulations.fsl_bdp SWEEP_DIR [SWEEP_DIR ...] --out DIR [--title TEXT]
+    python -m simulations.fsl_bdp --report-only --out DIR [--title TEXT]   # from DIR's saved CSVs
 
 References
 ----------
@@ -237,23 +238,40 @@ def _markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
 
 
 def write(sweep_dirs: Sequence[str | Path], out: str | Path, title: str = "FSL-BDP comparison") -> dict[str, Path]:
-    """Write every table and the figure to ``out``; return the files written."""
+    """Write every table and the figure to ``out`` from the sweeps' runs; return the files written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(sweep_dirs)
-    table = table3(results)
     sites = site_comparison(results)
+    results.to_csv(out / "results.csv", index=False)
+    sites.to_csv(out / "site_wins.csv", index=False)
+    return _write(results, sites, out, title)
+
+
+def write_saved(out: str | Path, title: str = "FSL-BDP comparison") -> dict[str, Path]:
+    """Rewrite the tables and the figure of ``out`` from its saved ``results.csv`` and ``site_wins.csv``.
+
+    The run directories of the sweeps are not needed: ``results.csv`` keeps every run's metrics
+    and ε, ``site_wins.csv`` the per-site figures.
+    """
+    out = Path(out)
+    results = pd.read_csv(out / "results.csv", float_precision="round_trip")
+    sites = pd.read_csv(out / "site_wins.csv", float_precision="round_trip")
+    return _write(results, sites, out, title)
+
+
+def _write(results: pd.DataFrame, sites: pd.DataFrame, out: Path, title: str) -> dict[str, Path]:
+    """The tables and the figure from the runs (``results.csv``) and the per-site figures (``site_wins.csv``)."""
+    table = table3(results)
     wins = win_counts(sites) if len(sites) else pd.DataFrame()
     effect = federation_effect(results)
     files = {"results": out / "results.csv", "table3_csv": out / "table3.csv", "table3": out / "table3.md",
              "site_wins_csv": out / "site_wins.csv", "site_wins": out / "site_wins.md", "figure": out / "fig10.png"}
-    results.to_csv(files["results"], index=False)
     table.to_csv(files["table3_csv"], index=False)
     blocks = [f"# {title}\n"]
     for target, part in table.groupby("epsilon_target", sort=True):
         blocks.append(f"## target ε = {target:g}\n\n{_markdown(part.drop(columns='epsilon_target'))}\n")
     files["table3"].write_text("\n".join(blocks), encoding="utf-8")
-    sites.to_csv(files["site_wins_csv"], index=False)
     files["site_wins"].write_text(
         f"# {title}: BDP vs classical DP per site\n\n{_markdown(wins, '.4f')}\n\n"
         f"## Federation effect (federated − centralised test C-index)\n\n{_markdown(effect, '.4f')}\n",
@@ -265,14 +283,19 @@ def write(sweep_dirs: Sequence[str | Path], out: str | Path, title: str = "FSL-B
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dirs", nargs="+", help="sweep directories (simulations.sweep outputs)")
+    parser.add_argument("sweep_dirs", nargs="*", help="sweep directories (simulations.sweep outputs)")
     parser.add_argument("--out", required=True, help="directory for the tables and the figure")
     parser.add_argument("--title", default="FSL-BDP comparison")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the tables and the figure from OUT's results.csv and site_wins.csv")
     args = parser.parse_args(argv)
+    if args.report_only == bool(args.sweep_dirs):
+        parser.error("give sweep directories, or --report-only without them")
     for directory in args.sweep_dirs:
         if not Path(directory).is_dir():
             parser.error(f"{directory} is not a directory")
-    files = write(args.sweep_dirs, args.out, args.title)
+    files = (write_saved(args.out, args.title) if args.report_only
+             else write(args.sweep_dirs, args.out, args.title))
     print((Path(args.out) / "table3.md").read_text(encoding="utf-8"))
     print((Path(args.out) / "site_wins.md").read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(path) for path in files.values() if path.exists()))

@@ -95,3 +95,17 @@ def test_federation_effect_and_files(sweeps: list[Path], tmp_path: Path) -> None
     files = fsl_bdp.write(sweeps, tmp_path / "out", title="test")
     assert all(path.exists() for path in files.values())
     assert "Federated (BDP)" in files["table3"].read_text()
+
+
+def test_report_only_rebuilds_the_same_tables_from_the_saved_csvs(sweeps: list[Path], tmp_path: Path) -> None:
+    """The sweeps' run directories are not kept; results.csv and site_wins.csv are enough."""
+    out = tmp_path / "out"
+    fsl_bdp.write(sweeps, out, title="test")
+    written = {name: (out / name).read_text() for name in ("table3.md", "table3.csv", "site_wins.md")}
+    for name in written:
+        (out / name).unlink()
+    for sweep_dir in sweeps:  # the run directories are gone
+        for summary in sweep_dir.rglob(sweep.SUMMARY_FILE):
+            summary.unlink()
+    fsl_bdp.main(["--report-only", "--out", str(out), "--title", "test"])
+    assert {name: (out / name).read_text() for name in written} == written
