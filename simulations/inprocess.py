@@ -90,7 +90,8 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
     ``evaluate_sites=True`` every site also evaluates the global model on its own test part after
     every round, as the ClientApp does in a Flower run (the benchmarks' bare reference does the
     same work as the Flower path); ``sites_mean`` is then the test-size-weighted mean of the last
-    round's site metrics.
+    round's site metrics, and without ``evaluation.server_side`` it is also ``test`` (as in the
+    ServerApp's summary; the pooled test split is then not evaluated).
 
     Returns
     -------
@@ -135,7 +136,10 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
         if evaluate_sites:
             site_metrics = _evaluate_sites(model, global_arrays, dataset, concordance_td=concordance_td)
     model.net.load_state_dict(global_arrays.to_torch_state_dict())
-    test, error = _evaluate(model, dataset, concordance_td=concordance_td)
+    if evaluate_sites and not cfg.server_evaluation:  # as the ServerApp's summary: the sites' figures only
+        test, error = site_metrics, ""
+    else:
+        test, error = _evaluate(model, dataset, concordance_td=concordance_td)
     privacy = None
     if reports:
         privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
