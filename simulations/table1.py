@@ -40,6 +40,17 @@ from models.baselines import METRICS, MODELS, UNIMODAL_MODELS, BaselineSettings,
 from models.data.vertical import VERTICAL_DATASETS, VerticalTable, load_vertical, split_train_test
 from simulations.results_file import append_runs
 
+#: The paper's Table 1 (TCGA, one 80:10:10 split, no spread): C-index per model and modalities.
+PAPER_TABLE1_COLUMNS: tuple[str, ...] = ("Clinical", "miRNA", "DNAm", "Clinical+miRNA", "Clinical+DNAm",
+                                         "Clinical+miRNA+DNAm")
+PAPER_TABLE1_C_INDEX: dict[str, tuple[float, ...]] = {
+    "CPH": (0.671, 0.651, 0.649, math.nan, math.nan, math.nan),
+    "DeepSurv": (0.704, 0.649, 0.684, math.nan, math.nan, math.nan),
+    "DeepHit": (0.672, 0.659, 0.703, math.nan, math.nan, math.nan),
+    "nnetSurvival": (0.691, 0.613, 0.634, math.nan, math.nan, math.nan),
+    "Multisurv": (0.696, 0.702, 0.701, 0.732, 0.737, 0.735),
+    "BayesianMultisurv": (0.707, 0.703, 0.707, 0.734, 0.742, 0.752),
+}
 #: Row labels of the table, in the paper's order.
 MODEL_LABELS = {
     "cox_ph": "Cox PH", "deepsurv": "DeepSurv", "deephit": "DeepHit", "nnet_survival": "nnet-survival",
