@@ -17,7 +17,9 @@ order and the results are the same.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -120,6 +122,8 @@ def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) 
                f"--temp-dir={temp_dir}"]
     log = tempfile.TemporaryFile()  # not a pipe: an unread pipe could fill up and block the cluster
     head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    stop = functools.partial(_stop_cluster, head, log, temp_dir)
+    atexit.register(stop)  # also when the block is left by an interrupt that ends the program (a Hydra sweep's ^C)
     try:
         deadline = time.monotonic() + start_timeout_s
         while True:
@@ -142,15 +146,21 @@ def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) 
         os.environ.pop("RAY_ADDRESS", None)
         if ray.is_initialized():
             ray.shutdown()
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes on SIGTERM
-            try:
-                head.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
-                head.wait()
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop()
+        atexit.unregister(stop)
+
+
+def _stop_cluster(head: subprocess.Popen, log: Any, temp_dir: str) -> None:
+    """Stop the cluster :func:`ray_cluster` started and remove its files (again: nothing)."""
+    if head.poll() is None:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes on SIGTERM
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    log.close()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def schema_keys() -> set[str]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 import threading
+from pathlib import Path
 from queue import Queue
 
+import pytest
 from flwr.server.superlink.fleet.vce import vce_api
 
 from simulations import engine
@@ -49,3 +52,22 @@ def test_the_replacement_moves_every_message_to_the_queue_in_order_and_stops():
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert received == ["a", "c", "b"]
+
+
+@pytest.mark.slow
+def test_a_ray_cluster_serves_the_block_and_leaves_nothing_behind():
+    import psutil
+    import ray
+
+    with engine.ray_cluster(num_cpus=1) as address:
+        assert os.environ["RAY_ADDRESS"] == address
+        ray.init(address=address, log_to_driver=False)
+        assert ray.cluster_resources()["CPU"] == 1
+        ray.shutdown()
+        head = next(p for p in psutil.Process().children() if "--block" in p.cmdline())
+        session = next(arg.split("=", 1)[1] for arg in head.cmdline() if arg.startswith("--temp-dir="))
+        cluster = [head, *head.children(recursive=True)]
+    assert "RAY_ADDRESS" not in os.environ
+    gone, alive = psutil.wait_procs(cluster, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    assert not Path(session).exists()
