@@ -4,9 +4,10 @@ Horizontal:
 :func:`run_federation` runs exactly the steps of the ServerApp and ClientApp of a horizontal
 run — the same data, model, seeds, local training (``flwr_app.task``), privacy mechanism,
 site-ordered weighted averaging (Flower's own ``aggregate_arrayrecords``) and federated Breslow
-baseline — without Flower's messaging and Ray. A test checks that it reproduces a Flower
-simulation's final model and privacy figures; the reproduction scripts use it to run hundreds of
-repetitions on a laptop. It does not replace the Flower path for users: it has no fault
+baseline — without Flower's messaging and Ray. Tests check that it reproduces a Flower
+simulation's final model and privacy figures and the sites' evaluation; the reproduction scripts
+use it to run hundreds of repetitions on a laptop, and the benchmarks as the bare loop the Flower
+path is measured against. It does not replace the Flower path for users: it has no fault
 handling, no per-round outputs and no deployment.
 
 Any strategy: :func:`run_inprocess` runs the ServerApp and the ClientApp themselves, messages
