@@ -60,6 +60,17 @@ def _quietly(main: Callable[[list[str]], object], argv: list[str]) -> None:
         main(argv)
 
 
+def _grid_blocks(out: Path, main: Callable[[list[str]], object], folders: dict[str, Path],
+                 argv: dict[str, list[str]] | None = None) -> list[str]:
+    """Each grid's ``table.md`` and ``figure.png`` rewritten by ``main --report-only``; the table and figure as report blocks."""
+    blocks: list[str] = []
+    for name, folder in folders.items():
+        _quietly(main, ["--out", str(folder), "--report-only", *(argv or {}).get(name, [])])
+        blocks += [f"### {name}", "", _demote((folder / "table.md").read_text(encoding="utf-8")), "",
+                   f"![{name}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
+    return blocks
+
+
 def _demote(markdown: str, top: int = 4) -> str:
     """Shift the headings of a grid's table so that its highest becomes level ``top`` (under this report's ###)."""
     levels = [len(line) - len(line.lstrip("#")) for line in markdown.splitlines() if line.startswith("#")]
@@ -114,12 +125,8 @@ def flchain_sweep(results: Path, out: Path) -> str:
 
 def adaptive_dp_section(results: Path, out: Path) -> str:
     """LS-ADP / ROW-DP / NbAFL (the adaptive-DP Cox-MLP paper): tables with the paper's numbers in brackets."""
-    blocks = []
-    for grid, argv in ADAPTIVE_DP_GRIDS.items():
-        folder = results / "adaptive_dp" / grid
-        _quietly(adaptive_dp.main, ["--out", str(folder), "--report-only", *argv])
-        blocks += [f"### {grid}", "", _demote((folder / "table.md").read_text(encoding="utf-8")), "",
-                   f"![{grid}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
+    blocks = _grid_blocks(out, adaptive_dp.main, {grid: results / "adaptive_dp" / grid for grid in ADAPTIVE_DP_GRIDS},
+                          ADAPTIVE_DP_GRIDS)
     blocks.append(f"Setup, commands and reading: {_link(results / 'adaptive_dp.md', out)}.")
     return "\n".join(blocks)
 
@@ -183,12 +190,7 @@ def bvflmsp_table1_section(results: Path, out: Path) -> str:
 
 def bvflmsp_table2_section(results: Path, out: Path) -> str:
     """BVFLMSP Table 2: split learning under embedding DP; record-level RDP ε beside the paper's ε claim."""
-    blocks = []
-    for grid in TABLE2_GRIDS:
-        folder = results / "bvflmsp" / grid
-        _quietly(bvflmsp.main, ["--out", str(folder), "--report-only"])
-        blocks += [f"### {grid}", "", _demote((folder / "table.md").read_text(encoding="utf-8")), "",
-                   f"![{grid}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
+    blocks = _grid_blocks(out, bvflmsp.main, {grid: results / "bvflmsp" / grid for grid in TABLE2_GRIDS})
     blocks.append(f"Setup, commands, the diagnostics and reading: {_link(results / 'bvflmsp.md', out)}.")
     return "\n".join(blocks)
 
@@ -217,12 +219,7 @@ def uncertainty_section(results: Path, out: Path) -> str:
 
 def membership_section(results: Path, out: Path) -> str:
     """Membership-inference audit: attack AUC per strategy and ε beside the DP ceiling of the release."""
-    blocks = []
-    for grid in MEMBERSHIP_GRIDS:
-        folder = results / "membership" / grid
-        _quietly(membership.main, ["--out", str(folder), "--report-only"])
-        blocks += [f"### {grid}", "", _demote((folder / "table.md").read_text(encoding="utf-8")), "",
-                   f"![{grid}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
+    blocks = _grid_blocks(out, membership.main, {grid: results / "membership" / grid for grid in MEMBERSHIP_GRIDS})
     blocks.append(f"Threat model, commands and reading: {_link(results / 'membership.md', out)}.")
     return "\n".join(blocks)
 
