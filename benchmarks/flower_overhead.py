@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simulations.engine import ray_cluster, resolve, run_simulation  # noqa: E402
+from simulations.hydra_config import parse_value  # noqa: E402
 from simulations.inprocess import run_federation  # noqa: E402
 
 
@@ -47,12 +48,7 @@ def main() -> None:
         "evaluation.server_side": False,
         "baseline.centralized": False,
     }
-    for item in args.overrides:
-        key, value = item.split("=", 1)
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides.update({key: parse_value(text) for key, text in (item.split("=", 1) for item in args.overrides)})
     torch.set_num_threads(1)
 
     _, cfg = resolve(overrides)
@@ -77,8 +73,8 @@ def main() -> None:
 
     print(json.dumps({
         "benchmark": "flower_simulation_overhead",
-        "rounds": args.rounds,
-        "sites": args.sites,
+        "rounds": overrides["federation.rounds"],
+        "sites": overrides["federation.num_sites"],
         "overrides": {key: value for key, value in overrides.items()},
         "bare_loop_wall_s": round(bare_s, 2),
         "flower_wall_s": round(flower_s, 2),
@@ -87,7 +83,7 @@ def main() -> None:
         "ratio_flower_shared_ray_over_bare": round(shared_s / bare_s, 3),
         "ray_cluster_start_s": round(cluster_s, 2),
         "flower_round_after_the_first_s": round(round_s, 4),
-        "bare_loop_wall_per_round_s": round(bare_s / args.rounds, 4),
+        "bare_loop_wall_per_round_s": round(bare_s / overrides["federation.rounds"], 4),
         "target_ratio": 2.0,
         "bare_sites_mean_c_index": bare["sites_mean"]["c_index"],
         "flower_sites_mean_c_index": summary["test"].get("c_index"),

@@ -49,7 +49,7 @@ from flwr_app.vertical_server import EmbeddingAudit, run_vertical
 from models.data import FederatedDataset
 from models.survival import SurvivalModel
 from simulations.engine import resolve
-from strategies.horizontal import WEIGHT_KEY
+from strategies.horizontal import WEIGHT_KEY, weighted_nanmean
 from strategies.split import LocalSites, PredictRequest, SiteConfig, SiteReply, SiteRequest, SplitSite
 
 __all__ = ["InProcessGrid", "LocalSplitTransport", "run_federation", "run_inprocess", "run_vertical_inprocess"]
@@ -153,13 +153,12 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
 
 def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: FederatedDataset, *,
                     concordance_td: bool) -> dict[str, float]:
-    """Every site's metrics of the global model on its own test part, weighted by test size (as the ClientApp's)."""
+    """Every site's metrics of the global model on its own test part, weighted by test size (as the ServerApp averages them)."""
     model.net.load_state_dict(arrays.to_torch_state_dict())
     if model.needs_baseline:
         _set_federated_baseline(model, dataset)
-    weights = np.array([len(site.test) for site in dataset.sites], dtype=float)
-    metrics = [task.evaluate(model, site.test, site.train, concordance_td=concordance_td) for site in dataset.sites]
-    return {key: float(np.sum(weights * np.array([m[key] for m in metrics])) / weights.sum()) for key in metrics[0]}
+    return weighted_nanmean({site.name: {**task.evaluate(model, site.test, site.train, concordance_td=concordance_td),
+                                         WEIGHT_KEY: len(site.test)} for site in dataset.sites})
 
 
 class InProcessGrid(Grid):
