@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_app import deployment, task, vertical_client
-from flwr_app.config import parse_run_config
-from flwr_app.faults import inject_failure
+from flwr_app.config import ExperimentConfig, parse_run_config
+from flwr_app.faults import inject_failure, tamper
 from models.data import SiteData
 from strategies.horizontal import (
     BASELINE_EVENTS,
@@ -28,6 +29,8 @@ from strategies.horizontal import (
     SITE_KEY,
     WEIGHT_KEY,
 )
+from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
 PRIVACY_STATE = "privacy.state"
@@ -68,15 +71,22 @@ def _model(context: Context, message: Message):
     return cfg, model
 
 
-def _reply(message: Message, site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None, *,
-           privacy_state: str | None = None) -> Message:
+def _reply(message: Message, content: RecordDict, cfg: ExperimentConfig, site: SiteData, server_round: int,
+           kind: str) -> Message:
+    """The reply to ``message`` (tampered with only when ``debug.fail_mode`` makes this site hostile)."""
+    return Message(content=tamper(cfg, content, site=site.name, server_round=server_round, message=kind),
+                   reply_to=message)
+
+
+def _content(site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None, *,
+             privacy_state: str | None = None) -> RecordDict:
     site_record = ConfigRecord({"name": site.name})
     if privacy_state is not None:
         site_record[PRIVACY_STATE_KEY] = privacy_state
     content = RecordDict({"metrics": MetricRecord(metrics), SITE_KEY: site_record})
     if arrays is not None:
         content["arrays"] = arrays
-    return Message(content=content, reply_to=message)
+    return content
 
 
 def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
@@ -89,65 +99,71 @@ def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     return None
 
 
+def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp:
+    """The site's set-up: its record count as agreed with the server, and the smallest agreed count."""
+    if cfg.data.deployed:
+        return deployment.stored_setup(context)
+    return task.site_setups(task.load_federation(cfg))[site.name]
+
+
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """Local epochs on the site's training part, starting from the global model."""
+    """One round of the run's mechanism on the site's training part, starting from the global model."""
     site, index = _site(context)
     config = message.content["config"]
     server_round = int(config["server-round"])
-    inject_failure(parse_run_config(context.run_config), site=site.name, server_round=server_round, message="train")
     cfg, model = _model(context, message)
-    seed = task.round_seed(cfg.seed, server_round, index)
+    inject_failure(cfg, site=site.name, server_round=server_round, message="train")
+    torch.set_num_threads(cfg.train.num_threads)
+    mechanism = horizontal_mechanism(cfg.strategy)
+    setup = _setup(cfg, context, site)
+    previous = _privacy_state(context, config)
+    update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
+                                  state=previous, setup=setup)
     privacy_state = None
-    if cfg.strategy in task.PRIVATE_TRAINING:
-        # σ and the site's accountant (or its spent privacy) live in its node state across rounds; the reply
-        # carries them too, so that the server's checkpoint can give them back to a resumed run.
-        previous = _privacy_state(context, config)
-        metrics, state = task.PRIVATE_TRAINING[cfg.strategy](model, site.train, cfg, seed=seed, state=previous)
-        privacy_state = json.dumps(state)
+    if update.state is not None:
+        # The site's accountant lives in its node state across rounds; the reply carries it too, so that the
+        # server's checkpoint can give it back to a resumed run.
+        privacy_state = json.dumps(update.state)
         context.state[PRIVACY_STATE] = ConfigRecord({"json": privacy_state})
-        if previous is not None and state["steps"] == previous["steps"]:
-            metrics[WEIGHT_KEY] = 0  # budget spent: nothing new to contribute to the average
-    else:
-        metrics = {"train_loss": float(task.train_local(model, site.train, cfg, seed=seed)["loss"])}
-    # Client-level central DP bounds one site's influence on the mean only with equal weights.
-    metrics.setdefault(WEIGHT_KEY, 1 if cfg.strategy == "central_dp" else len(site.train))
-    return _reply(message, site, metrics, ArrayRecord(model.net.state_dict()), privacy_state=privacy_state)
+    metrics = {**update.report, WEIGHT_KEY: setup.count if update.contributes else 0.0}
+    content = _content(site, metrics, ArrayRecord(model.net.state_dict()), privacy_state=privacy_state)
+    return _reply(message, content, cfg, site, server_round, "train")
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    """Test metrics of the global model on the site's own test part."""
+    """Test metrics of the global model on the site's own held-out part (computed from it alone)."""
     site, _ = _site(context)
     config = message.content["config"]
-    inject_failure(parse_run_config(context.run_config), site=site.name, server_round=int(config["server-round"]),
-                   message="evaluate")
-    _, model = _model(context, message)
+    server_round = int(config["server-round"])
+    cfg, model = _model(context, message)
+    inject_failure(cfg, site=site.name, server_round=server_round, message="evaluate")
     if model.needs_baseline:
         if BASELINE_EVENTS not in config:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
         model.set_baseline(np.asarray(config[BASELINE_EVENTS]), np.asarray(config[BASELINE_RISK]))
-    metrics = task.evaluate(model, site.test, site.train)
+    metrics = task.evaluate(model, site.test)
     if site.oot is not None and len(site.oot):
-        metrics.update({f"oot_{key}": value for key, value in task.evaluate(model, site.oot, site.train).items()})
+        metrics.update({f"oot_{key}": value for key, value in task.evaluate(model, site.oot).items()})
     metrics[WEIGHT_KEY] = len(site.test)
-    return _reply(message, site, metrics)
+    return _reply(message, _content(site, metrics), cfg, site, server_round, "evaluate")
 
 
 @app.query("site_name")
 def site_name(message: Message, context: Context) -> Message:
-    """Which site this node is (a resumed run sends each site its own saved privacy state)."""
+    """Which site this node is (asked once, at the start of a run: the server names every node)."""
     site, _ = _site(context)
-    return _reply(message, site, {})
+    return Message(content=_content(site, {}), reply_to=message)
 
 
 @app.query("breslow")
 def breslow(message: Message, context: Context) -> Message:
     """Sufficient statistics of the site's training part for the federated Breslow estimator."""
     site, _ = _site(context)
-    inject_failure(parse_run_config(context.run_config), site=site.name,
-                   server_round=int(message.content["config"]["server-round"]), message="breslow")
-    _, model = _model(context, message)
+    server_round = int(message.content["config"]["server-round"])
+    cfg, model = _model(context, message)
+    inject_failure(cfg, site=site.name, server_round=server_round, message="breslow")
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
-    metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist(), WEIGHT_KEY: len(site.train)}
-    return _reply(message, site, metrics)
+    metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
+    return _reply(message, _content(site, metrics), cfg, site, server_round, "breslow")

@@ -12,176 +12,58 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from flwr_app.faults import HOSTILE_MODES
 from models.data import DATASETS
 from models.data.vertical import VERTICAL_DATASETS
+from strategies.config import (
+    DEPLOYED_DATA,
+    HORIZONTAL_MODELS,
+    VERTICAL_MODELS,
+    ConfigError,
+    DataConfig,
+    DebugConfig,
+    ExperimentConfig,
+    FederationConfig,
+    ModelConfig,
+    PrivacyConfig,
+    SplitConfig,
+    TrainConfig,
+)
+from strategies.horizontal import AGGREGATIONS
 from strategies.mechanisms.adaptive_dp import DISPERSION_MEASURES
-from strategies.mechanisms.nbafl import ALLOCATIONS, WEIGHT_PERTURBATION
+from strategies.mechanisms.base import Mechanism
+from strategies.mechanisms.nbafl import ALLOCATIONS
+from strategies.mechanisms.registry import STRATEGIES, get_mechanism
 
-HORIZONTAL_MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-VERTICAL_MODELS = ("bayesian_multisurv", "multisurv")
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "DebugConfig",
+    "DEPLOYED_DATA",
+    "ExperimentConfig",
+    "FederationConfig",
+    "ModelConfig",
+    "PrivacyConfig",
+    "PROJECT_ROOT",
+    "SplitConfig",
+    "STRATEGIES",
+    "TrainConfig",
+    "parse_run_config",
+]
+
 MODELS = HORIZONTAL_MODELS + VERTICAL_MODELS
-STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp", "split")
-#: ``data.name`` of a deployment: every site reads its own file (node config ``data-path``); in a
-#: vertical run the label holder reads ``data.labels_path``.
-DEPLOYED_DATA = "site_files"
 ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not in DATASETS) + (DEPLOYED_DATA,)
 SPLIT_CALIBRATIONS = ("rdp", "paper")
 
 ACCOUNTANTS = ("rdp", "prv")
 FAIL_MESSAGES = ("train", "evaluate", "breslow")
-FAIL_MODES = ("raise", "hang")
+FAIL_MODES = ("raise", "hang") + HOSTILE_MODES
 ADJACENCIES = ("auto", "add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """A run-config key is unknown, has the wrong type or an invalid value."""
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Which data set, where it lives and how it is split."""
-
-    name: str
-    path: str
-    dir: str
-    time_col: str
-    event_col: str
-    feature_cols: tuple[str, ...]
-    test_fraction: float
-    horizon_months: int
-    oot_start: str
-    synthetic_records: int
-    labels_path: str
-
-    @property
-    def deployed(self) -> bool:
-        """True when the sites read their own files (``data.name = "site_files"``): a deployment."""
-        return self.name == DEPLOYED_DATA
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Survival network. ``None`` fields take the model kind's own default."""
-
-    name: str
-    num_durations: int
-    time_grid: str
-    hidden: tuple[int, ...] | None
-    activation: str | None
-    dropout: float | None
-    penalty: float
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Local optimisation at each site (and for the centralised baseline)."""
-
-    local_epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    num_threads: int
-
-
-@dataclass(frozen=True)
-class FederationConfig:
-    """Sites, rounds and how records are partitioned among sites."""
-
-    num_sites: int
-    rounds: int
-    partition: str
-    dirichlet_alpha: float
-    min_site_records: int
-    fraction_train: float
-    min_sites: int
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class DebugConfig:
-    """Injected failures for tests of fault tolerance (simulation only; README "Fault tolerance and checkpoints").
-
-    ``fail_site`` (a horizontal site's name, ``site-<i>``, or a split run's modality; empty: none)
-    fails on every ``fail_message`` (``train``, ``evaluate``, ``breslow``) from round (split:
-    epoch) ``fail_round`` on, by raising (``fail_mode = "raise"``: an error reply) or by never
-    answering (``"hang"``). ``stop_after_round`` > 0 stops the ServerApp once that round's
-    outputs and checkpoint are written, as a crash of the server would.
-    """
-
-    fail_site: str
-    fail_round: int
-    fail_message: str
-    fail_mode: str
-    stop_after_round: int
-
-
-@dataclass(frozen=True)
-class PrivacyConfig:
-    """Target privacy budget and mechanism parameters; ``epsilon`` of ``inf`` means no DP."""
-
-    epsilon: float
-    delta: float
-    clip_norm: float
-    accountant: str
-    adjacency: str
-    allocation: str
-    dispersion: str
-    uniform_mix: float
-    min_site_records: int
-
-    @property
-    def enabled(self) -> bool:
-        return math.isfinite(self.epsilon)
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    """Vertical split learning (strategy ``split``): modalities, architecture, embedding privacy.
-
-    ``modalities`` empty means every modality of the data set. ``calibration`` is ``"rdp"`` (σ
-    from an RDP accountant without amplification, for the record's releases at every site) or
-    ``"paper"`` (the BVFLMSP formula, labelled as such). ``mc_samples`` is the number of
-    stochastic prediction passes per held-out record (each one a release unless
-    ``clean_inference``).
-    """
-
-    modalities: tuple[str, ...]
-    embedding_dim: int
-    encoder_layers: int
-    head_layers: int
-    dropout: float
-    similarity_weight: float
-    calibration: str
-    mc_samples: int
-    clean_inference: bool
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """Everything one run needs, parsed once at the edge."""
-
-    seed: int
-    strategy: str
-    data: DataConfig
-    model: ModelConfig
-    train: TrainConfig
-    federation: FederationConfig
-    privacy: PrivacyConfig
-    split: SplitConfig
-    output_dir: str
-    server_evaluation: bool
-    centralized_baseline: bool
-    resume_from: str
-    debug: DebugConfig
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain nested dictionary (JSON-serialisable) of the resolved configuration."""
-        return asdict(self)
 
 
 def _get(flat: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -289,7 +171,13 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         fraction_train=_get(flat, "federation.fraction_train", float),
         min_sites=int(_positive("federation.min_sites", _get(flat, "federation.min_sites", int))),
         timeout_s=_positive("federation.timeout_s", _get(flat, "federation.timeout_s", float)),
+        aggregation=_choice("federation.aggregation", _get(flat, "federation.aggregation", str), AGGREGATIONS),
+        trim_fraction=_get(flat, "federation.trim_fraction", float),
+        max_malicious=int(_positive("federation.max_malicious", _get(flat, "federation.max_malicious", int),
+                                    allow_zero=True)),
     )
+    if not 0.0 <= federation.trim_fraction < 0.5:
+        raise ConfigError(f"run config: 'federation.trim_fraction' must be in [0, 0.5), got {federation.trim_fraction}")
     if not 0.0 < federation.fraction_train <= 1.0:
         raise ConfigError(
             f"run config: 'federation.fraction_train' must be in (0, 1], got {federation.fraction_train}"
@@ -312,6 +200,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     if not 0.0 < privacy.delta < 1.0:
         raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
     strategy = _choice("strategy.name", _get(flat, "strategy.name", str), STRATEGIES)
+    mechanism = get_mechanism(strategy)
     split = SplitConfig(
         modalities=_csv(_get(flat, "split.modalities", str)),
         embedding_dim=int(_positive("split.embedding_dim", _get(flat, "split.embedding_dim", int))),
@@ -326,8 +215,9 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     )
     if not 0.0 <= split.dropout < 1.0:
         raise ConfigError(f"run config: 'split.dropout' must be in [0, 1), got {split.dropout}")
-    privacy = _resolve_adjacency(strategy, privacy)
-    _check_vertical(strategy, data, model, privacy)
+    privacy = _resolve_adjacency(mechanism, privacy)
+    if not mechanism.vertical:
+        _check_horizontal(data, model)
     server_evaluation = _get(flat, "evaluation.server_side", bool)
     centralized_baseline = _get(flat, "baseline.centralized", bool)
     debug = DebugConfig(
@@ -339,36 +229,11 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
                                        allow_zero=True)),
     )
     resume_from = _get(flat, "resume.from", str).strip()
-    _check_faults(strategy, data, debug, resume_from)
+    _check_faults(mechanism, data, debug, resume_from)
     if data.deployed:
-        _check_deployment(strategy, split, privacy, data, server_evaluation=server_evaluation,
+        _check_deployment(mechanism, split, data, server_evaluation=server_evaluation,
                           centralized_baseline=centralized_baseline)
-    if strategy == "fedavg" and privacy.enabled:
-        raise ConfigError(
-            f"run config: strategy 'fedavg' adds no noise, so it cannot meet privacy.epsilon = "
-            f"{privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy"
-        )
-    if strategy not in ("fedavg", "split") and not privacy.enabled:
-        raise ConfigError(f"run config: strategy '{strategy}' needs a finite 'privacy.epsilon' (the target budget)")
-    if privacy.adjacency != "add-remove" and strategy not in ("bdp", "split"):
-        raise ConfigError(
-            f"run config: privacy.adjacency = {privacy.adjacency!r} is offered for strategies 'bdp' and "
-            f"'split' only; the accountants of '{strategy}' bound add/remove-one neighbours"
-        )
-    if strategy == "central_dp" and federation.fraction_train != 1.0:
-        raise ConfigError(
-            "run config: strategy 'central_dp' is accounted without sub-sampling amplification and needs every "
-            "site in every round: set federation.fraction_train = 1.0"
-        )
-    if strategy in ("dp_sgd", "bdp"):
-        if model.name != "hazard_mlp":
-            raise ConfigError(
-                f"run config: strategy '{strategy}' gives a record-level guarantee only for a loss that is a sum of "
-                f"per-record terms; the partial likelihood of model '{model.name}' is not per-sample decomposable "
-                f"(each record sits in others' risk sets), so per-sample clipping does not bound one record's "
-                f"influence. Use model.name = 'hazard_mlp'"
-            )
-    return ExperimentConfig(
+    cfg = ExperimentConfig(
         seed=int(_get(flat, "seed", int)),
         strategy=strategy,
         data=data,
@@ -383,15 +248,17 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         resume_from=resume_from,
         debug=debug,
     )
+    mechanism.check(cfg)
+    return cfg
 
 
-def _check_faults(strategy: str, data: DataConfig, debug: DebugConfig, resume_from: str) -> None:
+def _check_faults(mechanism: Mechanism, data: DataConfig, debug: DebugConfig, resume_from: str) -> None:
     """Injected failures are for simulations; split runs have no checkpoints and no Breslow or evaluate messages."""
     if data.deployed and (debug.fail_site or debug.stop_after_round):
         raise ConfigError("run config: 'debug.fail_site' and 'debug.stop_after_round' inject failures into "
                           f"simulations only; a deployment (data.name = {DEPLOYED_DATA!r}) must leave them at their "
                           "defaults ('' and 0)")
-    if strategy != "split":
+    if not mechanism.vertical:
         return
     if resume_from or debug.stop_after_round:
         raise ConfigError("run config: 'resume.from' and 'debug.stop_after_round' apply to horizontal runs only: a "
@@ -402,27 +269,15 @@ def _check_faults(strategy: str, data: DataConfig, debug: DebugConfig, resume_fr
                           f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
 
 
-def _resolve_adjacency(strategy: str, privacy: PrivacyConfig) -> PrivacyConfig:
-    """``privacy.adjacency = "auto"``: replace-one for ``split``, add-remove for every other strategy."""
+def _resolve_adjacency(mechanism: Mechanism, privacy: PrivacyConfig) -> PrivacyConfig:
+    """``privacy.adjacency = "auto"``: the mechanism's first offered adjacency (split: replace-one, else add-remove)."""
     if privacy.adjacency != "auto":
         return privacy
-    return replace(privacy, adjacency="replace-one" if strategy == "split" else "add-remove")
+    return replace(privacy, adjacency=mechanism.adjacencies[0])
 
 
-def _check_vertical(strategy: str, data: DataConfig, model: ModelConfig, privacy: PrivacyConfig) -> None:
-    """Vertical runs need a vertical data set and model; horizontal runs refuse them."""
-    if strategy == "split":
-        if data.name not in VERTICAL_DATASETS + (DEPLOYED_DATA,):
-            raise ConfigError(f"run config: strategy 'split' needs a vertical data set (data.name one of "
-                              f"{', '.join(VERTICAL_DATASETS)}), got {data.name!r}")
-        if model.name not in VERTICAL_MODELS:
-            raise ConfigError(f"run config: strategy 'split' trains model.name 'bayesian_multisurv' or 'multisurv' "
-                              f"(Hydra: model=bayesian_multisurv), got {model.name!r}")
-        if privacy.adjacency == "add-remove":
-            raise ConfigError("run config: strategy 'split' protects a record's features under replace-one adjacency; "
-                              "add/remove is not offered because the server picks the batch IDs and sees which records "
-                              "a site holds")
-        return
+def _check_horizontal(data: DataConfig, model: ModelConfig) -> None:
+    """Horizontal runs refuse the vertical models and the vertical-only data sets."""
     if model.name in VERTICAL_MODELS:
         raise ConfigError(f"run config: model {model.name!r} is a vertical (multimodal) model; use strategy.name = "
                           f"'split'")
@@ -431,7 +286,7 @@ def _check_vertical(strategy: str, data: DataConfig, model: ModelConfig, privacy
                           f"strategy.name = 'split'")
 
 
-def _check_deployment(strategy: str, split: SplitConfig, privacy: PrivacyConfig, data: DataConfig, *,
+def _check_deployment(mechanism: Mechanism, split: SplitConfig, data: DataConfig, *,
                       server_evaluation: bool, centralized_baseline: bool) -> None:
     """A deployment (``data.name = "site_files"``): the server holds no pooled data."""
     if server_evaluation or centralized_baseline:
@@ -440,15 +295,9 @@ def _check_deployment(strategy: str, split: SplitConfig, privacy: PrivacyConfig,
             "evaluation.server_side = false (each site evaluates on its own held-out part) and "
             "baseline.centralized = false"
         )
-    if strategy == "split":
-        if not data.labels_path or not split.modalities:
-            raise ConfigError(
-                f"run config: a vertical deployment (strategy 'split', data.name = {DEPLOYED_DATA!r}) needs "
-                "'data.labels_path' (the label holder's file of id, time and event) and 'split.modalities' "
-                "(the modality of every site, e.g. 'clinical,genomic')"
-            )
-    elif strategy in WEIGHT_PERTURBATION and privacy.min_site_records == 0:
+    if mechanism.vertical and (not data.labels_path or not split.modalities):
         raise ConfigError(
-            f"run config: strategy '{strategy}' in a deployment needs 'privacy.min_site_records' (m in the "
-            "sensitivity 2C/m, the smallest site's number of training records): the server cannot count them"
+            f"run config: a vertical deployment (strategy 'split', data.name = {DEPLOYED_DATA!r}) needs "
+            "'data.labels_path' (the label holder's file of id, time and event) and 'split.modalities' "
+            "(the modality of every site, e.g. 'clinical,genomic')"
         )

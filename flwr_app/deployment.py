@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -42,12 +43,16 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.survival import time_grid_from_histograms, time_histogram
+from strategies.mechanisms.base import SiteSetUp
 
 SUMMARY = "query.site_summary"
 HISTOGRAM = "query.site_time_histogram"
 SETUP = "train.site_setup"
 PAYLOAD = "deployment"
 SPEC_STATE = "deployment.spec"
+SETUP_STATE = "deployment.setup"
+#: A site reporting more training records than this many times the sites' median is refused at set-up.
+MAX_COUNT_RATIO = 100.0
 #: Resolution of the federated time grid: intervals of the sites' time histograms.
 TIME_HISTOGRAM_BINS = 2000
 
@@ -114,6 +119,8 @@ class SiteSetup:
         What every participating site received (the server builds its model from it).
     sites
         Node ID -> site name of the sites that take part.
+    setups
+        Site name -> its set-up (its record count, the smallest count of the sites that take part).
     left_out
         Node ID -> why that site was left out (its error reply, naming file, column and problem;
         no reply; or a schema that differs from the others').
@@ -122,6 +129,7 @@ class SiteSetup:
     spec: task.SiteSpec
     sites: dict[int, str]
     left_out: dict[int, str]
+    setups: dict[str, SiteSetUp]
 
 
 class ParticipatingSites(Grid):
@@ -175,7 +183,16 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
     """
     nodes = sorted(grid.get_node_ids())
     summaries, left_out = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
-    names = {node: str(summary["site"]) for node, summary in summaries.items()}
+    names: dict[int, str] = {}
+    for node, summary in sorted(summaries.items()):
+        name = str(summary.get("site", ""))
+        if name in names.values():
+            left_out[node] = f"claims to be site {name!r}, which another node already is"
+        else:
+            names[node] = name
+    summaries = {node: summary for node, summary in summaries.items() if node in names}
+    left_out.update(_count_problems(names, {node: summary["time"][0] for node, summary in summaries.items()}))
+    summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
     statistics = {node: FeatureStatistics.from_dict(summary["features"]) for node, summary in summaries.items()}
     left_out.update(_schema_problems(names, statistics) if statistics else {})
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
@@ -200,13 +217,17 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
         num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid,
     )
     spec = task.SiteSpec(Preprocessor.from_statistics(features), cuts, (times.mean, times.std))
-    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json()} for node in summaries}, timeout)
+    counts = {node: float(summary["time"][0]) for node, summary in summaries.items()}
+    smallest = min(counts.values())
+    setups = {names[node]: SiteSetUp(count=count, min_count=smallest) for node, count in counts.items()}
+    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json(), "count": counts[node], "min_count": smallest}
+                                   for node in summaries}, timeout)
     if failed:
         raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
     print(f"{len(summaries)} sites ({', '.join(sorted(names[node] for node in summaries))}): "
           f"{int(times.count)} training records, "
           f"{len(spec.preprocessor.feature_names)} encoded features, {len(cuts)} time-grid points", flush=True)
-    return SiteSetup(spec, {node: names[node] for node in summaries}, left_out)
+    return SiteSetup(spec, {node: names[node] for node in summaries}, left_out, setups)
 
 
 def site_name(context: Context) -> str:
@@ -259,6 +280,39 @@ def histogram(message: Message, context: Context) -> Message:
 
 
 def setup(message: Message, context: Context) -> Message:
-    """Keep the server's shared preprocessing and time grid in the node state."""
-    context.state[SPEC_STATE] = ConfigRecord({"json": str(_read(message)["spec"])})
+    """Keep the server's shared preprocessing, time grid and the agreed record counts in the node state."""
+    request = _read(message)
+    context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
+    context.state[SETUP_STATE] = ConfigRecord({"count": float(request["count"]),
+                                               "min_count": float(request["min_count"])})
     return Message(content=_payload({}), reply_to=message)
+
+
+def stored_setup(context: Context) -> SiteSetUp:
+    """The record counts this site agreed with the server at set-up."""
+    if SETUP_STATE not in context.state.config_records:
+        raise ValueError("this site has no agreed record count in its node state: the server's set-up did not "
+                         "reach it")
+    record = context.state.config_records[SETUP_STATE]
+    return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]))
+
+
+def _count_problems(names: Mapping[int, str], counts: Mapping[int, float]) -> dict[int, str]:
+    """Sites whose training record count is not a positive whole number or is far above the others'.
+
+    A site reporting more than :data:`MAX_COUNT_RATIO` times the median count of the sites would
+    take over the weighted average: it is refused (node -> why).
+    """
+    problems: dict[int, str] = {}
+    valid = {node: float(count) for node, count in counts.items()
+             if isinstance(count, (int, float)) and math.isfinite(count) and count >= 1 and count == int(count)}
+    for node in counts:
+        if node not in valid:
+            problems[node] = f"site '{names[node]}': record count {counts[node]!r} is not a positive whole number"
+    if valid:
+        middle = float(np.median(list(valid.values())))
+        for node, count in valid.items():
+            if count > MAX_COUNT_RATIO * middle:
+                problems[node] = (f"site '{names[node]}': {count:g} training records, more than {MAX_COUNT_RATIO:g} "
+                                  f"times the sites' median {middle:g}")
+    return problems

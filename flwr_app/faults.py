@@ -1,20 +1,42 @@
-"""Injected failures for tests of fault tolerance (run-config keys ``debug.*``; simulations only).
+"""Injected failures and hostile replies for tests of fault tolerance (run-config keys ``debug.*``; simulations only).
 
-A site named by ``debug.fail_site`` fails on every ``debug.fail_message`` from round
-``debug.fail_round`` on, as a site whose process crashed or whose link went down would: it
-raises (Flower turns that into an error reply) or never answers (the server's
-``federation.timeout_s`` passes without its reply). Nothing else about the run changes.
+A site named by ``debug.fail_site`` misbehaves from round ``debug.fail_round`` on:
+
+* ``debug.fail_mode = "raise"`` or ``"hang"``: on every ``debug.fail_message`` it raises (Flower
+  turns that into an error reply) or never answers (the server's ``federation.timeout_s`` passes
+  without its reply), as a site whose process crashed or whose link went down would;
+* a hostile mode (:data:`HOSTILE_MODES`): it answers, but its reply is tampered with as a buggy or
+  hostile site's might be (:func:`tamper`): NaN weights, a transposed weight matrix, an inflated
+  record count with poisoned weights, a forged epsilon or a spoofed site name in its training
+  replies, or forged test metrics in its evaluation replies. The server must refuse the reply and
+  name the site.
+
+Nothing else about the run changes.
 """
 
 from __future__ import annotations
 
 import threading
 
-from flwr_app.config import ExperimentConfig
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from strategies.config import ExperimentConfig
+
+__all__ = ["HOSTILE_MODES", "InjectedFailure", "inject_failure", "tamper"]
+
+#: Hostile replies: the message each one tampers with.
+HOSTILE_MODES: tuple[str, ...] = ("nan_weights", "wrong_shape", "inflated_count", "forged_epsilon", "spoofed_name",
+                                  "forged_metrics")
+_TAMPERED_MESSAGE = {mode: "train" for mode in HOSTILE_MODES} | {"forged_metrics": "evaluate"}
 
 
 class InjectedFailure(RuntimeError):
     """The failure ``debug.*`` asked for."""
+
+
+def _misbehaves(cfg: ExperimentConfig, site: str, server_round: int) -> bool:
+    return bool(cfg.debug.fail_site) and site == cfg.debug.fail_site and server_round >= cfg.debug.fail_round
 
 
 def inject_failure(cfg: ExperimentConfig, *, site: str, server_round: int, message: str) -> None:
@@ -32,9 +54,44 @@ def inject_failure(cfg: ExperimentConfig, *, site: str, server_round: int, messa
         ``"train"``, ``"evaluate"`` or ``"breslow"``.
     """
     debug = cfg.debug
-    if site != debug.fail_site or message != debug.fail_message or server_round < debug.fail_round:
+    if debug.fail_mode not in ("raise", "hang") or message != debug.fail_message:
+        return
+    if not _misbehaves(cfg, site, server_round):
         return
     if debug.fail_mode == "hang":
         threading.Event().wait()  # never set: this site never answers
     raise InjectedFailure(f"injected failure (debug.fail_site = {site!r}): {message} in round {server_round} "
                           f"(failing from round {debug.fail_round} on)")
+
+
+def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_round: int, message: str) -> RecordDict:
+    """``content`` as the hostile site of ``debug.fail_mode`` would send it (unchanged for everyone else).
+
+    ``nan_weights``: every weight of the first layer NaN; ``wrong_shape``: the first weight matrix
+    transposed; ``inflated_count``: ``num-examples`` 1e12 and every weight times -10 (a site
+    trying to take the model over); ``forged_epsilon``: the reported epsilon 1e-9;
+    ``spoofed_name``: the reply names another site; ``forged_metrics``: C-index 0.99 and IBS 0
+    in the evaluation reply.
+    """
+    mode = cfg.debug.fail_mode
+    if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg, site, server_round):
+        return content
+    if mode in ("nan_weights", "wrong_shape", "inflated_count"):
+        arrays = {key: array.numpy() for key, array in content["arrays"].items()}
+        first = next(key for key, value in arrays.items() if value.ndim == 2)
+        if mode == "nan_weights":
+            arrays[first] = np.full_like(arrays[first], np.nan)
+        elif mode == "wrong_shape":
+            arrays[first] = np.ascontiguousarray(arrays[first].T)
+        else:
+            arrays = {key: value * -10.0 for key, value in arrays.items()}
+            content["metrics"]["num-examples"] = 1e12
+        content["arrays"] = ArrayRecord({key: Array(value) for key, value in arrays.items()})
+    elif mode == "forged_epsilon":
+        content["metrics"]["epsilon"] = 1e-9
+    elif mode == "spoofed_name":
+        content["site"] = ConfigRecord({"name": "site-0" if site != "site-0" else "site-1"})
+    elif mode == "forged_metrics":
+        forged = {"c_index": 0.99, "c_index_td": 0.99, "ibs": 0.0, "inbll": 0.0}
+        content["metrics"] = MetricRecord({**dict(content["metrics"]), **forged})
+    return content

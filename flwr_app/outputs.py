@@ -3,6 +3,7 @@
 ``config.json``      resolved configuration (typed) and the raw run config it came from
 ``metrics.jsonl``    one JSON line per round, appended and flushed as the round ends
 ``ledger.jsonl``     privacy ledger, one line per site and round (strategies.accounting.ledger)
+``manifest.json``    the release manifest: every value a site sends, covered or not (strategies.mechanisms)
 ``summary.json``     final test metrics and the headline privacy claim
 ``model.pt``         final global model (``state_dict`` plus what is needed to rebuild it)
 ``checkpoint.pt``    horizontal runs: everything needed to continue after the last completed round
@@ -125,6 +126,9 @@ class RunOutputs:
         tmp = self.checkpoint_path.with_suffix(".pt.tmp")
         torch.save(dict(checkpoint), tmp)
         os.replace(tmp, self.checkpoint_path)
+
+    def write_manifest(self, manifest: Mapping[str, Any]) -> None:
+        write_json(self.directory / "manifest.json", manifest)
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json(self.summary_path, summary)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,14 +20,13 @@ from flwr_app.config import PROJECT_ROOT, ExperimentConfig
 from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
-from models.training import train_epochs
-from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_gaussian_rounds
-from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
-from strategies.mechanisms.bdp import train_epochs_bdp
-from strategies.mechanisms.dp_sgd import poisson_schedule, train_epochs_dp
-from strategies.mechanisms.nbafl import WEIGHT_PERTURBATION, layer_parameters, release_weights, select_layer
+from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.none import NoPrivacy
+from strategies.mechanisms.registry import horizontal_mechanism
 
 DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
+#: How every output labels the centralised baseline.
+CENTRALIZED_LABEL = "not private, simulation reference"
 
 
 def resolve_data_dir(data_dir: str) -> str:
@@ -136,180 +136,16 @@ def load_site_table(cfg: ExperimentConfig, path: str) -> RawTable:
                       feature_cols=cfg.data.feature_cols)
 
 
-def train_local(model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int) -> dict[str, float]:
-    """``cfg.train.local_epochs`` epochs of the model's own loss on ``data``."""
-    torch.set_num_threads(cfg.train.num_threads)
-    return train_epochs(
-        model, data.x, data.time, data.event,
-        epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
-        weight_decay=cfg.train.weight_decay, seed=seed,
-    )
+def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool = True) -> dict[str, float]:
+    """Test metrics of ``model`` on the held-out records ``test``, computed from them alone.
 
-
-def train_local_dp(
-    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
-) -> tuple[dict[str, float], dict]:
-    """One round of record-level DP-SGD at a site; ``state`` carries σ and the accountant.
-
-    The noise multiplier is calibrated once, before the site's first step, for its whole
-    participation: Poisson rate ``q = B/n_k`` and ``rounds × round(local_epochs/q)`` steps must
-    together spend at most ``privacy.epsilon`` at ``privacy.delta`` (opacus
-    ``get_noise_multiplier``). The caller keeps ``state`` between rounds (the ClientApp in
-    ``context.state``), so one accountant sees every step.
-
-    Returns
-    -------
-    metrics
-        ``train_loss`` and the site's privacy position: cumulative ``epsilon``,
-        ``noise_multiplier``, ``sample_rate``, ``clip_norm`` and cumulative ``steps``.
-    state
-        JSON-serialisable: ``noise_multiplier``, ``accountant`` (``SiteAccountant.state_dict()``)
-        and ``steps``.
+    The IPCW censoring distribution (IBS, INBLL) is the Kaplan–Meier estimate of the held-out
+    records' own censoring, and the evaluation grid comes from their times: a site's figures
+    depend on the global model and its held-out records only, never on its training records.
     """
-    torch.set_num_threads(cfg.train.num_threads)
-    sample_rate, steps = poisson_schedule(len(data), batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
-    state = dict(state or {})
-    if "noise_multiplier" not in state:
-        state["noise_multiplier"] = calibrate_noise_multiplier(
-            target_epsilon=cfg.privacy.epsilon, target_delta=cfg.privacy.delta, sample_rate=sample_rate,
-            steps=steps * cfg.federation.rounds, accountant=cfg.privacy.accountant,
-        )
-    noise_multiplier = float(state["noise_multiplier"])
-    stats = train_epochs_dp(
-        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
-        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed,
-        noise_multiplier=noise_multiplier, clip_norm=cfg.privacy.clip_norm,
-    )
-    accountant = (SiteAccountant.from_state_dict(state["accountant"]) if "accountant" in state
-                  else SiteAccountant(cfg.privacy.accountant))
-    accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=int(stats["num_steps"]))
-    state.update(accountant=accountant.state_dict(), steps=accountant.spent_steps)
-    metrics = {
-        "train_loss": float(stats["loss"]),
-        "epsilon": accountant.epsilon(cfg.privacy.delta),
-        "noise_multiplier": noise_multiplier,
-        "sample_rate": sample_rate,
-        "clip_norm": cfg.privacy.clip_norm,
-        "steps": accountant.spent_steps,
-    }
-    return metrics, state
-
-
-def train_local_bdp(
-    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
-) -> tuple[dict[str, float], dict]:
-    """One round of Bayesian-DP training at a site (``strategies.mechanisms.bdp``).
-
-    The budget is ``ε_μ = privacy.epsilon`` with ``β = privacy.delta``; neighbours per
-    ``privacy.adjacency``.
-    """
-    torch.set_num_threads(cfg.train.num_threads)
-    return train_epochs_bdp(
-        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
-        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, clip_norm=cfg.privacy.clip_norm,
-        target_epsilon_mu=cfg.privacy.epsilon, beta=cfg.privacy.delta, rounds=cfg.federation.rounds, state=state,
-        adjacency=cfg.privacy.adjacency,
-    )
-
-
-def smallest_site_records(cfg: ExperimentConfig) -> int:
-    """``m`` of NbAFL's sensitivity ``2C/m``: ``privacy.min_site_records``, or if 0 the smallest
-    site's number of training records in this (simulated) federation."""
-    if cfg.privacy.min_site_records > 0:
-        return cfg.privacy.min_site_records
-    return min(len(site.train) for site in load_federation(cfg).sites)
-
-
-def train_local_perturbed(
-    model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int, state: dict | None,
-) -> tuple[dict[str, float], dict]:
-    """One round at a site of ``nbafl``, ``ls_adp`` or ``row_dp``: train, clip, perturb the weights.
-
-    Local training is the plain one (:func:`train_local`; ROW-DP also records the selected
-    layer's weights after every step); then :func:`strategies.mechanisms.nbafl.release_weights`
-    clips and perturbs ``model.net`` in place. LS-ADP's metric ``p`` is the model's loss on the
-    site's whole training part (eval mode). ``L`` (exposures) is ``federation.rounds``: every
-    site may upload in every round.
-
-    The privacy spent so far composes each round's release, a Gaussian mechanism with noise
-    multiplier ``z_r`` relative to ``Δs_U``: by RDP, one Gaussian with ``1/z² = Σ_r 1/z_r²``;
-    by the paper's formula (linear composition), ``Σ_r c/z_r``. ``state`` carries both sums.
-
-    Returns
-    -------
-    metrics
-        ``train_loss``; ``epsilon`` (RDP, cumulative), ``epsilon_audited_formula`` (the
-        paper's formula at the smallest noise, cumulative), ``epsilon_nominal`` (the paper's
-        average budget, the target), ``noise_multiplier`` (this round's), ``noise_min``,
-        ``noise_max``, ``weight_norm``, ``clip_norm``, ``steps`` (uploads so far),
-        ``min_site_records``, ``selected_layer``.
-    state
-        ``inverse_square_sum``, ``formula_sum`` and ``steps``.
-    """
-    torch.set_num_threads(cfg.train.num_threads)
-    privacy = cfg.privacy
-    public_state = {key: value.detach().clone() for key, value in model.net.state_dict().items()}
-    generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
-    selected, iterates = -1, []
-    on_step = None
-    if cfg.strategy == "row_dp":
-        selected = select_layer(model.net, generator)
-        params = layer_parameters(model.net)[selected]
-
-        def on_step() -> None:
-            iterates.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
-
-    stats = train_epochs(
-        model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
-        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, on_step=on_step,
-    )
-    x_t = torch.as_tensor(np.asarray(data.x, dtype=np.float32))
-    time_t = torch.as_tensor(np.asarray(data.time, dtype=np.float64))
-    event_t = torch.as_tensor(np.asarray(data.event, dtype=np.float32))
-
-    def site_loss(net: torch.nn.Module) -> float:
-        net.eval()
-        return float(model.loss(x_t, time_t, event_t, generator=torch.Generator().manual_seed(seed)))
-
-    min_records = smallest_site_records(cfg)
-    release = release_weights(
-        model.net, method=cfg.strategy, allocation=privacy.allocation, epsilon=privacy.epsilon,
-        delta=privacy.delta, clip_norm=privacy.clip_norm, min_site_records=min_records,
-        exposures=cfg.federation.rounds, generator=generator, public_state=public_state,
-        evaluate=site_loss if cfg.strategy == "ls_adp" else None,
-        iterates=torch.stack(iterates) if iterates else None, selected_layer=selected,
-        dispersion_measure=privacy.dispersion, uniform_mix=privacy.uniform_mix,
-    )
-    state = dict(state or {"inverse_square_sum": 0.0, "formula_sum": 0.0, "steps": 0})
-    state["inverse_square_sum"] += 1.0 / release.noise_multiplier**2
-    state["formula_sum"] += release.epsilon_audited_formula / cfg.federation.rounds
-    state["steps"] += 1
-    metrics = {
-        "train_loss": float(stats["loss"]),
-        "epsilon": 0.0 if state["inverse_square_sum"] == 0.0 else epsilon_gaussian_rounds(  # 0: nothing released
-            noise_multiplier=state["inverse_square_sum"] ** -0.5, rounds=1, delta=privacy.delta,
-            orders=list(AUDIT_RDP_ORDERS)),
-        "epsilon_audited_formula": state["formula_sum"],
-        "epsilon_nominal": release.epsilon_nominal,
-        "noise_multiplier": release.noise_multiplier,
-        "noise_min": release.noise_min,
-        "noise_max": release.noise_max,
-        "weight_norm": release.weight_norm,
-        "clip_norm": privacy.clip_norm,
-        "steps": state["steps"],
-        "min_site_records": min_records,
-        "selected_layer": release.selected_layer,
-    }
-    return metrics, state
-
-
-def evaluate(
-    model: SurvivalModel, test: SurvivalArrays, train: SurvivalArrays, *, concordance_td: bool = True,
-) -> dict[str, float]:
-    """Test metrics of ``model``; the IPCW censoring distribution comes from ``train``."""
     times, surv = model.predict_survival(test.x)
     return evaluate_survival(
-        times, surv, time=test.time, event=test.event, train_time=train.time, train_event=train.event,
+        times, surv, time=test.time, event=test.event, train_time=test.time, train_event=test.event,
         risk=model.risk_score(test.x), concordance_td=concordance_td,
     )
 
@@ -317,10 +153,10 @@ def evaluate(
 def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, list[dict[str, float]]]:
     """Mean predicted survival vs Kaplan–Meier (95% CI) on the pooled test split and each site's.
 
-    Horizons: the quartiles of the pooled training event times.
+    Horizons: the quartiles of the pooled held-out event times (no training record enters the table).
     """
-    train = dataset.pooled("train")
-    horizons = np.quantile(train.time[train.event == 1], [0.25, 0.5, 0.75])
+    test = dataset.pooled("test")
+    horizons = np.quantile(test.time[test.event == 1], [0.25, 0.5, 0.75])
     parts = [("pooled test", dataset.pooled("test"))] + [(site.name, site.test) for site in dataset.sites]
     tables = {}
     for name, part in parts:
@@ -331,50 +167,65 @@ def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, li
 
 
 def round_seed(seed: int, server_round: int, site_index: int) -> int:
-    """The training seed of one site in one round (independent streams per site and round)."""
+    """The training seed of one simulated site in one round (independent streams per site and round)."""
     return int(np.random.SeedSequence([seed, server_round, site_index]).generate_state(1)[0])
 
 
-#: Private training, by strategy name: ``(model, data, cfg, *, seed, state)``; ``state`` is kept
-#: by the site between rounds.
-PRIVATE_TRAINING = {"dp_sgd": train_local_dp, "bdp": train_local_bdp,
-                    **{name: train_local_perturbed for name in WEIGHT_PERTURBATION}}
+def site_seed(cfg: ExperimentConfig, server_round: int, site_index: int) -> int:
+    """The seed of everything random in a site's round: batches, dropout and the privacy noise.
+
+    Simulation: :func:`round_seed` of the run's seed, so that runs are reproducible (and the noise is
+    known to anyone who knows the seed, as the ledger says). Deployment: 63 bits of the site's
+    operating-system entropy (``secrets``), drawn afresh for every round and never derived from
+    anything the server sends, so nobody can reproduce the noise.
+    """
+    if cfg.data.deployed:
+        return secrets.randbits(63)
+    return round_seed(cfg.seed, server_round, site_index)
+
+
+def site_setups(dataset: FederatedDataset) -> dict[str, SiteSetUp]:
+    """Every simulated site's set-up (its record count, the smallest count), by site name."""
+    counts = {site.name: float(len(site.train)) for site in dataset.sites}
+    smallest = min(counts.values())
+    return {name: SiteSetUp(count=count, min_count=smallest) for name, count in counts.items()}
 
 
 def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:
-    """The centralised baseline: the same model, initialisation and optimiser on the pooled data.
+    """The centralised baseline: the same model, initialisation and mechanism on the pooled data.
 
-    It makes ``federation.rounds × train.local_epochs`` passes over the pooled training part — as
-    many as every record gets in the federation — and is evaluated on the same test split.
+    It makes ``federation.rounds`` rounds of the run's mechanism as one site holding every
+    training record (``train.local_epochs`` epochs each: as many passes as every record gets in
+    the federation), with the same seeds, and is evaluated on the same test split. For a
+    record-level DP mechanism it adds that mechanism's noise for the same target; client-level
+    central DP has no centralised counterpart and the weight-perturbation strategies' paper
+    compares with the no-DP model, so those baselines train without DP.
 
-    For the record-level DP strategies (``dp_sgd``, ``bdp``) the baseline runs the same mechanism
-    on the pooled data, as one site holding every record for all rounds, with the same target
-    ``(ε, δ)``, clip norm and (for ``bdp``) adjacency; its spent ε is returned under
-    ``"privacy"``. For the other strategies it is trained without DP (client-level DP has no
-    centralised counterpart; the weight-perturbation strategies' paper compares with the no-DP
-    Cox-MLP).
+    Whatever mechanism ran, the baseline is **not private**: the pooled records are the same
+    records the federation trained on, so its release composes with the federation's, and it needs
+    the pooled data at one place. It is a simulation reference and labelled so.
     """
     model = build_model(cfg, dataset)
     train = dataset.pooled("train")
-    epochs = cfg.federation.rounds * cfg.train.local_epochs
     torch.set_num_threads(cfg.train.num_threads)
-    privacy: dict[str, object] | str = "none (no DP)"
-    if cfg.strategy in ("dp_sgd", "bdp"):
-        state = None
-        for server_round in range(1, cfg.federation.rounds + 1):
-            metrics, state = PRIVATE_TRAINING[cfg.strategy](
-                model, train, cfg, seed=round_seed(cfg.seed, server_round, dataset.num_sites), state=state)
-        privacy = {"mechanism": cfg.strategy, **{key: float(value) for key, value in metrics.items()
-                                                 if key != "train_loss"}}
-    else:
-        train_epochs(
-            model, train.x, train.time, train.event, epochs=epochs, batch_size=cfg.train.batch_size,
-            lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-        )
+    mechanism = horizontal_mechanism(cfg.strategy)
+    if not mechanism.pooled_baseline:
+        mechanism = NoPrivacy()
+    setup = SiteSetUp(count=float(len(train)), min_count=float(len(train)))
+    state, report = None, {}
+    for server_round in range(1, cfg.federation.rounds + 1):
+        update = mechanism.site_round(model, train, cfg, seed=round_seed(cfg.seed, server_round, dataset.num_sites),
+                                      state=state, setup=setup)
+        state, report = update.state, update.report
     if model.needs_baseline:
         model.set_baseline(*model.breslow_aggregates(train.x, train.time, train.event))
-    result: dict[str, object] = {"epochs": epochs, "privacy": privacy,
-                                 "test": evaluate(model, dataset.pooled("test"), train)}
+    result: dict[str, object] = {
+        "label": CENTRALIZED_LABEL,
+        "epochs": cfg.federation.rounds * cfg.train.local_epochs,
+        "privacy": ({"mechanism": mechanism.name, **{key: float(value) for key, value in report.items()}}
+                    if mechanism.private else "none (no DP)"),
+        "test": evaluate(model, dataset.pooled("test")),
+    }
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
-        result["oot"] = evaluate(model, dataset.pooled("oot"), train)
+        result["oot"] = evaluate(model, dataset.pooled("oot"))
     return result

@@ -24,7 +24,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from flwr_app import split_messages as wire
-from flwr_app import vertical_task
+from flwr_app import task, vertical_task
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
 from models.data.vertical import VerticalTable, align_modalities
@@ -33,7 +33,8 @@ from models.multimodal import build_multisurv, survival_band
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
 from models.plots import plot_survival_bands
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
-from strategies.mechanisms.embedding_dp import embedding_epsilon
+from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
+from strategies.mechanisms.registry import get_mechanism
 from strategies.split import (
     PredictRequest,
     SiteConfig,
@@ -46,9 +47,7 @@ from strategies.split import (
     run_split_training,
 )
 
-__all__ = ["FlowerSplitTransport", "SplitTransport", "run_vertical", "split_assumptions"]
-
-RECORD_LEVEL = "all modalities"
+__all__ = ["FlowerSplitTransport", "SplitTransport", "run_vertical"]
 
 
 class SplitTransport(Protocol):
@@ -131,67 +130,6 @@ class FlowerSplitTransport:
         return {name: wire.decode_reply(content)[1] for name, content in replies.items()}
 
 
-def split_assumptions(cfg: ExperimentConfig, noise_multiplier: float) -> tuple[str, ...]:
-    """The ledger's statement of what a split run's figures cover and assume."""
-    if not cfg.privacy.enabled:
-        return ("split learning without a privacy mechanism: each site's embeddings reach the server in the clear",
-                "the server learns which record IDs each site holds (alignment)")
-    calibration = (
-        f"sigma = {noise_multiplier:.6g} calibrated by RDP without amplification so that one record's releases at "
-        f"every site together (sites x {vertical_task.planned_releases(cfg)} releases) spend privacy.epsilon"
-        if cfg.split.calibration == "rdp" else
-        f"sigma = {noise_multiplier:.6g} from the BVFLMSP paper's formula 2p sqrt(tau ln(1/delta))/epsilon (p = B/N, "
-        f"tau = epochs x batches; Theorem 1 with c2 = 1): it credits sub-sampling that does not happen and composes "
-        f"nothing across sites; epsilon_nominal is that formula's claim, epsilon the RDP figure of this sigma")
-    return (
-        "each site clips every record's embedding to L2 norm clip_norm and adds N(0, (sigma clip_norm)^2) per "
-        "coordinate before sending it (BVFLMSP embedding perturbation)",
-        calibration,
-        "unit: one record's features; adjacency replace-one (sensitivity 2 clip_norm); a record's embedding is "
-        "released once per epoch and once per prediction pass; the server picks the batches, so no sub-sampling "
-        "amplification is credited",
-        "per-site epsilon: RDP of that site's releases (protects the record's features held there); "
-        f"'{RECORD_LEVEL}': RDP composition of every site's releases of the record (the record-level figure and "
-        "the run's headline): a record's features are split over the sites, so no parallel composition applies",
-        "not covered: the gradients the server sends back to the sites, and a record's influence on its site's "
-        "encoder weights (which shape every later embedding of other records): the guarantee covers the direct "
-        "embedding releases only (per-sample DP-SGD of the encoders is not implemented)",
-        "not covered: the labels (the server holds them) and which record IDs each site holds (the server learns "
-        "it at alignment)",
-        "clean inference: prediction embeddings released without noise; those records get no guarantee"
-        if cfg.split.clean_inference else
-        "prediction embeddings carry the same clipping and noise and are counted",
-        "noise seed: derived from the run seed in simulation (reproducible; a server that knows it could remove "
-        "the noise), from each site's secret noise-seed or the operating system's entropy in a deployment",
-        "semi-honest label holder: the sites apply the sigma, clip norm and number of releases it configures; "
-        "a server that deviates from the protocol (sigma 0, extra prediction requests) is not defended against",
-    )
-
-
-def _ledger_entries(cfg: ExperimentConfig, epoch: int, reports: Mapping[str, Mapping[str, float]],
-                    noise_multiplier: float) -> list[LedgerEntry]:
-    enabled = cfg.privacy.enabled
-    assumptions = split_assumptions(cfg, noise_multiplier)
-
-    def entry(site: str, epsilon: float | None, nominal: float | None, releases: int) -> LedgerEntry:
-        return LedgerEntry(
-            round=epoch, site=site, mechanism=f"embedding_gaussian_{cfg.split.calibration}" if enabled else "none",
-            unit="record" if enabled else "none", adjacency=cfg.privacy.adjacency if enabled else "n/a",
-            accountant="gaussian-rdp (no amplification)" if enabled else "none",
-            epsilon=epsilon if enabled else None, delta=cfg.privacy.delta if enabled else None,
-            noise_multiplier=noise_multiplier if enabled else None,
-            clip_norm=cfg.privacy.clip_norm if enabled else None, sample_rate=1.0 if enabled else None,
-            steps=releases, epsilon_nominal=nominal if enabled else None, assumptions=assumptions,
-        )
-
-    entries = [entry(site, report["epsilon"], report["epsilon_paper"], int(report["releases_max"]))
-               for site, report in sorted(reports.items())]
-    entries.append(entry(RECORD_LEVEL, vertical_task.epsilon_from_reports(reports, cfg),
-                         max(report["epsilon_paper"] for report in reports.values()),
-                         int(sum(report["releases_max"] for report in reports.values()))))
-    return entries
-
-
 def _upper_bound_reports(configs: Mapping[str, SiteConfig], releases: int) -> dict[str, dict[str, float]]:
     """Every site's privacy position as if each record had been released ``releases`` times.
 
@@ -249,8 +187,11 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
                              f"{'; unexpected sites ' + str(unexpected) if unexpected else ''}")
     present = align_modalities(table.ids, {name: held[name] for name in modalities})
     label_info = vertical_task.labels(cfg, table)
-    noise_multiplier = vertical_task.embedding_noise_multiplier(cfg, num_modalities=len(modalities),
-                                                                num_train=len(label_info.train_ids))
+    mechanism = get_mechanism(cfg.strategy)
+    assert isinstance(mechanism, EmbeddingDP)
+    outputs.write_manifest(mechanism.manifest(cfg).as_dict())
+    noise_multiplier = mechanism.noise_multiplier(cfg, num_modalities=len(modalities),
+                                                  num_train=len(label_info.train_ids))
     site_configs = {name: vertical_task.site_config(cfg, name, label_info, noise_multiplier) for name in modalities}
     transport.setup(site_configs)
     server = vertical_task.server(cfg, modalities, label_info)
@@ -266,7 +207,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     def on_epoch(epoch: int, info: dict[str, Any]) -> None:
         nonlocal completed_epochs
         completed_epochs = epoch + 1
-        for entry in _ledger_entries(cfg, epoch + 1, info["privacy"], noise_multiplier):
+        for entry in mechanism.ledger_entries(cfg, epoch + 1, info["privacy"], noise_multiplier):
             ledger.record(entry)
         positions = info["positions"].numpy()
         survival = torch.cumprod(1.0 - torch.sigmoid(info["logits"]), dim=1).numpy()
@@ -301,14 +242,14 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
             completed_epochs, 0 if cfg.split.clean_inference else cfg.split.mc_samples)
         note = (f"the run stopped during {during} ({err}): this entry bounds what was released by counting "
                 f"{releases} release(s) of every record at every site")
-        for entry in _ledger_entries(cfg, min(completed_epochs + 1, cfg.federation.rounds),
+        for entry in mechanism.ledger_entries(cfg, min(completed_epochs + 1, cfg.federation.rounds),
                                      _upper_bound_reports(site_configs, releases), noise_multiplier):
             ledger.record(dataclasses.replace(entry, assumptions=entry.assumptions + (note,)))
         raise SplitSiteError(f"{err} (during {during}). The run stops: {outputs.metrics_path.name} in "
                              f"{outputs.directory} holds epochs 1 to {completed_epochs}, {outputs.ledger_path.name} "
                              f"the privacy spent up to the failure (an upper bound); no model or summary was "
                              "written") from err
-    for entry in _ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
+    for entry in mechanism.ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
         ledger.record(entry)
     mean, lower, upper = survival_band(logits)
     test = _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event)
@@ -348,7 +289,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
               f"modalities ({headline['accountant']}; the paper's formula would claim "
               f"{headline.get('epsilon_nominal', math.nan):.4f} per site; assumptions in ledger.jsonl)", flush=True)
     if "centralized" in summary:
-        print(f"centralised twin test: {_fmt(summary['centralized']['test'])}", flush=True)
+        print(f"centralised twin ({task.CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}", flush=True)
     print(f"outputs: {outputs.directory}", flush=True)
     return summary
 
@@ -382,4 +323,5 @@ def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_in
     mean, lower, upper = survival_band(logits)
     return {"test": _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event),
             "band_width": float((upper - lower).mean()),
-            "privacy": "same embedding mechanism and sigma as the split run" if cfg.privacy.enabled else "none (no DP)"}
+            "label": task.CENTRALIZED_LABEL,
+            "mechanism": "the split run's embedding noise (same sigma)" if cfg.privacy.enabled else "none (no DP)"}

@@ -8,7 +8,6 @@ with the same noise.
 from __future__ import annotations
 
 import functools
-import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,24 +29,14 @@ from models.data.vertical import (
 from models.multimodal import HEAD_SEED_NAME, FusionHead, part_seed
 from models.multimodal_training import discretised_labels
 from models.survival import make_time_grid
-from strategies.accounting.rdp import epsilon_gaussian_rounds
-from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
-from strategies.mechanisms.embedding_dp import (
-    EMBEDDING_ADJACENCIES,
-    calibrate_embedding_noise,
-    paper_embedding_noise,
-)
 from strategies.split import SiteConfig, SplitServer
 
 __all__ = [
     "Labels",
     "SiteData",
-    "embedding_noise_multiplier",
-    "epsilon_from_reports",
     "labels",
     "load_table",
     "modality_names",
-    "planned_releases",
     "server",
     "simulated_site",
     "simulation_noise_seed",
@@ -106,33 +95,6 @@ def labels(cfg: ExperimentConfig, table: VerticalTable) -> Labels:
     time_index, event = discretised_labels(train.time, train.event, cuts)
     return Labels(train_ids=train_ids, test_ids=test_ids, cuts=cuts, time_index=time_index, event=event,
                   train_time=train.time, train_event=train.event, test_time=test.time, test_event=test.event)
-
-
-def planned_releases(cfg: ExperimentConfig) -> int:
-    """The most times any record's embedding leaves one site: once per epoch (training records) or
-    once per prediction pass (held-out records; 0 with clean inference)."""
-    return max(cfg.federation.rounds, 0 if cfg.split.clean_inference else cfg.split.mc_samples)
-
-
-def embedding_noise_multiplier(cfg: ExperimentConfig, *, num_modalities: int, num_train: int) -> float:
-    """σ of every site's embedding release (0 without DP).
-
-    ``split.calibration = "rdp"``: the smallest σ whose RDP (no amplification, replace-one
-    sensitivity 2C) over all of one record's releases, ``num_modalities × planned_releases``,
-    stays within ``privacy.epsilon``: the record's features at every site together are the unit.
-    ``"paper"``: the BVFLMSP formula for one site, ``2p·sqrt(τ ln(1/δ))/ε`` with ``p = B/N`` and
-    ``τ = E⌈N/B⌉`` (it credits sub-sampling that does not happen and composes nothing across
-    sites; the ledger reports the RDP ε of the σ it gives).
-    """
-    privacy = cfg.privacy
-    if not privacy.enabled:
-        return 0.0
-    if cfg.split.calibration == "paper":
-        return paper_embedding_noise(epsilon=privacy.epsilon, delta=privacy.delta,
-                                     batch_size=min(cfg.train.batch_size, num_train), train_size=num_train,
-                                     epochs=cfg.federation.rounds)
-    return calibrate_embedding_noise(epsilon=privacy.epsilon, delta=privacy.delta,
-                                     epochs=num_modalities * planned_releases(cfg), adjacency=privacy.adjacency)
 
 
 def site_config(cfg: ExperimentConfig, modality: str, label_info: Labels, noise_multiplier: float) -> SiteConfig:
@@ -213,27 +175,3 @@ def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, objec
     seed = node_config.get("noise-seed")
     return SiteData(modality=str(node_config["modality"]), features=features, categorical=categorical,
                     noise_base_seed=int(seed) if seed is not None else secrets.randbits(63), source=path)
-
-
-def epsilon_from_reports(reports: Mapping[str, Mapping[str, float]], cfg: ExperimentConfig) -> float:
-    """Record-level ε over every site: the RDP composition of all sites' releases of one record.
-
-    A record's features are split over the sites, so its guarantee composes the sites' Gaussian
-    releases (no parallel composition across modalities): with ``R_k`` releases of noise
-    multiplier ``σ_k/2`` (replace-one) at site ``k``, one Gaussian of ``1/z² = Σ_k R_k/(σ_k/Δ)²``.
-    ``R_k`` is the most releases of any record at site ``k`` (an upper bound, tight when every
-    record is released equally often).
-    """
-    sensitivity = EMBEDDING_ADJACENCIES[cfg.privacy.adjacency]
-    inverse_square = 0.0
-    for report in reports.values():
-        releases, sigma = report["releases_max"], report["noise_multiplier"]
-        if releases == 0:
-            continue
-        if sigma == 0:
-            return math.inf
-        inverse_square += releases * (sensitivity / sigma) ** 2
-    if inverse_square == 0:
-        return math.nan
-    return epsilon_gaussian_rounds(noise_multiplier=inverse_square ** -0.5, rounds=1, delta=cfg.privacy.delta,
-                                   orders=list(AUDIT_RDP_ORDERS))

@@ -27,6 +27,7 @@ import copy
 import json
 import math
 import threading
+from dataclasses import asdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from uuid import uuid4
@@ -50,6 +51,7 @@ from models.data import FederatedDataset
 from models.survival import SurvivalModel
 from simulations.engine import resolve
 from strategies.horizontal import WEIGHT_KEY, weighted_nanmean
+from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
 from strategies.split import LocalSites, PredictRequest, SiteConfig, SiteReply, SiteRequest, SplitSite
 
 __all__ = ["InProcessGrid", "LocalSplitTransport", "run_federation", "run_inprocess", "run_vertical_inprocess"]
@@ -77,8 +79,7 @@ def _evaluate(model: SurvivalModel, dataset: FederatedDataset, *, concordance_td
     try:
         if model.needs_baseline:
             _set_federated_baseline(model, dataset)
-        return task.evaluate(model, dataset.pooled("test"), dataset.pooled("train"),
-                             concordance_td=concordance_td), ""
+        return task.evaluate(model, dataset.pooled("test"), concordance_td=concordance_td), ""
     except ValueError as err:  # e.g. risks that overflow to inf or underflow to an empty risk set
         return dict.fromkeys(_METRICS, math.nan), f"diverged: {err}"
 
@@ -99,39 +100,34 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
     dict
         ``test``: metrics of the final global model on the pooled test split (as the ServerApp's
         server-side evaluation; NaN, with the reason in ``error``, when the model diverged, e.g.
-        non-finite weights or risks that overflow); ``privacy``: the worst site's last training report (its
-        privacy figures), or ``None`` without DP; ``state_dict``: the final global weights;
+        non-finite weights or risks that overflow); ``privacy``: the worst site's last ledger entry
+        (as the ServerApp writes it), or ``None`` without DP; ``state_dict``: the final global weights;
         ``sites_mean`` (with ``evaluate_sites``).
     """
     if cfg.federation.fraction_train != 1.0:
         raise ValueError("run_federation trains every site in every round: set federation.fraction_train = 1")
+    mechanism = horizontal_mechanism(cfg.strategy)
+    if mechanism.server_side:
+        raise ValueError(f"run_federation does not run strategy {cfg.strategy!r} (a server-side mechanism)")
     dataset = task.load_federation(cfg)
     model = task.build_model(cfg, dataset)
+    setups = task.site_setups(dataset)
     global_arrays = ArrayRecord(model.net.state_dict())
     order = sorted(range(dataset.num_sites), key=lambda index: dataset.sites[index].name)
     states: dict[int, dict | None] = dict.fromkeys(order)
-    reports: dict[int, dict[str, float]] = {}
+    reports: dict[str, list[dict[str, float]]] = {dataset.sites[index].name: [] for index in order}
     for server_round in range(1, cfg.federation.rounds + 1):
         replies = []
         for index in order:
             site = dataset.sites[index]
             model.net.load_state_dict(global_arrays.to_torch_state_dict())
-            seed = task.round_seed(cfg.seed, server_round, index)
-            weight = len(site.train)
-            if cfg.strategy in task.PRIVATE_TRAINING:
-                previous = states[index]
-                metrics, states[index] = task.PRIVATE_TRAINING[cfg.strategy](
-                    model, site.train, cfg, seed=seed, state=previous)
-                if previous is not None and states[index]["steps"] == previous["steps"]:
-                    weight = 0
-                reports[index] = metrics
-            elif cfg.strategy == "fedavg":
-                task.train_local(model, site.train, cfg, seed=seed)
-            else:
-                raise ValueError(f"run_federation does not run strategy {cfg.strategy!r} (server-side mechanism)")
-            if weight > 0:
-                replies.append(RecordDict({"arrays": ArrayRecord(model.net.state_dict()),
-                                           "metrics": MetricRecord({WEIGHT_KEY: weight})}))
+            update = mechanism.site_round(model, site.train, cfg, seed=task.round_seed(cfg.seed, server_round, index),
+                                          state=states[index], setup=setups[site.name])
+            states[index] = update.state
+            reports[site.name].append(update.report)
+            if update.contributes:
+                replies.append(RecordDict({"arrays": ArrayRecord(model.net.state_dict()), "metrics": MetricRecord(
+                    {WEIGHT_KEY: mechanism.aggregation_weight(setups[site.name])})}))
         if replies:
             global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
         if evaluate_sites:
@@ -141,9 +137,11 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
         test, error = site_metrics, ""
     else:
         test, error = _evaluate(model, dataset, concordance_td=concordance_td)
+    entries = [mechanism.ledger_entry(cfg, cfg.federation.rounds, site, setup=setups[site], reports=site_reports)
+               for site, site_reports in reports.items()]
     privacy = None
-    if reports:
-        privacy = max(reports.values(), key=lambda report: report.get("epsilon", -math.inf))
+    if mechanism.private:
+        privacy = asdict(max(entries, key=lambda entry: math.inf if entry.epsilon is None else entry.epsilon))
     result = {"test": test, "error": error, "privacy": privacy,
               "state_dict": {key: value.clone() for key, value in model.net.state_dict().items()}}
     if evaluate_sites:
@@ -157,7 +155,7 @@ def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: Federate
     model.net.load_state_dict(arrays.to_torch_state_dict())
     if model.needs_baseline:
         _set_federated_baseline(model, dataset)
-    return weighted_nanmean({site.name: {**task.evaluate(model, site.test, site.train, concordance_td=concordance_td),
+    return weighted_nanmean({site.name: {**task.evaluate(model, site.test, concordance_td=concordance_td),
                                          WEIGHT_KEY: len(site.test)} for site in dataset.sites})
 
 
@@ -268,7 +266,7 @@ def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, M
         raise ConfigError("run_inprocess needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
     if node_configs is not None:
         num_nodes = len(node_configs)
-    elif cfg.strategy == "split":
+    elif get_mechanism(cfg.strategy).vertical:
         num_nodes = len(vertical_task.load_table(cfg).modalities)
     else:
         num_nodes = task.load_federation(cfg).num_sites
@@ -310,8 +308,8 @@ class LocalSplitTransport:
 
 def run_vertical_inprocess(cfg: ExperimentConfig, *, audit: EmbeddingAudit | None = None) -> dict[str, Any]:
     """Run ``cfg`` (strategy ``split``) with the ServerApp's code over :class:`LocalSplitTransport`."""
-    if cfg.strategy != "split":
-        raise ValueError("run_vertical_inprocess runs strategy 'split'")
+    if not get_mechanism(cfg.strategy).vertical:
+        raise ValueError("run_vertical_inprocess runs the split-learning protocol (strategy 'split')")
     outputs = RunOutputs.create(cfg)
     outputs.write_config(cfg, {})
     return run_vertical(cfg, LocalSplitTransport(cfg), outputs, audit=audit)

@@ -1,26 +1,38 @@
-"""FedAvg for survival models on Flower's Message API.
+"""FedAvg for survival models on Flower's Message API, with every reply checked before it is used.
 
-:class:`SurvivalFedAvg` is Flower's :class:`~flwr.serverapp.strategy.FedAvg` with three additions
-that survival models need:
+:class:`SurvivalFedAvg` is Flower's :class:`~flwr.serverapp.strategy.FedAvg` with what survival
+models and an untrusted federation need:
 
-* per-site bookkeeping: every train/evaluate reply carries a ``ConfigRecord`` ``"site"`` naming
-  the site, and the strategy keeps each site's metrics per round (a C-index cannot be averaged
-  into a pooled C-index, so the per-site figures are kept as they are);
-* NaN-aware weighted means of evaluation metrics (a small site's test part may leave a metric
-  undefined; one NaN must not hide every other site's figure);
-* a federated Breslow baseline for Cox models: before each evaluation it asks every site for the
-  sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums them,
-  and sends the resulting baseline to the sites with the evaluation message. No event time
-  leaves a site.
+* **identity from the node**: the sites are named once, at set-up (:meth:`SurvivalFedAvg.identify_sites`
+  in simulation, the deployment's set-up otherwise); a reply's site is the one of the node it
+  comes from, and a reply that claims another name is refused;
+* **every reply checked** (:mod:`strategies.replies`): a model update must have the global
+  model's names, shapes and dtypes and finite values; the record count must be the one agreed at
+  set-up; the privacy figures must be exactly what the run's mechanism produces
+  (:meth:`strategies.mechanisms.base.HorizontalMechanism.verify`, recomputed at the server);
+  evaluation metrics must be in range and not stand far outside the other sites'; Breslow
+  aggregates must fit the grid. A refused reply makes its site a named failure of the round
+  (``{"phase", "site", "node", "reason"}``) and the round goes on without it;
+* **weights from the set-up**: the server weights each accepted update by the count agreed at
+  set-up (:meth:`~strategies.mechanisms.base.HorizontalMechanism.aggregation_weight`), never by
+  what a reply claims;
+* per-site bookkeeping (a C-index cannot be averaged into a pooled C-index, so the per-site
+  figures are kept as they are) and NaN-aware weighted means of evaluation metrics;
+* a federated Breslow baseline for Cox models: before each evaluation it asks every site for
+  the sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums
+  them, and sends the baseline to the sites with the evaluation message;
+* an optional robust aggregator (Flower's ``FedTrimmedAvg``, ``FedMedian`` or ``Krum``) in place
+  of the weighted mean.
 
 Its :meth:`SurvivalFedAvg.run_rounds` replaces Flower's ``Strategy.start``: it can begin at any
-round (a run resumed from a checkpoint), records every error reply and every missing reply per
-phase and site, and stops the run after a round in which fewer sites trained than
-``min_train_nodes`` (that round is not aggregated).
+round (a run resumed from a checkpoint), records every error reply, missing reply and refused
+reply per phase and site, and stops the run after a round in which fewer sites' updates were
+accepted than ``min_train_nodes`` (that round is not aggregated).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -30,47 +42,56 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Strategy
 from flwr.supercore import log
 
-from strategies.accounting.rdp import calibrate_noise_multiplier
+from strategies.config import ConfigError, ExperimentConfig
+from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
+from strategies.replies import check_arrays, check_breslow, check_count, check_evaluation, suspect_evaluations
 
 SITE_KEY = "site"
 WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
-#: In a train reply's site record: the site's privacy state (JSON: σ, its accountant), kept in the checkpoint.
+#: In a train reply's site record: the site's privacy state (JSON: its accountant), kept in the checkpoint.
 PRIVACY_STATE_KEY = "privacy_state"
 #: In a resumed run's train config: the receiving site's own privacy state from the checkpoint (JSON), for a
 #: site whose node state is empty (a new run starts with empty node states). Each site gets only its own.
 RESUMED_PRIVACY_STATE = "resume.privacy_state"
-#: Query asking a node which site it is (a resumed run must give each site its own privacy state).
+#: Query asking a node which site it is (the server names every node once, at the start of a run).
 SITE_NAME_QUERY = "query.site_name"
-#: Per-site privacy figures in train replies: kept per site, never averaged across sites.
-PRIVACY_KEYS = frozenset(
-    {"epsilon", "epsilon_mu", "noise_multiplier", "sample_rate", "clip_norm", "steps", "stopped", "fallback",
-     "epsilon_nominal", "epsilon_audited_formula", "noise_min", "noise_max", "weight_norm", "min_site_records",
-     "selected_layer"}
-)
+#: The most a site's privacy state may weigh (it is kept in every checkpoint).
+MAX_PRIVACY_STATE_CHARS = 1_000_000
+#: Robust aggregators offered (``federation.aggregation``), all Flower's own.
+AGGREGATIONS = ("fedavg", "trimmed_mean", "median", "krum")
 
 
 class TooFewSitesError(RuntimeError):
-    """Fewer sites trained in a round than the federation's minimum; the run cannot go on."""
+    """Fewer sites' updates were accepted in a round than the federation's minimum; the run cannot go on."""
+
+
+def failure(phase: str, site: str, node: int, reason: str) -> dict[str, Any]:
+    """One named failure of a round: which message, which site (and node), why."""
+    return {"phase": phase, "site": site, "node": int(node), "reason": reason}
 
 
 @dataclass
 class RoundRecord:
     """What the strategy learnt about one round.
 
-    ``privacy_states`` holds the privacy state each site reported with its training reply (JSON);
-    ``shortfall`` says why the round was not aggregated (too few sites trained), empty otherwise.
+    ``released``: every site whose training reply arrived, with its report if the server accepted
+    it and ``None`` if it refused it (the update reached the server either way, so the ledger
+    counts it). ``train_sites``: the accepted reports. ``privacy_states``: the state each accepted
+    site reported (JSON). ``failures``: ``{"phase", "site", "node", "reason"}`` of every error,
+    missing or refused reply. ``shortfall`` says why the round was not aggregated (too few sites),
+    empty otherwise.
     """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
+    released: dict[str, dict[str, float] | None] = field(default_factory=dict)
     evaluate_sites: dict[str, dict[str, float]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
 
@@ -103,95 +124,146 @@ def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WE
     return result
 
 
-def aggregate_without_privacy(records: list[RecordDict], weight_key: str) -> MetricRecord:
-    """Flower's weighted mean of train metrics, leaving out the per-site privacy figures.
+def _claimed_name(message: Message) -> str | None:
+    record = message.content.config_records.get(SITE_KEY)
+    return None if record is None or "name" not in record else str(record["name"])
 
-    An ε averaged over sites means nothing (the guarantee of record-level DP over disjoint sites
-    is the maximum over sites); the ledger keeps them per site instead.
+
+def _metric_record(message: Message) -> MetricRecord | None:
+    records = list(message.content.metric_records.values())
+    return records[0] if len(records) == 1 else None
+
+
+def _numbers(record: MetricRecord) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if not isinstance(value, list)}
+
+
+def make_aggregator(name: str, *, trim_fraction: float, malicious: int, **fedavg_kwargs: Any) -> Strategy | None:
+    """Flower's robust aggregator ``name`` (None for the weighted mean of FedAvg itself).
+
+    ``trimmed_mean``: ``FedTrimmedAvg`` (coordinate-wise mean without the ``trim_fraction`` largest
+    and smallest values); ``median``: ``FedMedian`` (coordinate-wise median); ``krum``: ``Krum``
+    with ``malicious`` tolerated sites (it needs ``n > 2 malicious + 2`` sites per round).
     """
-    stripped = [
-        RecordDict({"metrics": MetricRecord({key: value for key, value in next(iter(record.metric_records.values())).items()
-                                             if key not in PRIVACY_KEYS})})
-        for record in records
-    ]
-    return aggregate_metricrecords(stripped, weight_key)
-
-
-def _site_name(message: Message) -> str:
-    content = message.content
-    if SITE_KEY in content.config_records:
-        return str(content.config_records[SITE_KEY]["name"])
-    return f"node-{message.metadata.src_node_id}"
-
-
-def _metrics(message: Message) -> dict[str, float]:
-    record = next(iter(message.content.metric_records.values()))
-    return {key: float(value) for key, value in record.items() if not isinstance(value, list)}
-
-
-def _sorted_replies(replies: Iterable[Message]) -> list[Message]:
-    """Replies in a fixed order (successful ones by site name, then errors).
-
-    Replies arrive in whatever order the sites finish. Sorting them makes the floating-point sums
-    of the aggregation, and so a rerun with the same seed, reproducible.
-    """
-    return sorted(replies, key=lambda message: (message.has_error(), "" if message.has_error()
-                                                else _site_name(message)))
+    if name == "fedavg":
+        return None
+    if name == "trimmed_mean":
+        return FedTrimmedAvg(beta=trim_fraction, **fedavg_kwargs)
+    if name == "median":
+        return FedMedian(**fedavg_kwargs)
+    if name == "krum":
+        return Krum(num_malicious_nodes=malicious, **fedavg_kwargs)
+    raise ConfigError(f"run config: 'federation.aggregation' = {name!r}; choose one of {', '.join(AGGREGATIONS)}")
 
 
 class SurvivalFedAvg(FedAvg):
-    """Weighted FedAvg that keeps per-site metrics and builds a federated Breslow baseline.
+    """Weighted FedAvg that checks every reply, keeps per-site metrics and builds a federated Breslow baseline.
 
     Parameters
     ----------
+    mechanism
+        The run's privacy mechanism: it verifies each site's report and sets its weight.
+    cfg
+        The run's configuration (the mechanism's parameters).
+    setups
+        Every site's set-up (its agreed record count), by site name.
     needs_baseline
         True for Cox-type models: collect Breslow aggregates before every evaluation.
+    grid_size
+        Number of points of the shared time grid (the length of Breslow aggregates).
     timeout
         Seconds to wait for the sites' replies to each message of a round (train, Breslow, evaluate).
+    aggregator
+        A Flower strategy whose ``aggregate_train`` combines the accepted updates instead of the
+        weighted mean (:func:`make_aggregator`).
     **fedavg_kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
-        ``min_train_nodes``, ...). ``min_train_nodes`` is also the fewest sites whose training
-        replies :meth:`run_rounds` aggregates.
+        ``min_train_nodes``, ...). ``min_train_nodes`` is also the fewest accepted updates
+        :meth:`run_rounds` aggregates.
     """
 
-    def __init__(self, *, needs_baseline: bool, timeout: float = 3600.0, **fedavg_kwargs: object) -> None:
-        super().__init__(
-            weighted_by_key=WEIGHT_KEY, train_metrics_aggr_fn=aggregate_without_privacy,
-            **fedavg_kwargs,  # type: ignore[arg-type]
-        )
+    def __init__(self, *, mechanism: HorizontalMechanism, cfg: ExperimentConfig, setups: Mapping[str, SiteSetUp],
+                 needs_baseline: bool, grid_size: int = 0, timeout: float = 3600.0,
+                 aggregator: Strategy | None = None, **fedavg_kwargs: Any) -> None:
+        super().__init__(weighted_by_key=WEIGHT_KEY, **fedavg_kwargs)
+        self.mechanism = mechanism
+        self.cfg = cfg
+        self.setups = dict(setups)
         self.needs_baseline = needs_baseline
+        self.grid_size = grid_size
         self.timeout = timeout
+        self.aggregator = aggregator
         self.rounds: dict[int, RoundRecord] = {}
         self.baseline: tuple[np.ndarray, np.ndarray] | None = None
         self.node_sites: dict[int, str] = {}
+        self.global_arrays: ArrayRecord | None = None
+        self.held_out_bound = {name: _held_out_bound(setup.count, cfg.data.test_fraction)
+                               for name, setup in self.setups.items()}
 
     def _record(self, server_round: int) -> RoundRecord:
         return self.rounds.setdefault(server_round, RoundRecord())
 
+    def _fail(self, server_round: int, phase: str, node: int, reason: str) -> None:
+        self._record(server_round).failures.append(
+            failure(phase, self.node_sites.get(node, "unnamed site"), node, reason))
+
+    # ------------------------------------------------------------------ identity
+
+    def identify_sites(self, grid: Grid) -> dict[int, str]:
+        """Ask every connected node which site it is (:data:`SITE_NAME_QUERY`); fix each node's name.
+
+        A node whose claimed name is not a site of the federation, or is already held by another
+        node, or that does not answer, is left out; returns node -> why, for those.
+        """
+        nodes = sorted(grid.get_node_ids())
+        messages = [Message(content=RecordDict({self.configrecord_key: ConfigRecord()}), dst_node_id=node,
+                            message_type=SITE_NAME_QUERY) for node in nodes]
+        left_out: dict[int, str] = {}
+        replies = sorted(grid.send_and_receive(messages, timeout=self.timeout),
+                         key=lambda reply: reply.metadata.src_node_id)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            name = None if reply.has_error() else _claimed_name(reply)
+            if reply.has_error():
+                left_out[node] = f"failed to say which site it is: {reply.error.reason}"
+            elif name is None or name not in self.setups:
+                left_out[node] = f"claims to be {name!r}, which is not a site of this federation"
+            elif name in self.node_sites.values():
+                left_out[node] = f"claims to be site {name!r}, which another node already is"
+            else:
+                self.node_sites[node] = name
+        for node in nodes:
+            if node not in self.node_sites and node not in left_out:
+                left_out[node] = f"did not say which site it is within {self.timeout:g} s"
+        return left_out
+
+    def _identity(self, message: Message) -> tuple[str | None, str]:
+        """The site a reply comes from (by its node) and why it is refused on identity ("" if not)."""
+        node = message.metadata.src_node_id
+        site = self.node_sites.get(node)
+        if site is None:
+            return None, "a node that was not named at set-up"
+        claimed = _claimed_name(message)
+        if claimed is not None and claimed != site:
+            return site, f"the reply claims to come from site {claimed!r}, but node {node} is site {site!r}"
+        return site, ""
+
+    # ------------------------------------------------------------------ failures
+
     def record_failures(
         self, server_round: int, phase: str, messages: Iterable[Message], replies: Iterable[Message],
     ) -> list[Message]:
-        """Record every error reply and every message left unanswered; return the replies, sorted.
-
-        Failures read ``"<phase>: <site> (node <id>): <reason>"``; a site is named once it has
-        answered any message of this run.
-        """
-        replies = _sorted_replies(replies)
-        for message in replies:
-            if not message.has_error():
-                self.node_sites[message.metadata.src_node_id] = _site_name(message)
-        record = self._record(server_round)
-
-        def name(node: int) -> str:
-            return f"{self.node_sites.get(node, 'unnamed site')} (node {node})"
-
+        """Record every error reply and every message left unanswered; return the replies, sorted by node."""
+        replies = sorted(replies, key=lambda message: message.metadata.src_node_id)
         for message in replies:
             if message.has_error():
-                record.failures.append(f"{phase}: {name(message.metadata.src_node_id)}: {message.error.reason}")
+                self._fail(server_round, phase, message.metadata.src_node_id, message.error.reason)
         answered = {message.metadata.src_node_id for message in replies}
         for node in sorted({message.metadata.dst_node_id for message in messages} - answered):
-            record.failures.append(f"{phase}: {name(node)}: no reply within {self.timeout:g} s")
+            self._fail(server_round, phase, node, f"no reply within {self.timeout:g} s")
         return replies
+
+    # ------------------------------------------------------------------ the rounds
 
     def run_rounds(
         self, grid: Grid, *, arrays: ArrayRecord, first_round: int, last_round: int,
@@ -200,33 +272,33 @@ class SurvivalFedAvg(FedAvg):
     ) -> ArrayRecord:
         """Rounds ``first_round`` to ``last_round`` from the global model ``arrays``; return the final model.
 
-        Each round: train (the sites' replies aggregated by ``outer``, a wrapper such as Flower's
+        Each round: train (the accepted replies aggregated by ``outer``, a wrapper such as Flower's
         central-DP strategy around this one, or this strategy), Breslow query and evaluation, then
-        ``end_of_round(round, global arrays)``. A site that fails or does not answer within
-        ``timeout`` is recorded in the round's ``failures`` and the round goes on without it. If
-        fewer than ``min_train_nodes`` sites trained, the round is not aggregated (the global model
-        stays as it was; the sites that trained have still released their updates, so their
-        metrics are kept), ``end_of_round`` runs, and :class:`TooFewSitesError` stops the run.
+        ``end_of_round(round, global arrays)``. A site that fails, does not answer within
+        ``timeout`` or sends a reply the server refuses is recorded in the round's ``failures``
+        and the round goes on without it. If fewer than ``min_train_nodes`` updates were accepted,
+        the round is not aggregated (the global model stays as it was; the sites that trained have
+        still released their updates, so their spend is kept), ``end_of_round`` runs, and
+        :class:`TooFewSitesError` stops the run.
 
-        ``site_states`` (a resumed run: site name -> its privacy state from the checkpoint): the
-        nodes are asked which site they are first, and each training message carries its own
-        site's state only (:data:`RESUMED_PRIVACY_STATE`); no site sees another's.
+        ``site_states`` (a resumed run: site name -> its privacy state from the checkpoint): each
+        training message carries its own site's state only (:data:`RESUMED_PRIVACY_STATE`); no
+        site sees another's.
         """
         outer = self if outer is None else outer
-        if site_states:
-            self.identify_sites(grid)
         for server_round in range(first_round, last_round + 1):
             record = self._record(server_round)
+            self.global_arrays = arrays
             messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
             if site_states:
                 messages = [self._with_own_state(message, site_states) for message in messages]
             replies = self.record_failures(server_round, "train", messages,
                                            grid.send_and_receive(messages, timeout=self.timeout))
-            aggregated, _ = outer.aggregate_train(server_round, replies)
-            trained = sum(not message.has_error() for message in replies)
-            if trained < self.min_train_nodes:
-                record.shortfall = (f"{trained} of {len(messages)} sites trained, fewer than the minimum "
-                                    f"{self.min_train_nodes}: the round was not aggregated")
+            accepted = self.screen_train(server_round, replies)
+            aggregated, _ = outer.aggregate_train(server_round, accepted)
+            if len(accepted) < self.min_train_nodes:
+                record.shortfall = (f"{len(accepted)} of {len(messages)} sites' updates accepted, fewer than the "
+                                    f"minimum {self.min_train_nodes}: the round was not aggregated")
             elif aggregated is not None:
                 arrays = aggregated
             messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
@@ -236,16 +308,9 @@ class SurvivalFedAvg(FedAvg):
             end_of_round(server_round, arrays)
             if record.shortfall:
                 raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
-                                       f"{'; '.join(record.failures)}")
+                                       + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
+                                                   for f in record.failures))
         return arrays
-
-    def identify_sites(self, grid: Grid) -> None:
-        """Ask every connected node which site it is (:data:`SITE_NAME_QUERY`); remember the answers."""
-        messages = [Message(content=RecordDict({self.configrecord_key: ConfigRecord()}), dst_node_id=node,
-                            message_type=SITE_NAME_QUERY) for node in grid.get_node_ids()]
-        for reply in grid.send_and_receive(messages, timeout=self.timeout):
-            if not reply.has_error():
-                self.node_sites[reply.metadata.src_node_id] = _site_name(reply)
 
     def _with_own_state(self, message: Message, site_states: Mapping[str, str]) -> Message:
         """``message`` with its destination site's own saved privacy state added to its config (if it has one)."""
@@ -259,37 +324,101 @@ class SurvivalFedAvg(FedAvg):
         return Message(content=content, dst_node_id=message.metadata.dst_node_id,
                        message_type=message.metadata.message_type)
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to continue: each round's records and the last Breslow baseline (plain Python)."""
-        return {"rounds": {server_round: asdict(record) for server_round, record in self.rounds.items()},
-                "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline]}
+    # ------------------------------------------------------------------ training replies
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.rounds = {int(server_round): RoundRecord(**record) for server_round, record in state["rounds"].items()}
-        baseline = state["baseline"]
-        self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
-                                                       np.asarray(baseline[1], dtype=np.float64))
+    def site_reports(self, site: str, last_round: int) -> list[dict[str, float] | None]:
+        """``site``'s reports of every round up to ``last_round`` in which it released an update (None: refused)."""
+        return [record.released[site] for server_round, record in sorted(self.rounds.items())
+                if server_round <= last_round and site in record.released]
+
+    def _check_train(self, server_round: int, message: Message, site: str) -> tuple[str, dict[str, float] | None,
+                                                                                     float, str | None]:
+        """Why a training reply is refused ("" when accepted), its report, its reported count and privacy state."""
+        content = message.content
+        if len(content.array_records) != 1:
+            return "the reply must carry exactly one model update", None, 0.0, None
+        record = _metric_record(message)
+        if record is None:
+            return "the reply must carry exactly one metric record", None, 0.0, None
+        numbers = _numbers(record)
+        count = numbers.pop(WEIGHT_KEY, None)
+        reason = check_count(count, self.setups[site].count)
+        if reason:
+            return reason, None, 0.0, None
+        update = next(iter(content.array_records.values()))
+        assert self.global_arrays is not None
+        reason = check_arrays({key: array.numpy() for key, array in self.global_arrays.items()},
+                              {key: array.numpy() for key, array in update.items()})
+        if reason:
+            return reason, None, float(count), None
+        previous = self.site_reports(site, server_round - 1)
+        reason = self.mechanism.verify(self.cfg, numbers, setup=self.setups[site], previous=previous)
+        if reason:
+            return reason, None, float(count), None
+        state = None
+        site_record = content.config_records.get(SITE_KEY)
+        if site_record is not None and PRIVACY_STATE_KEY in site_record:
+            state = str(site_record[PRIVACY_STATE_KEY])
+            try:
+                if len(state) > MAX_PRIVACY_STATE_CHARS or not isinstance(json.loads(state), dict):
+                    raise ValueError
+            except ValueError:
+                return "the privacy state is not a JSON object of reasonable size", None, float(count), None
+        return "", {key: float(value) for key, value in numbers.items()}, float(count), state
+
+    def screen_train(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """Check every training reply; record accepted reports and named failures; return the accepted replies.
+
+        Each accepted reply is rebuilt with only its model update and the weight the server gives
+        it (:meth:`~strategies.mechanisms.base.HorizontalMechanism.aggregation_weight` of the
+        site's set-up, or 0 when the site has nothing new), in site order so that the sums of the
+        aggregation, and so a rerun, are reproducible.
+        """
+        record = self._record(server_round)
+        accepted: list[tuple[str, Message]] = []
+        for message in replies:
+            if message.has_error():
+                continue
+            node = message.metadata.src_node_id
+            site, reason = self._identity(message)
+            if site is None:
+                self._fail(server_round, "train", node, reason)
+                continue
+            report, count, state = None, 0.0, None
+            if not reason:
+                reason, report, count, state = self._check_train(server_round, message, site)
+            record.released[site] = report
+            if reason:
+                self._fail(server_round, "train", node, reason)
+                continue
+            assert report is not None
+            record.train_sites[site] = report
+            if state is not None:
+                record.privacy_states[site] = state
+            weight = self.mechanism.aggregation_weight(self.setups[site]) if count > 0 else 0.0
+            content = RecordDict({self.arrayrecord_key: next(iter(message.content.array_records.values())),
+                                  "metrics": MetricRecord({WEIGHT_KEY: weight})})
+            accepted.append((site, Message(content=content, dst_node_id=node,
+                                           message_type=message.metadata.message_type)))
+        return [message for _, message in sorted(accepted, key=lambda pair: pair[0])]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg aggregation, after recording each site's training metrics and privacy state."""
-        replies = _sorted_replies(replies)
-        record = self._record(server_round)
-        for message in replies:
-            if not message.has_error():
-                site = _site_name(message)
-                record.train_sites[site] = _metrics(message)
-                site_record = message.content.config_records.get(SITE_KEY)
-                if site_record is not None and PRIVACY_STATE_KEY in site_record:
-                    record.privacy_states[site] = str(site_record[PRIVACY_STATE_KEY])
-        # A site with nothing new to contribute (e.g. its privacy budget is spent) replies with
-        # weight 0; if every site does, the global model stays as it is.
-        contributing = [m for m in replies if m.has_error() or _metrics(m).get(WEIGHT_KEY, 0.0) > 0]
-        if not any(not message.has_error() for message in contributing):
+        """The weighted mean (or the robust aggregator's combination) of the screened updates.
+
+        A site with nothing new to contribute (e.g. its privacy budget is spent) has weight 0; if
+        every site has, the global model stays as it is.
+        """
+        contributing = [message for message in replies if not message.has_error()
+                        and float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY]) > 0]
+        if not contributing:
             return None, None
+        if self.aggregator is not None:
+            return self.aggregator.aggregate_train(server_round, contributing)
         return super().aggregate_train(server_round, contributing)
+
+    # ------------------------------------------------------------------ evaluation
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -303,12 +432,34 @@ class SurvivalFedAvg(FedAvg):
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Keep each site's evaluation metrics; return their NaN-aware weighted mean."""
-        replies = _sorted_replies(replies)
+        """Check each site's evaluation; keep the accepted sites' metrics; return their NaN-aware weighted mean.
+
+        Refused replies (identity, unknown metric, out of range, implausible held-out count) and
+        sites whose figures stand far outside the others' (:func:`~strategies.replies.suspect_evaluations`)
+        are named failures and left out of the mean.
+        """
         record = self._record(server_round)
+        checked: dict[str, tuple[int, dict[str, float]]] = {}
         for message in replies:
-            if not message.has_error():
-                record.evaluate_sites[_site_name(message)] = _metrics(message)
+            if message.has_error():
+                continue
+            node = message.metadata.src_node_id
+            site, reason = self._identity(message)
+            metrics_record = _metric_record(message)
+            if not reason:
+                metrics = _numbers(metrics_record) if metrics_record is not None else {}
+                reason = ("the reply must carry exactly one metric record" if metrics_record is None else
+                          check_evaluation(metrics, max_records=self.held_out_bound.get(site, 0.0)))
+            if reason:
+                self._fail(server_round, "evaluate", node, reason)
+                continue
+            checked[site] = (node, {key: float(value) for key, value in metrics.items()})
+        suspects = suspect_evaluations({site: metrics for site, (_, metrics) in checked.items()})
+        for site, (node, metrics) in sorted(checked.items()):
+            if site in suspects:
+                self._fail(server_round, "evaluate", node, f"implausible test metrics: {suspects[site]}")
+            else:
+                record.evaluate_sites[site] = metrics
         if not record.evaluate_sites:
             return None
         return MetricRecord(weighted_nanmean(record.evaluate_sites))
@@ -316,8 +467,7 @@ class SurvivalFedAvg(FedAvg):
     def _collect_breslow(
         self, server_round: int, arrays: ArrayRecord, grid: Grid
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Sum every site's ``(d_k, R_k)`` for the model in ``arrays``."""
-        node_ids = list(grid.get_node_ids())
+        """Sum the accepted sites' ``(d_k, R_k)`` for the model in ``arrays``."""
         messages = [
             Message(
                 content=RecordDict({self.arrayrecord_key: arrays,
@@ -325,7 +475,7 @@ class SurvivalFedAvg(FedAvg):
                 dst_node_id=node_id,
                 message_type=BRESLOW_QUERY,
             )
-            for node_id in node_ids
+            for node_id in grid.get_node_ids()
         ]
         replies = grid.send_and_receive(messages, timeout=self.timeout)
         event_counts: np.ndarray | None = None
@@ -333,7 +483,16 @@ class SurvivalFedAvg(FedAvg):
         for message in self.record_failures(server_round, "breslow", messages, replies):
             if message.has_error():
                 continue
-            metrics = next(iter(message.content.metric_records.values()))
+            node = message.metadata.src_node_id
+            site, reason = self._identity(message)
+            metrics = _metric_record(message)
+            if not reason:
+                reason = ("the reply must carry exactly one metric record" if metrics is None else
+                          check_breslow(metrics.get("event_counts"), metrics.get("risk_sums"),
+                                        grid_size=self.grid_size, max_records=self.setups[site].count))
+            if reason:
+                self._fail(server_round, "breslow", node, reason)
+                continue
             site_events = np.asarray(metrics["event_counts"], dtype=np.float64)
             site_risk = np.asarray(metrics["risk_sums"], dtype=np.float64)
             event_counts = site_events if event_counts is None else event_counts + site_events
@@ -343,37 +502,21 @@ class SurvivalFedAvg(FedAvg):
             return None
         return event_counts, risk_sums
 
+    # ------------------------------------------------------------------ checkpoints
 
-def with_central_dp(
-    strategy: SurvivalFedAvg, *, epsilon: float, delta: float, rounds: int, clip_norm: float,
-    num_sites: int, accountant: str = "rdp",
-) -> tuple[DifferentialPrivacyServerSideFixedClipping, float]:
-    r"""Wrap ``strategy`` in Flower's server-side fixed-clipping DP, calibrated to ``(ε, δ)``.
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue: each round's records and the last Breslow baseline (plain Python)."""
+        return {"rounds": {server_round: asdict(record) for server_round, record in self.rounds.items()},
+                "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline]}
 
-    Each round the server clips every site's update :math:`\Delta_k` to L2 norm ``clip_norm``
-    and adds :math:`N(0, (\sigma C / m)^2)` to the mean of the ``m = num_sites`` updates (Flower's
-    ``DifferentialPrivacyServerSideFixedClipping``): a Gaussian mechanism with noise multiplier
-    :math:`\sigma` for adding or removing one site's update, with the denominator fixed at ``m``.
-    :math:`\sigma` is calibrated so that ``rounds`` such releases spend at most ``epsilon`` at
-    ``delta`` without amplification (every site takes part in every round; opacus RDP, q = 1).
-    Sites must be weighted equally (each reports weight 1), or one site's influence on the
-    weighted mean would exceed ``C / m``.
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.rounds = {int(server_round): RoundRecord(**record) for server_round, record in state["rounds"].items()}
+        baseline = state["baseline"]
+        self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
+                                                       np.asarray(baseline[1], dtype=np.float64))
 
-    Returns
-    -------
-    (wrapped strategy, noise multiplier σ)
 
-    References
-    ----------
-    McMahan, Ramage, Talwar & Zhang (2018), "Learning differentially private recurrent language
-    models", ICLR (DP-FedAvg); Mironov (2017), "Rényi differential privacy", CSF.
-    """
-    if num_sites < 1 or rounds < 1:
-        raise ValueError(f"num_sites and rounds must be >= 1, got {num_sites}, {rounds}")
-    noise_multiplier = calibrate_noise_multiplier(
-        target_epsilon=epsilon, target_delta=delta, sample_rate=1.0, steps=rounds, accountant=accountant,
-    )
-    wrapped = DifferentialPrivacyServerSideFixedClipping(
-        strategy, noise_multiplier=noise_multiplier, clipping_norm=clip_norm, num_sampled_clients=num_sites,
-    )
-    return wrapped, noise_multiplier
+def _held_out_bound(count: float, test_fraction: float) -> float:
+    """The most held-out records a site with ``count`` training records can plausibly report (twice the split's)."""
+    return 2.0 * count * test_fraction / (1.0 - test_fraction) + 10.0

@@ -89,7 +89,7 @@ def test_unknown_key_is_refused_with_the_known_keys():
          "'split.calibration' = 'x'; choose one of rdp, paper"),
         ({"data.name": "synthetic_multimodal"}, "is vertical"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "privacy.adjacency": "replace-one"},
-         "offered for strategies 'bdp' and 'split' only"),
+         "is not offered for strategy 'dp_sgd'"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

@@ -58,11 +58,10 @@ def test_central_dp_epsilon_agrees_with_flowers_own_accountant(rounds):
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
     from strategies.accounting.rdp import epsilon_gaussian_rounds
-    from strategies.horizontal import SurvivalFedAvg, with_central_dp
+    from strategies.mechanisms.central_dp import central_noise_multiplier
 
     target, delta, sites = 3.0, 1e-5, 5
-    _, sigma = with_central_dp(SurvivalFedAvg(needs_baseline=False), epsilon=target, delta=delta, rounds=rounds,
-                               clip_norm=0.5, num_sites=sites)
+    sigma = central_noise_multiplier(epsilon=target, delta=delta, rounds=rounds)
     flower = RdpAccountant(PrivacyConfig(target_delta=delta, population_size=sites,
                                          neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                          sampling_method=SamplingMethod.NO_AMPLIFICATION))

@@ -12,7 +12,8 @@ import pytest
 from flwr_app import split_messages as wire
 from flwr_app import vertical_task
 from flwr_app.outputs import RunOutputs
-from flwr_app.vertical_server import RECORD_LEVEL, run_vertical
+from flwr_app.vertical_server import run_vertical
+from strategies.mechanisms.embedding_dp import RECORD_LEVEL, EmbeddingDP
 from models.data.vertical import VerticalAlignmentError
 from simulations.engine import resolve
 from simulations.inprocess import LocalSplitTransport, run_vertical_inprocess
@@ -59,7 +60,7 @@ def test_outputs_ledger_and_round_trips(dp_run):
 def test_record_level_epsilon_composes_every_sites_releases_and_meets_the_target(dp_run):
     out, cfg, summary = dp_run
     sigma = summary["noise_multiplier"]
-    releases = vertical_task.planned_releases(cfg)  # max(2 epochs, 4 prediction passes)
+    releases = EmbeddingDP().planned_releases(cfg)  # max(2 epochs, 4 prediction passes)
     assert releases == 4
     # three sites, each releasing a test record 4 times: 12 Gaussian releases of noise multiplier sigma/2
     assert summary["privacy"]["epsilon"] == pytest.approx(

@@ -23,6 +23,8 @@ FSL-BDP (``../shared/papers/fsl-bdp-bayesian-dp-survival.txt``), Algorithm 1.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,14 +32,35 @@ import torch
 
 from models.survival import SurvivalModel
 from strategies.accounting.bayesian_dp import (
+    DEFAULT_ORDERS,
     BayesianAccountant,
     calibrate_noise_for_bdp,
     classical_noise_multiplier,
     distances_from_gram,
+    epsilon_mu,
     step_costs,
 )
+from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
-from strategies.mechanisms.dp_sgd import PerSampleView, clipped_sum_ghost, poisson_schedule, train_epochs_dp
+from strategies.config import ExperimentConfig
+from strategies.mechanisms.base import (
+    Manifest,
+    HorizontalMechanism,
+    ReleasedValue,
+    SiteSetUp,
+    SiteUpdate,
+    noise_source,
+    uncovered_sentence,
+    update_release,
+)
+from strategies.mechanisms.dp_sgd import (
+    PerSampleView,
+    clipped_epsilon,
+    clipped_sum_ghost,
+    poisson_schedule,
+    require_decomposable_loss,
+    train_epochs_dp,
+)
 
 MIN_RECORDS = 100
 PAIR_RECORDS = 16  # replace-one: records per step whose pairwise distances estimate the step's cost
@@ -102,7 +125,7 @@ def train_epochs_bdp(
     model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
     epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
     clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
-    adjacency: str = "add-remove",
+    adjacency: str = "add-remove", num_records: float | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
 
@@ -116,6 +139,9 @@ def train_epochs_bdp(
         ``None`` before the first round, else the state returned by the previous round.
     adjacency
         ``"add-remove"`` or ``"replace-one"``: the neighbours of both ε_μ and the classical ε.
+    num_records
+        The record count the schedule (``q``, steps) and the small-site fallback are computed from
+        (default ``len(x)``): in a federation, the count the site agreed at set-up.
 
     Returns
     -------
@@ -127,7 +153,7 @@ def train_epochs_bdp(
     state
         JSON-serialisable state for the next round.
     """
-    n = len(x)
+    n = len(x) if num_records is None else num_records
     sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
     total_steps = steps * rounds
     state = dict(state or {})
@@ -171,7 +197,7 @@ def train_epochs_bdp(
         try:
             stats = train_epochs_dp(
                 model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account,
+                seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account, num_records=n,
             )
             loss = float(stats["loss"])
             # empty Poisson batches release noise only; account them like the last step
@@ -201,3 +227,151 @@ def train_epochs_bdp(
     state.update(bayes=bayes.state_dict(), classical=classical.state_dict(), stopped=stopped,
                  steps=classical.spent_steps)
     return metrics, state
+
+
+# --------------------------------------------------------------------------- the mechanism object
+
+
+class BayesianDP(HorizontalMechanism):
+    r"""Bayesian DP at every site (strategy ``bdp``, FSL-BDP): DP-SGD's update, Bayesian accountant.
+
+    Each round a site runs :func:`train_epochs_bdp` with budget ``ε_μ = privacy.epsilon`` and
+    ``β = privacy.delta``, neighbours per ``privacy.adjacency``. ε_μ is estimated from the site's
+    own clipped-gradient distances, so the server cannot recompute it: it checks that the
+    reported ε_μ lies between the accountant's floor and the budget, and recomputes the classical
+    (worst-case) ε of the reported noise, sampling rate and steps.
+    """
+
+    name = "bdp"
+    pooled_baseline = True
+    unit = "record"
+    adjacencies = ("add-remove", "replace-one")
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        super().check(cfg)
+        require_decomposable_loss(self.name, cfg)
+
+    def site_round(self, model: SurvivalModel, data: Any, cfg: ExperimentConfig, *, seed: int,
+                   state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
+        train, privacy = cfg.train, cfg.privacy
+        previous_steps = int(state["steps"]) if state else 0
+        metrics, new_state = train_epochs_bdp(
+            model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
+            lr=train.lr, weight_decay=train.weight_decay, seed=seed, clip_norm=privacy.clip_norm,
+            target_epsilon_mu=privacy.epsilon, beta=privacy.delta, rounds=cfg.federation.rounds, state=state,
+            adjacency=privacy.adjacency, num_records=setup.count,
+        )
+        report = {key: float(metrics[key]) for key in self.report_keys(cfg)}
+        return SiteUpdate(report, new_state, contributes=int(new_state["steps"]) > previous_steps)
+
+    def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        return ("epsilon_mu", "epsilon", "noise_multiplier", "steps", "stopped", "fallback")
+
+    def _classical(self, cfg: ExperimentConfig, setup: SiteSetUp, noise_multiplier: float, steps: int) -> float:
+        sample_rate, _ = poisson_schedule(setup.count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+        if steps == 0:
+            return 0.0
+        sigma = classical_noise_multiplier(noise_multiplier, adjacency=cfg.privacy.adjacency)
+        return clipped_epsilon(sigma, sample_rate, steps, cfg.privacy.delta, "rdp")
+
+    def verify(self, cfg: ExperimentConfig, report: Mapping[str, float], *, setup: SiteSetUp,
+               previous: Sequence[Mapping[str, float] | None]) -> str:
+        reason = super().verify(cfg, report, setup=setup, previous=previous)
+        if reason:
+            return reason
+        rounds = len(previous) + 1
+        _, steps_per_round = poisson_schedule(setup.count, batch_size=cfg.train.batch_size,
+                                              epochs=cfg.train.local_epochs)
+        steps, sigma = report["steps"], report["noise_multiplier"]
+        if steps != int(steps) or not 0 <= steps <= rounds * steps_per_round:
+            return f"steps = {steps:g} is not a whole number of steps within {rounds} round(s) of {steps_per_round}"
+        if sigma <= 0:
+            return f"noise_multiplier = {sigma:g} is not positive"
+        if report["fallback"] not in (0.0, 1.0) or report["stopped"] not in (0.0, 1.0):
+            return "fallback and stopped must be 0 or 1"
+        if bool(report["fallback"]) != (setup.count < MIN_RECORDS):
+            return f"fallback = {report['fallback']:g} for a site of {setup.count:g} records (the rule: < {MIN_RECORDS})"
+        classical = self._classical(cfg, setup, sigma, int(steps))
+        if not math.isclose(report["epsilon"], classical, rel_tol=1e-6, abs_tol=1e-12):
+            return (f"epsilon = {report['epsilon']:.6g} does not match the classical epsilon {classical:.6g} "
+                    "recomputed at the server from the declared noise multiplier and steps")
+        floor = 0.0 if steps == 0 else (classical if report["fallback"] else
+                                        epsilon_mu(np.zeros(len(DEFAULT_ORDERS)), DEFAULT_ORDERS, beta=cfg.privacy.delta))
+        if report["fallback"] and not math.isclose(report["epsilon_mu"], classical, rel_tol=1e-6, abs_tol=1e-12):
+            return "a site below the Bayesian minimum runs classical DP-SGD: its epsilon_mu must equal its epsilon"
+        if not floor - 1e-9 <= report["epsilon_mu"] <= cfg.privacy.epsilon + 1e-6:
+            return (f"epsilon_mu = {report['epsilon_mu']:.6g} lies outside [{floor:.6g}, {cfg.privacy.epsilon:g}] "
+                    "(the accountant's floor and the budget its filter enforces)")
+        return ""
+
+    def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
+                     reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
+        report = reports[-1]
+        sample_rate, _ = poisson_schedule(setup.count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+        assumptions = self.assumptions(cfg)
+        if report is None:
+            epsilon, classical, sigma, steps, fallback = cfg.privacy.epsilon, None, None, None, False
+            assumptions += (f"round {server_round}: the site's report was refused (see the round's failures); "
+                            "epsilon is the budget its filter enforces, the most an honest site spends",)
+        else:
+            sigma, steps, fallback = report["noise_multiplier"], int(report["steps"]), bool(report["fallback"])
+            classical = self._classical(cfg, setup, sigma, steps)
+            epsilon = report["epsilon_mu"]
+        return LedgerEntry(
+            round=server_round, site=site, mechanism="bdp_fallback_dp_sgd" if fallback else "bdp", unit="record",
+            adjacency=cfg.privacy.adjacency, accountant="bayesian-dp (UCB) + opacus-rdp", epsilon=epsilon,
+            delta=cfg.privacy.delta, noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
+            steps=steps, epsilon_classical=classical, assumptions=assumptions,
+        )
+
+    def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        if cfg.privacy.adjacency == "add-remove":
+            distances = ("epsilon_mu is estimated from the clipped-gradient norms of every record of each step's "
+                         "batch (add/remove-one neighbours drawn from the data distribution), with a Student-t upper "
+                         "confidence bound")
+            classical = ("epsilon_classical: opacus RDP (worst case, add/remove-one, sensitivity C) of the same sigma, "
+                         "q, steps. epsilon_mu converts Renyi bounds to a tail bound on the privacy loss (Triastcyn & "
+                         "Faltings Thm 1, as Mironov 2017 Prop 3) while opacus uses the tighter conversion of Balle et "
+                         "al. 2020: with every gradient clipped to C, epsilon_mu is about 1.2-1.3x epsilon_classical; "
+                         "it is smaller only when many records' gradients are well below C")
+        else:
+            distances = ("epsilon_mu is estimated from pairwise distances of 16 clipped per-record gradients per step "
+                         "(replace-one neighbours drawn from the data distribution), with a Student-t upper "
+                         "confidence bound")
+            classical = ("epsilon_classical: the same bound at the largest replace-one distance 2C, i.e. opacus RDP "
+                         "of noise multiplier sigma/2 for the same q and steps (worst case, replace-one)")
+        return (
+            "Bayesian DP (Triastcyn & Faltings 2020; FSL-BDP): the DP-SGD update of dp_sgd (clip, Gaussian noise "
+            "on the sum, Poisson sampling at q = batch_size/n, n the site's agreed record count); epsilon is the "
+            "average-case epsilon_mu with delta_mu = beta + gamma, beta = privacy.delta, gamma <= steps x 1e-12",
+            distances,
+            "the budget filter stops the site before a step that would exceed privacy.epsilon",
+            "noise multiplier calibrated once from a pilot estimate on the site's own records; that "
+            "data-dependent calibration is not itself accounted",
+            classical,
+            f"sites with fewer than {MIN_RECORDS} records run classical DP-SGD instead (epsilon_mu = classical "
+            "epsilon)",
+            "epsilon_mu is reported by the site (the server cannot recompute it): the server checks it lies between "
+            "the accountant's floor and the budget, and recomputes epsilon_classical",
+            "covers the site's training records; the held-out records its test metrics are computed on are not "
+            "protected; sites are disjoint: the run's figure is the maximum over sites",
+            noise_source(cfg),
+            uncovered_sentence(self.manifest(cfg)),
+        )
+
+    def manifest(self, cfg: ExperimentConfig) -> Manifest:
+        data_dependent = ("data-dependent: estimated from the site's own clipped-gradient distances; no accountant "
+                          "bounds what its value reveals")
+        return self._manifest(cfg, [
+            update_release(True, "DP-SGD update: average-case epsilon_mu (Bayesian accountant) and the worst-case "
+                           f"classical epsilon of the same noise (opacus RDP, {cfg.privacy.adjacency})"),
+            ReleasedValue("epsilon_mu", "the site's Bayesian epsilon so far", "train", False, data_dependent),
+            ReleasedValue("stopped and steps", "whether the budget filter stopped the site, and the steps it took", "train",
+                    False, data_dependent + " (the stopping time follows epsilon_mu)"),
+            ReleasedValue("noise_multiplier", "sigma of the site's noise", "train", False,
+                    "calibrated from a pilot estimate of the site's own gradient distances"),
+            ReleasedValue("epsilon and fallback", "the classical epsilon and whether the site runs classical DP-SGD",
+                    "train", False, "functions of the noise multiplier, the steps and the site's record count"),
+            ReleasedValue("privacy state", "the site's two accountants (Bayesian costs, classical history), kept in the "
+                    "server's checkpoint for resumption", "train", False, data_dependent),
+        ])

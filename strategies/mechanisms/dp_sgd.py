@@ -32,10 +32,11 @@ No Flower imports here: the strategy layer calls these functions from the client
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -45,10 +46,24 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from models.losses import logistic_hazard_nll
 from models.survival import HazardMLP, HazardModel, SurvivalModel
+from strategies.accounting.ledger import LedgerEntry
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_from_history
+from strategies.config import ConfigError, ExperimentConfig
+from strategies.mechanisms.base import (
+    Manifest,
+    HorizontalMechanism,
+    ReleasedValue,
+    SiteSetUp,
+    SiteUpdate,
+    noise_source,
+    uncovered_sentence,
+    update_release,
+)
 from strategies.validation import check_positive, check_sample_rate
 
 __all__ = [
     "DEFAULT_BACKEND",
+    "DPSGD",
     "DecomposabilityError",
     "clip_per_sample",
     "clipped_sum_ghost",
@@ -686,7 +701,7 @@ def dp_sgd_step(
 # --------------------------------------------------------------------------- local training
 
 
-def poisson_schedule(n: int, *, batch_size: int, epochs: int) -> tuple[float, int]:
+def poisson_schedule(n: float, *, batch_size: int, epochs: int) -> tuple[float, int]:
     r"""Sampling rate and number of steps of ``epochs`` epochs of DP-SGD on ``n`` records.
 
     :math:`q = \min(1, B/n)` and :math:`T = \mathrm{round}(E/q)`, so that each record is
@@ -713,6 +728,7 @@ def train_epochs_dp(
     clip_norm: float,
     backend: Backend = DEFAULT_BACKEND,
     on_step: Callable[[PerSampleView], None] | None = None,
+    num_records: float | None = None,
 ) -> dict[str, float]:
     r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place).
 
@@ -745,6 +761,12 @@ def train_epochs_dp(
         See :func:`dp_sgd_step`.
     on_step : callable, optional
         Receives each step's clipped per-sample gradients (see :func:`dp_sgd_step`).
+    num_records : float, optional
+        The record count the schedule is computed from (default ``len(x)``): in a federation,
+        the count the site agreed at set-up, so that :math:`q`, the number of steps and the
+        divisor :math:`qn` are functions of released (or public) values only, not of the exact
+        size of the data. Poisson sampling still draws each of the ``len(x)`` records with
+        probability :math:`q`.
 
     Returns
     -------
@@ -781,8 +803,9 @@ def train_epochs_dp(
         raise ValueError(f"every time must be finite and >= the first cut point {model.cuts[0]}")
     if backend == "ghost" and _linear_chain(model.net) is None:
         backend = "torch_func"  # same update, for nets that are not a chain of Linear layers
-    sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
-    expected_batch_size = sample_rate * n
+    count = n if num_records is None else check_positive(num_records, "num_records")
+    sample_rate, steps = poisson_schedule(count, batch_size=batch_size, epochs=epochs)
+    expected_batch_size = sample_rate * count
     last_epoch_steps = math.ceil(1.0 / sample_rate)
 
     generator = torch.Generator().manual_seed(seed)
@@ -822,3 +845,126 @@ def train_epochs_dp(
         "clip_norm": clip_norm,
         "mean_clip_fraction": clipped / seen if seen else float("nan"),
     }
+
+
+# --------------------------------------------------------------------------- the mechanism object
+
+
+def require_decomposable_loss(strategy: str, cfg: ExperimentConfig) -> None:
+    """Record-level DP-SGD needs a loss that is a sum of per-record terms: the hazard model's, not Cox's."""
+    if cfg.model.name != "hazard_mlp":
+        raise ConfigError(
+            f"run config: strategy '{strategy}' gives a record-level guarantee only for a loss that is a sum of "
+            f"per-record terms; the partial likelihood of model '{cfg.model.name}' is not per-sample decomposable "
+            f"(each record sits in others' risk sets), so per-sample clipping does not bound one record's "
+            f"influence. Use model.name = 'hazard_mlp'")
+
+
+@functools.lru_cache(maxsize=1024)
+def calibrated_noise_multiplier(*, epsilon: float, delta: float, sample_rate: float, steps: int,
+                                accountant: str) -> float:
+    """σ for ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` to spend ``(ε, δ)`` (memoised)."""
+    return calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      steps=steps, accountant=accountant)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
+def clipped_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str) -> float:
+    """ε of ``steps`` Poisson-subsampled Gaussian steps (σ, q), add/remove adjacency (memoised)."""
+    return epsilon_from_history([(noise_multiplier, sample_rate, steps)], delta=delta,
+                                accountant=accountant)  # type: ignore[arg-type]
+
+
+class DPSGD(HorizontalMechanism):
+    r"""Record-level DP-SGD at every site (strategy ``dp_sgd``).
+
+    Each round a site runs ``train.local_epochs`` epochs of :func:`train_epochs_dp`: Poisson
+    sampling at :math:`q = \min(1, B/n)`, per-record gradients clipped to ``privacy.clip_norm``,
+    Gaussian noise :math:`N(0, σ^2C^2)` on their sum, divided by :math:`qn`. ``n`` is the
+    site's record count agreed at set-up, so :math:`q`, the number of steps and :math:`σ`
+    (calibrated once for ``federation.rounds`` rounds of steps, opacus
+    ``get_noise_multiplier``) are functions of that count and the public configuration: the
+    server recomputes them, and each site's ε, itself.
+    """
+
+    name = "dp_sgd"
+    pooled_baseline = True
+    unit = "record"
+    adjacencies = ("add-remove",)
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        super().check(cfg)
+        require_decomposable_loss(self.name, cfg)
+
+    def schedule(self, cfg: ExperimentConfig, count: float) -> tuple[float, int, float]:
+        """``(q, steps per round, σ)`` of a site with agreed record count ``count``."""
+        sample_rate, steps = poisson_schedule(count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+        sigma = calibrated_noise_multiplier(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                                            sample_rate=sample_rate, steps=steps * cfg.federation.rounds,
+                                            accountant=cfg.privacy.accountant)
+        return sample_rate, steps, sigma
+
+    def site_round(self, model: SurvivalModel, data: Any, cfg: ExperimentConfig, *, seed: int,
+                   state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
+        sample_rate, _, sigma = self.schedule(cfg, setup.count)
+        stats = train_epochs_dp(
+            model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
+            lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, noise_multiplier=sigma,
+            clip_norm=cfg.privacy.clip_norm, num_records=setup.count,
+        )
+        accountant = (SiteAccountant.from_state_dict(state["accountant"]) if state and "accountant" in state
+                      else SiteAccountant(cfg.privacy.accountant))  # type: ignore[arg-type]
+        accountant.step(noise_multiplier=sigma, sample_rate=sample_rate, num_steps=int(stats["num_steps"]))
+        report = {"noise_multiplier": sigma, "steps": float(accountant.spent_steps),
+                  "epsilon": accountant.epsilon(cfg.privacy.delta)}
+        return SiteUpdate(report, {"accountant": accountant.state_dict(), "steps": accountant.spent_steps})
+
+    def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        return ("noise_multiplier", "steps", "epsilon")
+
+    def expected_report(self, cfg: ExperimentConfig, *, setup: SiteSetUp,
+                        previous: Sequence[Mapping[str, float] | None]) -> dict[str, float]:
+        sample_rate, steps, sigma = self.schedule(cfg, setup.count)
+        spent = (len(previous) + 1) * steps
+        epsilon = clipped_epsilon(sigma, sample_rate, spent, cfg.privacy.delta, cfg.privacy.accountant) if spent else 0.0
+        return {"noise_multiplier": sigma, "steps": float(spent), "epsilon": epsilon}
+
+    def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
+                     reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
+        sample_rate, _, sigma = self.schedule(cfg, setup.count)
+        spent = self.expected_report(cfg, setup=setup, previous=reports[:-1])
+        return LedgerEntry(
+            round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
+            accountant=f"opacus-{cfg.privacy.accountant}", epsilon=spent["epsilon"], delta=cfg.privacy.delta,
+            noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
+            steps=int(spent["steps"]), assumptions=self.assumptions(cfg),
+        )
+
+    def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        return (
+            "record-level DP-SGD at the site: per-record gradient clipped to clip_norm, Gaussian noise "
+            "N(0, (noise_multiplier*clip_norm)^2) on the sum, divided by the expected batch size q n",
+            "Poisson sampling of each record with probability sample_rate = q = batch_size/n at every step; n is the "
+            "site's record count agreed at set-up",
+            f"epsilon computed by the server (opacus {cfg.privacy.accountant.upper()}, Poisson-subsampled Gaussian, "
+            "add/remove-one adjacency) over every step of every round the site released an update, from the agreed "
+            "count and the run configuration; the figures a site reports are checked against it",
+            "noise calibrated once for all rounds x local steps; the model updates, the global model and everything "
+            "computed from them are post-processing",
+            "covers the site's training records; the held-out records its test metrics are computed on are not "
+            "protected",
+            "sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel composition)",
+            noise_source(cfg),
+            uncovered_sentence(self.manifest(cfg)),
+        )
+
+    def manifest(self, cfg: ExperimentConfig) -> Manifest:
+        accountant = f"DP-SGD, opacus {cfg.privacy.accountant.upper()} accountant (add/remove one record)"
+        return self._manifest(cfg, [
+            update_release(True, accountant),
+            ReleasedValue("declared parameters", "noise_multiplier, steps and epsilon, which the server checks", "train",
+                    False, "functions of the site's record count (uncovered) and the public configuration"),
+            ReleasedValue("privacy state", "the site's accountant history (noise multiplier, sampling rate, steps), kept "
+                    "in the server's checkpoint for resumption", "train", False,
+                    "functions of the site's record count (uncovered) and the public configuration"),
+        ])

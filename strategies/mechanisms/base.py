@@ -1,0 +1,360 @@
+"""What a privacy mechanism is in fedsurv: one object per mechanism, found by name in the registry.
+
+A :class:`Mechanism` owns everything about one way of protecting a site's records:
+
+* its configuration checks (:meth:`Mechanism.check`), run once when the run config is parsed;
+* the site's step (:meth:`Mechanism.site_round`): local training and whatever noise the mechanism
+  adds before the update leaves the site, with the site's privacy state carried between rounds;
+* its accounting at the server (:meth:`Mechanism.ledger_entry`): the ledger entry of a site after a
+  round, computed by the server from public configuration and the set-up it agreed with the sites,
+  and :meth:`Mechanism.verify`, which recomputes what a site declares and names any mismatch;
+* the assumptions its figures rest on (:meth:`Mechanism.assumptions`);
+* its **release manifest** (:meth:`Mechanism.manifest`): every value a site sends in a run of this
+  mechanism, each marked *covered* (by which accountant, or as a function of covered values and
+  public inputs only) or *uncovered* (and why).
+
+The registry (:mod:`strategies.mechanisms.registry`) maps each ``strategy.name`` to one object, as
+opacus maps an accountant's name to its class. ``flwr_app`` decodes messages and calls these
+objects; no other module branches on a strategy's name.
+
+References
+----------
+opacus ``accountants`` (a registry of accountants with a common interface); the release
+manifest follows the "privacy ledger" idea of Abadi et al. (2016), CCS, extended to every
+value a site sends.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from strategies.accounting.ledger import LedgerEntry
+from strategies.config import ConfigError, ExperimentConfig
+
+if TYPE_CHECKING:  # the heavy imports only for type checkers
+    from flwr.serverapp.strategy import Strategy
+
+    from models.data import SurvivalArrays
+    from models.survival import SurvivalModel
+
+__all__ = [
+    "HorizontalMechanism",
+    "Manifest",
+    "Mechanism",
+    "ReleasedValue",
+    "SiteSetUp",
+    "SiteUpdate",
+    "common_releases",
+    "noise_source",
+    "uncovered_sentence",
+    "update_release",
+]
+
+
+@dataclass(frozen=True)
+class ReleasedValue:
+    """One value a site sends, and whether the run's printed ε covers it.
+
+    Attributes
+    ----------
+    value
+        What is sent, in a few words (e.g. ``"model update"``, ``"record count"``).
+    detail
+        What exactly it is.
+    message
+        Which message carries it (``"set-up"``, ``"train"``, ``"evaluate"``, ``"breslow"``,
+        ``"site name"``, ``"split step"``, ``"split predict"``).
+    covered
+        True when the value is a function of the mechanism's noisy output (accounted) or of public
+        inputs only.
+    reason
+        Covered: by which accountant, or as post-processing of what. Uncovered: why.
+    """
+
+    value: str
+    detail: str
+    message: str
+    covered: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every value a site sends in a run of one mechanism (see :class:`ReleasedValue`)."""
+
+    mechanism: str
+    unit: str
+    releases: tuple[ReleasedValue, ...]
+
+    @property
+    def covered(self) -> tuple[ReleasedValue, ...]:
+        return tuple(release for release in self.releases if release.covered)
+
+    @property
+    def uncovered(self) -> tuple[ReleasedValue, ...]:
+        return tuple(release for release in self.releases if not release.covered)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON form: ``{"mechanism", "unit", "covered": [...], "uncovered": [...]}``."""
+        return {"mechanism": self.mechanism, "unit": self.unit,
+                "covered": [asdict(release) for release in self.covered],
+                "uncovered": [asdict(release) for release in self.uncovered]}
+
+    def as_markdown(self) -> str:
+        """A table of the releases (the privacy documentation is generated from it)."""
+        rows = ["| value | what it is | message | covered | why |", "| --- | --- | --- | --- | --- |"]
+        rows += [f"| {r.value} | {r.detail} | {r.message} | {'yes' if r.covered else '**no**'} | {r.reason} |"
+                 for r in self.releases]
+        return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class SiteSetUp:
+    """What the federation agreed about a site before training (the same at the server and the site).
+
+    Attributes
+    ----------
+    count
+        The site's record count as agreed at set-up: its FedAvg weight and, for DP-SGD, the
+        ``n`` of its sampling rate ``q = B/n``.
+    min_count
+        The smallest agreed count of any site (NbAFL's ``m`` when ``privacy.min_site_records`` is 0).
+    """
+
+    count: float
+    min_count: float
+
+
+@dataclass
+class SiteUpdate:
+    """What a site's step returns to the ClientApp.
+
+    Attributes
+    ----------
+    report
+        The figures the site sends with its update (every key is in the mechanism's manifest).
+    state
+        JSON-serialisable state the site keeps between rounds (its node state; the server's
+        checkpoint keeps a copy for resumption). ``None`` for stateless mechanisms.
+    contributes
+        False when the site has nothing new to contribute (its budget is spent): the server gives
+        its update weight 0.
+    """
+
+    report: dict[str, float]
+    state: dict[str, Any] | None = None
+    contributes: bool = True
+
+
+def noise_source(cfg: ExperimentConfig) -> str:
+    """The ledger's statement of where a site's noise comes from (deployment: OS entropy; simulation: the seed)."""
+    if cfg.data.deployed:
+        return ("deployment: every noise draw comes from generators seeded per round with 63 bits of the site's "
+                "operating-system entropy (secrets), never from anything the server sends: nobody can reproduce it")
+    return ("simulation: noise seeded from the run's seed, the round and the site; not private against anyone who "
+            "knows the seed")
+
+
+def update_release(covered: bool, reason: str) -> ReleasedValue:
+    """The model update a site sends with every training reply."""
+    return ReleasedValue("model update", "every weight of the site's model after its local training", "train", covered,
+                   reason)
+
+
+def uncovered_sentence(manifest: Manifest) -> str:
+    """The ledger's one-sentence list of what the printed epsilon does not cover."""
+    names = [release.value for release in manifest.uncovered]
+    if not names:
+        return "every value a site sends is covered (release manifest)"
+    return "not covered by epsilon (release manifest in privacy.md): " + ", ".join(names)
+
+
+def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool) -> list[ReleasedValue]:
+    """The releases every horizontal mechanism shares: set-up, identity, evaluation, Breslow, participation.
+
+    ``private``: a DP mechanism ran; ``record_level``: its unit is one record (the held-out records
+    are then outside the protected unit, and the evaluation is post-processing for it).
+    """
+    held_out = private and record_level
+    releases = [
+        ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "site name",
+                True, "public: not a function of any record"),
+        ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
+                "the federation must agree on the columns; a category level is a record's value (a level held by one "
+                "record identifies it)"),
+        ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training features "
+                "(the shared standardisation)", "set-up", False,
+                "sent without noise (simulation: fitted on the pooled training parts, standing for the sites' summed "
+                "statistics)"),
+        ReleasedValue("time grid", "time histogram of the training events and censorings, and the training times' count, "
+                "sum and sum of squares (the shared time grid and CoxTime's time scale)", "set-up", False,
+                "sent without noise"),
+        ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
+                "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is sensitive"),
+        ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
+                "global model on the site's held-out records, and their number", "evaluate", held_out,
+                "a function of the released global model and the site's held-out records only (censoring weights "
+                "from the held-out records too): post-processing for the training records; the held-out records are "
+                "not protected" if held_out else "computed from the site's held-out records without noise"),
+        ReleasedValue("participation", "which rounds the site answered", "every message", False,
+                "the server sees whether and when a site replies"),
+    ]
+    if cfg.model.name in ("cox_mlp", "cox_time"):
+        releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval over "
+                                "the training records", "breslow", False, "sent without noise"))
+    return releases
+
+
+class Mechanism(ABC):
+    """One privacy mechanism (or none): its checks, assumptions and release manifest.
+
+    Instances are stateless: everything about a run comes in through the
+    :class:`~strategies.config.ExperimentConfig` and the arguments, so one object serves every run
+    and every process. Horizontal mechanisms are :class:`HorizontalMechanism` objects; the
+    split-learning protocol's embedding mechanism has its own site and server steps
+    (:mod:`strategies.mechanisms.embedding_dp`).
+
+    Attributes
+    ----------
+    name
+        The ``strategy.name`` it is registered under.
+    unit
+        What one guarantee protects: ``"record"``, ``"site"`` or ``"none"``.
+    adjacencies
+        The neighbouring-data-set relations offered; the first is what ``privacy.adjacency =
+        "auto"`` resolves to.
+    vertical
+        True for the split-learning protocol (one modality per site).
+    private
+        False only for :class:`~strategies.mechanisms.none.NoPrivacy`.
+    """
+
+    name: str = ""
+    unit: str = "record"
+    adjacencies: tuple[str, ...] = ("add-remove",)
+    vertical: bool = False
+    private: bool = True
+
+    # ---------------------------------------------------------------- configuration
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        """Refuse a configuration this mechanism cannot honour (``ConfigError`` naming the key).
+
+        The base checks: a DP mechanism needs a finite ``privacy.epsilon``, and the adjacency
+        must be one the mechanism's accountant bounds.
+        """
+        if self.private and not cfg.privacy.enabled:
+            raise ConfigError(f"run config: strategy '{self.name}' needs a finite 'privacy.epsilon' (the target "
+                              "budget)")
+        if cfg.privacy.adjacency not in self.adjacencies:
+            raise ConfigError(
+                f"run config: privacy.adjacency = {cfg.privacy.adjacency!r} is not offered for strategy "
+                f"'{self.name}'; its accountant bounds {' or '.join(self.adjacencies)} neighbours")
+
+    @abstractmethod
+    def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        """What the ledger's figures assume and do not cover, one sentence each."""
+
+    @abstractmethod
+    def manifest(self, cfg: ExperimentConfig) -> Manifest:
+        """Every value a site sends in this run, covered or uncovered."""
+
+
+class HorizontalMechanism(Mechanism):
+    """A mechanism of a horizontal federation: the site's round, the server's checks and ledger.
+
+    Subclasses implement :meth:`site_round`, :meth:`ledger_entry`, :meth:`assumptions` and
+    :meth:`manifest`, and declare the figures a site reports (:meth:`report_keys`) and those the
+    server recomputes (:meth:`expected_report`).
+
+    Attributes
+    ----------
+    pooled_baseline
+        True when the centralised baseline runs this mechanism on the pooled training data (one
+        site holding every record); otherwise it trains without DP.
+    server_side
+        True when the server adds the noise (through :meth:`wrap_strategy`).
+    """
+
+    pooled_baseline: bool = False
+    server_side: bool = False
+
+    # ---------------------------------------------------------------- the site
+
+    @abstractmethod
+    def site_round(self, model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int,
+                   state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
+        """One round at a site: train ``model`` in place from the global weights and privatise it."""
+
+    # ---------------------------------------------------------------- the server
+
+    def wrap_strategy(self, strategy: Strategy, cfg: ExperimentConfig, *, num_sites: int) -> Strategy:
+        """The strategy that aggregates the sites' updates (a server-side mechanism wraps it)."""
+        return strategy
+
+    def min_train_sites(self, cfg: ExperimentConfig, *, num_sites: int) -> int:
+        """The fewest sites whose training replies a round may aggregate."""
+        return cfg.federation.min_sites
+
+    def aggregation_weight(self, setup: SiteSetUp) -> float:
+        """A site's FedAvg weight: its agreed record count (equal weights where the mechanism needs them)."""
+        return float(setup.count)
+
+    def expected_report(self, cfg: ExperimentConfig, *, setup: SiteSetUp,
+                        previous: Sequence[Mapping[str, float] | None]) -> dict[str, float]:
+        """The figures an honest site reports after this round, recomputed from public inputs.
+
+        ``previous``: the site's reports of the earlier rounds in which it released an update
+        (``None`` where a report was refused). Only the figures the server can recompute;
+        :meth:`verify` compares them with the report.
+        """
+        return {}
+
+    def verify(self, cfg: ExperimentConfig, report: Mapping[str, float], *, setup: SiteSetUp,
+               previous: Sequence[Mapping[str, float] | None]) -> str:
+        """Why a site's report is not what the mechanism would produce ("" when it is).
+
+        Checks that the report carries exactly the mechanism's figures (:meth:`report_keys`), as
+        finite numbers, and that every figure the server can recompute (:meth:`expected_report`)
+        matches to a relative 1e-6.
+        """
+        allowed = set(self.report_keys(cfg))
+        unexpected = sorted(set(report) - allowed)
+        if unexpected:
+            return f"reply carries figures this mechanism does not send: {', '.join(unexpected)}"
+        missing = sorted(allowed - set(report))
+        if missing:
+            return f"reply lacks the mechanism's figures: {', '.join(missing)}"
+        for key, value in report.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+                return f"{key} = {value!r} is not a finite number"
+        for key, expected in self.expected_report(cfg, setup=setup, previous=previous).items():
+            if not math.isclose(float(report[key]), expected, rel_tol=1e-6, abs_tol=1e-12):
+                return (f"{key} = {float(report[key]):.6g} does not match {expected:.6g}, recomputed at the server "
+                        "from the mechanism's parameters")
+        return ""
+
+    def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        """The figures a site sends with every training update (its report; listed in the manifest)."""
+        return ()
+
+    @abstractmethod
+    def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
+                     reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
+        """``site``'s privacy position after ``server_round``.
+
+        ``reports``: the site's reports of every round in which it released an update, this one
+        last (``None`` where the server refused a report; the entry then takes the most an honest
+        site could have spent, or no bound where none can be given).
+        """
+
+    # ---------------------------------------------------------------- helpers for subclasses
+
+    def _manifest(self, cfg: ExperimentConfig, own: Iterable[ReleasedValue], *, record_level: bool | None = None) -> Manifest:
+        record_level = self.unit == "record" if record_level is None else record_level
+        releases = list(own) + common_releases(cfg, private=self.private, record_level=record_level)
+        return Manifest(self.name, self.unit, tuple(releases))

@@ -1,0 +1,54 @@
+"""No privacy mechanism (strategy ``fedavg``): each site's trained model reaches the server in the clear."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from models.training import train_epochs
+from strategies.accounting.ledger import LedgerEntry
+from strategies.config import ConfigError, ExperimentConfig
+from strategies.mechanisms.base import HorizontalMechanism, Manifest, ReleasedValue, SiteSetUp, SiteUpdate, update_release
+
+__all__ = ["NoPrivacy"]
+
+
+class NoPrivacy(HorizontalMechanism):
+    """FedAvg without noise: the ledger says, per site and round, that nothing is protected."""
+
+    name = "fedavg"
+    pooled_baseline = True
+    unit = "none"
+    private = False
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        if cfg.privacy.enabled:
+            raise ConfigError(
+                f"run config: strategy '{self.name}' adds no noise, so it cannot meet privacy.epsilon = "
+                f"{cfg.privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy")
+        super().check(cfg)
+
+    def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
+                   setup: SiteSetUp) -> SiteUpdate:
+        train = cfg.train
+        stats = train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs,
+                             batch_size=train.batch_size, lr=train.lr, weight_decay=train.weight_decay, seed=seed)
+        return SiteUpdate({"train_loss": float(stats["loss"])})
+
+    def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        return ("train_loss",)
+
+    def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
+                     reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
+        return LedgerEntry(round=server_round, site=site, mechanism="none", unit="none", adjacency="n/a",
+                           accountant="none", epsilon=None, delta=None, assumptions=self.assumptions(cfg))
+
+    def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        return ("FedAvg without a privacy mechanism: each site's model update reaches the server in the clear",)
+
+    def manifest(self, cfg: ExperimentConfig) -> Manifest:
+        return self._manifest(cfg, [
+            update_release(False, "no noise: the trained weights in the clear"),
+            ReleasedValue("train_loss", "the mean training loss of the site's last local epoch", "train", False,
+                    "computed from the training records without noise"),
+        ])

@@ -1,0 +1,169 @@
+"""What the server checks in every site's reply before using it (pure functions, no Flower).
+
+Sites are not trusted for integrity: a site may be buggy or hostile and send anything. Each
+function here returns why a decoded reply is unusable ("" when it is fine); the strategy
+(:mod:`strategies.horizontal`) turns a non-empty reason into a named failure of that site for the
+round and goes on without the reply.
+
+* :func:`check_arrays`: a model update has exactly the global model's names, shapes and dtypes,
+  and finite values.
+* :func:`check_count`: a record count equals the one fixed at set-up (or 0: nothing new).
+* :func:`check_evaluation` and :func:`suspect_evaluations`: test metrics are finite and in range,
+  the held-out count is plausible, and no site's figures stand far outside the other sites'.
+* :func:`check_breslow`: Breslow aggregates have the grid's length, are finite and non-negative,
+  and count no more events than the site has records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from statistics import median
+
+import numpy as np
+
+__all__ = [
+    "METRIC_RANGES",
+    "check_arrays",
+    "check_breslow",
+    "check_count",
+    "check_evaluation",
+    "suspect_evaluations",
+]
+
+#: Test metrics a site may report and the range each lies in. ``inbll`` is a weighted mean of
+#: log-likelihood terms of survival probabilities clipped to [1e-7, 1 - 1e-7], so at most -log(1e-7).
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "c_index": (0.0, 1.0),
+    "c_index_td": (0.0, 1.0),
+    "ibs": (0.0, 1.0),
+    "inbll": (0.0, -math.log(1e-7)),
+}
+
+
+def check_arrays(reference: Mapping[str, np.ndarray], update: Mapping[str, np.ndarray]) -> str:
+    """Why ``update`` is not a valid version of the model ``reference`` ("" when it is).
+
+    Same parameter names (none missing, none extra), the same shape and dtype for each, and
+    every value finite.
+    """
+    missing = sorted(set(reference) - set(update))
+    extra = sorted(set(update) - set(reference))
+    if missing or extra:
+        return ("model update has other parameters than the global model: "
+                + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                              f"unexpected {', '.join(extra)}" if extra else "") if part))
+    for name, expected in reference.items():
+        value = update[name]
+        if value.shape != expected.shape:
+            return f"model update: {name} has shape {tuple(value.shape)}, the global model {tuple(expected.shape)}"
+        if value.dtype != expected.dtype:
+            return f"model update: {name} has dtype {value.dtype}, the global model {expected.dtype}"
+        if not np.all(np.isfinite(value)):
+            bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+            return f"model update: {name} has {bad} non-finite value(s)"
+    return ""
+
+
+def check_count(reported: object, agreed: float) -> str:
+    """Why a reported record count (``num-examples``) is not the one agreed at set-up ("" when it is).
+
+    A site reports its agreed count with every update, or 0 when it has nothing new to contribute
+    (its privacy budget is spent); anything else (another count, a fraction, NaN) is refused, so
+    no site can weigh itself into the global model.
+    """
+    if isinstance(reported, bool) or not isinstance(reported, (int, float)) or not math.isfinite(float(reported)):
+        return f"num-examples = {reported!r} is not a finite number"
+    if float(reported) != 0.0 and not math.isclose(float(reported), agreed, rel_tol=1e-9):
+        return f"num-examples = {float(reported):.6g}, but the site's record count agreed at set-up is {agreed:.6g}"
+    return ""
+
+
+def check_evaluation(metrics: Mapping[str, object], *, max_records: float) -> str:
+    """Why a site's evaluation reply is unusable ("" when it is fine).
+
+    Known metric names only (:data:`METRIC_RANGES`, optionally prefixed ``oot_``, and
+    ``num-examples``); each a number in its range or NaN (a metric undefined on the site's
+    held-out part, e.g. no events); ``num-examples`` a whole number in ``[1, max_records]``.
+    """
+    count = metrics.get("num-examples")
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(float(count)):
+        return f"num-examples = {count!r} is not a finite number"
+    if float(count) != int(count) or not 1 <= count <= max_records:
+        return f"num-examples = {count!r} is not a whole number of held-out records in [1, {max_records:g}]"
+    for key, value in metrics.items():
+        if key == "num-examples":
+            continue
+        name = key[4:] if key.startswith("oot_") else key
+        if name not in METRIC_RANGES:
+            return f"unknown metric {key!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{key} = {value!r} is not a number"
+        low, high = METRIC_RANGES[name]
+        if not math.isnan(value) and not low <= value <= high:
+            return f"{key} = {value!r} lies outside [{low:g}, {high:g}]"
+    return ""
+
+
+def suspect_evaluations(per_site: Mapping[str, Mapping[str, float]], *, spread_factor: float = 6.0,
+                        floor: Mapping[str, float] | None = None) -> dict[str, str]:
+    r"""Sites whose test metrics stand far outside the other sites' (site -> why).
+
+    For each metric and each site with at least two other sites reporting it, the site's value
+    :math:`x` is compared with the median :math:`m` and the spread
+    :math:`s = 1.4826\,\mathrm{MAD}` of the **other** sites' values; it is suspect when
+
+    .. math::
+
+        |x - m| > \max(\text{floor}, k\,s),
+
+    with :math:`k` = ``spread_factor`` and the floor absolute for the C-indices (0.15: no
+    plausible federation of one model differs that much between sites of a few hundred records
+    unless one lies) and relative for IBS and INBLL (half the others' median). The rule is one
+    site at a time against the others, so one forged site cannot shift the reference it is judged
+    against. It is a screen, not proof: a site that forges figures close to the others' passes,
+    and a genuinely different site in a small federation may be flagged; a flagged site's figures
+    are left out of the run's mean and the site is named.
+    """
+    floor = dict(floor or {"c_index": 0.15, "c_index_td": 0.15, "ibs": 0.5, "inbll": 0.5})
+    relative = {"ibs", "inbll"}
+    suspects: dict[str, str] = {}
+    keys = sorted({key for metrics in per_site.values() for key in metrics} & set(METRIC_RANGES))
+    for site, metrics in per_site.items():
+        for key in keys:
+            value = metrics.get(key, math.nan)
+            others = [float(other[key]) for name, other in per_site.items()
+                      if name != site and key in other and math.isfinite(float(other[key]))]
+            if not math.isfinite(value) or len(others) < 2:
+                continue
+            centre = median(others)
+            spread = 1.4826 * median(abs(other - centre) for other in others)
+            tolerance = max(floor[key] * (abs(centre) if key in relative else 1.0), spread_factor * spread)
+            if abs(value - centre) > tolerance:
+                suspects[site] = (f"{key} = {value:.4g} stands outside the other sites' {centre:.4g} +/- "
+                                  f"{tolerance:.3g} (median +/- max(floor, {spread_factor:g} x spread))")
+                break
+    return suspects
+
+
+def check_breslow(event_counts: object, risk_sums: object, *, grid_size: int, max_records: float) -> str:
+    """Why a site's Breslow aggregates are unusable ("" when they are fine).
+
+    Two sequences of ``grid_size`` finite, non-negative numbers; the event counts whole numbers
+    summing to at most the site's agreed record count.
+    """
+    try:
+        counts = np.asarray(event_counts, dtype=np.float64)
+        sums = np.asarray(risk_sums, dtype=np.float64)
+    except (TypeError, ValueError):
+        return "Breslow aggregates are not numeric"
+    if counts.shape != (grid_size,) or sums.shape != (grid_size,):
+        return (f"Breslow aggregates have shapes {counts.shape} and {sums.shape}; the time grid has {grid_size} "
+                "points")
+    if not (np.all(np.isfinite(counts)) and np.all(np.isfinite(sums))):
+        return "Breslow aggregates are not finite"
+    if np.any(counts < 0) or np.any(sums < 0) or np.any(counts != np.round(counts)):
+        return "Breslow aggregates: event counts must be whole numbers >= 0 and risk sums >= 0"
+    if counts.sum() > max_records * (1 + 1e-9):
+        return f"Breslow aggregates count {counts.sum():g} events, more than the site's {max_records:g} records"
+    return ""
