@@ -9,7 +9,9 @@ A site named by ``debug.fail_site`` misbehaves from round ``debug.fail_round`` o
   hostile site's might be (:func:`tamper`): NaN weights, a transposed weight matrix, an inflated
   record count with poisoned weights, a forged epsilon or a spoofed site name in its training
   replies, or forged test metrics in its evaluation replies. The server must refuse the reply and
-  name the site.
+  name the site. ``poisoned_update`` is the one the checks cannot see: a well-formed update whose
+  weights are all multiplied by -10; only a robust aggregator (``federation.aggregation``) keeps
+  it from the model.
 
 Nothing else about the run changes.
 """
@@ -27,7 +29,7 @@ __all__ = ["HOSTILE_MODES", "InjectedFailure", "inject_failure", "tamper"]
 
 #: Hostile replies: the message each one tampers with.
 HOSTILE_MODES: tuple[str, ...] = ("nan_weights", "wrong_shape", "inflated_count", "forged_epsilon", "spoofed_name",
-                                  "forged_metrics")
+                                  "forged_metrics", "poisoned_update")
 _TAMPERED_MESSAGE = {mode: "train" for mode in HOSTILE_MODES} | {"forged_metrics": "evaluate"}
 
 
@@ -71,12 +73,12 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
     transposed; ``inflated_count``: ``num-examples`` 1e12 and every weight times -10 (a site
     trying to take the model over); ``forged_epsilon``: the reported epsilon 1e-9;
     ``spoofed_name``: the reply names another site; ``forged_metrics``: C-index 0.99 and IBS 0
-    in the evaluation reply.
+    in the evaluation reply; ``poisoned_update``: every weight times -10, nothing else changed.
     """
     mode = cfg.debug.fail_mode
     if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg, site, server_round):
         return content
-    if mode in ("nan_weights", "wrong_shape", "inflated_count"):
+    if mode in ("nan_weights", "wrong_shape", "inflated_count", "poisoned_update"):
         arrays = {key: array.numpy() for key, array in content["arrays"].items()}
         first = next(key for key, value in arrays.items() if value.ndim == 2)
         if mode == "nan_weights":
@@ -85,7 +87,8 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
             arrays[first] = np.ascontiguousarray(arrays[first].T)
         else:
             arrays = {key: value * -10.0 for key, value in arrays.items()}
-            content["metrics"]["num-examples"] = 1e12
+            if mode == "inflated_count":
+                content["metrics"]["num-examples"] = 1e12
         content["arrays"] = ArrayRecord({key: Array(value) for key, value in arrays.items()})
     elif mode == "forged_epsilon":
         content["metrics"]["epsilon"] = 1e-9

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from flwr_app.config import PROJECT_ROOT
 from models.data.datasets import _sksurv_flchain
@@ -156,8 +157,9 @@ def deployment(tmp_path_factory):
 
 
 def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed_mid_run(deployment):
-    """An unregistered SuperNode is refused; a dp_sgd run whose third site is SIGKILLed after round 1 finishes
-    with the other two, and the ledger holds the killed site's spend up to its last completed round."""
+    """An unregistered SuperNode is refused; two dp_sgd runs with the same seed release different noisy updates
+    (deployed noise comes from each site's OS entropy); a dp_sgd run whose third site is SIGKILLed after round 1
+    finishes with the other two, and the ledger holds the killed site's spend up to its last completed round."""
     intruder = deployment.start_supernode("intruder", "data-path='/nonexistent.csv'", key="intruder")
     assert intruder.wait(timeout=120) != 0
     deployment.stop("intruder")
@@ -168,13 +170,21 @@ def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed
         path = deployment.root / f"{site}.csv"
         flchain.iloc[rows].to_csv(path, index=False)
         deployment.start_supernode(site, f"data-path='{path}' site-name='{site}'")
+    dp_sgd = ("data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
+              "privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
+              "evaluation.server_side=false baseline.centralized=false")
+    # Two one-round runs with the same seed: each site draws its noise (and batches) from its own OS entropy, so
+    # the updates it releases differ, and the server cannot regenerate them from the seed.
+    released = []
+    for name in ("entropy-a", "entropy-b"):
+        finished = deployment.wait_finished(deployment.submit(
+            f"{dp_sgd} federation.rounds=1 seed=3 output.dir='{deployment.root / name}'"), timeout=300)
+        assert finished["status"] == "finished:completed", (finished, deployment.log("superlink")[-4000:])
+        released.append(torch.load(deployment.root / name / "model.pt", weights_only=True)["state_dict"])
+    assert any(not bool((released[0][key] == released[1][key]).all()) for key in released[0])
     out = deployment.root / "horizontal"
     rounds = 3
-    run_id = deployment.submit(
-        f"data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
-        f"privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 federation.rounds={rounds} "
-        f"train.batch_size=64 evaluation.server_side=false baseline.centralized=false output.dir='{out}'"
-    )
+    run_id = deployment.submit(f"{dp_sgd} federation.rounds={rounds} output.dir='{out}'")
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):

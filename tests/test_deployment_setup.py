@@ -103,3 +103,34 @@ def test_sites_whose_schemas_all_differ_stop_the_run_with_every_reason(tmp_path)
         configs.append({"data-path": str(path), "site-name": name})
     with pytest.raises(RuntimeError, match=r"only 1 of 4 sites can take part(.|\n)*extra_1"):
         run_inprocess({**RUN, "output.dir": str(tmp_path / "out")}, node_configs=configs)
+
+
+def _final_weights(out):
+    import torch
+
+    return torch.load(out / "model.pt", weights_only=True)["state_dict"]
+
+
+def test_deployed_noise_comes_from_the_sites_entropy_not_from_the_run_seed(tmp_path):
+    """Two deployed dp_sgd runs with the same seed release different updates (the server cannot regenerate
+    the noise from the seed); two simulated runs with the same seed release identical ones, and the ledger
+    says which is which."""
+    configs = []
+    for name, frame in zip(SITES, _frames(), strict=True):
+        path = tmp_path / f"{name}.csv"
+        frame.to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": name})
+    deployed = {**RUN, "strategy.name": "dp_sgd", "privacy.epsilon": 5.0, "federation.rounds": 1, "seed": 7}
+    for run in ("a", "b"):
+        run_inprocess({**deployed, "output.dir": str(tmp_path / run)}, node_configs=configs)
+    a, b = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
+    assert any(not bool((a[key] == b[key]).all()) for key in a)
+    simulated = {key: value for key, value in deployed.items() if not key.startswith("data.")}
+    for run in ("c", "d"):
+        run_inprocess({**simulated, "federation.num_sites": 3, "output.dir": str(tmp_path / run)})
+    c, d = _final_weights(tmp_path / "c"), _final_weights(tmp_path / "d")
+    assert all(bool((c[key] == d[key]).all()) for key in c)
+    ledger = {run: json.loads((tmp_path / run / "ledger.jsonl").read_text().splitlines()[0])["assumptions"]
+              for run in ("a", "c")}
+    assert any("operating-system entropy" in line for line in ledger["a"])
+    assert any("not private against anyone who knows the seed" in line for line in ledger["c"])

@@ -1,0 +1,73 @@
+"""A hostile or buggy site (``debug.fail_mode``) cannot take the federation down or decide its result.
+
+Each run uses the in-process engine (the real ServerApp and ClientApp): site-1 sends a tampered
+reply from round 1 on; the run must finish, name site-1 in every round's failures, keep the
+ledger valid JSON, and end with a global model whose pooled test C-index (FLCHAIN, server-side
+evaluation) is within 0.01 of the clean run's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulations.inprocess import run_inprocess
+
+SMALL = {"federation.num_sites": 3, "federation.rounds": 3, "baseline.centralized": False,
+         "debug.fail_site": "site-1", "debug.fail_round": 1}
+DP_SGD = {"strategy.name": "dp_sgd", "privacy.epsilon": 5.0}
+MODES = {  # mode -> (strategy overrides, the phase whose reply is refused, words of the reason)
+    "nan_weights": ({}, "train", "non-finite value"),
+    "wrong_shape": ({}, "train", "has shape"),
+    "inflated_count": ({}, "train", "num-examples = 1e+12"),
+    "spoofed_name": ({}, "train", "claims to come from site 'site-0'"),
+    "forged_metrics": ({}, "evaluate", "implausible test metrics"),
+    "forged_epsilon": (DP_SGD, "train", "epsilon = 1e-09 does not match"),
+}
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The clean runs (no hostile site) the hostile ones are compared with, by strategy."""
+    runs = {}
+    for name, overrides in (("fedavg", {}), ("dp_sgd", DP_SGD)):
+        out = tmp_path_factory.mktemp(f"clean-{name}")
+        runs[name] = run_inprocess({**SMALL, **overrides, "debug.fail_site": "", "output.dir": str(out)})
+    return runs
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_hostile_site_is_named_and_the_model_is_unharmed(tmp_path, clean, mode):
+    overrides, phase, words = MODES[mode]
+    summary = run_inprocess({**SMALL, **overrides, "debug.fail_mode": mode, "output.dir": str(tmp_path)})
+    metrics = _lines(tmp_path / "metrics.jsonl")
+    assert [line["round"] for line in metrics] == [1, 2, 3]
+    for line in metrics:
+        assert [(f["phase"], f["site"]) for f in line["failures"]] == [(phase, "site-1")], line["failures"]
+        assert words in line["failures"][0]["reason"]
+    reference = clean["dp_sgd" if overrides else "fedavg"]
+    assert abs(summary["test"]["c_index"] - reference["test"]["c_index"]) < 0.01
+    # the ledger is strict JSON (no NaN) and its epsilons are the server's, not the forged ones
+    text = (tmp_path / "ledger.jsonl").read_text(encoding="utf-8")
+    assert "NaN" not in text and "Infinity" not in text
+    if overrides:
+        assert summary["privacy"]["epsilon"] == pytest.approx(reference["privacy"]["epsilon"])
+    if phase == "evaluate":  # the forged figures are left out of the sites' mean
+        assert "site-1" not in summary["sites"]
+
+
+def test_a_well_formed_poisoned_update_is_kept_out_only_by_a_robust_aggregator(tmp_path, clean):
+    """``poisoned_update`` passes every check (it is a well-formed update): FedAvg's mean takes it in,
+    Flower's coordinate-wise median does not."""
+    poisoned = {**SMALL, "debug.fail_mode": "poisoned_update"}
+    mean = run_inprocess({**poisoned, "output.dir": str(tmp_path / "mean")})
+    median = run_inprocess({**poisoned, "federation.aggregation": "median", "output.dir": str(tmp_path / "median")})
+    assert all(not line["failures"] for line in _lines(tmp_path / "mean" / "metrics.jsonl"))
+    clean_c = clean["fedavg"]["test"]["c_index"]
+    assert mean["test"]["c_index"] < clean_c - 0.05
+    assert abs(median["test"]["c_index"] - clean_c) < 0.02
