@@ -193,6 +193,7 @@ class InProcessGrid(Grid):
         }
         self.replies: dict[str, Message] = {}
         self.timeout: float | None = None
+        self.observer_error: Exception | None = None
         self._lock = threading.Lock()
 
     def set_run(self, run: Run) -> None:
@@ -225,7 +226,10 @@ class InProcessGrid(Grid):
                             reply_to=message)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         if self.observe is not None:
-            self.observe(message, reply)
+            try:
+                self.observe(message, reply)
+            except Exception as err:  # an observer's bug must fail the run, not leave the server waiting
+                self.observer_error = err
         with self._lock:
             self.replies[message.metadata.message_id] = reply
 
@@ -248,7 +252,10 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         self.timeout = timeout
-        return self.pull_messages(self.push_messages(messages))
+        replies = self.pull_messages(self.push_messages(messages))
+        if self.observer_error is not None:
+            raise RuntimeError(f"the observer of InProcessGrid raised: {self.observer_error!r}") from self.observer_error
+        return replies
 
 
 def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,

@@ -26,6 +26,7 @@ value a site sends.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,6 +74,10 @@ class ReleasedValue:
         inputs only.
     reason
         Covered: by which accountant, or as post-processing of what. Uncovered: why.
+    wire
+        Where it travels: ``"<message type>/<record>.<key>"`` patterns (``fnmatch``), e.g.
+        ``"train/arrays.*"`` for every array of a training reply, so that a test can check every
+        key of every reply a site sends against the manifest.
     """
 
     value: str
@@ -80,6 +85,7 @@ class ReleasedValue:
     message: str
     covered: bool
     reason: str
+    wire: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,11 @@ class Manifest:
     @property
     def uncovered(self) -> tuple[ReleasedValue, ...]:
         return tuple(release for release in self.releases if not release.covered)
+
+    def covers(self, message_type: str, key: str) -> bool:
+        """Whether a value the site sends as ``key`` (``"<record>.<key>"``) in a ``message_type`` reply is listed."""
+        return any(fnmatch.fnmatchcase(f"{message_type}/{key}", pattern)
+                   for release in self.releases for pattern in release.wire)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON form: ``{"mechanism", "unit", "covered": [...], "uncovered": [...]}``."""
@@ -162,7 +173,7 @@ def noise_source(cfg: ExperimentConfig) -> str:
 def update_release(covered: bool, reason: str) -> ReleasedValue:
     """The model update a site sends with every training reply."""
     return ReleasedValue("model update", "every weight of the site's model after its local training", "train", covered,
-                   reason)
+                         reason, ("train/arrays.*",))
 
 
 def uncovered_sentence(manifest: Manifest) -> str:
@@ -181,31 +192,36 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool)
     """
     held_out = private and record_level
     releases = [
-        ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "site name",
-                True, "public: not a function of any record"),
+        ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "every reply",
+                      True, "public: not a function of any record", ("*/site.name", "query.site_summary/deployment.site")),
         ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
-                "the federation must agree on the columns; a category level is a record's value (a level held by one "
-                "record identifies it)"),
-        ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training features "
-                "(the shared standardisation)", "set-up", False,
-                "sent without noise (simulation: fitted on the pooled training parts, standing for the sites' summed "
-                "statistics)"),
-        ReleasedValue("time grid", "time histogram of the training events and censorings, and the training times' count, "
-                "sum and sum of squares (the shared time grid and CoxTime's time scale)", "set-up", False,
-                "sent without noise"),
+                      "the federation must agree on the columns; a category level is a record's value (a level held by "
+                      "one record identifies it)", ("query.site_summary/deployment.features",)),
+        ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training "
+                      "features (the shared standardisation)", "set-up", False,
+                      "sent without noise (simulation: fitted on the pooled training parts, standing for the sites' "
+                      "summed statistics)", ("query.site_summary/deployment.features",)),
+        ReleasedValue("time grid", "time histogram of the training events and censorings, the largest training time, "
+                      "and the training times' sum and sum of squares (the shared time grid and CoxTime's time scale)",
+                      "set-up", False, "sent without noise",
+                      ("query.site_summary/deployment.time", "query.site_summary/deployment.max_time",
+                       "query.site_time_histogram/deployment.*")),
         ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
-                "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is sensitive"),
+                      "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
+                      "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
-                "global model on the site's held-out records, and their number", "evaluate", held_out,
-                "a function of the released global model and the site's held-out records only (censoring weights "
-                "from the held-out records too): post-processing for the training records; the held-out records are "
-                "not protected" if held_out else "computed from the site's held-out records without noise"),
+                      "global model on the site's held-out records, and their number", "evaluate", held_out,
+                      "a function of the released global model and the site's held-out records only (censoring "
+                      "weights from the held-out records too): post-processing for the training records; the "
+                      "held-out records are not protected" if held_out else
+                      "computed from the site's held-out records without noise", ("evaluate/metrics.*",)),
         ReleasedValue("participation", "which rounds the site answered", "every message", False,
-                "the server sees whether and when a site replies"),
+                      "the server sees whether and when a site replies"),
     ]
     if cfg.model.name in ("cox_mlp", "cox_time"):
-        releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval over "
-                                "the training records", "breslow", False, "sent without noise"))
+        releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
+                                      "over the training records", "breslow", False, "sent without noise",
+                                      ("query.breslow/metrics.*",)))
     return releases
 
 

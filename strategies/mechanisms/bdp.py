@@ -365,13 +365,18 @@ class BayesianDP(HorizontalMechanism):
         return self._manifest(cfg, [
             update_release(True, "DP-SGD update: average-case epsilon_mu (Bayesian accountant) and the worst-case "
                            f"classical epsilon of the same noise (opacus RDP, {cfg.privacy.adjacency})"),
-            ReleasedValue("epsilon_mu", "the site's Bayesian epsilon so far", "train", False, data_dependent),
-            ReleasedValue("stopped and steps", "whether the budget filter stopped the site, and the steps it took", "train",
-                    False, data_dependent + " (the stopping time follows epsilon_mu)"),
+            ReleasedValue("epsilon_mu", "the site's Bayesian epsilon so far", "train", False, data_dependent,
+                          ("train/metrics.epsilon_mu",)),
+            ReleasedValue("stopped and steps", "whether the budget filter stopped the site, and the steps it took",
+                          "train", False, data_dependent + " (the stopping time follows epsilon_mu)",
+                          ("train/metrics.stopped", "train/metrics.steps")),
             ReleasedValue("noise_multiplier", "sigma of the site's noise", "train", False,
-                    "calibrated from a pilot estimate of the site's own gradient distances"),
+                          "calibrated from a pilot estimate of the site's own gradient distances",
+                          ("train/metrics.noise_multiplier",)),
             ReleasedValue("epsilon and fallback", "the classical epsilon and whether the site runs classical DP-SGD",
-                    "train", False, "functions of the noise multiplier, the steps and the site's record count"),
-            ReleasedValue("privacy state", "the site's two accountants (Bayesian costs, classical history), kept in the "
-                    "server's checkpoint for resumption", "train", False, data_dependent),
+                          "train", False, "functions of the noise multiplier, the steps and the site's record count",
+                          ("train/metrics.epsilon", "train/metrics.fallback")),
+            ReleasedValue("privacy state", "the site's two accountants (Bayesian costs, classical history), kept in "
+                          "the server's checkpoint for resumption", "train", False, data_dependent,
+                          ("train/site.privacy_state",)),
         ])

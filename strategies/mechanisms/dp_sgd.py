@@ -963,8 +963,10 @@ class DPSGD(HorizontalMechanism):
         return self._manifest(cfg, [
             update_release(True, accountant),
             ReleasedValue("declared parameters", "noise_multiplier, steps and epsilon, which the server checks", "train",
-                    False, "functions of the site's record count (uncovered) and the public configuration"),
-            ReleasedValue("privacy state", "the site's accountant history (noise multiplier, sampling rate, steps), kept "
-                    "in the server's checkpoint for resumption", "train", False,
-                    "functions of the site's record count (uncovered) and the public configuration"),
+                          False, "functions of the site's record count (uncovered) and the public configuration",
+                          tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),
+            ReleasedValue("privacy state", "the site's accountant history (noise multiplier, sampling rate, steps), "
+                          "kept in the server's checkpoint for resumption", "train", False,
+                          "functions of the site's record count (uncovered) and the public configuration",
+                          ("train/site.privacy_state",)),
         ])

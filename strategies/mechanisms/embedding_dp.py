@@ -307,20 +307,21 @@ class EmbeddingDP(Mechanism):
         embeddings = ("clipped and noised per record; Gaussian RDP without amplification over every release at every "
                       "site (replace-one)") if private else "sent in the clear (no DP)"
         releases = [
-            ReleasedValue("site name and modality", "the modality the site holds", "split hello", True,
-                          "public: the site's role in the federation"),
+            ReleasedValue("site name and modality", "the modality the site holds", "split hello, every reply", True,
+                          "public: the site's role in the federation", ("*/split.site.modality",)),
             ReleasedValue("record IDs", "the IDs of the records the site holds", "split hello", False,
-                          "the label holder aligns the modalities on them"),
+                          "the label holder aligns the modalities on them", ("query.split_hello/split.site.ids",)),
             ReleasedValue("training embeddings", "each requested record's embedding, once per epoch", "split step",
-                          private, embeddings),
+                          private, embeddings, ("train.split_step/split.arrays.embeddings",)),
             ReleasedValue("prediction embeddings", f"{cfg.split.mc_samples} embeddings per held-out record",
                           "split predict", private and not cfg.split.clean_inference,
                           "released without noise (split.clean_inference)" if cfg.split.clean_inference and private
-                          else embeddings),
+                          else embeddings, ("query.split_predict/split.arrays.embeddings",)),
             ReleasedValue("presence mask", "which requested records the site holds", "split step, split predict", False,
-                          "the same information as the record IDs"),
+                          "the same information as the record IDs", ("*/split.arrays.present",)),
             ReleasedValue("privacy report", "release counts and the epsilons derived from them", "split step", True,
-                          "functions of the server's own requests and the public configuration"),
+                          "functions of the server's own requests and the public configuration",
+                          ("*/split.privacy.*",)),
             ReleasedValue("encoder influence", "a record's effect on the site's encoder weights, hence on every later "
                           "embedding of other records", "split step", False,
                           "the encoders train on raw records without DP-SGD"),

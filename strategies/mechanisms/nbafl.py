@@ -597,12 +597,13 @@ class WeightPerturbation(HorizontalMechanism):
         releases = [
             update_release(True, "clipped and perturbed weights: Gaussian RDP audit at the release's smallest noise "
                            "(replace-one, sensitivity 2C/m, NbAFL's Lemma 1 taken as given)"),
-            ReleasedValue("declared figures", "epsilon, epsilon_audited_formula, noise_multiplier, steps", "train", public,
-                    "functions of the public configuration" if public else
-                    "the noise multiplier is set by importances computed from the site's private data"),
+            ReleasedValue("declared figures", "epsilon, epsilon_audited_formula, noise_multiplier, steps", "train",
+                          public, "functions of the public configuration" if public else
+                          "the noise multiplier is set by importances computed from the site's private data",
+                          tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),
             ReleasedValue("privacy state", "the composed sums of the site's releases, kept in the server's checkpoint",
-                    "train", public, "functions of the public configuration" if public else
-                    "sums over the data-dependent noise multipliers"),
+                          "train", public, "functions of the public configuration" if public else
+                          "sums over the data-dependent noise multipliers", ("train/site.privacy_state",)),
         ]
         return self._manifest(cfg, releases)
 

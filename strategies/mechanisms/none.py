@@ -50,5 +50,5 @@ class NoPrivacy(HorizontalMechanism):
         return self._manifest(cfg, [
             update_release(False, "no noise: the trained weights in the clear"),
             ReleasedValue("train_loss", "the mean training loss of the site's last local epoch", "train", False,
-                    "computed from the training records without noise"),
+                          "computed from the training records without noise", ("train/metrics.train_loss",)),
         ])

@@ -1,0 +1,100 @@
+"""Every value a site sends is in its mechanism's release manifest, covered or listed as uncovered.
+
+Each run below goes through the real ServerApp and ClientApp in process; every reply a site sends is
+observed and every key of it (arrays, metrics, config entries, the fields of a deployment's JSON
+payloads) must be claimed by an entry of the manifest of the run's mechanism.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import RecordDict
+
+from models.data.datasets import load_flchain
+from simulations.engine import resolve
+from simulations.inprocess import run_inprocess
+from strategies.mechanisms.registry import MECHANISMS, get_mechanism
+
+SMALL = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False}
+RUNS = {
+    "fedavg": {},
+    "fedavg cox": {"model.name": "cox_mlp"},
+    "dp_sgd": {"strategy.name": "dp_sgd", "privacy.epsilon": 2.0},
+    "bdp": {"strategy.name": "bdp", "privacy.epsilon": 2.0},
+    "central_dp": {"strategy.name": "central_dp", "privacy.epsilon": 2.0},
+    "nbafl cox": {"strategy.name": "nbafl", "privacy.epsilon": 2.0, "model.name": "cox_mlp"},
+    "ls_adp": {"strategy.name": "ls_adp", "privacy.epsilon": 2.0},
+    "row_dp": {"strategy.name": "row_dp", "privacy.epsilon": 2.0},
+    "split": {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
+              "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,
+              "split.embedding_dim": 8, "split.encoder_layers": 1, "split.head_layers": 1, "split.mc_samples": 2,
+              "privacy.epsilon": 8.0},
+}
+
+
+def sent_keys(content: RecordDict) -> list[str]:
+    """``record.key`` of every value in a reply (a deployment's JSON payload opened up)."""
+    keys = [f"{name}.{key}" for name, record in content.array_records.items() for key in record]
+    keys += [f"{name}.{key}" for name, record in content.metric_records.items() for key in record]
+    for name, record in content.config_records.items():
+        for key, value in record.items():
+            if name == "deployment" and key == "json":
+                keys += [f"deployment.{field}" for field in json.loads(str(value))]
+            else:
+                keys.append(f"{name}.{key}")
+    return keys
+
+
+def _observed(overrides, tmp_path, node_configs=None):
+    seen: list[tuple[str, str]] = []
+
+    def observe(message, reply):
+        if not reply.has_error():
+            seen.extend((message.metadata.message_type, key) for key in sent_keys(reply.content))
+
+    run_inprocess({**SMALL, **overrides, "output.dir": str(tmp_path / "out")}, observe=observe,
+                  node_configs=node_configs)
+    return seen
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_every_key_a_site_sends_is_in_the_manifest(tmp_path, run):
+    overrides = RUNS[run]
+    seen = _observed(overrides, tmp_path)
+    _, cfg = resolve({**SMALL, **overrides})
+    manifest = get_mechanism(cfg.strategy).manifest(cfg)
+    assert seen
+    unlisted = sorted({f"{kind}/{key}" for kind, key in seen if not manifest.covers(kind, key)})
+    assert not unlisted, f"sent but not in the manifest of {cfg.strategy}: {unlisted}"
+    written = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert written == json.loads(json.dumps(manifest.as_dict()))
+
+
+def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path):
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    configs = []
+    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:1500], 3)):
+        path = tmp_path / f"site-{index}.csv"
+        frame.iloc[rows].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
+                 "strategy.name": "dp_sgd", "privacy.epsilon": 2.0, "evaluation.server_side": False}
+    seen = _observed(overrides, tmp_path, node_configs=configs)
+    _, cfg = resolve({**SMALL, **overrides})
+    manifest = get_mechanism("dp_sgd").manifest(cfg)
+    assert {kind for kind, _ in seen} >= {"query.site_summary", "query.site_time_histogram", "train", "evaluate"}
+    unlisted = sorted({f"{kind}/{key}" for kind, key in seen if not manifest.covers(kind, key)})
+    assert not unlisted, unlisted
+
+
+def test_a_dp_run_sends_no_training_loss_and_the_manifest_would_catch_it():
+    for name, mechanism in MECHANISMS.items():
+        if name in ("fedavg", "split"):
+            continue
+        _, cfg = resolve({"strategy.name": name, "privacy.epsilon": 1.0})
+        assert not mechanism.manifest(cfg).covers("train", "metrics.train_loss"), name
+        assert "train_loss" not in mechanism.report_keys(cfg)
