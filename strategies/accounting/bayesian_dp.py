@@ -1,7 +1,8 @@
 """Bayesian differential privacy (FSL-BDP) accountant for DP-SGD at one site.
 
 After Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020
-(arXiv:1901.09697), with one parametrisation throughout:
+(arXiv:1901.09697), and FSL-BDP (arXiv:2601.11134), Algorithm 2, with one parametrisation
+throughout:
 
 * the mechanism is the DP-SGD step: Poisson sampling with rate ``q``, per-sample gradients
   clipped to ``C``, Gaussian noise of standard deviation ``s = σ·C`` added to the **sum** of the
@@ -18,25 +19,45 @@ After Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning"
   (The reference code measures leave-one-out *batch means* while the noise is added to the sum,
   which under-states ε_μ by about the batch size; this module does not.)
 
-Per order ``λ`` (an integer ≥ 1; the Rényi order is ``α = λ + 1``) and pair distance ``d``::
+Per order ``λ`` (an integer ≥ 1; the Rényi order is ``α = λ + 1``) and distance ``d`` the cost
+is the rule of Triastcyn & Faltings' Theorem 2 and FSL-BDP's Algorithm 2 (lines 25–27)::
 
-    c(λ; d) = log E_{K ~ Bin(λ+1, q)} exp(K(K−1) d² / (2 s²)),
+    c_L(λ; d) = log E_{K ~ Bin(λ+1, q)} exp(K(K−1) d² / (2 s²)),
+    c_R(λ; d) = log E_{K ~ Bin(λ, q)}   exp(K(K+1) d² / (2 s²)),
+    c(λ; d)   = max(c_L(λ; d), c_R(λ; d)),
 
-an upper confidence bound ``ĉ(λ)`` over the sampled pairs is accumulated, ``C(λ) += ĉ(λ)``, and
+taken per sampled distance; an upper confidence bound ``ĉ(λ)`` of ``c`` over the sampled
+distances is accumulated, ``C(λ) += ĉ(λ)``, and
 
     ε_μ = min_λ (C(λ) − log β) / λ,    δ_μ = β + γ,
 
 with ``γ = 1 − Π_t (1 − γ_step)`` the total failure probability of the estimator (≤ Σ γ_step).
 
-With ``d = C`` the cost equals ``λ·RDP_{λ+1}`` of opacus' Poisson-subsampled Gaussian
-(add/remove-one, sensitivity ``C``). ε_μ bounds the tail of the privacy loss, so costs become
-ε by the Chernoff/Mironov conversion ``min_λ (C(λ) − log β)/λ``; opacus' classical ε uses the
-tighter conversion of Balle et al. (2020). With every record's gradient clipped (``d = C``)
-ε_μ is therefore about 1.2–1.3 times the classical ε of the same ``(σ, q, steps)`` (at
-ε ≈ 1, δ = 1e-5); it is lower when many distances are well below ``C``. Under ``"replace-one"`` the
-worst case of the same bound is ``d = 2C``, i.e. the add/remove RDP of noise multiplier
-``σ/2`` (:func:`classical_noise_multiplier`); that, not the add/remove figure, is the classical
-ε to report beside a replace-one ε_μ.
+What the two terms are. With ``μ0 = N(0, s²I)`` and ``μ1 = N(d·e, s²I)`` the noisy sum without
+and with the record, and ``ν = (1−q)μ0 + qμ1`` (the record is sampled with probability ``q``):
+``c_L = log E_μ0[(ν/μ0)^(λ+1)] = λ·D_{λ+1}(ν‖μ0)``, which for ``d = C`` is ``λ·RDP_{λ+1}`` of
+opacus' Poisson-subsampled Gaussian (add/remove-one, sensitivity ``C``); and
+``c_R = log E_μ1[(ν/μ0)^λ]``, the same moment of the privacy loss given that the record was
+sampled. Conditioning ``K ~ Bin(λ+1, q)`` on its last trial gives
+``exp c_L(λ) = (1−q)·exp c_L(λ−1) + q·exp c_R(λ)`` (``c_L(0) = 0``), and ``c_L`` grows with
+``λ``, so ``c_R ≥ c_L`` for every ``d`` and ``q`` (equal only for ``d = 0`` or ``q = 1``): the
+maximum is always the right term. The rule is conservative: under add/remove ``c_L`` alone is
+the exact Rényi bound of the pair, and it also bounds the other direction
+``λ·D_{λ+1}(μ0‖ν)`` (Mironov, Talwar & Zhang 2019: ``A_α ≥ B_α``), while
+``c_R ≈ λq·(exp(d²/s²) − 1)`` is of first order in ``q`` where ``c_L`` is of second order, i.e.
+most of the amplification by subsampling is given up. (Triastcyn & Faltings' code computes its
+right term by swapping the two Gaussians inside the same ``Bin(λ+1, q)`` expectation, which for
+equal variances gives ``c_L`` again; the rule here is the one their theorem and FSL-BDP state.)
+
+ε_μ bounds the tail of the privacy loss, so costs become ε by the Chernoff/Mironov conversion
+``min_λ (C(λ) − log β)/λ``; opacus' classical ε uses the tighter conversion of Balle et al.
+(2020) on the smaller ``c_L``. With every record's gradient clipped (``d = C``) ε_μ is therefore
+well above the classical ε of the same ``(σ, q, steps)``, the more so the smaller ``q``: at
+``ε_μ ≈ 1`` and ``β = δ = 1e-5``, about 1.3 times at ``q = 0.5`` (40 steps), 1.6 times at
+``q = 0.1`` (200 steps) and 3.5 times at ``q = 0.01`` (2,000 steps). It is lower only when most
+distances are well below ``C``. Under ``"replace-one"`` the worst case of the same bound is
+``d = 2C``, which costs what ``d = C`` costs at noise multiplier ``σ/2``; the add/remove RDP of
+``σ/2`` is the classical ε to report beside a replace-one ε_μ.
 """
 
 from __future__ import annotations
@@ -62,6 +83,14 @@ DEFAULT_GAMMA_STEP: float = 1e-12
 
 #: Neighbouring-dataset relations the accountant supports (see the module docstring).
 ADJACENCIES: tuple[str, ...] = ("add-remove", "replace-one")
+
+#: Terms of the per-distance cost (module docstring): ``"left"`` ``c_L``, ``"right"`` ``c_R``,
+#: ``"max"`` their maximum ``c``, the cost the accountant accumulates.
+COST_SIDES: tuple[str, ...] = ("left", "right", "max")
+
+#: The per-distance cost rule, recorded in :meth:`BayesianAccountant.state_dict` so that costs
+#: accumulated under another rule are never continued under this one.
+COST_RULE: str = "max(c_L, c_R)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,12 +240,13 @@ def distances_from_gram(gram: Any, *, adjacency: str) -> np.ndarray:
 
 
 def classical_noise_multiplier(noise_multiplier: float, *, adjacency: str) -> float:
-    r"""Noise multiplier whose add/remove RDP (opacus) is the worst case of the Bayesian bound.
+    r"""Noise multiplier of the classical (opacus, add/remove) ε to report beside ε_μ.
 
-    The per-step cost :func:`log_binomial_cost` depends on ``d/s`` only. Its largest value is at
-    the largest possible distance: ``C`` under add/remove (the classical DP-SGD bound, noise
-    multiplier ``σ``) and ``2C`` under replace-one, which equals the add/remove bound of noise
-    multiplier ``σ/2``.
+    The per-distance cost :func:`log_binomial_cost` depends on ``d/s`` only and grows with
+    ``d``; the largest possible distance is ``C`` under add/remove (classical DP-SGD: noise
+    multiplier ``σ``) and ``2C`` under replace-one, which costs what ``C`` costs at noise
+    multiplier ``σ/2``. The classical figure is opacus' RDP of that multiplier; it uses ``c_L``
+    (the exact Rényi bound), not the larger ``c_R`` of the Bayesian rule.
 
     References
     ----------
@@ -227,20 +257,23 @@ def classical_noise_multiplier(noise_multiplier: float, *, adjacency: str) -> fl
 
 
 def log_binomial_cost(
-    order: int, distance: Any, *, sample_rate: float, noise_std: float
+    order: int, distance: Any, *, sample_rate: float, noise_std: float, side: str = "max"
 ) -> float | np.ndarray:
-    r"""Per-step privacy cost ``c(λ; d)`` of the Poisson-subsampled Gaussian for distance ``d``.
+    r"""Per-step privacy cost of the Poisson-subsampled Gaussian for distance ``d``.
 
     .. math::
 
-        c(λ; d) = \log \mathbb{E}_{K \sim \mathrm{Bin}(λ+1, q)}
-                  \exp\!\Big(\frac{K(K-1)\, d^2}{2 s^2}\Big)
-                = \operatorname{logsumexp}_{k=0}^{λ+1}\Big[\log\binom{λ+1}{k} + k\log q
-                  + (λ+1-k)\log(1-q) + \frac{k(k-1) d^2}{2 s^2}\Big]
+        c_L(λ; d) &= \log \mathbb{E}_{K \sim \mathrm{Bin}(λ+1, q)}
+                    \exp\!\Big(\frac{K(K-1)\, d^2}{2 s^2}\Big), \qquad
+        c_R(λ; d)  = \log \mathbb{E}_{K \sim \mathrm{Bin}(λ, q)}
+                    \exp\!\Big(\frac{K(K+1)\, d^2}{2 s^2}\Big), \\
+        c(λ; d)   &= \max\big(c_L(λ; d),\, c_R(λ; d)\big),
 
-    computed in log space (no overflow for large ``λ`` or ``d/s``). For ``d = C`` and
-    ``s = σC`` it equals ``λ·RDP_{λ+1}`` of the subsampled Gaussian (``log A_α`` in Mironov et
-    al.), i.e. opacus' ``_compute_rdp(q, σ, 1, [λ+1])·λ``.
+    each a ``logsumexp`` over ``k`` of ``log P(K = k) + k(k∓1) d²/(2s²)`` (no overflow for
+    large ``λ`` or ``d/s``). ``c`` is what :class:`BayesianAccountant` accumulates; it always
+    equals ``c_R`` (``c_R ≥ c_L``, module docstring). For ``d = C`` and ``s = σC``, ``c_L``
+    equals ``λ·RDP_{λ+1}`` of the subsampled Gaussian (``log A_α`` in Mironov et al.), i.e.
+    opacus' ``_compute_rdp(q, σ, 1, [λ+1])·λ``.
 
     Parameters
     ----------
@@ -252,20 +285,24 @@ def log_binomial_cost(
         Poisson sampling rate ``q`` in (0, 1].
     noise_std : float
         Standard deviation ``s = σ·C`` of the noise on the sum of clipped gradients.
+    side : {"max", "left", "right"}
+        ``c`` (default), ``c_L`` or ``c_R``.
 
     Returns
     -------
     float or numpy.ndarray
-        ``c(λ; d)`` (shape of ``distance``; a float for a scalar).
+        The cost (shape of ``distance``; a float for a scalar).
 
     References
     ----------
-    Triastcyn & Faltings, ICML 2020, Theorem 2 (subsampled Gaussian); Mironov, Talwar, Zhang,
-    "Rényi Differential Privacy of the Sampled Gaussian Mechanism", arXiv:1908.10530, §3.3.
+    Triastcyn & Faltings, ICML 2020, Theorem 2 (subsampled Gaussian); FSL-BDP (arXiv:2601.11134),
+    Algorithm 2, lines 25–27; Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled
+    Gaussian Mechanism", arXiv:1908.10530, §3.3.
     """
     order = check_count(order, "order")
     sample_rate = check_sample_rate(sample_rate)
     noise_std = check_positive(noise_std, "noise_std")
+    side = check_choice(side, COST_SIDES, "side")
     scalar = np.ndim(distance) == 0 and not _is_tensor(distance)
     d = np.asarray(
         distance.detach().cpu().double().numpy() if _is_tensor(distance) else distance,
@@ -273,7 +310,8 @@ def log_binomial_cost(
     )
     if not np.all(np.isfinite(d)) or np.any(d < 0.0):
         raise ValueError("distance must be finite and >= 0")
-    result = _costs(d.reshape(-1), (order,), sample_rate, noise_std)[:, 0].reshape(d.shape)
+    sides = _side_costs(d.reshape(-1), (order,), sample_rate, noise_std)[:, :, 0]  # (M, 2)
+    result = (sides.max(axis=1) if side == "max" else sides[:, COST_SIDES.index(side)]).reshape(d.shape)
     return float(result) if scalar else result
 
 
@@ -298,7 +336,7 @@ def ucb_cost(costs_per_pair: Any, *, total_steps: int, gamma_step: float) -> flo
     Parameters
     ----------
     costs_per_pair : array_like, shape (M,)
-        ``c(λ; d_i)`` for the sampled pairs at one order λ.
+        ``c(λ; d_i)`` (:func:`log_binomial_cost`) for the sampled pairs at one order λ.
     total_steps : int
         ``T``, the total number of steps the accountant will compose (an upper bound is safe).
     gamma_step : float
@@ -325,22 +363,24 @@ def ucb_cost(costs_per_pair: Any, *, total_steps: int, gamma_step: float) -> flo
 
 
 @functools.lru_cache(maxsize=64)
-def _log_binomial_table(orders: tuple[int, ...], sample_rate: float) -> tuple[np.ndarray, np.ndarray]:
-    """``log P(K = k)`` for ``K ~ Bin(λ+1, q)``, one row per order (``−inf`` past ``λ+1``), and
-    ``k(k−1)/2`` for the columns ``k = 0 … max λ + 1``."""
-    k = np.arange(max(orders) + 2, dtype=np.float64)
-    table = np.full((len(orders), k.size), -np.inf)
-    for row, order in enumerate(orders):
-        n = order + 1
-        kk = k[: n + 1]
-        table[row, : n + 1] = (
-            gammaln(n + 1) - gammaln(kk + 1) - gammaln(n - kk + 1)
-            + xlogy(kk, sample_rate) + xlog1py(n - kk, -sample_rate)
-        )
-    half_pairs = k * (k - 1.0) / 2.0
-    table.setflags(write=False)
-    half_pairs.setflags(write=False)
-    return table, half_pairs
+def _log_binomial_table(orders: tuple[int, ...], sample_rate: float) -> tuple[np.ndarray, ...]:
+    """The terms of ``c_L`` and ``c_R`` for every order, laid end to end in segments (left, λ_1),
+    …, (left, λ_m), (right, λ_1), …: ``log P(K = k)`` (``K ~ Bin(λ+1, q)`` left, ``Bin(λ, q)``
+    right), the exponent's factor ``k(k−1)/2`` or ``k(k+1)/2``, and each segment's start and
+    length (only the ``k`` a segment has: no ``−inf`` padding to exponentiate)."""
+    log_pmf, factors = [], []
+    for trials_beyond_order, shift in ((1, -1.0), (0, 1.0)):
+        for order in orders:
+            n = order + trials_beyond_order
+            k = np.arange(n + 1, dtype=np.float64)
+            log_pmf.append(gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
+                           + xlogy(k, sample_rate) + xlog1py(n - k, -sample_rate))
+            factors.append(k * (k + shift) / 2.0)
+    lengths = np.array([segment.size for segment in log_pmf])
+    table = (np.concatenate(log_pmf), np.concatenate(factors), np.cumsum(lengths) - lengths, lengths)
+    for array in table:
+        array.setflags(write=False)
+    return table
 
 
 def step_costs(
@@ -354,9 +394,11 @@ def step_costs(
 ) -> np.ndarray:
     r"""``ĉ(λ)`` for every order: :func:`ucb_cost` of :func:`log_binomial_cost` over the distances.
 
-    The figures of ``[ucb_cost(log_binomial_cost(λ, d, ...), ...) for λ in orders]`` (the
-    same code), computed for all orders and the distinct distances in one array pass: the
-    accountant calls this before every training step.
+    The per-distance cost is ``c = max(c_L, c_R)``, the maximum taken for each distance before
+    the upper confidence bound (FSL-BDP, Algorithm 2, lines 27–29). The figures of
+    ``[ucb_cost(log_binomial_cost(λ, d, ...), ...) for λ in orders]`` (the same code), computed
+    for all orders and the distinct distances in one array pass: the accountant calls this
+    before every training step.
 
     Parameters
     ----------
@@ -371,7 +413,7 @@ def step_costs(
 
     References
     ----------
-    Triastcyn & Faltings, ICML 2020, §4 and Theorem 3.
+    Triastcyn & Faltings, ICML 2020, §4, Theorems 2 and 3; FSL-BDP (arXiv:2601.11134), Algorithm 2.
     """
     d = _as_distances(distances)
     orders = _check_orders(orders)
@@ -386,11 +428,19 @@ def step_costs(
                 gamma_step=gamma_step)
 
 
+def _side_costs(values: np.ndarray, orders: tuple[int, ...], sample_rate: float, noise_std: float) -> np.ndarray:
+    """``c_L`` and ``c_R`` (:func:`log_binomial_cost`) for every distance and order: shape
+    (len(values), 2, len(orders)); a log-sum-exp per segment of :func:`_log_binomial_table`."""
+    log_pmf, factors, starts, lengths = _log_binomial_table(orders, sample_rate)
+    terms = log_pmf + np.multiply.outer((values / noise_std) ** 2, factors)  # (values, all k of all segments)
+    peak = np.maximum.reduceat(terms, starts, axis=1)  # finite: every segment has a k with P(K = k) > 0
+    sums = np.add.reduceat(np.exp(terms - np.repeat(peak, lengths, axis=1)), starts, axis=1)
+    return (np.log(sums) + peak).reshape(values.size, 2, len(orders))
+
+
 def _costs(values: np.ndarray, orders: tuple[int, ...], sample_rate: float, noise_std: float) -> np.ndarray:
-    """``c(λ; d)`` (:func:`log_binomial_cost`) for every distance and order: shape (len(values), len(orders))."""
-    log_pmf, half_pairs = _log_binomial_table(orders, sample_rate)
-    ratio = (values / noise_std) ** 2
-    return logsumexp(log_pmf[None, :, :] + half_pairs[None, None, :] * ratio[:, None, None], axis=-1)
+    """``c = max(c_L, c_R)`` for every distance and order: shape (len(values), len(orders))."""
+    return _side_costs(values, orders, sample_rate, noise_std).max(axis=1)
 
 
 def _ucb(costs: np.ndarray, counts: np.ndarray, *, total_steps: int, gamma_step: float) -> np.ndarray:
@@ -443,11 +493,11 @@ def project_epsilon_mu(
     r"""ε_μ after ``steps`` identical steps whose pair distances follow ``distances``.
 
     ``C(λ) = steps · ĉ(λ)`` with ``ĉ`` from :func:`step_costs` at ``s = σ·C`` and
-    ``T = steps``; then :func:`epsilon_mu`.
+    ``T = steps`` (the accountant's rule: the UCB of ``max(c_L, c_R)``); then :func:`epsilon_mu`.
 
     References
     ----------
-    Triastcyn & Faltings, ICML 2020, §4.
+    Triastcyn & Faltings, ICML 2020, §4; FSL-BDP (arXiv:2601.11134), Algorithm 2.
     """
     steps = check_count(steps, "steps")
     noise_std = check_positive(noise_multiplier, "noise_multiplier") * check_positive(
@@ -476,8 +526,10 @@ def calibrate_noise_for_bdp(
     r"""Smallest σ whose projected ε_μ after ``steps`` steps meets ``target_epsilon_mu``.
 
     Bisection on σ (ε_μ is non-increasing in σ) of :func:`project_epsilon_mu` with the pilot
-    distance distribution. The result satisfies ``ε_μ(σ) ≤ target`` and the bracket is narrowed
-    until ``target − ε_μ(σ) ≤ tolerance`` or the relative σ bracket is below 1e-10.
+    distance distribution, i.e. under the cost rule the accountant and its budget filter apply
+    (:func:`step_costs`: the UCB of ``max(c_L, c_R)``). The result satisfies
+    ``ε_μ(σ) ≤ target`` and the bracket is narrowed until ``target − ε_μ(σ) ≤ tolerance`` or the
+    relative σ bracket is below 1e-10.
 
     Parameters
     ----------
@@ -550,7 +602,8 @@ def calibrate_noise_for_bdp(
 class BayesianAccountant:
     r"""Bayesian (average-case) accountant for DP-SGD at one site.
 
-    Each :meth:`step` adds ``ĉ(λ)`` (:func:`step_costs`) to ``C(λ)`` for every order in the grid
+    Each :meth:`step` adds ``ĉ(λ)`` (:func:`step_costs`: the upper confidence bound of the
+    per-distance cost ``max(c_L, c_R)``, module docstring) to ``C(λ)`` for every order in the grid
     and multiplies the estimator's confidence by ``1 − γ_step``. Then
     ``ε_μ(β) = min_λ (C(λ) − log β)/λ`` and ``δ_μ(β) = β + γ``,
     ``γ = 1 − Π (1 − γ_step)``. Unit: one record; the guarantee is average-case over the data
@@ -565,12 +618,14 @@ class BayesianAccountant:
 
     References
     ----------
-    Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020.
+    Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020;
+    FSL-BDP (arXiv:2601.11134), Algorithm 2.
     """
 
     unit: str = "record"
     guarantee: str = "average-case"
     mechanism: str = "bdp"
+    cost_rule: str = COST_RULE
 
     def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, *, adjacency: str = "add-remove") -> None:
         self.orders: tuple[int, ...] = _check_orders(orders)
@@ -669,6 +724,7 @@ class BayesianAccountant:
         """Plain-Python state (JSON-serialisable); floats round-trip exactly."""
         return {
             "mechanism": self.mechanism,
+            "cost_rule": self.cost_rule,
             "adjacency": self.adjacency,
             "orders": list(self.orders),
             "total_costs": [float(c) for c in self.total_costs],
@@ -682,6 +738,12 @@ class BayesianAccountant:
         missing = {"orders", "adjacency", "total_costs", "log_confidence", "spent_steps"} - set(state_dict)
         if missing:
             raise KeyError(f"state_dict lacks {sorted(missing)}")
+        if state_dict.get("cost_rule") != self.cost_rule:
+            raise ValueError(
+                f"state_dict has cost_rule={state_dict.get('cost_rule')!r} (None: saved before the rule was "
+                f"recorded, c_L alone) but this accountant accumulates {self.cost_rule!r}: its costs cannot be "
+                "continued"
+            )
         orders = _check_orders(state_dict["orders"])
         costs = np.asarray(state_dict["total_costs"], dtype=np.float64)
         if costs.shape != (len(orders),):

@@ -5,20 +5,22 @@ to ``C``, Gaussian noise ``N(0, σ²C²)`` on the sum, Poisson sampling at ``q``
 the accounting (:class:`strategies.accounting.bayesian_dp.BayesianAccountant`): before each step
 the per-record clipped gradients of the batch give neighbour distances (every record's norm
 under add/remove adjacency, the pairwise distances of ``PAIR_RECORDS`` records under
-replace-one), their privacy cost is estimated, and the step is taken only if it keeps ``ε_μ`` within budget (the budget
-filter); otherwise the site stops for good. The classical (worst-case) ε of the same
-``(σ, q, steps)`` under the same adjacency is tracked beside it by opacus
-(:func:`~strategies.accounting.bayesian_dp.classical_noise_multiplier`).
+replace-one), their privacy cost is estimated (per distance ``max(c_L, c_R)`` of FSL-BDP's
+Algorithm 2, then an upper confidence bound over the batch), and the step is taken only if it
+keeps ``ε_μ`` within budget (the budget filter); otherwise the site stops for good. The classical
+(worst-case) ε of the same ``(σ, q, steps)`` under the same adjacency is tracked beside it by
+opacus (:func:`~strategies.accounting.bayesian_dp.classical_noise_multiplier`).
 
 σ is calibrated once, before the site's first step, from a pilot estimate of the distance
-distribution on the site's own records at the received global model; that calibration is
-data-dependent and is not itself accounted (the ledger says so). Sites with fewer than
-``MIN_RECORDS`` records fall back to classical DP-SGD (too few records for the estimate).
+distribution on the site's own records at the received global model, under the same cost rule
+as the accountant and the budget filter; that calibration is data-dependent and is not itself
+accounted (the ledger says so). Sites with fewer than ``MIN_RECORDS`` records fall back to
+classical DP-SGD (too few records for the estimate).
 
 References
 ----------
-Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020;
-FSL-BDP (``../shared/papers/fsl-bdp-bayesian-dp-survival.txt``), Algorithm 1.
+Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020,
+Theorems 2–3; FSL-BDP (arXiv:2601.11134), Algorithms 1–2.
 """
 
 from __future__ import annotations
@@ -82,15 +84,20 @@ def account_step(
     records estimate the step's cost: under add/remove the clipped-gradient norms of every
     record of the batch (free: DP-SGD computes them anyway), under replace-one the pairwise
     distances of the first ``PAIR_RECORDS`` records, from the Gram matrix of their clipped
-    gradients (:func:`distances_from_gram`). If adding the step's cost (:func:`step_costs`) would
-    take ``ε_μ`` past ``target_epsilon_mu``, :class:`BudgetExhausted` is raised and nothing is
-    accounted; else the cost is committed. A batch of fewer than two records gives no variance
-    estimate: the previous step's distances (``fallback_distances``) stand in.
+    gradients (:func:`distances_from_gram`). If adding the step's cost (:func:`step_costs`: the
+    UCB over the distances of ``max(c_L, c_R)``) would take ``ε_μ`` past ``target_epsilon_mu``,
+    :class:`BudgetExhausted` is raised and nothing is accounted; else the cost is committed. The
+    same happens once ``total_steps`` steps are accounted: the UCB's Hölder horizon ``T`` would be
+    too short for another one (a site run for more rounds than it was calibrated for). A batch of
+    fewer than two records gives no variance estimate: the previous step's distances
+    (``fallback_distances``) stand in.
 
     Returns
     -------
     The distances used (to stand in for a later batch without pairs).
     """
+    if accountant.spent_steps >= total_steps:
+        raise BudgetExhausted(f"the UCB horizon of {total_steps} steps is spent")
     if per_sample.clipped_norms().shape[0] >= 2:
         # the batch is a random sample of the site's records
         if accountant.adjacency == "add-remove":
