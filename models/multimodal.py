@@ -5,9 +5,9 @@ embedding layer is a Bayes-by-Backprop layer of :mod:`models.bayesian` (BVFLMSP'
 ``BayesianMultisurv``); with ``bayesian=False`` they are ``nn.Linear`` / ``nn.Embedding`` and the
 network is the frequentist MultiSurv of Vale-Silva & Rohr (2021), whose KL term is zero.
 
-* :class:`BayesianClinicalNet`: encoder of a clinical table (embeddings + batch norm -> 512).
+* :class:`BayesianClinicalNet`: encoder of a clinical table (embeddings + continuous columns -> 512).
 * :class:`BayesianFC`: encoder of an omics table and the prediction head; width rule
-  :func:`hidden_width`.
+  :func:`hidden_width`. :func:`build_encoder` picks a modality's encoder.
 * :class:`AttentionFusion`: per-modality tanh scores, masked softmax, weighted sum.
 * :class:`FusionHead`: fusion -> head -> risk layer (discrete-time hazard logits). In vertical
   split learning this is the server's part; the encoders are the sites'.
@@ -18,6 +18,21 @@ network is the frequentist MultiSurv of Vale-Silva & Rohr (2021), whose KL term 
 * :func:`bvflmsp_loss`: discrete-time NLL + KL / N + 0.05 x (1 - cosine) alignment term.
 * :func:`survival_band`: mean survival curve and credible band over ``m`` stochastic passes
   (the passes: :func:`models.multimodal_training.predict_multisurv`).
+
+Deviation from the paper: no batch norm in the encoders. The paper's clinical net batch-normalises
+its continuous columns and its BayesianFC blocks are Linear -> ReLU -> BatchNorm -> Dropout. In
+training, batch norm standardises with the statistics of the batch, so a record's embedding would
+depend on every other record of its batch; in split learning the embeddings are what the sites
+release under differential privacy, with the clip norm bounding one record's sensitivity, and that
+bound fails when replacing one record moves the other records' embeddings too. The encoders
+(:func:`build_encoder`) therefore map each record alone, in training as in prediction: the
+continuous columns enter as the site's preprocessing standardised them (training mean and scale),
+and the encoder's FC blocks are Linear -> ReLU -> Dropout. Layer norm (which normalises within a
+record) was the other candidate; without noise it lost more test C-index on METABRIC and
+synthetic_multimodal than no normalisation, which matched the paper's architecture to within the
+seeds' spread at the default two encoder blocks (with four, both lost some, layer norm more). The
+prediction head keeps the paper's batch norm: it runs at the label holder on the released
+embeddings, so what it computes is post-processing of the sites' releases.
 
 Only torch: the vertical split protocol (sites, server, embedding noise) is
 :mod:`strategies.split`.
@@ -89,11 +104,17 @@ def part_seed(seed: int, name: str, *salt: int) -> int:
 
 
 class BayesianClinicalNet(nn.Module):
-    r"""Encoder of a clinical table: embeddings (categoricals) + batch norm (continuous) -> 512.
+    r"""Encoder of a clinical table: embeddings (categoricals) + continuous columns -> 512.
 
     ``x`` -> [embeddings of the categorical codes, concatenated -> Dropout(``dropout``)] ++
-    [BatchNorm1d(continuous)] -> Linear(``hidden``) -> ReLU -> Linear(``out_features``), with
+    [continuous columns] -> Linear(``hidden``) -> ReLU -> Linear(``out_features``), with
     Bayesian embeddings and linear layers unless ``bayesian=False`` (MultiSurv's clinical net).
+    Each output row depends on its own input row only (given the weights and the random draws).
+
+    The paper (and MultiSurv) batch-normalise the continuous columns; here they enter as given,
+    standardised by the site's preprocessing (:class:`models.data.vertical.ModalityTransform`),
+    so that no record's embedding depends on the rest of its batch (see the module docstring).
+    The per-column scale and shift that batch norm would learn are absorbed by ``fc1``.
 
     Input convention: one float tensor of shape ``(n, num_categorical + num_continuous)`` whose
     first ``len(cardinalities)`` columns hold integer category codes ``0 .. cardinality - 1``
@@ -150,7 +171,6 @@ class BayesianClinicalNet(nn.Module):
             for c, d in zip(self.cardinalities, dims, strict=True)
         )
         self.embedding_dropout = nn.Dropout(dropout)
-        self.batch_norm = nn.BatchNorm1d(num_continuous) if num_continuous else None
         self.fc1 = _linear(sum(dims) + num_continuous, hidden, prior, bayesian)
         self.fc2 = _linear(hidden, out_features, prior, bayesian)
         self.out_features = out_features
@@ -173,8 +193,8 @@ class BayesianClinicalNet(nn.Module):
                 raise ValueError(f"categorical codes must be integers in [0, cardinality) for {self.cardinalities}")
             emb = torch.cat([layer(codes[:, j]) for j, layer in enumerate(self.embeddings)], dim=1)
             parts.append(self.embedding_dropout(emb))
-        if self.batch_norm is not None:
-            parts.append(self.batch_norm(x[:, k:]))
+        if self.num_continuous:
+            parts.append(x[:, k:])
         return self.fc2(F.relu(self.fc1(torch.cat(parts, dim=1))))
 
 
@@ -196,7 +216,8 @@ class BayesianFC(nn.Module):
     Every hidden layer has width :func:`hidden_width` ``(in_features, scale)``; the linear layers
     are Bayesian unless ``bayesian=False`` (MultiSurv's ``FC``). Used as the encoder of omics
     modalities (paper: miRNA 1881 inputs, 3 layers, scale 2; DNAm 3774, 5 layers, scale 2;
-    mRNA 1000, 3 layers) and as the prediction head (512 -> 512, 4 layers).
+    mRNA 1000, 3 layers), there without the batch norm (``batch_norm=False``, see
+    :func:`build_encoder`), and as the prediction head (512 -> 512, 4 layers), with it.
 
     Parameters
     ----------
@@ -208,6 +229,10 @@ class BayesianFC(nn.Module):
         Dropout probability of every block (the paper does not state it; 0.5 as its clinical net).
     prior : ScaleMixturePrior, optional
     bayesian : bool, default True
+    batch_norm : bool, default True
+        The paper's BatchNorm1d in every block. In training it couples the records of a batch;
+        ``False`` (blocks Linear -> ReLU -> Dropout) makes each output row a function of its
+        own input row.
 
     References
     ----------
@@ -224,6 +249,7 @@ class BayesianFC(nn.Module):
         prior: ScaleMixturePrior | None = None,
         *,
         bayesian: bool = True,
+        batch_norm: bool = True,
     ) -> None:
         super().__init__()
         if num_hidden_layers < 0:
@@ -236,7 +262,8 @@ class BayesianFC(nn.Module):
         layers: list[nn.Module] = []
         width_in = in_features
         for _ in range(num_hidden_layers):
-            layers += [_linear(width_in, width, prior, bayesian), nn.ReLU(), nn.BatchNorm1d(width), nn.Dropout(dropout)]
+            layers += [_linear(width_in, width, prior, bayesian), nn.ReLU(),
+                       *([nn.BatchNorm1d(width)] if batch_norm else []), nn.Dropout(dropout)]
             width_in = width
         layers.append(_linear(width_in, out_features, prior, bayesian))
         self.layers = nn.Sequential(*layers)
@@ -257,13 +284,21 @@ def build_encoder(
     bayesian: bool = True,
     prior: ScaleMixturePrior | None = None,
 ) -> nn.Module:
-    """The paper's encoder for one modality: :class:`BayesianClinicalNet` when it has categorical
-    columns, else :class:`BayesianFC` with ``hidden_layers`` blocks (both output ``dim``)."""
+    """The encoder of one modality: :class:`BayesianClinicalNet` when it has categorical columns,
+    else :class:`BayesianFC` with ``hidden_layers`` blocks (both output ``dim``).
+
+    The paper's encoders without their batch norm: each record's embedding is a function of that
+    record's input, the weights and the random draws (posterior sample, dropout masks) alone,
+    also in training mode, so that the embedding a split-learning site releases for one record
+    moves by at most ``2C`` (after clipping to ``C``) when that record is replaced and the other
+    records' do not move. The encoders hold no buffers. See the module docstring for the
+    deviation and why no layer norm replaces it.
+    """
     if cardinalities:
         return BayesianClinicalNet(cardinalities, num_continuous, out_features=dim, dropout=dropout, prior=prior,
                                    bayesian=bayesian)
     return BayesianFC(num_continuous, dim, hidden_layers, scale=scale, dropout=dropout, prior=prior,
-                      bayesian=bayesian)
+                      bayesian=bayesian, batch_norm=False)
 
 
 # --------------------------------------------------------------------------- fusion and model
@@ -318,7 +353,9 @@ class FusionHead(nn.Module):
     ``head = BayesianFC(dim, dim, head_hidden_layers)`` and ``risk = Linear(dim, T)`` give the
     hazard logits :math:`\phi_{il}`, :math:`h_{il} = \sigma(\phi_{il})`. The risk layer's bias
     (mean) starts at the constant hazard with survival 1/2 at the end of the grid (as
-    :class:`models.survival.HazardMLP`). In split learning this module is the server's.
+    :class:`models.survival.HazardMLP`). In split learning this module is the server's; its
+    head keeps the paper's batch norm, which only mixes released embeddings (post-processing of
+    the sites' releases).
 
     Parameters
     ----------

@@ -83,7 +83,7 @@ def epoch_batches(n: int, *, batch_size: int, seed: int, epoch: int) -> list[Ten
     """The label holder's batches of epoch ``epoch``: a seeded permutation of ``range(n)`` cut into batches.
 
     The last batch may be smaller. A batch of one record is merged into the one before it
-    (batch norm needs two records per batch in training).
+    (the prediction head's batch norm needs two records per batch in training).
     """
     if n < 2 or batch_size < 2:
         raise ValueError(f"need n >= 2 and batch_size >= 2, got {n}, {batch_size}")

@@ -20,20 +20,26 @@ Roles (DESIGN.md §5):
 Equivalence with the centralised model. Every random draw of step ``t`` is a function of
 ``part_seed(seed, part, t)`` (posterior samples and dropout of each encoder and of the fusion
 head) and of the site's noise seed; a site recomputes the forward pass of batch ``t − 1`` to
-back-propagate the returned gradient (restoring its batch-norm statistics so that each pass
-counts once). With the same seeds, the split model takes exactly the steps of
-:func:`models.multimodal_training.train_multisurv` with :func:`embedding_hook` as its hook: the
-tests check the gradients (σ = 0, no clipping) and the trained weights.
+back-propagate the returned gradient (the encoders hold no batch statistics or other state that
+a forward pass updates, so the recomputed pass is the released one). With the same seeds, the
+split model takes exactly the steps of :func:`models.multimodal_training.train_multisurv` with
+:func:`embedding_hook` as its hook: the tests check the gradients (σ = 0, no clipping) and the
+trained weights.
 
-Privacy (the ledger says all of this): a record's embedding is released once per epoch and once
-per prediction pass; the server picks the batches, so no sub-sampling amplification applies and
-the site's guarantee is RDP of ``R`` Gaussian releases, ``R`` the most releases of any record
-(:mod:`strategies.mechanisms.embedding_dp`). Not covered: the gradients sent back to the sites,
-a record's influence on its site's encoder weights (and so on every later embedding of other
-records), the labels (the server holds them), and which IDs each site holds (the server learns
-it at alignment). The noise must be secret to the site: in simulation it is derived from the run
-seed (reproducible, so a server that knows the seed could remove it); in a deployment each site
-draws it from its own secret seed or the operating system's entropy.
+Privacy (the ledger says all of this): a record's released embedding is a function of that
+record's features alone, given the site's current encoder weights and preprocessing, the step's
+seeds and the noise (the encoders have no batch norm: :func:`models.multimodal.build_encoder`), so
+replacing one record's features moves its own release only, by at most ``2C``. A record's
+embedding is released once per epoch and once per prediction pass; the server picks the batches,
+so no sub-sampling amplification applies and the site's guarantee is RDP of ``R`` Gaussian
+releases, ``R`` the most releases of any record (:mod:`strategies.mechanisms.embedding_dp`). Not
+covered: the gradients sent back to the sites, a record's influence on its site's encoder weights
+and preprocessing (the training mean and scale of each continuous column, the categories seen) and
+through them on every later embedding of other records, the labels (the server holds them), and
+which IDs each site holds (the server learns it at alignment). The noise must be secret to the
+site: in simulation it is derived from the run seed (reproducible, so a server that knows the seed
+could remove it); in a deployment each site draws it from its own secret seed or the operating
+system's entropy.
 
 References
 ----------
@@ -339,16 +345,12 @@ class SplitSite:
         if gradient.shape != (len(ids), self.config.dim):
             raise ValueError(f"{self.source}: gradient of shape {tuple(gradient.shape)} for {len(ids)} records")
         self.encoder.train()
-        buffers = {name: value.clone() for name, value in self.encoder.named_buffers()}
         embeddings = self._encode(self._inputs(positions, present), step)
         released = self._release(embeddings, step, noise=False)  # the noise is additive: same Jacobian
         mask = torch.from_numpy(present).unsqueeze(1)
         loss = (released * gradient * mask).sum() + kl_divergence(self.encoder) / self.config.num_train
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        with torch.no_grad():  # the release pass already counted this batch in the batch-norm statistics
-            for name, value in self.encoder.named_buffers():
-                value.copy_(buffers[name])
         self.optimizer.step()
 
     @torch.no_grad()

@@ -54,6 +54,36 @@ def test_bayesian_fc_structure() -> None:
     assert fc(torch.randn(4, 200)).shape == (4, 64)
     assert kl_divergence(fc).ndim == 0
     assert BayesianFC(5, 2, 0)(torch.randn(3, 5)).shape == (3, 2)
+    kinds = [type(m).__name__ for m in BayesianFC(200, 64, 2, batch_norm=False).layers]
+    assert kinds == ["BayesianLinear", "ReLU", "Dropout"] * 2 + ["BayesianLinear"]
+
+
+@pytest.mark.parametrize("cardinalities", [(), (3, 2)])
+def test_encoders_map_each_record_alone_in_training_mode(cardinalities: tuple[int, ...]) -> None:
+    """Released path: an encoder's output row i depends on input row i alone, also in train mode.
+
+    No normalisation across the batch (batch norm), so one record's features cannot move another
+    record's embedding: checked by changing one input row under the same posterior draw and
+    dropout masks, and structurally (no batch norm, no buffers).
+    """
+    torch.manual_seed(0)
+    encoder = build_encoder(cardinalities=cardinalities, num_continuous=4, dim=16, hidden_layers=3, dropout=0.3)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules())
+    assert not list(encoder.buffers())
+    codes = torch.stack([torch.randint(0, c, (32,)) for c in cardinalities], 1).float() if cardinalities else None
+    x = torch.randn(32, 4) if codes is None else torch.cat([codes, torch.randn(32, 4)], 1)
+    changed = x.clone()
+    changed[7, len(cardinalities):] = 10.0
+    if cardinalities:
+        changed[7, 0] = (changed[7, 0] + 1) % cardinalities[0]
+    encoder.train()
+    with seeded(4):
+        out = encoder(x)
+    with seeded(4):
+        out_changed = encoder(changed)
+    assert not torch.allclose(out[7], out_changed[7])
+    torch.testing.assert_close(torch.cat([out[:7], out[8:]]), torch.cat([out_changed[:7], out_changed[8:]]),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_clinical_net_shapes_and_input_convention() -> None:
