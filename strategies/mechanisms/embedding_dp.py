@@ -17,7 +17,8 @@ not happen, and it is an asymptotic bound; it gives far less noise than the RDP 
 The ledger labels it as such and still reports the RDP ε of the noise that ran.
 
 Not covered by either figure: the gradients the server sends back, and a record's influence on the
-site's encoder weights, which shape every later embedding of every other record.
+site's encoder weights and on its preprocessing statistics, which shape every later embedding of
+every other record.
 
 References
 ----------
@@ -280,16 +281,17 @@ class EmbeddingDP(Mechanism):
             "each site clips every record's embedding to L2 norm clip_norm and adds N(0, (sigma clip_norm)^2) per "
             "coordinate before sending it (BVFLMSP embedding perturbation)",
             calibration,
-            "unit: one record's features; adjacency replace-one (sensitivity 2 clip_norm); a record's embedding is "
-            "released once per epoch and once per prediction pass; the server picks the batches, so no sub-sampling "
-            "amplification is credited",
+            "unit: one record's features; adjacency replace-one (sensitivity 2 clip_norm: each released embedding is "
+            "a function of its own record's features, the site's current encoder weights and preprocessing, and the "
+            "step's seeds; the encoders have no batch norm, so replacing one record moves no other record's release); "
+            "a record's embedding is released once per epoch and once per prediction pass; the server picks the "
+            "batches, so no sub-sampling amplification is credited",
             "per-site epsilon: RDP of that site's releases (protects the record's features held there); "
             f"'{RECORD_LEVEL}': RDP composition of every site's releases of the record (the record-level figure and "
             "the run's headline): a record's features are split over the sites, so no parallel composition applies",
-            "a released embedding is a function of its own record (no batch-coupled normalisation in the encoders), "
-            "so its sensitivity is the clip norm",
             "not covered: the gradients the server sends back to the sites, and a record's influence on its site's "
-            "encoder weights (which shape every later embedding of other records): the guarantee covers the direct "
+            "encoder weights and preprocessing statistics (training mean and scale of each continuous column, "
+            "categories seen), which shape every later embedding of other records: the guarantee covers the direct "
             "embedding releases only (per-sample DP-SGD of the encoders is not implemented)",
             "not covered: the labels (the server holds them) and which record IDs each site holds (the server learns "
             "it at alignment)",
@@ -322,8 +324,8 @@ class EmbeddingDP(Mechanism):
             ReleasedValue("privacy report", "release counts and the epsilons derived from them", "split step", True,
                           "functions of the server's own requests and the public configuration",
                           ("*/split.privacy.*",)),
-            ReleasedValue("encoder influence", "a record's effect on the site's encoder weights, hence on every later "
-                          "embedding of other records", "split step", False,
-                          "the encoders train on raw records without DP-SGD"),
+            ReleasedValue("encoder influence", "a record's effect on the site's encoder weights and preprocessing "
+                          "statistics, hence on every later embedding of other records", "split step", False,
+                          "the encoders train on raw records without DP-SGD; the preprocessing is fitted on them"),
         ]
         return Manifest(self.name, self.unit if private else "none", tuple(releases))
