@@ -20,6 +20,7 @@ the configuration); ``resume.from`` continues a stopped run from its last checkp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -256,8 +257,13 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         record = survival.rounds.get(server_round)
         released = record.released if record else {}
         for site in sorted(released):
-            ledger.record(mechanism.ledger_entry(cfg, server_round, site, setup=setups[site],
-                                                 reports=survival.site_reports(site, server_round)))
+            entry = mechanism.ledger_entry(cfg, server_round, site, setup=setups[site],
+                                           reports=survival.site_reports(site, server_round))
+            if released[site] is None:
+                entry = dataclasses.replace(entry, assumptions=entry.assumptions + (
+                    f"round {server_round}: no accepted reply from this site (refused, or none within "
+                    "federation.timeout_s: it may have sent its update late); the round counts as released",))
+            ledger.record(entry)
         global_test: dict[str, float] = {}
         diverged = ""
         if cfg.server_evaluation:

@@ -82,7 +82,8 @@ class RoundRecord:
 
     ``released``: every site whose training reply arrived, with its report if the server accepted
     it and ``None`` if it refused it (the update reached the server either way, so the ledger
-    counts it). ``train_sites``: the accepted reports. ``privacy_states``: the state each accepted
+    counts it), and every site that did not answer in time (``None``: it may have sent its update
+    late). A site whose ClientApp failed (an error reply) released nothing that round. ``train_sites``: the accepted reports. ``privacy_states``: the state each accepted
     site reported (JSON). ``failures``: ``{"phase", "site", "node", "reason"}`` of every error,
     missing or refused reply. ``shortfall`` says why the round was not aggregated (too few sites),
     empty otherwise.
@@ -294,6 +295,13 @@ class SurvivalFedAvg(FedAvg):
                 messages = [self._with_own_state(message, site_states) for message in messages]
             replies = self.record_failures(server_round, "train", messages,
                                            grid.send_and_receive(messages, timeout=self.timeout))
+            # A site that did not answer in time may still have trained and sent its update late (the server
+            # would then hold it): its round counts as released.
+            answered = {reply.metadata.src_node_id for reply in replies}
+            for message in messages:
+                site = self.node_sites.get(message.metadata.dst_node_id)
+                if site is not None and message.metadata.dst_node_id not in answered:
+                    record.released[site] = None
             accepted = self.screen_train(server_round, replies)
             aggregated, _ = outer.aggregate_train(server_round, accepted)
             if len(accepted) < self.min_train_nodes:

@@ -87,8 +87,11 @@ def test_a_site_that_never_answers_is_left_out_after_the_timeout(tmp_path):
     metrics = _read_jsonl(tmp_path / "metrics.jsonl")
     assert metrics[1]["failures"] == [metrics[1]["failures"][0]]
     assert _named(metrics[1]["failures"][0], "train", "site-1") and "no reply within 8 s" in metrics[1]["failures"][0]["reason"]
-    assert _rounds_by_site(_read_jsonl(tmp_path / "ledger.jsonl")) == {"site-0": [1, 2], "site-1": [1],
-                                                                      "site-2": [1, 2]}
+    # site-1 may have trained and sent its update after the timeout: the ledger counts round 2 as released
+    ledger = _read_jsonl(tmp_path / "ledger.jsonl")
+    assert _rounds_by_site(ledger) == {"site-0": [1, 2], "site-1": [1, 2], "site-2": [1, 2]}
+    late = [entry for entry in ledger if entry["site"] == "site-1" and entry["round"] == 2]
+    assert "it may have sent its update late" in late[0]["assumptions"][-1]
     assert summary["rounds"] == 2
 
 
