@@ -35,6 +35,7 @@ from models.plots import plot_survival_bands
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
+from strategies.replies import check_embeddings
 from strategies.split import (
     PredictRequest,
     SiteConfig,
@@ -71,9 +72,11 @@ class SplitTransport(Protocol):
 class FlowerSplitTransport:
     """The protocol over Flower messages: one message per site per round trip, sent in parallel.
 
-    A site that replies with an error, or does not reply within ``timeout`` seconds, stops the
-    run with :class:`strategies.split.SplitSiteError` naming its modality and node
-    (:func:`run_vertical` adds the epoch).
+    A site that replies with an error, does not reply within ``timeout`` seconds, or sends a
+    reply the server refuses (another modality's name, embeddings of the wrong shape or not
+    finite, a malformed presence mask: :func:`strategies.replies.check_embeddings`) stops the run
+    with :class:`strategies.split.SplitSiteError` naming its modality, node and reason
+    (:func:`run_vertical` adds the epoch): every site holds a part of each record.
     """
 
     def __init__(self, grid: Grid, *, timeout: float | None = 600.0) -> None:
@@ -81,6 +84,7 @@ class FlowerSplitTransport:
         self.timeout = timeout
         self.nodes: dict[str, int] = {}
         self.round_trips = 0
+        self.dim = 0
 
     def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         messages = [Message(content=content, dst_node_id=node, message_type=message_type)
@@ -118,16 +122,32 @@ class FlowerSplitTransport:
         return {name: replies[self.nodes[name]] for name in contents}
 
     def setup(self, configs: Mapping[str, SiteConfig]) -> None:
+        self.dim = next(iter(configs.values())).dim
         self._by_modality(wire.SETUP, {name: wire.encode_setup(config) for name, config in configs.items()})
 
     def exchange(self, requests: Mapping[str, SiteRequest]) -> dict[str, SiteReply]:
         self.round_trips += 1
         replies = self._by_modality(wire.STEP, {name: wire.encode_request(r) for name, r in requests.items()})
-        return {name: wire.decode_reply(content)[1] for name, content in replies.items()}
+        return {name: self._checked(name, content, wire.STEP, len(requests[name].forward_ids or ()), None)
+                for name, content in replies.items()}
 
     def predict(self, requests: Mapping[str, PredictRequest]) -> dict[str, SiteReply]:
         replies = self._by_modality(wire.PREDICT, {name: wire.encode_predict(r) for name, r in requests.items()})
-        return {name: wire.decode_reply(content)[1] for name, content in replies.items()}
+        return {name: self._checked(name, content, wire.PREDICT, len(requests[name].ids), requests[name].passes)
+                for name, content in replies.items()}
+
+    def _checked(self, name: str, content: RecordDict, message_type: str, rows: int, passes: int | None) -> SiteReply:
+        """The decoded reply of site ``name``, checked (:func:`strategies.replies.check_embeddings`)."""
+        node = self.nodes[name]
+        try:
+            modality, reply = wire.decode_reply(content)
+        except (KeyError, TypeError, ValueError) as err:
+            raise SplitSiteError(f"site {name!r} (node {node}) sent an unreadable {message_type} reply: {err}") from None
+        reason = (f"the reply claims modality {modality!r}" if modality != name else
+                  check_embeddings(reply.embeddings, reply.present, rows=rows, dim=self.dim, passes=passes))
+        if reason:
+            raise SplitSiteError(f"site {name!r} (node {node}) sent a refused {message_type} reply: {reason}")
+        return reply
 
 
 def _upper_bound_reports(configs: Mapping[str, SiteConfig], releases: int) -> dict[str, dict[str, float]]:

@@ -12,6 +12,8 @@ round and goes on without the reply.
   the held-out count is plausible, and no site's figures stand far outside the other sites'.
 * :func:`check_breslow`: Breslow aggregates have the grid's length, are finite and non-negative,
   and count no more events than the site has records.
+* :func:`check_embeddings`: a split-learning site's embeddings have the requested shape and finite
+  values, and its presence mask one boolean per requested record.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "METRIC_RANGES",
     "check_arrays",
     "check_breslow",
+    "check_embeddings",
     "check_count",
     "check_evaluation",
     "suspect_evaluations",
@@ -166,4 +169,21 @@ def check_breslow(event_counts: object, risk_sums: object, *, grid_size: int, ma
         return "Breslow aggregates: event counts must be whole numbers >= 0 and risk sums >= 0"
     if counts.sum() > max_records * (1 + 1e-9):
         return f"Breslow aggregates count {counts.sum():g} events, more than the site's {max_records:g} records"
+    return ""
+
+
+def check_embeddings(embeddings: np.ndarray, present: np.ndarray, *, rows: int, dim: int, passes: int | None) -> str:
+    """Why a split-learning site's reply is unusable ("" when it is fine).
+
+    ``embeddings`` must have shape ``(rows, dim)`` (a training step; ``passes`` None) or
+    ``(passes, rows, dim)`` (prediction) and finite values; ``present`` one boolean per requested
+    record.
+    """
+    expected = (rows, dim) if passes is None else (passes, rows, dim)
+    if embeddings.shape != expected:
+        return f"embeddings have shape {embeddings.shape}, {expected} were requested"
+    if not np.all(np.isfinite(embeddings)):
+        return "embeddings are not finite"
+    if present.shape != (rows,) or present.dtype != np.bool_:
+        return f"the presence mask must be {rows} booleans, got {present.dtype} of shape {present.shape}"
     return ""

@@ -71,3 +71,26 @@ def test_a_well_formed_poisoned_update_is_kept_out_only_by_a_robust_aggregator(t
     clean_c = clean["fedavg"]["test"]["c_index"]
     assert mean["test"]["c_index"] < clean_c - 0.05
     assert abs(median["test"]["c_index"] - clean_c) < 0.02
+
+
+def test_a_split_site_whose_embeddings_are_not_finite_stops_the_run_naming_it(tmp_path, monkeypatch):
+    """Split learning needs every site for every batch: a refused reply stops the run, naming the site and why."""
+    from flwr_app import vertical_client
+    from strategies.split import SplitSiteError
+
+    original = vertical_client.SplitSite.embed
+
+    def corrupt(site, ids, step):
+        embeddings, present = original(site, ids, step)
+        if site.config.modality == "b" and step >= 2:
+            embeddings[0, 0] = float("nan")
+        return embeddings, present
+
+    monkeypatch.setattr(vertical_client.SplitSite, "embed", corrupt)
+    vertical = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
+                "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,
+                "split.embedding_dim": 8, "split.encoder_layers": 1, "split.head_layers": 1, "split.mc_samples": 2,
+                "federation.rounds": 2, "privacy.epsilon": 8.0, "baseline.centralized": False}
+    with pytest.raises(SplitSiteError, match=r"site 'b' \(node \d+\) sent a refused train\.split_step reply: "
+                                             r"embeddings are not finite"):
+        run_inprocess({**vertical, "output.dir": str(tmp_path)})
