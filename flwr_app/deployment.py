@@ -41,7 +41,7 @@ from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
-from models.data.validate import column_differences
+from models.data.validate import DataValidationError, column_differences, identifier_problems
 from models.survival import time_grid_from_histograms, time_histogram
 from strategies.mechanisms.base import SiteSetUp
 
@@ -53,6 +53,8 @@ SPEC_STATE = "deployment.spec"
 SETUP_STATE = "deployment.setup"
 #: A site reporting more training records than this many times the sites' median is refused at set-up.
 MAX_COUNT_RATIO = 100.0
+#: A site whose largest time, or a feature's spread or mean, stands this many times outside the sites' is refused.
+MAX_RANGE_RATIO = 100.0
 #: Resolution of the federated time grid: intervals of the sites' time histograms.
 TIME_HISTOGRAM_BINS = 2000
 
@@ -195,6 +197,8 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
     statistics = {node: FeatureStatistics.from_dict(summary["features"]) for node, summary in summaries.items()}
     left_out.update(_schema_problems(names, statistics) if statistics else {})
+    left_out.update(_range_problems(names, {node: statistics[node] for node in statistics if node not in left_out},
+                                    {node: float(summaries[node]["max_time"]) for node in summaries}))
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
     statistics = {node: statistics[node] for node in summaries}
     for node, reason in sorted(left_out.items()):
@@ -261,6 +265,9 @@ def deployed_site(cfg: ExperimentConfig, context: Context) -> SiteData:
 def summary(message: Message, context: Context) -> Message:
     """Additive statistics of the site's training part (features, times) and its largest training time."""
     table, train, _ = _site_table(parse_run_config(context.run_config), context)
+    problems = identifier_problems(table.features, source=table.source)
+    if problems:
+        raise DataValidationError("; ".join(problems))
     time = table.time[train]
     return Message(content=_payload({
         "site": site_name(context),
@@ -295,6 +302,43 @@ def stored_setup(context: Context) -> SiteSetUp:
                          "reach it")
     record = context.state.config_records[SETUP_STATE]
     return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]))
+
+
+def _range_problems(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics],
+                    max_times: Mapping[int, float]) -> dict[int, str]:
+    """Sites whose set-up statistics stand far outside the other sites' (node -> why).
+
+    With three sites or more: a largest training time above :data:`MAX_RANGE_RATIO` times the
+    sites' median (one such site would stretch everyone's time grid), or a numeric feature whose
+    mean lies more than :data:`MAX_RANGE_RATIO` of the sites' median standard deviations from the
+    sites' median mean, or whose standard deviation exceeds :data:`MAX_RANGE_RATIO` times that
+    median (one such site would set everyone's standardisation). Such a site is refused, naming the
+    column.
+    """
+    problems: dict[int, str] = {}
+    nodes = [node for node in statistics if node in max_times]
+    if len(nodes) < 3:
+        return problems
+    middle = float(np.median([max_times[node] for node in nodes]))
+    for node in nodes:
+        if not math.isfinite(max_times[node]) or max_times[node] > MAX_RANGE_RATIO * max(middle, 1e-12):
+            problems[node] = (f"site '{names[node]}': largest training time {max_times[node]:g}, more than "
+                              f"{MAX_RANGE_RATIO:g} times the sites' median {middle:g}")
+    columns = set.intersection(*(set(statistics[node].numeric) for node in nodes))
+    for column in sorted(columns):
+        stats = {node: statistics[node].numeric[column] for node in nodes if statistics[node].numeric[column].count}
+        if len(stats) < 3:
+            continue
+        centre = float(np.median([s.mean for s in stats.values()]))
+        spread = float(np.median([s.std for s in stats.values()]))
+        for node, stat in stats.items():
+            if node in problems:
+                continue
+            if abs(stat.mean - centre) > MAX_RANGE_RATIO * spread or stat.std > MAX_RANGE_RATIO * spread:
+                problems[node] = (f"site '{names[node]}': column '{column}' has mean {stat.mean:g} and standard "
+                                  f"deviation {stat.std:g}, far outside the sites' (median mean {centre:g}, median "
+                                  f"standard deviation {spread:g})")
+    return problems
 
 
 def _count_problems(names: Mapping[int, str], counts: Mapping[int, float]) -> dict[int, str]:

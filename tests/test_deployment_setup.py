@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from models.data.datasets import load_flchain
 from simulations.inprocess import run_inprocess
@@ -106,8 +107,6 @@ def test_sites_whose_schemas_all_differ_stop_the_run_with_every_reason(tmp_path)
 
 
 def _final_weights(out):
-    import torch
-
     return torch.load(out / "model.pt", weights_only=True)["state_dict"]
 
 
@@ -134,3 +133,46 @@ def test_deployed_noise_comes_from_the_sites_entropy_not_from_the_run_seed(tmp_p
               for run in ("a", "c")}
     assert any("operating-system entropy" in line for line in ledger["a"])
     assert any("not private against anyone who knows the seed" in line for line in ledger["c"])
+
+
+def _stretch_time(frame):
+    frame.loc[:9, "futime"] = 1e12  # these records' times would shrink everyone's grid to two points
+    return frame
+
+
+def _string_id(frame):
+    frame.insert(0, "patient", [f"P{i:05d}" for i in range(len(frame))])
+    return frame
+
+
+def _scaled_feature(frame):
+    frame["age"] = frame["age"] * 1e6
+    return frame
+
+
+HOSTILE_SETUP = {
+    "a stretched time range": (_stretch_time, ["largest training time", "1e+12"]),
+    "a string identifier column": (_string_id, ["patient", "record identifier"]),
+    "a feature on another scale": (_scaled_feature, ["'age'", "far outside"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_SETUP))
+def test_a_site_whose_set_up_statistics_stand_out_is_refused_and_the_grid_is_the_others(case, tmp_path):
+    damage, words = HOSTILE_SETUP[case]
+    configs = []
+    for name, frame in zip(SITES, _frames(), strict=True):
+        path = tmp_path / f"{name}.csv"
+        (damage(frame) if name == SITES[-1] else frame).to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": name})
+    sent = []
+    summary = run_inprocess({**RUN, "output.dir": str(tmp_path / "out")}, node_configs=configs,
+                            observe=lambda message, reply: sent.append(message))
+    (reason,) = summary["left_out"].values()
+    for word in words:
+        assert word in reason, reason
+    assert set(summary["sites"]) == set(SITES[:3])
+    if case == "a string identifier column":  # no record's ID reached the server or another site
+        assert not any("P00001" in str(message.content) for message in sent)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2]

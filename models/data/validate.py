@@ -125,6 +125,36 @@ def feature_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
     return problems
 
 
+#: A categorical column is identifier-like when more than this share of its rows hold a value no other row has.
+ID_LIKE_SINGLETON_SHARE = 0.5
+#: ... and it has at least this many rows (tiny tables say nothing).
+ID_LIKE_MIN_ROWS = 20
+
+
+def identifier_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
+    """Categorical columns that look like record identifiers (their values must never leave a site).
+
+    A categorical column's levels are sent to the server and on to every site (the one-hot
+    schema). When most rows hold a level no other row has, the levels are the records' IDs: the
+    column is refused with a message naming the file and the column (drop it or list the
+    features in ``data.feature_cols``).
+    """
+    problems = []
+    if len(frame) < ID_LIKE_MIN_ROWS:
+        return problems
+    for column in frame.columns:
+        series = frame[column]
+        if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+            continue
+        counts = series.dropna().astype(str).value_counts()
+        singletons = int((counts == 1).sum())
+        if singletons > ID_LIKE_SINGLETON_SHARE * len(series):
+            problems.append(f"{source}: column '{column}': looks like a record identifier ({singletons} of "
+                            f"{len(series)} rows hold a value no other row has): its values would be sent to the "
+                            "server as category levels; drop the column or list the features in data.feature_cols")
+    return problems
+
+
 def validate_survival_frame(
     df: pd.DataFrame,
     *,
