@@ -66,14 +66,29 @@ ADJACENCIES = ("auto", "add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: The float keys for which ``inf`` means something (every other float key must be finite).
+INFINITE_MEANS = {"privacy.epsilon": "no differential privacy"}
+
+
+def _finite(key: str, value: float) -> float:
+    """``value`` unless it is NaN, ``-inf``, or ``inf`` for a key outside :data:`INFINITE_MEANS`."""
+    if math.isnan(value):
+        raise ConfigError(f"run config: '{key}' must be a number, got nan")
+    if math.isinf(value) and (value < 0 or key not in INFINITE_MEANS):
+        allowed = "; only " + ", ".join(f"{name} may be inf ({meaning})" for name, meaning in INFINITE_MEANS.items()) \
+            if value > 0 else ""
+        raise ConfigError(f"run config: '{key}' must be finite, got {value}{allowed}")
+    return value
+
+
 def _get(flat: Mapping[str, Any], key: str, kind: type) -> Any:
     if key not in flat:
         raise ConfigError(f"run config: missing key '{key}'")
     value = flat[key]
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(key, float(value))
     if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf"):
-        return math.inf
+        return _finite(key, math.inf)
     if kind is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
@@ -98,10 +113,15 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> float:
 
 
 def _auto(flat: Mapping[str, Any], key: str) -> str | None:
-    """String value where ``"auto"`` (or empty) means: the model kind's default."""
+    """String value where ``"auto"`` (or empty) means: the model kind's default; a number in it must be finite."""
     value = flat.get(key, "auto")
     if isinstance(value, str) and value.strip().lower() in ("", "auto"):
         return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    _finite(key, number)
     return str(value)
 
 

@@ -8,6 +8,8 @@
 ``model.pt``         final global model (``state_dict`` plus what is needed to rebuild it)
 ``checkpoint.pt``    horizontal runs: everything needed to continue after the last completed round
 ``survival_vs_km.png``  mean predicted survival vs Kaplan–Meier per site
+``run.log``          what the ServerApp printed, and the error (with its traceback) that ended a failed run
+                     (:mod:`flwr_app.runlog`)
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 from flwr_app.config import ConfigError, ExperimentConfig
 
 CHECKPOINT = "checkpoint.pt"
+#: Files whose presence means that a directory already holds a run (a new run there is refused).
+RUN_FILES = ("config.json", "metrics.jsonl", "ledger.jsonl", "summary.json", "model.pt", CHECKPOINT)
 
 
 def _jsonable(value: Any) -> Any:
@@ -57,7 +61,15 @@ class RunOutputs:
         """The run's directory: ``output.dir`` or ``./outputs/<time>-<data>-<strategy>``.
 
         A resumed run (``resume.from``) continues in the directory of its checkpoint; ``output.dir``
-        must then be empty or name that directory.
+        must then be empty or name that directory. Otherwise the directory must not hold another
+        run's files (:data:`RUN_FILES`): a new run would append its rounds to that run's metrics
+        and ledger. An empty directory, or one with other files only (Hydra's ``.hydra/``, a
+        ``run.log``), is fine.
+
+        Raises
+        ------
+        ConfigError
+            When ``output.dir`` holds a run's files, or names another directory than ``resume.from``.
         """
         if cfg.resume_from:
             directory = resume_directory(cfg.resume_from)
@@ -71,6 +83,10 @@ class RunOutputs:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             directory = Path.cwd() / "outputs" / f"{stamp}-{cfg.data.name}-{cfg.strategy}-seed{cfg.seed}"
         directory = directory.resolve()
+        held = sorted(name for name in RUN_FILES if (directory / name).exists())
+        if held:
+            raise ConfigError(f"run config: output.dir = {str(directory)!r} already holds a run ({', '.join(held)}); "
+                              f"choose a new directory, or continue that run with resume.from = {str(directory)!r}")
         directory.mkdir(parents=True, exist_ok=True)
         return cls(directory)
 

@@ -35,7 +35,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from flwr_app import deployment, task, vertical_task
+from flwr_app import deployment, interrupt, runlog, task, vertical_task
 from flwr_app.config import ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs, load_checkpoint
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
@@ -186,11 +186,13 @@ def _resume(cfg: ExperimentConfig, outputs: RunOutputs, survival: SurvivalFedAvg
 
 
 @app.main()
+@runlog.logged
 def main(grid: Grid, context: Context) -> None:
     """Run ``federation.rounds`` rounds of FedAvg and write the run's outputs."""
     cfg = parse_run_config(context.run_config)
     poll_replies_often(grid)
     outputs = RunOutputs.create(cfg)
+    runlog.attach(outputs.directory)
     if not cfg.resume_from:  # a resumed run keeps the config.json of the run it continues (checked equal)
         outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
@@ -308,6 +310,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             raise RunStopped(f"debug.stop_after_round = {server_round}: the run stops after round {server_round} "
                              f"(a simulated crash of the server); continue it with resume.from = "
                              f"'{outputs.directory}'")
+        interrupt.raise_if_requested(server_round, of=cfg.federation.rounds, directory=outputs.directory)
 
     try:
         arrays = survival.run_rounds(

@@ -23,8 +23,8 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+from flwr_app import interrupt, task, vertical_task
 from flwr_app import split_messages as wire
-from flwr_app import task, vertical_task
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
 from models.data.vertical import VerticalTable, align_modalities
@@ -245,6 +245,8 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         print(f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
               f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None else ""),
               flush=True)
+        interrupt.raise_if_requested(epoch + 1, of=cfg.federation.rounds, directory=outputs.directory,
+                                     resumable=False, unit="epoch")
 
     audit_result: dict[str, Any] = {}
     try:

@@ -47,7 +47,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from flwr_app import task, vertical_task
+from flwr_app import interrupt, runlog, task, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 
@@ -163,6 +163,92 @@ def _stop_cluster(head: subprocess.Popen, log: Any, temp_dir: str) -> None:
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler while the block runs (:func:`flwr_app.interrupt.stop_on_signals`).
+
+    ``ray.init`` (called by Flower's Ray backend in the main thread) changes it twice: the Ray
+    node it starts and ``ray.init`` itself set a Python handler that exits at once
+    (``ray._private.utils.set_sigterm_handler``), and the driver's core worker installs Abseil's
+    failure-signal handler, which prints a stack trace on SIGTERM and aborts the process three
+    seconds later. Either would end the main thread in the middle of a round while the
+    ServerApp's thread waits for replies that never come. For the block, Ray's Python handler is
+    not set and the driver's failure-signal handler is not installed (as the environment variable
+    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` does; a native crash of the driver then prints no C++
+    stack). ``tests/test_interrupt.py`` checks that the pinned Ray still uses both hooks.
+    """
+    from ray._private import ray_constants
+    from ray._private import utils as ray_utils
+
+    original = ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    ray_utils.set_sigterm_handler = lambda handler: None
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = original
+
+
+def _is_ray_process(process: Any, ray_dir: str) -> bool:
+    """A Ray daemon (a program or script of the ``ray`` package) or worker (``ray::...``)."""
+    cmdline = process.cmdline()
+    return process.name().startswith("ray::") or (bool(cmdline) and cmdline[0].startswith("ray::")) or \
+        any(arg.startswith(ray_dir) for arg in cmdline)
+
+
+@contextlib.contextmanager
+def _ray_processes_ended(*, interval_s: float = 1.0, grace_s: float = 5.0) -> Iterator[None]:
+    """Make sure that the Ray processes started while the block runs are gone when it ends.
+
+    Flower's backend ends a run with ``ray.shutdown()``, which stops Ray's daemons, but the
+    site actors (``ray::ClientAppActor``) exit only once they notice that their raylet is gone:
+    seconds to minutes after the run. A thread notes this process's Ray descendants while the
+    block runs; when it ends, those still alive get SIGTERM, and SIGKILL after ``grace_s``
+    seconds. With ``RAY_ADDRESS`` set (a cluster of :func:`ray_cluster` or the user's) nothing
+    is done: the cluster ends its jobs' workers.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        yield
+        return
+    import ray  # Ray bundles psutil (ray/thirdparty_files), which it puts on the path
+    import psutil
+
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    me = psutil.Process()
+    seen: dict[int, Any] = {}
+    done = threading.Event()
+
+    def note() -> None:
+        for process in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if process.pid not in seen and _is_ray_process(process, ray_dir):
+                    seen[process.pid] = process
+
+    def watch() -> None:
+        while not done.wait(interval_s):
+            with contextlib.suppress(psutil.Error):
+                note()
+
+    watcher = threading.Thread(target=watch, name="fedsurv-ray-processes", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        with contextlib.suppress(psutil.Error):
+            note()
+        alive = [process for process in seen.values() if process.is_running()]  # is_running: not a reused PID
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+
+
 def schema_keys() -> set[str]:
     """Run-config keys declared in ``pyproject.toml``."""
     return set(get_fused_config_from_dir(PROJECT_ROOT, {}))
@@ -191,10 +277,38 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
     The number of simulated SuperNodes is the number of sites of the run's data set (for a
     natural partition that is the number of groups, known only once the data are loaded; for
     split learning the number of modalities).
+
+    In the main thread, SIGINT and SIGTERM stop the run after the round in progress, with its
+    checkpoint written (:mod:`flwr_app.interrupt`), and a second signal stops it at once. When
+    the function returns or raises, no Ray process it started is left. An error is written with
+    its traceback to the run's ``run.log`` (:mod:`flwr_app.runlog`).
+
+    Raises
+    ------
+    ConfigError
+        For a bad run config, or an ``output.dir`` that holds another run (checked before Ray starts).
+    flwr_app.interrupt.StopRequested
+        When a signal stopped the run between two rounds (split learning: epochs).
+    flwr_app.interrupt.Interrupted
+        When a second signal stopped it at once.
     """
     fused, cfg = resolve(overrides)
     if not cfg.output_dir and not cfg.resume_from:
         raise ConfigError("run_simulation needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
+    outputs = RunOutputs.create(cfg)  # refuses a directory that holds another run before anything starts
+    with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), _ray_processes_ended():
+        with interrupt.at_once_allowed():
+            _simulate(overrides, fused, cfg, outputs, cpus_per_site=cpus_per_site, verbose=verbose)
+    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))
+
+
+def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: ExperimentConfig, outputs: RunOutputs, *,
+              cpus_per_site: float, verbose: bool) -> None:
+    """Start Flower's simulation runtime with the ServerApp and ClientApp of ``pyproject.toml``.
+
+    Unless ``verbose``, the runtime's log (its warnings and errors: e.g. every failed message of a
+    site, with its traceback) goes to the run's ``run.log`` only.
+    """
     if cfg.strategy == "split":
         num_sites = len(vertical_task.load_table(cfg).modalities)
     else:
@@ -220,7 +334,8 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
     if not verbose:
         flwr_logger.setLevel(logging.WARNING)
     try:
-        with _frequent_message_pickup():
+        with _frequent_message_pickup(), _keep_sigterm_handler(), \
+                contextlib.nullcontext() if verbose else runlog.logger_records("flwr", outputs.directory):
             _run_simulation(
                 num_supernodes=num_sites,
                 exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
@@ -239,4 +354,3 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
             )
     finally:
         flwr_logger.setLevel(level)
-    return json.loads(RunOutputs.create(cfg).summary_path.read_text(encoding="utf-8"))

@@ -277,11 +277,12 @@ def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, M
         num_nodes = len(vertical_task.load_table(cfg).modalities)
     else:
         num_nodes = task.load_federation(cfg).num_sites
+    outputs = RunOutputs.create(cfg)  # refuses a directory that holds another run, as the ServerApp does
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
     grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe, node_configs=node_configs)
     server_app.app(grid, Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                                  run_config=fused))
-    return json.loads(RunOutputs.create(cfg).summary_path.read_text(encoding="utf-8"))
+    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))
 
 
 class LocalSplitTransport:

@@ -10,20 +10,75 @@ Examples
 The run goes through Flower's simulation engine (Ray) with the ServerApp and ClientApp of
 ``flwr_app``; with ``baseline.centralized=true`` (default) the same model is also trained on the
 pooled training data and reported beside the federated result.
+
+Ending. The outputs go to Hydra's run directory (or ``output.dir``), which must not hold another
+run; the run's log is its ``run.log``. A failed run prints one line on stderr, ``error: ...``, and
+exits with 2 for a bad configuration or data (nothing was run) or 1 for an error during the run
+(its traceback is in ``run.log``). Ctrl-C (SIGINT) or SIGTERM stops the run after the round in
+progress, once its checkpoint is written, and exits with 130 or 143; ``resume.from=<run dir>``
+continues it. A second signal stops it at once (the previous round's checkpoint stays). No Ray
+process is left behind.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
+import threading
+from pathlib import Path
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from flwr_app import runlog
 from flwr_app.config import ConfigError
+from flwr_app.interrupt import StopRequested
+from flwr_app.outputs import CHECKPOINT, resume_directory
 from models.data import DataValidationError
 from simulations.engine import run_simulation
 from simulations.hydra_config import flatten
+
+
+#: Characters of a run-time error's message shown on the command line (all of it is in run.log).
+MAX_LINE = 300
+
+
+def exit_with(message: str, code: int) -> NoReturn:
+    """Print ``message`` on stderr and end the process with ``code``.
+
+    After a run stopped at once (a second signal) the ServerApp's thread may still wait for
+    replies that will never come, and Python would wait for it before exiting: then the exit
+    handlers run and the process ends without waiting.
+    """
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    waiting = [thread for thread in threading.enumerate()
+               if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
+    if waiting:
+        atexit._run_exitfuncs()
+        os._exit(code)
+    sys.exit(code)
+
+
+def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int]:
+    """The one line that reports how ``run_simulation(flat)`` ended with ``err``, and the exit code."""
+    if isinstance(err, (ConfigError, DataValidationError)):
+        return f"error: {err}", 2
+    if isinstance(err, StopRequested):
+        return f"stopped: {err}", err.exit_code
+    directory = resume_directory(flat["resume.from"]) if flat["resume.from"] else Path(flat["output.dir"]).resolve()
+    if isinstance(err, KeyboardInterrupt):  # Interrupted (a second signal), or SIGINT before the handlers were set
+        resume = f"; continue from the last checkpoint with resume.from={directory}" \
+            if (directory / CHECKPOINT).exists() else ""
+        return f"stopped: {str(err) or 'SIGINT'}{resume}", getattr(err, "exit_code", 130)
+    line = runlog.one_line(err)
+    if len(line) > MAX_LINE:  # the whole message is in run.log
+        line = line[:MAX_LINE] + " ..."
+    where = runlog.log_path(err)
+    return f"error: {type(err).__name__}: {line}" + (f" (traceback in {where})" if where else ""), 1
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -34,9 +89,8 @@ def main(cfg: DictConfig) -> float | None:
         flat["output.dir"] = HydraConfig.get().runtime.output_dir
     try:
         summary = run_simulation(flat)
-    except (ConfigError, DataValidationError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except (Exception, KeyboardInterrupt) as err:
+        exit_with(*describe_failure(err, flat))
     return summary["test"].get("c_index")
 
 

@@ -43,7 +43,9 @@ instead and left running), so each job saves Ray's start and stop (about 4 s on 
 Failures. A job that raises (bad configuration, data error, a crash inside the simulation) does not
 stop the sweep: the job writes ``status.json`` with the error and returns. After each job Ray is
 shut down if Flower left it running, and the sweep reports any Ray process it spawned that is
-still alive.
+still alive. Ctrl-C (SIGINT) or SIGTERM stops the sweep: the job in progress stops after its
+current round with its checkpoint written (``resume.from`` continues it), the sweep exits with
+130 or 143, and the Ray cluster is stopped.
 """
 
 from __future__ import annotations
@@ -184,6 +186,7 @@ def run_job(flat: Mapping[str, Any], job_dir: Path, overrides: Sequence[str], cl
     claims_dir
         Where jobs claim their effective configuration; ``None`` disables duplicate skipping.
     """
+    from flwr_app.interrupt import StopRequested
     from simulations.engine import run_simulation
 
     requested = flat.get("privacy.epsilon")
@@ -215,7 +218,7 @@ def run_job(flat: Mapping[str, Any], job_dir: Path, overrides: Sequence[str], cl
     try:
         summary = run_simulation(config)
     except BaseException as err:  # one bad job must not end the sweep
-        if isinstance(err, KeyboardInterrupt):
+        if isinstance(err, (KeyboardInterrupt, StopRequested)):  # a signal stops the sweep
             raise
         message = f"{type(err).__name__}: {err}"
         print(f"sweep: job {' '.join(overrides)} failed: {message}", file=sys.stderr, flush=True)
@@ -552,7 +555,9 @@ def _hydra_main() -> None:
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
+    from flwr_app.interrupt import StopRequested
     from simulations.hydra_config import flatten
+    from simulations.run import describe_failure, exit_with
 
     @hydra.main(version_base="1.3", config_path="../conf", config_name="sweep")
     def main(cfg: DictConfig) -> float | None:
@@ -560,7 +565,11 @@ def _hydra_main() -> None:
         job_dir = Path(hydra_cfg.runtime.output_dir)
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         claims = Path(hydra_cfg.sweep.dir) / CLAIMS_DIR if multirun else None
-        return run_job(flatten(cfg), job_dir, list(hydra_cfg.overrides.task), claims)
+        flat = flatten(cfg)
+        try:
+            return run_job(flat, job_dir, list(hydra_cfg.overrides.task), claims)
+        except (StopRequested, KeyboardInterrupt) as stop:  # the sweep stops; the jobs done so far stay
+            exit_with(*describe_failure(stop, {**flat, "output.dir": flat["output.dir"] or str(job_dir)}))
 
     main()
 

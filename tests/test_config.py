@@ -1,12 +1,13 @@
 """One configuration schema for both entry points (DESIGN §10)."""
 
 import math
+import re
 
 import pytest
-from flwr.common.config import get_fused_config_from_dir
+from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from hydra import compose, initialize_config_dir
 
-from flwr_app.config import PROJECT_ROOT, ConfigError, parse_run_config
+from flwr_app.config import INFINITE_MEANS, PROJECT_ROOT, ConfigError, parse_run_config
 from simulations.engine import resolve
 from simulations.hydra_config import flatten
 
@@ -130,3 +131,41 @@ def test_a_deployment_needs_federated_evaluation_and_a_vertical_one_its_labels_f
     with pytest.raises(ConfigError, match="'data.labels_path'"):
         parse_run_config(vertical)
     assert parse_run_config({**vertical, "data.labels_path": "/l.csv", "split.modalities": "a,b"}).split.modalities == ("a", "b")
+
+
+SCHEMA = get_fused_config_from_dir(PROJECT_ROOT, {})
+FLOAT_KEYS = sorted(key for key, value in SCHEMA.items() if isinstance(value, float))
+INT_KEYS = sorted(key for key, value in SCHEMA.items() if isinstance(value, int) and not isinstance(value, bool))
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_nan_and_infinity_are_refused_for_every_float_key(key):
+    """NaN passes every comparison (``nan < 0`` is false), so each range check would let it through."""
+    with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be a number, got nan"):
+        resolve({key: math.nan})
+    with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be finite, got -inf"):
+        resolve({key: -math.inf})
+    if key in INFINITE_MEANS:  # privacy.epsilon = inf: no differential privacy
+        assert math.isinf(resolve({key: math.inf})[1].privacy.epsilon)
+        assert math.isinf(resolve({key: "inf"})[1].privacy.epsilon)
+    else:
+        for value in (math.inf, "inf"):
+            with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be finite, got inf"):
+                resolve({key: value})
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+def test_nan_is_refused_for_every_integer_key(key):
+    with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be int, got nan"):
+        resolve({key: math.nan})
+
+
+def test_nan_reaches_the_check_from_both_command_lines():
+    """``train.lr=nan`` is a float NaN on the Hydra command line and in ``flwr run --run-config``."""
+    with pytest.raises(ConfigError, match="'train.lr' must be a number, got nan"):
+        parse_run_config(hydra_flat("train.lr=nan"))
+    with pytest.raises(ConfigError, match="'privacy.clip_norm' must be a number, got nan"):
+        resolve(parse_config_args(["privacy.clip_norm=nan"]))
+    for key in ("model.dropout", "model.hidden"):
+        with pytest.raises(ConfigError, match=f"'{key}' must be a number, got nan"):
+            resolve({key: "nan"})

@@ -1,0 +1,177 @@
+"""Stop requests: SIGINT or SIGTERM stops a run after the round in progress, with its checkpoint written.
+
+The ServerApp cannot be stopped from outside at an arbitrary point: in a simulation it runs in a
+thread of Flower's simulation runtime (Python runs signal handlers in the main thread only, and
+nothing can raise an exception inside another thread), and a round cut short would lose the sites'
+work and leave no consistent checkpoint. So a signal only *requests* a stop, and the ServerApp
+looks for a request between rounds, once the round's outputs and checkpoint are written:
+
+* :func:`stop_on_signals` (used by :func:`simulations.engine.run_simulation`, main thread) turns
+  the first SIGINT or SIGTERM into a request (:func:`request`); a second one, while the round is
+  still running (:func:`at_once_allowed`), stops at once (:class:`Interrupted` in the main
+  thread; the last written checkpoint stays valid).
+* :func:`raise_if_requested` (the ServerApp, at the end of every round or split epoch) raises
+  :class:`StopRequested` when a stop was requested; the run can then continue from its
+  checkpoint with ``resume.from``.
+
+Under ``flwr run`` the ServerApp is a process of Flower's (``flwr-serverapp``) with Flower's own
+signal handling (``flwr stop <run-id>``); no request is ever made there and
+:func:`raise_if_requested` does nothing. In-process callers (tests) may call :func:`request`
+themselves and :func:`clear` afterwards.
+
+Exit codes follow the shell's convention for a process ended by a signal: ``128 + signal number``
+(SIGINT 130, SIGTERM 143), :attr:`StopRequested.exit_code`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+__all__ = ["Interrupted", "StopRequested", "at_once_allowed", "clear", "raise_if_requested", "request", "requested",
+           "stop_on_signals"]
+
+#: The signals that stop a run.
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_lock = threading.Lock()
+_signum: int | None = None
+_stopped = threading.Event()  # raise_if_requested has raised: the run is already stopping
+_at_once = threading.Event()  # inside at_once_allowed(): a second signal stops at once
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class StopRequested(Exception):
+    """The run stopped between two rounds (or split epochs) because a signal asked it to.
+
+    Attributes
+    ----------
+    signum
+        The signal (``signal.SIGINT``, ``signal.SIGTERM``).
+    completed
+        The last round (split: epoch) whose outputs were written.
+    exit_code
+        ``128 + signum``: what a command-line entry point exits with.
+    """
+
+    def __init__(self, message: str, *, signum: int, completed: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.completed = completed
+        self.exit_code = 128 + signum
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second signal stopped the run at once, in the middle of a round (raised in the main thread)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"{_name(signum)} received twice: stopped at once")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def request(signum: int = signal.SIGINT) -> None:
+    """Ask the running ServerApp to stop after its current round (the first request's signal is kept)."""
+    global _signum
+    with _lock:
+        if _signum is None:
+            _signum = signum
+
+
+def requested() -> int | None:
+    """The signal that requested a stop, or ``None`` if none has."""
+    with _lock:
+        return _signum
+
+
+def clear() -> None:
+    """Forget any stop request (a new run starts)."""
+    global _signum
+    with _lock:
+        _signum = None
+        _stopped.clear()
+
+
+def raise_if_requested(completed: int, *, of: int, directory: Path, resumable: bool = True,
+                       unit: str = "round") -> None:
+    """Raise :class:`StopRequested` if a stop was requested; call it once the ``completed`` round's outputs are written.
+
+    Parameters
+    ----------
+    completed
+        The round (split learning: epoch) just completed.
+    of
+        The run's number of rounds (epochs).
+    directory
+        The run's output directory (named in the message).
+    resumable
+        Whether ``resume.from = directory`` continues the run (horizontal runs: a checkpoint
+        after every round); split runs cannot be resumed.
+    unit
+        What a round is called in the message (``"round"``, ``"epoch"``).
+    """
+    signum = requested()
+    if signum is None:
+        return
+    _stopped.set()
+    then = (f"continue it with the same settings and resume.from={directory}" if resumable else
+            f"its outputs up to then are in {directory} (a split run cannot be resumed: start it again)")
+    raise StopRequested(f"{_name(signum)}: the run stopped after {unit} {completed} of {of}; {then}",
+                        signum=signum, completed=completed)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """For the block, SIGINT and SIGTERM request a stop (:func:`request`) instead of ending the process.
+
+    The first signal is noted (one line on stderr) and the ServerApp stops after the round in
+    progress. A second one, inside :func:`at_once_allowed` and before the ServerApp has stopped,
+    raises :class:`Interrupted` in the main thread at once; elsewhere (the run is already
+    stopping, or cleaning up) it changes nothing. The previous handlers come back when the block
+    ends, and any request is cleared when it starts. Outside the main thread (where Python cannot
+    set handlers) the block changes nothing.
+    """
+    clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if requested() is not None:
+            if _at_once.is_set() and not _stopped.is_set():
+                raise Interrupted(signum)
+            return
+        request(signum)
+        # os.write, not print: the handler may interrupt the main thread inside a write to sys.stderr.
+        with contextlib.suppress(OSError):
+            os.write(2, f"{_name(signum)} received: the run stops after the round in progress (its checkpoint is "
+                        f"written); send it again to stop at once\n".encode())
+
+    previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+@contextlib.contextmanager
+def at_once_allowed() -> Iterator[None]:
+    """Inside :func:`stop_on_signals`: while the block runs, a second signal stops the run at once.
+
+    Wrap what may be cut short (the simulation itself), not the clean-up after it, which a second
+    signal must not interrupt.
+    """
+    _at_once.set()
+    try:
+        yield
+    finally:
+        _at_once.clear()

@@ -1,0 +1,224 @@
+"""Stopping a run with SIGINT or SIGTERM: after the round in progress, with its checkpoint, resumable.
+
+The fast tests inject the stop request that a signal makes (:func:`flwr_app.interrupt.request`)
+into runs of the real ServerApp and ClientApp over the in-process grid, and check the signal
+handlers themselves in this process. The slow test sends SIGINT to ``python -m simulations.run``
+(Flower's simulation engine, Ray) as Ctrl-C in a terminal does: to its whole process group.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flwr_app import interrupt
+from flwr_app.config import PROJECT_ROOT
+from simulations.engine import resolve
+from simulations.inprocess import run_inprocess, run_vertical_inprocess
+from strategies.mechanisms.embedding_dp import embedding_epsilon
+
+SMALL = {"federation.num_sites": 3, "federation.rounds": 3, "baseline.centralized": False}
+
+
+@pytest.fixture(autouse=True)
+def no_stop_request():
+    interrupt.clear()
+    yield
+    interrupt.clear()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _request_during(server_round: int, signum: int):
+    """An ``observe`` for :class:`InProcessGrid`: request a stop when round ``server_round``'s first reply comes."""
+
+    def observe(message, reply):
+        if message.metadata.message_type == "train" and message.content["config"]["server-round"] == server_round:
+            interrupt.request(signum)
+
+    return observe
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return out, run_inprocess({**SMALL, "output.dir": str(out)})
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_ends_the_run_after_the_round_and_resuming_gives_the_uninterrupted_run(uninterrupted, tmp_path, signum):
+    """Stopped during round 1 and again during the last round, resumed twice: the same model as without stops."""
+    full_dir, full = uninterrupted
+    with pytest.raises(interrupt.StopRequested) as stopped:
+        run_inprocess({**SMALL, "output.dir": str(tmp_path)}, observe=_request_during(1, signum))
+    assert (stopped.value.signum, stopped.value.completed, stopped.value.exit_code) == (signum, 1, 128 + signum)
+    assert f"resume.from={tmp_path}" in str(stopped.value)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["round"] == 1
+    assert [line["round"] for line in _read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+    assert not (tmp_path / "summary.json").exists()
+    log = (tmp_path / "run.log").read_text(encoding="utf-8").splitlines()
+    assert log[-2].startswith("round   1/3") and log[-1] == f"stopped: {stopped.value}"
+
+    interrupt.clear()
+    with pytest.raises(interrupt.StopRequested) as stopped:  # the last round: its checkpoint, but no results yet
+        run_inprocess({**SMALL, "resume.from": str(tmp_path)}, observe=_request_during(3, signum))
+    assert stopped.value.completed == 3 and not (tmp_path / "summary.json").exists()
+
+    interrupt.clear()
+    resumed = run_inprocess({**SMALL, "resume.from": str(tmp_path)})
+    assert resumed["resumed_after_round"] == 3
+    assert [line["round"] for line in _read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    assert _read_jsonl(tmp_path / "ledger.jsonl") == _read_jsonl(full_dir / "ledger.jsonl")
+    models = [torch.load(path / "model.pt", weights_only=False)["state_dict"] for path in (tmp_path, full_dir)]
+    assert all(torch.equal(models[0][key], models[1][key]) for key in models[0])  # each round is seeded
+    assert resumed["test"] == pytest.approx(full["test"], rel=1e-9)
+
+
+def test_a_split_run_stops_between_epochs_with_its_ledger_counting_what_was_sent(tmp_path):
+    """The round trip that ends epoch 1 also carries epoch 2's first batch: epoch 1's ledger counts 2 releases."""
+    tiny = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 300,
+            "model.name": "bayesian_multisurv", "model.num_durations": 10, "federation.rounds": 3,
+            "train.batch_size": 64, "split.embedding_dim": 16, "split.encoder_layers": 1, "split.head_layers": 1,
+            "split.mc_samples": 4, "privacy.epsilon": 8.0, "output.dir": str(tmp_path)}
+    interrupt.request(signal.SIGINT)  # already before the first epoch: the run stops after it
+    with pytest.raises(interrupt.StopRequested, match="after epoch 1 of 3.*cannot be resumed") as stopped:
+        run_vertical_inprocess(resolve(tiny)[1])
+    assert stopped.value.completed == 1
+    assert [line["round"] for line in _read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
+    ledger = _read_jsonl(tmp_path / "ledger.jsonl")
+    assert {entry["round"] for entry in ledger} == {1}
+    sites = [entry for entry in ledger if entry["site"] != "all modalities"]
+    assert len(sites) == 3 and all(entry["steps"] == 2 for entry in sites)
+    for entry in sites:
+        assert entry["epsilon"] == pytest.approx(embedding_epsilon(
+            noise_multiplier=entry["noise_multiplier"], epochs=2, delta=entry["delta"], adjacency=entry["adjacency"]))
+
+
+def _wait_for_signal() -> None:
+    time.sleep(0.05)  # Python runs the handler at the main thread's next check
+
+
+def test_the_first_signal_requests_a_stop_and_a_second_stops_at_once_only_while_the_run_runs():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with interrupt.stop_on_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for_signal()
+        assert interrupt.requested() == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)  # outside at_once_allowed (clean-up): ignored
+        _wait_for_signal()
+        with pytest.raises(interrupt.Interrupted) as interrupted, interrupt.at_once_allowed():
+            os.kill(os.getpid(), signal.SIGINT)
+            _wait_for_signal()
+        assert interrupted.value.exit_code == 130 and isinstance(interrupted.value, KeyboardInterrupt)
+        with pytest.raises(interrupt.StopRequested, match="SIGTERM: the run stopped after round 2 of 5"):
+            interrupt.raise_if_requested(2, of=5, directory=Path("/run"))
+        with interrupt.at_once_allowed():  # the ServerApp has stopped: what is left is clean-up
+            os.kill(os.getpid(), signal.SIGINT)
+            _wait_for_signal()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    interrupt.clear()
+    interrupt.raise_if_requested(1, of=5, directory=Path("/run"))  # no request: nothing happens
+
+
+def test_stop_on_signals_outside_the_main_thread_changes_nothing():
+    seen = []
+
+    def body():
+        with interrupt.stop_on_signals():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGINT)]
+
+
+def test_the_pinned_ray_sets_its_sigterm_handlers_through_the_hooks_the_engine_holds_back():
+    """``simulations.engine._keep_sigterm_handler`` relies on these: if Ray changes them, SIGTERM ends a round."""
+    import ray
+    from ray._private import node, ray_constants, worker
+
+    assert "ray._private.utils.set_sigterm_handler(" in inspect.getsource(worker.init)
+    assert "ray._private.utils.set_sigterm_handler(" in inspect.getsource(node.Node._register_shutdown_hooks)
+    assert isinstance(ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, bool)
+    raylet = Path(ray._raylet.__file__).read_bytes()
+    assert b"RAY_DISABLE_FAILURE_SIGNAL_HANDLER" in raylet and b"install_failure_signal_handler" in raylet
+
+
+def _group_processes(pgid: int) -> list[str]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    import ray  # noqa: F401  (Ray bundles psutil)
+    import psutil
+
+    alive = []
+    for process in psutil.process_iter(["pid", "status", "cmdline"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(" ".join(process.info["cmdline"] or [])[:100])
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_finishes_it(tmp_path):
+    run_dir = tmp_path / "run"
+    settings = ["federation.num_sites=3", "federation.rounds=4", "baseline.centralized=false"]
+    command = [sys.executable, "-m", "simulations.run", *settings]
+    process = subprocess.Popen([*command, f"hydra.run.dir={run_dir}"], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # a group, as a shell job
+    lines: list[str] = []
+    first_round = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("round   1/4"):
+                first_round.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert first_round.wait(timeout=300), "".join(lines) + process.stderr.read()
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+        sent = time.monotonic()
+        returncode = process.wait(timeout=120)
+        stop_s = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    stderr = process.stderr.read().strip().splitlines()
+    print(f"SIGINT -> exit code {returncode} after {stop_s:.1f} s", file=sys.stderr)
+    assert returncode == 130, stderr
+    assert stop_s < 60
+    assert stderr[-1].startswith("stopped: SIGINT: the run stopped after round")
+    assert stderr[-1].endswith(f"resume.from={run_dir}")
+    assert not any("Traceback" in line for line in stderr)
+    deadline = time.monotonic() + 5
+    while (left := _group_processes(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    completed = torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"]
+    assert completed in (1, 2)  # the round in progress when the signal came (round 2 unless it had not started)
+    assert [line["round"] for line in _read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, completed + 1))
+    assert (run_dir / "run.log").read_text(encoding="utf-8").splitlines()[-1] == stderr[-1]
+
+    resumed = subprocess.run([*command, f"resume.from={run_dir}", f"hydra.run.dir={tmp_path / 'resume'}"],
+                             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [line["round"] for line in _read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    assert summary["resumed_after_round"] == completed
