@@ -10,7 +10,7 @@ with the real ServerApp and ClientApp over the in-process grid
 Both give the same final model for every strategy but ``central_dp``, whose noise Flower draws
 unseeded; ``same_c_index`` says where the test C-indices agree.
 
-Prints one JSON object. Target (DESIGN §8): the whole sweep (4 ε × 7 strategies, 1 seed) in
+Prints one JSON object. Target: the whole sweep (4 ε × 7 strategies, 1 seed) in
 under 20 minutes on 2 cores.
 
 Usage::

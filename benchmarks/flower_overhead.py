@@ -15,7 +15,7 @@ Usage::
 
     python benchmarks/flower_overhead.py [--rounds 50] [--sites 5] [key=value ...]
 
-Target (DESIGN §8): ratio ≤ 2 on a 50-round FLCHAIN run (aim 1.2).
+Target: ratio ≤ 2 on a 50-round FLCHAIN run (aim 1.2).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ each) through Flower's simulation engine, for ``--rounds`` rounds. Reported per 
   the pooled test split (``evaluation.server_side``) and the sites' time-dependent C-index, which
   the bare round skips, so the ratio includes that evaluation.
 
-Prints one JSON object. Targets (DESIGN §8): 1000 sites, one round < 120 s and < 8 GB on 2 cores.
+Prints one JSON object. Targets: 1000 sites, one round < 120 s and < 8 GB on 2 cores.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Files a run writes into its output directory (DESIGN §7, §10).
+"""Files a run writes into its output directory.
 
 ``config.json``      resolved configuration (typed) and the raw run config it came from
 ``metrics.jsonl``    one JSON line per round, appended and flushed as the round ends

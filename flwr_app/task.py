@@ -8,33 +8,23 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from flwr_app.config import PROJECT_ROOT, ExperimentConfig
+from flwr_app.config import ExperimentConfig
 from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
+from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
 
-DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data"
 #: How every output labels the centralised baseline.
 CENTRALIZED_LABEL = "not private, simulation reference"
-
-
-def resolve_data_dir(data_dir: str) -> str:
-    """Folder holding the bundled CSV data sets.
-
-    ``data.dir`` if set, else ``$FEDSURV_DATA_DIR``, else ``../shared/data`` beside the project.
-    """
-    return str(Path(data_dir or os.environ.get("FEDSURV_DATA_DIR", "") or DEFAULT_DATA_DIR).resolve())
 
 
 @functools.lru_cache(maxsize=4)
@@ -60,7 +50,7 @@ def load_federation(cfg: ExperimentConfig) -> FederatedDataset:
     data, federation = cfg.data, cfg.federation
     return _federation(
         data.name, cfg.seed, federation.num_sites, federation.partition, federation.dirichlet_alpha,
-        data.test_fraction, data.path, resolve_data_dir(data.dir), data.time_col, data.event_col,
+        data.test_fraction, data.path, str(resolve_data_dir(data.dir)), data.time_col, data.event_col,
         data.feature_cols, federation.min_site_records, data.horizon_months, data.oot_start,
     )
 

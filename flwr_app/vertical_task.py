@@ -17,8 +17,8 @@ import pandas as pd
 import torch
 
 from flwr_app.config import ExperimentConfig
-from flwr_app.task import resolve_data_dir
 from models.bayesian import seeded
+from models.data.files import resolve_data_dir
 from models.data.vertical import (
     VerticalTable,
     load_vertical,
@@ -63,7 +63,7 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
     if cfg.data.deployed:
         return read_labels_file(cfg.data.labels_path, time_col=cfg.data.time_col or "time",
                                 event_col=cfg.data.event_col or "event")
-    return _table(cfg.data.name, resolve_data_dir(cfg.data.dir), cfg.data.synthetic_records, cfg.split.modalities)
+    return _table(cfg.data.name, str(resolve_data_dir(cfg.data.dir)), cfg.data.synthetic_records, cfg.split.modalities)
 
 
 def modality_names(cfg: ExperimentConfig, table: VerticalTable) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ training records; so are the Breslow baselines and the IPCW censoring distributi
 
 References
 ----------
-BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``), Sec. 7, Table 1.
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Sec. 7, Table 1.
 ``cox_ph``: Cox (1972), JRSS-B 34:187; Breslow (1974), Biometrics 30:89.
 ``deepsurv``: Katzman et al. (2018), BMC Med. Res. Methodol. 18:24.
 ``deephit``: Lee, Zame, Yoon & van der Schaar (2018), AAAI.

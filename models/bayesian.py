@@ -25,7 +25,7 @@ The multimodal networks built from these layers are in :mod:`models.multimodal`.
 References
 ----------
 Blundell, Cornebise, Kavukcuoglu & Wierstra (2015), "Weight Uncertainty in Neural Networks",
-ICML (Bayes by Backprop). BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``),
+ICML (Bayes by Backprop). BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026),
 Sec. 6.2.1 (spike-and-slab prior on weights and biases).
 """
 

@@ -39,7 +39,7 @@ Only torch: the vertical split protocol (sites, server, embedding noise) is
 
 References
 ----------
-BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``), Secs. 4.2-4.5, 6.2;
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Secs. 4.2-4.5, 6.2;
 Vale-Silva & Rohr (2021), "Long-term cancer survival prediction using multimodal deep learning",
 Sci. Rep. 11:13505 (MultiSurv); Blundell et al. (2015), ICML (Bayes by Backprop).
 """

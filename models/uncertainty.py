@@ -33,7 +33,7 @@ passes over the same records:
 
 References
 ----------
-BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``), Sec. 8 and Figure 8.
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Sec. 8 and Figure 8.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Usage::
 
 References
 ----------
-FSL-BDP, ``../shared/papers/fsl-bdp-bayesian-dp-survival.txt``, Table 3 and Figure 10.
+FSL-BDP (Amed, Sen & Banerjee, arXiv:2601.11134, 2026), Table 3 and Figure 10.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Every field of :class:`models.baselines.BaselineSettings` is an option (``--mult
 
 References
 ----------
-BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``), Sec. 7, Table 1.
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Sec. 7, Table 1.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ MODEL_LABELS = {
 METRIC_LABELS = {"c_index": "C-index", "c_index_td": "ctd", "ibs": "IBS", "inbll": "INBLL"}
 FIELDS = ("data", "model", "modalities", "seed", *METRICS, "n_train", "n_fit", "n_validation", "n_test",
           "epochs_trained", "best_epoch", "validation_loss", "cox_penalizer", "seconds")
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def combinations(modalities: Sequence[str]) -> list[tuple[str, ...]]:
@@ -235,7 +234,8 @@ def _settings_options(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, choices=VERTICAL_DATASETS)
-    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="folder of metabric.csv")
+    parser.add_argument("--data-dir", default="",
+                        help="folder of metabric.csv (default: $FEDSURV_DATA_DIR, else the bundled copy)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))

@@ -350,7 +350,8 @@ def run(settings: Settings, seeds: Sequence[int], out: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=VERTICAL_DATASETS, default="synthetic_multimodal")
-    parser.add_argument("--data-dir", default="/work/shared/data", help="folder of metabric.csv")
+    parser.add_argument("--data-dir", default="",
+                        help="folder of metabric.csv (default: $FEDSURV_DATA_DIR, else the bundled copy)")
     parser.add_argument("--out", type=Path, required=True, help="results go to OUT/<data>/")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (split, initialisation, passes)")
     parser.add_argument("--passes", type=int, default=100)

@@ -1,6 +1,6 @@
 r"""Vertical split learning (BVFLMSP): the sites' and the label holder's steps, and the protocol.
 
-Roles (DESIGN.md §5):
+Roles:
 
 * :class:`SplitSite`, a passive party: holds one modality of the cohort, its encoder
   (:func:`models.multimodal.build_encoder`) and the encoder's AdamW optimiser. It releases each
@@ -43,7 +43,7 @@ system's entropy.
 
 References
 ----------
-BVFLMSP paper (``shared/papers/bvflmsp-vertical-bayesian-survival.txt``), Algorithm 1, §5–6;
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Algorithm 1, §5–6;
 Vepakomma et al. (2018), "Split learning for health", arXiv:1812.00564.
 """
 

@@ -29,7 +29,8 @@ from strategies.accounting.bayesian_dp import (
 )
 from strategies.accounting.rdp import SiteAccountant
 
-# (q, σ, λ, d, c_L(λ; d)) with C = 1, from DESIGN §4; each to the digits given there.
+# (q, σ, λ, d, c_L(λ; d)) with C = 1, computed exactly with scipy (for d = C they equal λ·RDP_{λ+1} of
+# opacus' _compute_rdp); each is compared to the digits given.
 REFERENCE = [
     (0.01, 1.0, 1, 1.0, "1.718134e-4"),
     (0.01, 1.0, 1, 0.5, "2.84021e-5"),

@@ -1,4 +1,4 @@
-"""One configuration schema for both entry points (DESIGN §10)."""
+"""One configuration schema for both entry points."""
 
 import math
 import re

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,12 +16,6 @@ from models.data import (
     build_federated_dataset,
     load_table,
 )
-
-SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-needs_shared_data = pytest.mark.skipif(
-    not (SHARED_DATA / "sba_national_subset.csv").is_file(), reason=f"shared data folder {SHARED_DATA} is absent"
-)
-
 
 # --------------------------------------------------------------------------- preprocessing
 
@@ -236,14 +229,13 @@ def test_sba_missing_raw_column_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def sba_regions():
-    return build_federated_dataset(name="sba", data_dir=str(SHARED_DATA), seed=0, num_sites=3, partition="region")
+    return build_federated_dataset(name="sba", seed=0, num_sites=3, partition="region")
 
 
-@needs_shared_data
 def test_sba_by_region_with_out_of_time_part(sba_regions):
     data = sba_regions
     assert [site.name for site in data.sites] == ["Midwest", "Northeast", "South", "West"]
-    table = load_table("sba", data_dir=str(SHARED_DATA))
+    table = load_table("sba")
     in_time = (table.period < pd.Timestamp("2005-01-01")).to_numpy()
     assert len(data.pooled("train")) + len(data.pooled("test")) == in_time.sum()
     assert len(data.pooled("oot")) == (~in_time).sum() > 0
@@ -257,10 +249,9 @@ def test_sba_by_region_with_out_of_time_part(sba_regions):
     assert 0.05 < data.pooled("train").event.mean() < 0.12
 
 
-@needs_shared_data
 def test_sba_state_partition_and_no_out_of_time():
     data = build_federated_dataset(
-        name="sba", data_dir=str(SHARED_DATA), seed=0, num_sites=3, partition="State", min_site_records=200,
+        name="sba", seed=0, num_sites=3, partition="State", min_site_records=200,
         oot_start="none",
     )  # fmt: skip
     assert data.num_sites > 10 and all(site.oot is None for site in data.sites)
@@ -268,13 +259,12 @@ def test_sba_state_partition_and_no_out_of_time():
     assert not any(name.startswith(("State", "region")) for name in data.feature_names)
 
 
-@needs_shared_data
 @pytest.mark.parametrize(("name", "rows", "features"), [("metabric", 1904, 9), ("gbsg", 2232, 7), ("whas", 1638, 6)])
 def test_deepsurv_csvs_load(name, rows, features):
-    table = load_table(name, data_dir=str(SHARED_DATA))
+    table = load_table(name)
     assert len(table) == rows
     assert list(table.features.columns) == [f"x{i}" for i in range(features)]
-    data = build_federated_dataset(name=name, data_dir=str(SHARED_DATA), seed=0, num_sites=3)
+    data = build_federated_dataset(name=name, seed=0, num_sites=3)
     assert data.in_features == features and "split" not in data.feature_names
     assert sum(len(s.train) + len(s.test) for s in data.sites) == rows
 

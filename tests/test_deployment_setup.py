@@ -1,4 +1,4 @@
-"""Deployed sites with bad data (DESIGN §6): the site's error names file, column and problem; the server
+"""Deployed sites with bad data: the site's error names file, column and problem; the server
 reports it, leaves the site out and trains with the others (in process: the real ServerApp and ClientApp,
 each node reading its own file as a SuperNode would)."""
 

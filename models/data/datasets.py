@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from models.data import sba
+from models.data.files import data_file
 from models.data.validate import DataValidationError, require_columns, validate_survival_frame
 
 DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox", "csv")
 BENCHMARK_CSVS = ("metabric", "gbsg", "whas")
-DEFAULT_DATA_DIR = "../shared/data"
 FLCHAIN_SOURCE = "sksurv:flchain"
 FLCHAIN_LEAKING = ("chapter",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -204,7 +204,7 @@ def simulate_cox_frame(
 
     References
     ----------
-    Niu et al., Mathematics 2025 (``../shared/papers/ls-adp-row-dp-cox-mlp.txt``), §4.1.
+    Niu et al., "LS-ADP / ROW-DP", Mathematics 13(7):1096, 2025, §4.1.
     """
     rng = np.random.default_rng(seed)
     x = np.column_stack([
@@ -258,10 +258,10 @@ def load_table(
         ``"flchain"`` (scikit-survival), ``"metabric"``, ``"gbsg"``, ``"whas"``, ``"sba"``,
         ``"sim_cox"`` (:func:`simulate_cox_frame`) or ``"csv"`` (any CSV or Parquet file at ``path``).
     path
-        File to read; for the named CSV data sets it overrides ``data_dir / <file>``.
+        File to read; for the named CSV data sets it overrides the data folder's file.
     data_dir
-        Folder of the bundled data files (default ``../shared/data``, relative to the working
-        directory).
+        Folder of the named data sets' files ("" = ``$FEDSURV_DATA_DIR``, else the copy bundled
+        with the package; see :func:`models.data.files.data_file`).
     time_col, event_col
         Outcome columns of a ``"csv"`` table (default ``"time"`` and ``"event"``); the named data
         sets have fixed ones.
@@ -276,13 +276,12 @@ def load_table(
     DataValidationError
         For an unknown data set and for every data problem (see :mod:`models.data.validate`).
     """
-    folder = Path(data_dir or DEFAULT_DATA_DIR)
     if name == "flchain":
         return load_flchain(feature_cols)
     if name in BENCHMARK_CSVS:
-        return load_benchmark_csv(Path(path) if path else folder / f"{name}.csv", feature_cols)
+        return load_benchmark_csv(Path(path) if path else data_file(name, data_dir), feature_cols)
     if name == "sba":
-        return load_sba(Path(path) if path else folder / sba.FILE_NAME, sba_horizon_months, feature_cols)
+        return load_sba(Path(path) if path else data_file(name, data_dir), sba_horizon_months, feature_cols)
     if name == "sim_cox":
         return load_simulated_cox(feature_cols)
     if name == "csv":

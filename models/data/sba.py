@@ -22,7 +22,6 @@ import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-FILE_NAME = "sba_national_subset.csv"
 DEFAULT_OOT_START = "2005-01-01"
 DAYS_PER_MONTH = 365.25 / 12
 REAL_ESTATE_TERM_MONTHS = 240

@@ -1,4 +1,4 @@
-"""Vertically partitioned survival data: the same people, one modality per site (DESIGN.md §5).
+"""Vertically partitioned survival data: the same people, one modality per site.
 
 A :class:`VerticalTable` holds, for one cohort, the labels (kept by the server, the active party)
 and one feature table per modality (kept by the sites, the passive parties), all keyed by record
@@ -8,7 +8,8 @@ that modality (a zero input and a fusion mask, as in the BVFLMSP paper), not an 
 
 Data sets:
 
-* METABRIC (``../shared/data/metabric.csv``): genomic ``x0..x3`` | clinical ``x4..x8``;
+* METABRIC (``metabric.csv``, found by :func:`models.data.files.data_file`): genomic ``x0..x3`` |
+  clinical ``x4..x8``;
 * scikit-survival's ``load_breast_cancer``: 76 gene-expression columns | clinical (age, ER,
   grade, size);
 * :func:`simulate_multimodal`: three modalities whose true log-hazard is the sum of one score per
@@ -22,7 +23,7 @@ records it holds; :func:`read_modality_file` reads a site's modality file in a d
 
 References
 ----------
-BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), §4–5 (modalities held by
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), §4–5 (modalities held by
 separate clients, zero tensor for a missing modality).
 """
 
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from models.data.datasets import read_frame
+from models.data.files import data_file
 from models.data.partition import stratified_split
 from models.data.validate import validate_survival_frame
 
@@ -199,15 +201,14 @@ def _table(name: str, ids: np.ndarray, time: np.ndarray, event: np.ndarray,
     )
 
 
-def load_metabric_vertical(data_dir: str | Path) -> VerticalTable:
+def load_metabric_vertical(data_dir: str | Path = "") -> VerticalTable:
     """METABRIC (1,904 patients) as genomic ``x0..x3`` | clinical ``x4..x8`` modalities.
 
     Record IDs are ``"metabric-<row>"``. Clinical ``x4..x7`` are binary (categorical), ``x8``
-    (age) continuous.
+    (age) continuous. ``data_dir`` is the folder of ``metabric.csv`` ("" = ``$FEDSURV_DATA_DIR``,
+    else the bundled copy; :func:`models.data.files.data_file`).
     """
-    path = Path(data_dir) / "metabric.csv"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: METABRIC file not found (set data.dir to the folder holding metabric.csv)")
+    path = data_file("metabric", data_dir)
     frame = pd.read_csv(path)
     needed = {column for columns in METABRIC_MODALITIES.values() for column in columns} | {"duration", "event"}
     missing = sorted(needed - set(frame.columns))
@@ -315,8 +316,9 @@ def _censoring_rate(signal: float, target: float, rng: np.random.Generator, pilo
 def load_vertical(name: str, *, data_dir: str | Path = "", seed: int = 0, n: int = 3000) -> VerticalTable:
     """A vertical data set by name: ``metabric``, ``breast_cancer`` or ``synthetic_multimodal``.
 
-    ``data_dir`` is the folder of ``metabric.csv``; ``seed`` and ``n`` apply to the generator only
-    (its draw is part of the data set, so it uses ``seed`` 0 unless told otherwise).
+    ``data_dir`` is the folder of ``metabric.csv`` ("" = ``$FEDSURV_DATA_DIR``, else the bundled
+    copy); ``seed`` and ``n`` apply to the generator only (its draw is part of the data set, so it
+    uses ``seed`` 0 unless told otherwise).
     """
     if name == "metabric":
         return load_metabric_vertical(data_dir)

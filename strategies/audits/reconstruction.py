@@ -1,4 +1,4 @@
-r"""Feature-reconstruction attack on split-learning embeddings (BVFLMSP's audit, DESIGN.md §5).
+r"""Feature-reconstruction attack on split-learning embeddings (BVFLMSP's audit).
 
 The server sees each site's (noisy) embedding of every record. If it also holds an auxiliary set
 of records with both features and embeddings (a public split, or records it obtained otherwise),
@@ -18,7 +18,7 @@ of protection — the DP guarantee is the proof.
 
 References
 ----------
-BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), §7 (feature
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), §7 (feature
 reconstruction from embeddings); He, Zhang & Lee, "Model inversion attacks against
 collaborative inference", ACSAC 2019.
 """

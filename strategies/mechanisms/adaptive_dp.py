@@ -1,4 +1,4 @@
-r"""NbAFL noise and the adaptive budget allocations LS-ADP and ROW-DP (DESIGN.md §4).
+r"""NbAFL noise and the adaptive budget allocations LS-ADP and ROW-DP.
 
 Pure functions only (numpy / torch, no Flower imports); the strategy layer calls them.
 
@@ -44,7 +44,7 @@ and its local iterates); they are not themselves privatised.
 References
 ----------
 Niu et al., "Adaptive Differential Privacy Cox-MLP Model Based on Federated Learning",
-Mathematics 13(7):1096, 2025 ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt);
+Mathematics 13(7):1096, 2025 ("LS-ADP / ROW-DP", doi:10.3390/math13071096);
 Wei et al., "Federated learning with differential privacy: algorithms and performance
 analysis", IEEE TIFS 15:3454–3469, 2020 (NbAFL).
 """
@@ -168,7 +168,7 @@ def gaussian_constant(delta: float) -> float:
     ----------
     Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", 2014, Thm A.1;
     Niu et al., Mathematics 2025, Definition 2 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     delta = check_probability(delta, "delta")
     return math.sqrt(2.0 * math.log(1.25 / delta))
@@ -229,7 +229,7 @@ def nbafl_uplink_noise_std(
     ----------
     Wei et al. 2020 IEEE TIFS, "Federated learning with differential privacy: algorithms and
     performance analysis", Thm 1; Niu et al., Mathematics 2025, eq. (11)
-    ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    ("LS-ADP / ROW-DP", doi:10.3390/math13071096).
     """
     epsilon = check_positive(epsilon, "epsilon")
     exposures = check_count(exposures, "exposures")
@@ -278,7 +278,7 @@ def nbafl_downlink_noise_std(
     ----------
     Wei et al. 2020 IEEE TIFS, "Federated learning with differential privacy: algorithms and
     performance analysis", Thm 2; Niu et al., Mathematics 2025, eq. (13)
-    ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    ("LS-ADP / ROW-DP", doi:10.3390/math13071096).
     """
     epsilon = check_positive(epsilon, "epsilon")
     clip_norm = check_positive(clip_norm, "clip_norm")
@@ -360,7 +360,7 @@ def layer_sensitivity_importance(baseline_metric: float, perturbed_metrics: Sequ
     References
     ----------
     Niu et al., Mathematics 2025, §3.1, eq. (12) ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     baseline = float(baseline_metric)
     perturbed = np.asarray(perturbed_metrics, dtype=np.float64).reshape(-1)
@@ -425,7 +425,7 @@ def perturbed_layer_metrics(
     References
     ----------
     Niu et al., Mathematics 2025, §3.1, eqs. (9)–(11) ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     noise_std = check_positive(noise_std, "noise_std")
     layers = parameterised_layers(model)
@@ -478,7 +478,7 @@ def dispersion(iterates: Any, measure: str) -> np.ndarray:
     References
     ----------
     Niu et al., Mathematics 2025, §3.2 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     measure = check_choice(measure, DISPERSION_MEASURES, "measure")
     array = _to_numpy(iterates)
@@ -519,7 +519,7 @@ def row_dp_importance(iterates: Any, measure: str) -> np.ndarray:
     References
     ----------
     Niu et al., Mathematics 2025, §3.2, eq. (14) ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     spread = dispersion(iterates, measure)
     last = np.abs(_to_numpy(iterates)[-1])
@@ -564,7 +564,7 @@ def ls_adp_budgets(importance: Any, *, epsilon: float, uniform_mix: float = 0.0)
     References
     ----------
     Niu et al., Mathematics 2025, §3.1, eq. (12) and the "average privacy budget" of §4
-    ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    ("LS-ADP / ROW-DP", doi:10.3390/math13071096).
     """
     epsilon = check_positive(epsilon, "epsilon")
     uniform_mix = _check_uniform_mix(uniform_mix)
@@ -613,7 +613,7 @@ def row_dp_budgets(
     References
     ----------
     Niu et al., Mathematics 2025, §3.2, eqs. (15)–(16) ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    doi:10.3390/math13071096).
     """
     epsilon = check_positive(epsilon, "epsilon")
     sizes = [check_count(size, "layer_sizes") for size in layer_sizes]
@@ -654,7 +654,7 @@ def noise_std_from_budgets(
     References
     ----------
     Niu et al., Mathematics 2025, Algorithm 2 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt); Wei et al. 2020 IEEE TIFS (NbAFL σ_U).
+    doi:10.3390/math13071096); Wei et al. 2020 IEEE TIFS (NbAFL σ_U).
     """
     array = _to_numpy(budgets)
     if not np.all(np.isfinite(array)) or np.any(array < 0.0):
@@ -702,8 +702,8 @@ def audited_epsilon_nominal_formula(
 
     References
     ----------
-    DESIGN.md §4 "Honest accounting"; Niu et al., Mathematics 2025, §3 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt); Wei et al. 2020 IEEE TIFS (NbAFL σ_U).
+    Module docstring, "Honest accounting"; Niu et al., Mathematics 2025, §3 ("LS-ADP / ROW-DP",
+    doi:10.3390/math13071096); Wei et al. 2020 IEEE TIFS (NbAFL σ_U).
     """
     smallest = float(np.min(_flat_stds(noise_stds)))
     exposures = check_count(exposures, "exposures")
@@ -748,8 +748,8 @@ def audited_epsilon_rdp(
 
     References
     ----------
-    DESIGN.md §4 "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017; Niu et
-    al., Mathematics 2025 ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt).
+    Module docstring, "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017; Niu et
+    al., Mathematics 2025 ("LS-ADP / ROW-DP", doi:10.3390/math13071096).
     """
     smallest = float(np.min(_flat_stds(noise_stds)))
     delta = check_probability(delta, "delta")
@@ -787,7 +787,7 @@ def split_clip_norm(layer_sizes: Sequence[int], *, clip_norm: float) -> np.ndarr
 
     References
     ----------
-    DESIGN.md §4 "Honest accounting" (exact-budget allocation); McMahan et al., "Learning
+    Module docstring, "Honest accounting" (exact-budget allocation); McMahan et al., "Learning
     Differentially Private Recurrent Language Models", ICLR 2018 (per-layer clipping).
     """
     clip_norm = check_positive(clip_norm, "clip_norm")
@@ -823,9 +823,9 @@ def exact_budget_noise_stds(importance: Any, clip_norms: Any, *, noise_multiplie
 
     References
     ----------
-    DESIGN.md §4 "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017
+    Module docstring, "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017
     (Gaussian RDP); Niu et al., Mathematics 2025 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt) for the importances.
+    doi:10.3390/math13071096) for the importances.
     """
     noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
     weights = _check_importance(importance).reshape(-1)
@@ -860,7 +860,7 @@ def joint_noise_multiplier(clip_norms: Any, noise_stds: Any) -> float:
 
     References
     ----------
-    DESIGN.md §4 "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017.
+    Module docstring, "Honest accounting"; Mironov, "Rényi Differential Privacy", CSF 2017.
     """
     norms = _to_numpy(clip_norms).reshape(-1)
     stds = _flat_stds(noise_stds)

@@ -1,4 +1,4 @@
-r"""Record-level DP-SGD for per-sample decomposable survival losses (DESIGN.md §4, ``dp_sgd``).
+r"""Record-level DP-SGD for per-sample decomposable survival losses (strategy ``dp_sgd``).
 
 One step on a Poisson-sampled batch :math:`B` (each of the :math:`n` records independently with
 probability :math:`q`):

@@ -1,4 +1,4 @@
-r"""Differentially private embeddings for vertical split learning (BVFLMSP, DESIGN.md §5).
+r"""Differentially private embeddings for vertical split learning (BVFLMSP).
 
 Each site clips every record's embedding to L2 norm ``C`` and adds ``N(0, σ²C²)`` to each
 coordinate before sending it to the server (:func:`privatize_embeddings`).
@@ -22,7 +22,7 @@ every other record.
 
 References
 ----------
-BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), §5, Theorem 1 and
+BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), §5, Theorem 1 and
 eq. (8)–(9); Mironov, "Rényi Differential Privacy", CSF 2017 (Gaussian RDP ``α Δ²/(2σ²)``).
 """
 
@@ -140,7 +140,7 @@ def paper_embedding_noise(*, epsilon: float, delta: float, batch_size: int, trai
 
     References
     ----------
-    BVFLMSP paper (../shared/papers/bvflmsp-vertical-bayesian-survival.txt), Theorem 1, eq. (8),
+    BVFLMSP paper (Kar, Saha, Sen & Pradhan, arXiv:2604.02248, 2026), Theorem 1, eq. (8),
     and §6 (instantiation of p, τ, δ, C).
     """
     epsilon = check_positive(epsilon, "epsilon")

@@ -1,4 +1,4 @@
-r"""Weight perturbation at a site before upload: NbAFL, LS-ADP and ROW-DP (DESIGN.md §4).
+r"""Weight perturbation at a site before upload: NbAFL, LS-ADP and ROW-DP.
 
 :func:`release_weights` is what a site runs after its local training in the strategies
 ``nbafl``, ``ls_adp`` and ``row_dp``. It clips the trained weights, computes the importances
@@ -34,7 +34,7 @@ privatised.
 References
 ----------
 Niu et al., "Adaptive Differential Privacy Cox-MLP Model Based on Federated Learning",
-Mathematics 13(7):1096, 2025 ("LS-ADP / ROW-DP", ../shared/papers/ls-adp-row-dp-cox-mlp.txt);
+Mathematics 13(7):1096, 2025 ("LS-ADP / ROW-DP", doi:10.3390/math13071096);
 Wei et al., "Federated learning with differential privacy: algorithms and performance
 analysis", IEEE TIFS 15:3454–3469, 2020 (NbAFL); Mironov, "Rényi Differential Privacy", CSF 2017.
 """
@@ -254,7 +254,7 @@ def release_weights(
     References
     ----------
     Niu et al., Mathematics 2025, Algorithm 2 and §3.1–3.2 ("LS-ADP / ROW-DP",
-    ../shared/papers/ls-adp-row-dp-cox-mlp.txt); Wei et al. 2020 IEEE TIFS, Algorithm 1 (NbAFL).
+    doi:10.3390/math13071096); Wei et al. 2020 IEEE TIFS, Algorithm 1 (NbAFL).
     """
     method = check_choice(method, WEIGHT_PERTURBATION, "method")
     allocation = check_choice(allocation, ALLOCATIONS, "allocation")
