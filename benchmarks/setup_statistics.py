@@ -221,7 +221,7 @@ def mean_std(values) -> list[float]:
 
 def summarise(rows: list[dict]) -> dict:
     keys = [k for k in rows[0] if isinstance(rows[0][k], (int, float))]
-    out = {k: mean_std([r[k] for r in rows]) for k in keys}
+    out = {"seeds": len(rows), **{k: mean_std([r[k] for r in rows]) for k in keys}}
     if "columns" in rows[0]:
         out["columns"] = {c: {k: mean_std([r["columns"][c][k] for r in rows]) for k in rows[0]["columns"][c]}
                           for c in rows[0]["columns"]}
@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     dictionary = DataDictionary.from_mapping(DICTIONARIES[args.data], source=f"DICTIONARIES['{args.data}']")
     runs: dict[str, list[dict]] = {}
     stats: dict[str, list[dict]] = {}
+    failures: dict[str, list[str]] = {}
     for seed in seeds:
         _, cfg = resolve({"seed": seed, "data.name": args.data})
         table, parts = site_parts(args.data, seed)
@@ -262,30 +263,27 @@ def main(argv: list[str] | None = None) -> dict:
             Preprocessor.fit(table.features.iloc[train]),
             make_time_grid(table.time[train], table.event[train], num_durations=cfg.model.num_durations),
             (float(np.mean(table.time[train])), float(np.std(table.time[train]))))
-        built = {}
-        if "exact" in conditions:
-            built["exact"] = (exact, None)
+        built = {"exact": (exact, None)} if "exact" in conditions else {}
+        plans = {}
         for z in noises if "dp" in conditions else []:
-            plan = setup.SetupPlan.for_features(table.features, noise_multiplier=z)
-            shared, counts = build_setup(table, parts, plan, np.random.default_rng([seed, NOISE_STREAM]),
-                                         cfg.model.num_durations)
-            stats.setdefault(f"dp_z{z:g}", []).append(statistics_errors(table, parts, exact, shared, counts))
-            built[f"dp_z{z:g}"] = (shared, z)
+            plans[f"dp_z{z:g}"] = (setup.SetupPlan.for_features(table.features, noise_multiplier=z), z)
         if "dictionary" in conditions:
             plan = setup.SetupPlan.for_features(table.features, dictionary=dictionary, time_grid="equidistant")
             assert all(r.name == "record_count" for r in plan.releases())  # only the count is private
-            shared, counts = build_setup(table, parts, plan, np.random.default_rng([seed, NOISE_STREAM]),
-                                         cfg.model.num_durations)
-            stats.setdefault("dictionary", []).append(statistics_errors(table, parts, exact, shared, counts))
-            built["dictionary"] = (shared, None)
+            plans["dictionary"] = (plan, None)
         for z in noises if "dictionary_dp_grid" in conditions else []:
             # the dictionary's ranges and levels, the quantile grid from the DP time histogram on [0, public max]
-            plan = setup.SetupPlan.for_features(table.features, dictionary=dictionary, noise_multiplier=z)
-            shared, counts = build_setup(table, parts, plan, np.random.default_rng([seed, NOISE_STREAM]),
-                                         cfg.model.num_durations)
-            stats.setdefault(f"dictionary_dp_grid_z{z:g}", []).append(
-                statistics_errors(table, parts, exact, shared, counts))
-            built[f"dictionary_dp_grid_z{z:g}"] = (shared, z)
+            plans[f"dictionary_dp_grid_z{z:g}"] = (
+                setup.SetupPlan.for_features(table.features, dictionary=dictionary, noise_multiplier=z), z)
+        for name, (plan, z) in plans.items():
+            try:
+                shared, counts = build_setup(table, parts, plan, np.random.default_rng([seed, NOISE_STREAM]),
+                                             cfg.model.num_durations)
+            except setup.SetupNoiseError as err:
+                failures.setdefault(name, []).append(f"seed {seed}: {err}")
+                continue
+            stats.setdefault(name, []).append(statistics_errors(table, parts, exact, shared, counts))
+            built[name] = (shared, z)
         if args.no_train:
             continue
         for name, (shared, z) in built.items():
@@ -296,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
                       file=sys.stderr, flush=True)
     result["statistics"] = {name: summarise(rows) for name, rows in stats.items()}
     result["utility"] = {name: summarise(rows) for name, rows in runs.items()}
+    result["failures"] = failures
     table, parts = site_parts(args.data, seeds[0])
     smallest = min(len(tr) for tr, _ in parts)
     site_rate, site_steps = poisson_schedule(smallest, batch_size=128, epochs=1)  # one round, as train_local_dp

@@ -337,6 +337,10 @@ def test_range_releases_round_trip_and_reject_what_does_not_fit_the_plan(data, f
     back = MomentRelease.from_dict(second.to_dict(), plan)
     np.testing.assert_array_equal(back.moments["age"], second.moments["age"])
     assert AgreedRanges.from_dict(fixed_ranges.to_dict()) == fixed_ranges
+    with pytest.raises(ValueError, match="range of column 'age' must be finite"):
+        AgreedRanges({"age": (3.0, 3.0)}, 10.0)
+    with pytest.raises(ValueError, match="time_max must be a finite number > 0"):
+        AgreedRanges({}, float("nan"))
     payload = first.to_dict()
     with pytest.raises(ValueError, match="range histograms for columns"):
         RangeRelease.from_dict({**payload, "histograms": {"age": payload["histograms"]["age"]}}, plan)

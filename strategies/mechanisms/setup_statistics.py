@@ -427,6 +427,14 @@ class AgreedRanges:
     features: Mapping[str, tuple[float, float]]
     time_max: float | None
 
+    def __post_init__(self) -> None:
+        # The sensitivities hold for any ranges; these checks only keep the arithmetic finite.
+        for column, (lo, hi) in self.features.items():
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"range of column '{column}' must be finite [lo, hi] with lo < hi, got [{lo}, {hi}]")
+        if self.time_max is not None and not (math.isfinite(self.time_max) and self.time_max > 0):
+            raise ValueError(f"time_max must be a finite number > 0, got {self.time_max}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"features": {c: list(r) for c, r in self.features.items()}, "time_max": self.time_max}
 
