@@ -325,6 +325,21 @@ def test_noisy_setup_is_close_to_the_exact_one():
     assert nearest.mean() < 0.05 * time.max()
 
 
+def test_a_public_time_range_beyond_the_data_does_not_drag_the_grid_into_the_empty_tail():
+    features, time, event = table(6000, seed=9)
+    time = np.random.default_rng(9).uniform(0, 1000, time.size)
+    dictionary = DataDictionary.from_mapping({"time": {"max": 1500}})
+    noiseless = SetupPlan.for_features(features, noise_multiplier=0.0, dictionary=dictionary)
+    reference, _, _, _ = run_protocol(noiseless, split(features, time, event, 5), np.random.default_rng(0))
+    assert reference.cuts.size == 10 and reference.cuts[-1] == 1020  # the right edge of the last interval with records
+    plan = SetupPlan.for_features(features, noise_multiplier=10.0, dictionary=dictionary)
+    for seed in range(5):
+        shared, _, _, _ = run_protocol(plan, split(features, time, event, 5), np.random.default_rng(seed))
+        assert shared.cuts.size >= 9 and shared.cuts[-1] <= 1020  # the curve ends where records are
+        nearest = np.min(np.abs(reference.cuts[:, None] - shared.cuts[None, :]), axis=1)
+        assert nearest.mean() < 3 * 30  # three intervals
+
+
 def test_range_releases_round_trip_and_reject_what_does_not_fit_the_plan(data, fixed_ranges):
     features, time, event = data
     plan = SetupPlan.for_features(features, noise_multiplier=2.0)
