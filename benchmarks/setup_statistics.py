@@ -77,9 +77,10 @@ DELTA = 1e-5
 ROUNDS = 20  # the default federation: 20 rounds of one local epoch
 NOISE_STREAM = 7
 #: Public data dictionaries: generous round bounds that the data sets' documentation supports
-#: (chosen by us after having seen the data sets' summaries, so not a blind test). FLCHAIN (Dispenzieri et al., Mayo Clin Proc 2012; sksurv/R survival docs): Olmsted County
-#: residents aged 50 or more, serum sampled 1995-2003, free light chains and creatinine in
-#: mg/dL (wide clinical ranges), follow-up in days until about 2009 (at most ~15 years).
+#: (chosen by us after having seen the data sets' summaries, so not a blind test). FLCHAIN
+#: (Dispenzieri et al., Mayo Clin Proc 2012; sksurv/R survival docs): Olmsted County residents
+#: aged 50 or more, serum sampled 1995-2003, free light chains and creatinine in mg/dL (wide
+#: clinical ranges), follow-up in days until about 2009 (at most ~15 years).
 #: METABRIC (pycox version: four gene expressions on a log2 scale, four 0/1 treatment and
 #: receptor indicators, age at diagnosis), follow-up in months, at most 30 years.
 DICTIONARIES = {

@@ -53,7 +53,8 @@ def test_json_and_yaml_files_give_the_same_dictionary(tmp_path):
         ({"categorical": {"sex": "F"}}, "categorical column 'sex': levels must be a non-empty list"),
         ({"categorical": {"sex": ["F", None]}}, "categorical column 'sex': levels must be a non-empty list"),
         ({"categorical": {"grade": [1, "1"]}}, "categorical column 'grade': level '1' is listed more than once"),
-        ({"numeric": {"x": [0, 1]}, "categorical": {"x": ["a"]}}, "column 'x' is listed as both numeric and categorical"),
+        ({"numeric": {"x": [0, 1]}, "categorical": {"x": ["a"]}},
+         "column 'x' is listed as both numeric and categorical"),
         ({"time": {"grid": [1, 2, 3]}}, "time: 'grid' must be at least two finite, strictly increasing cut points"),
         ({"time": {"grid": [0, 2, 2]}}, "time: 'grid' must be"),
         ({"time": {"grid": [0]}}, "time: 'grid' must be"),
@@ -86,7 +87,7 @@ def test_unreadable_or_malformed_files_are_named(tmp_path):
         DataDictionary.load(tmp_path / "bad.yaml")
     assert "\n" not in str(err.value)
     (tmp_path / "dict.txt").write_text("{}")
-    with pytest.raises(DataDictionaryError, match=r"dict\.txt: a data dictionary must be a \.json, \.yaml or \.yml file"):
+    with pytest.raises(DataDictionaryError, match=r"dict\.txt: a data dictionary must be a \.json, \.yaml or \.yml"):
         DataDictionary.load(tmp_path / "dict.txt")
 
 

@@ -167,7 +167,7 @@ RANGE_EXTEND_WINDOW = 4
 TIME_HISTOGRAM_BINS = 50
 #: The Kaplan-Meier curve of the time histogram ends at the last interval whose number at risk
 #: exceeds this many noise standard deviations; later records count as censored there.
-TAIL_THRESHOLD = 2.0
+TAIL_THRESHOLD = 1.0
 #: Shares of the set-up's privacy (1 / z_i^2 = w_i / z^2) of each release made.
 RELEASE_WEIGHTS: Mapping[str, float] = {
     "record_count": 0.1, "range_histograms": 0.5, "time_histogram": 0.2, "feature_moments": 0.2,
@@ -670,8 +670,8 @@ def _feature_scaling(
 
 
 def _trim_tail(events: np.ndarray, censored: np.ndarray, std: float) -> tuple[np.ndarray, np.ndarray]:
-    """Censor the records of the last intervals at the last one whose number at risk stands out
-    of its noise by ``TAIL_THRESHOLD`` (without noise: the last holding a record)."""
+    """Censor the records of the last intervals at the last one whose number at risk exceeds
+    ``TAIL_THRESHOLD`` times its noise (without noise: the last interval holding a record)."""
     at_risk = np.cumsum((events + censored)[::-1])[::-1]
     noise = std * np.sqrt(2.0 * np.arange(events.size, 0, -1))  # at risk in interval j sums 2 (B - j) counts
     kept = np.flatnonzero(at_risk > TAIL_THRESHOLD * noise)
