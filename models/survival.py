@@ -51,6 +51,9 @@ __all__ = [
     "discretise",
     "make_time_grid",
     "restricted_mean_survival_time",
+    "time_grid_from_counts",
+    "time_grid_from_histograms",
+    "time_histogram",
 ]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -71,13 +74,21 @@ def _kaplan_meier(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.n
     unique_time, inverse = np.unique(time, return_inverse=True)
     deaths = np.bincount(inverse, weights=event, minlength=unique_time.size)
     leaving = np.bincount(inverse, minlength=unique_time.size)
-    at_risk = time.size - np.concatenate(([0], np.cumsum(leaving)[:-1]))
+    return _kaplan_meier_counts(unique_time, deaths, leaving)
+
+
+def _kaplan_meier_counts(
+    points: np.ndarray, deaths: np.ndarray, leaving: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_kaplan_meier` of records given as ``deaths`` events and ``leaving`` records in all
+    at each of the increasing time ``points`` (counts may be fractional)."""
+    at_risk = np.cumsum(leaving[::-1])[::-1]  # records at or after each point (>= deaths there, also in floats)
     with np.errstate(divide="ignore"):
         surv = np.exp(np.cumsum(np.log(1.0 - deaths / at_risk)))
-    if unique_time[0] > 0:
-        unique_time = np.concatenate(([0.0], unique_time))
+    if points[0] > 0:
+        points = np.concatenate(([0.0], points))
         surv = np.concatenate(([1.0], surv))
-    return unique_time, surv
+    return points, surv
 
 
 def _check_time_event(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,14 +143,18 @@ def make_time_grid(
         if np.any(np.diff(cuts) == 0):
             raise ValueError("equidistant cuts are not unique: all times are 0")
         return cuts
-    km_time, km_surv = _kaplan_meier(time, event)
+    return _quantile_cuts(*_kaplan_meier(time, event), num_durations)
+
+
+def _quantile_cuts(km_time: np.ndarray, km_surv: np.ndarray, num_durations: int) -> np.ndarray:
+    """The ``"quantiles"`` cut points of :func:`make_time_grid` from a Kaplan-Meier curve."""
     levels = np.linspace(km_surv.min(), km_surv.max(), num_durations)
     first_below = np.searchsorted(km_surv[::-1], levels)[::-1]
     cuts = np.unique(km_time[::-1][first_below])
     if cuts.size != num_durations:
         warnings.warn(
             f"quantile cuts are not unique: continuing with {cuts.size} cuts instead of {num_durations}",
-            stacklevel=2,
+            stacklevel=3,
         )
     cuts[0] = 0.0
     return cuts
@@ -166,10 +181,50 @@ def time_grid_from_histograms(
     with ``"equidistant"`` it equals :func:`make_time_grid` of the pooled times.
     """
     edges = np.asarray(edges, dtype=np.float64)
-    counts = np.concatenate([np.asarray(events, dtype=np.int64), np.asarray(censored, dtype=np.int64)])
-    times = np.repeat(np.concatenate([edges[1:], edges[1:]]), counts)
-    flags = np.repeat(np.concatenate([np.ones(len(edges) - 1), np.zeros(len(edges) - 1)]), counts)
-    return make_time_grid(times, flags, num_durations=num_durations, scheme=scheme)
+    return time_grid_from_counts(edges[1:], events, censored, num_durations=num_durations, scheme=scheme)
+
+
+def time_grid_from_counts(
+    points: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int, scheme: str = "quantiles",
+) -> np.ndarray:
+    """:func:`make_time_grid` of records given as counts of events and censorings at time points.
+
+    ``events[j]`` events and ``censored[j]`` censorings happen at ``points[j]``; counts may be
+    fractional (e.g. denoised noisy counts), the Kaplan-Meier curve weighs them as they are. With
+    integer counts the result is :func:`make_time_grid` of the records the counts stand for;
+    ``"equidistant"`` ends at the last point holding a record.
+
+    Parameters
+    ----------
+    points : ndarray, shape (m,)
+        Strictly increasing, non-negative times.
+    events, censored : ndarray, shape (m,)
+        Non-negative counts; at least one positive.
+    num_durations, scheme
+        As in :func:`make_time_grid`.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    events = np.asarray(events, dtype=np.float64)
+    censored = np.asarray(censored, dtype=np.float64)
+    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
+        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
+                         f"{events.shape}, {censored.shape}")
+    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
+        raise ValueError("points must be finite, non-negative and strictly increasing")
+    counts = events + censored
+    if not (np.all(np.isfinite(counts)) and np.all(events >= 0) and np.all(censored >= 0) and counts.sum() > 0):
+        raise ValueError("events and censored must be finite, non-negative counts, not all zero")
+    if scheme not in _SCHEMES:
+        raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
+    if num_durations < 2:
+        raise ValueError(f"num_durations must be >= 2, got {num_durations}")
+    held = counts > 0
+    points, events, counts = points[held], events[held], counts[held]
+    if scheme == "equidistant":
+        if points[-1] == 0:
+            raise ValueError("equidistant cuts are not unique: all times are 0")
+        return np.linspace(0.0, points[-1], num_durations)
+    return _quantile_cuts(*_kaplan_meier_counts(points, events, counts), num_durations)
 
 
 def _discretise_tensor(time: Tensor, event: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,6 +2,9 @@
 
 Numeric columns are mean-imputed and standardised; categorical, boolean and object columns are
 one-hot encoded over the categories seen in training (unseen or missing values -> all zeros).
+A numeric column may also have a clip range ``[lo, hi]`` (public, from a data dictionary, or
+differentially private, :mod:`strategies.mechanisms.setup_statistics`): its values are clipped
+to the range before they are standardised. The exact fit below clips nothing.
 
 The fit needs only per-column counts, sums and sums of squares (numeric) and per-category counts
 (categorical). These statistics are *additive*: the statistics of a union of tables are the sum of
@@ -132,16 +135,27 @@ class FeatureStatistics:
 
 @dataclass(frozen=True)
 class Preprocessor:
-    """Mean imputation + standardisation of numeric columns, one-hot encoding of the others.
+    r"""Mean imputation + standardisation of numeric columns, one-hot encoding of the others.
 
     Build it with :meth:`fit` on the training records only (or :meth:`from_statistics` on summed
     per-site statistics: the result is identical), then :meth:`transform` any split.
+
+    A numeric column ``c`` is encoded as :math:`(\min(\max(x, lo_c), hi_c) - \mu_c) / s_c` where
+    ``ranges`` holds ``(lo_c, hi_c)`` and as :math:`(x - \mu_c) / s_c` where it does not; a
+    missing value becomes 0 (the mean).
     """
 
     columns: tuple[str, ...]
     means: Mapping[str, float]
     stds: Mapping[str, float]
     categories: Mapping[str, tuple[str, ...]]
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for column, (lo, hi) in self.ranges.items():
+            if column not in self.means or not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+                raise ValueError(f"clip range of column '{column}' must be finite [lo, hi] with lo < hi of a "
+                                 f"numeric column, got [{lo}, {hi}]")
 
     @classmethod
     def from_statistics(cls, stats: FeatureStatistics) -> Preprocessor:
@@ -158,7 +172,8 @@ class Preprocessor:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (what a deployment's server sends the sites); :meth:`from_dict` inverts it."""
         return {"columns": list(self.columns), "means": dict(self.means), "stds": dict(self.stds),
-                "categories": {c: list(k) for c, k in self.categories.items()}}
+                "categories": {c: list(k) for c, k in self.categories.items()},
+                "ranges": {c: list(r) for c, r in self.ranges.items()}}
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> Preprocessor:
@@ -168,6 +183,7 @@ class Preprocessor:
             means={str(c): float(v) for c, v in payload["means"].items()},
             stds={str(c): float(v) for c, v in payload["stds"].items()},
             categories={str(c): tuple(map(str, k)) for c, k in payload["categories"].items()},
+            ranges={str(c): (float(lo), float(hi)) for c, (lo, hi) in payload["ranges"].items()},
         )
 
     @classmethod
@@ -207,6 +223,8 @@ class Preprocessor:
 
     def _numeric(self, series: pd.Series, column: str) -> np.ndarray:
         values = pd.to_numeric(series, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+        if column in self.ranges:
+            values = np.clip(values, *self.ranges[column])
         standardised = (values - self.means[column]) / self.stds[column]
         return np.nan_to_num(standardised, nan=0.0)[:, None]
 
