@@ -39,7 +39,7 @@ def test_a_failed_run_is_one_line_with_the_traceback_in_run_log(tmp_path):
         run_inprocess(overrides)
     message, code = describe_failure(failed.value, resolve(overrides)[0])
     assert code == 1 and "\n" not in message
-    assert message.startswith("error: TooFewSitesError: round 1: 2 of 3 sites trained")
+    assert message.startswith("error: TooFewSitesError: round 1: 2 of 3 sites' updates accepted")
     assert message.endswith(f"(traceback in {tmp_path / 'run.log'})")
     log = (tmp_path / "run.log").read_text(encoding="utf-8")
     assert log.startswith("fedsurv: fedavg") and "round   1/2" in log
