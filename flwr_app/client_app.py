@@ -40,6 +40,8 @@ app.train("split_step")(vertical_client.step)
 app.query("split_predict")(vertical_client.predict)
 app.query("site_summary")(deployment.summary)
 app.query("site_time_histogram")(deployment.histogram)
+app.query("setup_ranges")(deployment.setup_ranges)
+app.query("setup_moments")(deployment.setup_moments)
 app.train("site_setup")(deployment.setup)
 
 
@@ -103,7 +105,7 @@ def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp
     """The site's set-up: its record count as agreed with the server, and the smallest agreed count."""
     if cfg.data.deployed:
         return deployment.stored_setup(context)
-    return task.site_setups(task.load_federation(cfg))[site.name]
+    return task.federation_setup(cfg).setups[site.name]
 
 
 @app.train()

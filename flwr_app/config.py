@@ -150,6 +150,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         oot_start=_get(flat, "data.oot_start", str),
         synthetic_records=int(_positive("data.synthetic_records", _get(flat, "data.synthetic_records", int))),
         labels_path=_get(flat, "data.labels_path", str),
+        dictionary=_get(flat, "data.dictionary", str),
     )
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
@@ -214,6 +215,7 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         min_site_records=int(
             _positive("privacy.min_site_records", _get(flat, "privacy.min_site_records", int), allow_zero=True)
         ),
+        setup_noise=_positive("privacy.setup_noise", _get(flat, "privacy.setup_noise", float), allow_zero=True),
     )
     if not 0.0 <= privacy.uniform_mix <= 1.0:
         raise ConfigError(f"run config: 'privacy.uniform_mix' must be in [0, 1], got {privacy.uniform_mix}")

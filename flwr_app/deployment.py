@@ -39,13 +39,31 @@ from flwr.supercore.run import Run
 from flwr_app import task
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
+from models.data.dictionary import DataDictionary
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import DataValidationError, column_differences, identifier_problems
 from models.survival import time_grid_from_histograms, time_histogram
 from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.registry import horizontal_mechanism
+from strategies.mechanisms.setup_statistics import (
+    AgreedRanges,
+    MomentRelease,
+    RangeRelease,
+    SetupNoiseError,
+    SetupPlan,
+    accountant_history,
+    agree_ranges,
+    agreed_count,
+    implausible_ranges,
+    release_moments,
+    release_ranges,
+    shared_setup,
+)
 
 SUMMARY = "query.site_summary"
+RANGES = "query.setup_ranges"
+MOMENTS = "query.setup_moments"
 HISTOGRAM = "query.site_time_histogram"
 SETUP = "train.site_setup"
 PAYLOAD = "deployment"
@@ -171,20 +189,30 @@ class ParticipatingSites(Grid):
 
 
 def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> SiteSetup:
-    """Agree the preprocessing and the time grid with the connected sites and send them the result.
+    """Agree the preprocessing, the time grid and the record counts with the connected sites and send them the result.
+
+    With a mechanism whose set-up is private (``dp_sgd``, ``bdp`` with ``privacy.setup_noise`` >
+    0) the sites release noisy statistics in two passes (:func:`_private_setup`); otherwise they
+    send exact sums (:func:`_exact_setup`).
 
     A site whose file cannot be used replies with an error naming the file, the column and the
-    problem; so is a site whose columns differ from the schema most sites share. Each is
-    reported and left out, and the run goes on with the others if at least
-    ``federation.min_sites`` remain (run the rounds over :class:`ParticipatingSites`).
+    problem; so is a site whose columns differ from the schema most sites share, or whose
+    statistics stand far outside the others'. Each is reported and left out, and the run goes on
+    with the others if at least ``federation.min_sites`` remain (run the rounds over
+    :class:`ParticipatingSites`).
 
     Raises
     ------
     RuntimeError
         When fewer than ``federation.min_sites`` sites can take part (listing why each failed).
     """
-    nodes = sorted(grid.get_node_ids())
-    summaries, left_out = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
+    if horizontal_mechanism(cfg.strategy).uses_private_setup(cfg):
+        return _private_setup(grid, cfg, timeout=timeout)
+    return _exact_setup(grid, cfg, timeout=timeout)
+
+
+def _named(summaries: Mapping[int, Mapping[str, Any]], left_out: dict[int, str]) -> dict[int, str]:
+    """Node -> the site name it claims; a name already claimed by another node is left out."""
     names: dict[int, str] = {}
     for node, summary in sorted(summaries.items()):
         name = str(summary.get("site", ""))
@@ -192,6 +220,111 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
             left_out[node] = f"claims to be site {name!r}, which another node already is"
         else:
             names[node] = name
+    return names
+
+
+def _enough(cfg: ExperimentConfig, kept: Iterable[int], nodes: list[int], left_out: Mapping[int, str]) -> None:
+    for node, reason in sorted(left_out.items()):
+        print(f"site at node {node} left out: {reason}", flush=True)
+    kept = list(kept)
+    if len(kept) < cfg.federation.min_sites:
+        reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(left_out.items()))
+        raise RuntimeError(f"only {len(kept)} of {len(nodes)} sites can take part, fewer than "
+                           f"federation.min_sites = {cfg.federation.min_sites}:\n{reasons}")
+
+
+def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:
+    """The differentially private set-up (:mod:`strategies.mechanisms.setup_statistics`), over messages.
+
+    1. ``setup_ranges``: each site sends its schema (columns, which are numeric, category levels)
+       and its noisy record count and range histograms; the server keeps the sites that share the
+       most common schema and whose releases fit the plan and are plausible, and agrees the clip
+       ranges;
+    2. ``setup_moments``: each site sends its noisy time histogram and clipped moments on those
+       ranges;
+    3. ``site_setup``: the server sends every site the preprocessing, the grid, its agreed count,
+       the smallest count and the accountant history of the set-up releases.
+
+    Every noise draw happens at the sites (their OS entropy); the server only adds and derives.
+    """
+    nodes = sorted(grid.get_node_ids())
+    first, left_out = _ask(grid, RANGES, {node: {} for node in nodes}, timeout)
+    names = _named(first, left_out)
+    schemas = {node: (tuple(reply["columns"]), tuple(sorted(reply["numeric"]))) for node, reply in first.items()
+               if node in names}
+    reference = collections.Counter(schemas.values()).most_common(1)[0][0] if schemas else ((), ())
+    for node, schema in schemas.items():
+        if schema != reference:
+            left_out[node] = (f"site '{names[node]}': schema differs from the other sites' (columns "
+                              f"{list(schema[0])}, numeric {list(schema[1])}; most sites: {list(reference[0])}, "
+                              f"numeric {list(reference[1])})")
+    plan = SetupPlan(reference[0], frozenset(reference[1]), **_plan_options(cfg))
+    releases: dict[int, RangeRelease] = {}
+    for node in schemas:
+        if node in left_out:
+            continue
+        try:
+            releases[node] = RangeRelease.from_dict(first[node], plan)
+        except (KeyError, TypeError, ValueError) as err:
+            left_out[node] = f"site '{names[node]}': set-up release refused: {err}"
+            continue
+        reason = implausible_ranges(releases[node], plan)
+        if reason:
+            del releases[node]
+            left_out[node] = f"site '{names[node]}': set-up release refused: {reason}"
+    left_out.update(_count_problems(names, {node: agreed_count(release.count) for node, release in releases.items()}))
+    releases = {node: release for node, release in releases.items() if node not in left_out}
+    _enough(cfg, releases, nodes, left_out)
+    try:
+        ranges = agree_ranges(plan, functools.reduce(operator.add, releases.values()))
+    except SetupNoiseError as err:
+        raise RuntimeError(f"set-up: {err} (lower privacy.setup_noise, or give the column a public range in "
+                           "data.dictionary)") from None
+    second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict()} for node in releases}, timeout)
+    moments = {}
+    for node, reply in second.items():
+        try:
+            moments[node] = MomentRelease.from_dict(reply, plan)
+        except (KeyError, TypeError, ValueError) as err:
+            failed[node] = f"site '{names[node]}': set-up release refused: {err}"
+    if failed:
+        raise RuntimeError(f"sites failed in the second pass of the set-up (every site of the first pass is needed: "
+                           f"its ranges count in the clip ranges): {failed}")
+    shared = shared_setup(plan, ranges, functools.reduce(operator.add, releases.values()),
+                          functools.reduce(operator.add, moments.values()), num_durations=cfg.model.num_durations)
+    spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
+    counts = {node: agreed_count(release.count) for node, release in releases.items()}
+    return _send_setup(grid, cfg, spec, counts, names, left_out, accountant_history(plan), timeout=timeout)
+
+
+def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float],
+                names: Mapping[int, str], left_out: dict[int, str], prior: tuple[tuple[float, float, int], ...], *,
+                timeout: float) -> SiteSetup:
+    """Send every kept site the shared set-up and its agreed count; the outcome of :func:`prepare_sites`."""
+    smallest = min(counts.values())
+    setups = {names[node]: SiteSetUp(count=count, min_count=smallest, prior=prior) for node, count in counts.items()}
+    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json(), "count": counts[node], "min_count": smallest,
+                                          "prior": [list(entry) for entry in prior]} for node in counts}, timeout)
+    if failed:
+        raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
+    print(f"{len(counts)} sites ({', '.join(sorted(names[node] for node in counts))}): "
+          f"about {int(sum(counts.values()))} training records, {len(spec.preprocessor.feature_names)} encoded "
+          f"features, {len(spec.cuts)} time-grid points" + (" (private set-up)" if prior else ""), flush=True)
+    return SiteSetup(spec, {node: names[node] for node in counts}, left_out, setups)
+
+
+def _plan_options(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The run's set-up plan options (every site and the server build the same plan)."""
+    return {"noise_multiplier": cfg.privacy.setup_noise, "adjacency": cfg.privacy.adjacency,
+            "dictionary": DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None,
+            "time_grid": cfg.model.time_grid}
+
+
+def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:
+    """The set-up from exact sums (``site_summary``, ``site_time_histogram``, ``site_setup``): no noise."""
+    nodes = sorted(grid.get_node_ids())
+    summaries, left_out = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
+    names = _named(summaries, left_out)
     summaries = {node: summary for node, summary in summaries.items() if node in names}
     left_out.update(_count_problems(names, {node: summary["time"][0] for node, summary in summaries.items()}))
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
@@ -201,12 +334,7 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
                                     {node: float(summaries[node]["max_time"]) for node in summaries}))
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
     statistics = {node: statistics[node] for node in summaries}
-    for node, reason in sorted(left_out.items()):
-        print(f"site at node {node} left out: {reason}", flush=True)
-    if len(summaries) < cfg.federation.min_sites:
-        reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(left_out.items()))
-        raise RuntimeError(f"only {len(summaries)} of {len(nodes)} sites can take part, fewer than "
-                           f"federation.min_sites = {cfg.federation.min_sites}:\n{reasons}")
+    _enough(cfg, summaries, nodes, left_out)
     features = functools.reduce(operator.add, statistics.values())
     times = sum((NumericStatistics(*summary["time"]) for summary in summaries.values()), start=NumericStatistics())
     max_time = max(float(summary["max_time"]) for summary in summaries.values())
@@ -222,16 +350,7 @@ def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) 
     )
     spec = task.SiteSpec(Preprocessor.from_statistics(features), cuts, (times.mean, times.std))
     counts = {node: float(summary["time"][0]) for node, summary in summaries.items()}
-    smallest = min(counts.values())
-    setups = {names[node]: SiteSetUp(count=count, min_count=smallest) for node, count in counts.items()}
-    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json(), "count": counts[node], "min_count": smallest}
-                                   for node in summaries}, timeout)
-    if failed:
-        raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
-    print(f"{len(summaries)} sites ({', '.join(sorted(names[node] for node in summaries))}): "
-          f"{int(times.count)} training records, "
-          f"{len(spec.preprocessor.feature_names)} encoded features, {len(cuts)} time-grid points", flush=True)
-    return SiteSetup(spec, {node: names[node] for node in summaries}, left_out, setups)
+    return _send_setup(grid, cfg, spec, counts, names, left_out, (), timeout=timeout)
 
 
 def site_name(context: Context) -> str:
@@ -277,6 +396,32 @@ def summary(message: Message, context: Context) -> Message:
     }), reply_to=message)
 
 
+def setup_ranges(message: Message, context: Context) -> Message:
+    """Pass 1 of the private set-up: the site's schema and its noisy count and range histograms."""
+    cfg = parse_run_config(context.run_config)
+    table, train, _ = _site_table(cfg, context)
+    problems = identifier_problems(table.features, source=table.source)
+    if problems:
+        raise DataValidationError("; ".join(problems))
+    features = table.features.iloc[train].reset_index(drop=True)
+    plan = SetupPlan.for_features(features, **_plan_options(cfg))
+    release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
+    return Message(content=_payload({"site": site_name(context), "columns": list(plan.columns),
+                                     "numeric": sorted(plan.numeric), **release.to_dict()}), reply_to=message)
+
+
+def setup_moments(message: Message, context: Context) -> Message:
+    """Pass 2 of the private set-up: the noisy time histogram and clipped moments on the agreed ranges."""
+    cfg = parse_run_config(context.run_config)
+    table, train, _ = _site_table(cfg, context)
+    features = table.features.iloc[train].reset_index(drop=True)
+    plan = SetupPlan.for_features(features, **_plan_options(cfg))
+    ranges = AgreedRanges.from_dict(_read(message)["ranges"])
+    release = release_moments(plan, ranges, features, table.time[train], table.event[train],
+                              np.random.default_rng())  # OS entropy
+    return Message(content=_payload(release.to_dict()), reply_to=message)
+
+
 def histogram(message: Message, context: Context) -> Message:
     """Training events and censorings per interval of the server's histogram."""
     request = _read(message)
@@ -291,7 +436,8 @@ def setup(message: Message, context: Context) -> Message:
     request = _read(message)
     context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
     context.state[SETUP_STATE] = ConfigRecord({"count": float(request["count"]),
-                                               "min_count": float(request["min_count"])})
+                                               "min_count": float(request["min_count"]),
+                                               "prior": json.dumps(request.get("prior", []))})
     return Message(content=_payload({}), reply_to=message)
 
 
@@ -301,7 +447,8 @@ def stored_setup(context: Context) -> SiteSetUp:
         raise ValueError("this site has no agreed record count in its node state: the server's set-up did not "
                          "reach it")
     record = context.state.config_records[SETUP_STATE]
-    return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]))
+    prior = tuple((float(noise), float(rate), int(count)) for noise, rate, count in json.loads(str(record["prior"])))
+    return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]), prior=prior)
 
 
 def _range_problems(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics],

@@ -217,7 +217,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         node_sites = dict(setup.sites)
     else:
         dataset = task.load_federation(cfg)
-        model, setups = task.build_model(cfg, dataset), task.site_setups(dataset)
+        model, setups = task.build_model(cfg, dataset), task.federation_setup(cfg).setups
         wait_for_sites(grid, dataset.num_sites)
         node_sites = {}
     num_sites = len(setups)

@@ -9,36 +9,114 @@ from __future__ import annotations
 import functools
 import json
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 import torch
 
 from flwr_app.config import ExperimentConfig
 from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
+from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
+from strategies.mechanisms.setup_statistics import SetupPlan, accountant_history, run_setup
 
 #: How every output labels the centralised baseline.
 CENTRALIZED_LABEL = "not private, simulation reference"
 
 
+@dataclass(frozen=True)
+class FederationSetUp:
+    """What a simulated federation agreed before training, the same at the server and at every site.
+
+    Attributes
+    ----------
+    cuts, time_scale
+        The shared time grid and CoxTime's time scale.
+    setups
+        Every site's set-up by name: its agreed record count and the accountant history of its
+        set-up releases.
+    plan
+        The differentially private set-up's plan (:mod:`strategies.mechanisms.setup_statistics`),
+        or ``None`` when the set-up was exact (fitted on the pooled training data, which stands
+        for the sites' exact sums).
+    """
+
+    cuts: np.ndarray
+    time_scale: tuple[float, float]
+    setups: dict[str, SiteSetUp]
+    plan: SetupPlan | None
+
+
+#: Stream of the simulated sites' set-up noise (beside the partition's and the split's).
+SETUP_STREAM = 11
+
+
+def uses_private_setup(cfg: ExperimentConfig) -> bool:
+    """Whether the run agrees its set-up with DP: its mechanism needs it (``private_setup``: the
+    record-level DP-SGD mechanisms) and ``privacy.setup_noise`` is not 0."""
+    return horizontal_mechanism(cfg.strategy).uses_private_setup(cfg)
+
+
+def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | None:
+    """The run's DP set-up plan for a table of ``features``' schema, or None for an exact set-up.
+
+    ``data.dictionary`` makes what it lists public.
+    """
+    if not uses_private_setup(cfg):
+        return None
+    dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
+    return SetupPlan.for_features(features, noise_multiplier=cfg.privacy.setup_noise,
+                                  adjacency=cfg.privacy.adjacency, dictionary=dictionary,
+                                  time_grid=cfg.model.time_grid)
+
+
 @functools.lru_cache(maxsize=4)
-def _federation(
-    name: str, seed: int, num_sites: int, partition: str, dirichlet_alpha: float, test_fraction: float,
-    path: str, data_dir: str, time_col: str, event_col: str, feature_cols: tuple[str, ...],
-    min_site_records: int, horizon_months: int, oot_start: str,
-) -> FederatedDataset:
-    return build_federated_dataset(
-        name=name, seed=seed, num_sites=num_sites, partition=partition, dirichlet_alpha=dirichlet_alpha,
-        test_fraction=test_fraction, path=path, data_dir=data_dir, time_col=time_col, event_col=event_col,
-        feature_cols=feature_cols, min_site_records=min_site_records, sba_horizon_months=horizon_months,
-        oot_start=oot_start,
+def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetUp]:
+    data, federation = cfg.data, cfg.federation
+    agreed: dict[str, object] = {}
+
+    def private_fit(sites: Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]) -> Preprocessor:
+        plan = setup_plan(cfg, next(iter(sites.values()))[0])
+        assert plan is not None
+        rngs = {name: np.random.default_rng([cfg.seed, SETUP_STREAM, index]) for index, name in enumerate(sites)}
+        shared, counts = run_setup(plan, sites, rngs, num_durations=cfg.model.num_durations)
+        agreed.update(plan=plan, shared=shared, counts=counts)
+        return shared.preprocessor
+
+    dataset = build_federated_dataset(
+        name=data.name, seed=cfg.seed, num_sites=federation.num_sites, partition=federation.partition,
+        dirichlet_alpha=federation.dirichlet_alpha, test_fraction=data.test_fraction, path=data.path,
+        data_dir=str(resolve_data_dir(data.dir)), time_col=data.time_col, event_col=data.event_col,
+        feature_cols=data.feature_cols, min_site_records=federation.min_site_records,
+        sba_horizon_months=data.horizon_months, oot_start=data.oot_start,
+        fit_preprocessor=private_fit if uses_private_setup(cfg) else None,
     )
+    if agreed:
+        shared, counts, plan = agreed["shared"], agreed["counts"], agreed["plan"]
+        cuts, time_scale, prior = shared.cuts, shared.time_scale, accountant_history(plan)
+    else:
+        train = dataset.pooled("train")
+        cuts = make_time_grid(train.time, train.event, num_durations=cfg.model.num_durations,
+                              scheme=cfg.model.time_grid)
+        time_scale, plan, prior = (float(np.mean(train.time)), float(np.std(train.time))), None, ()
+        counts = {site.name: float(len(site.train)) for site in dataset.sites}
+    smallest = min(counts.values())
+    setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan)
+
+
+def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` without what does not change the data or the set-up (so that one cache entry serves a run)."""
+    return replace(cfg, output_dir="", resume_from="", debug=replace(cfg.debug, fail_site="", stop_after_round=0),
+                   federation=replace(cfg.federation, timeout_s=0.0), server_evaluation=False,
+                   centralized_baseline=False)
 
 
 def load_federation(cfg: ExperimentConfig) -> FederatedDataset:
@@ -47,26 +125,22 @@ def load_federation(cfg: ExperimentConfig) -> FederatedDataset:
     The cache holds immutable arrays only, so a process that serves several simulated sites
     (a Ray actor) loads and preprocesses the data once instead of once per message.
     """
-    data, federation = cfg.data, cfg.federation
-    return _federation(
-        data.name, cfg.seed, federation.num_sites, federation.partition, federation.dirichlet_alpha,
-        data.test_fraction, data.path, str(resolve_data_dir(data.dir)), data.time_col, data.event_col,
-        data.feature_cols, federation.min_site_records, data.horizon_months, data.oot_start,
-    )
+    return _simulation(_simulation_key(cfg))[0]
+
+
+def federation_setup(cfg: ExperimentConfig) -> FederationSetUp:
+    """What the simulated sites agreed before training (:class:`FederationSetUp`; memoised with the data)."""
+    return _simulation(_simulation_key(cfg))[1]
 
 
 def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalModel:
-    """The run's survival model, with its time grid fitted on the pooled training times.
+    """The run's survival model on the federation's agreed time grid (and CoxTime time scale).
 
     The grid (discrete-time intervals for the hazard model, the Breslow grid for Cox models) is
     shared by all sites, like the model architecture.
     """
-    train = dataset.pooled("train")
-    cuts = make_time_grid(
-        train.time, train.event, num_durations=cfg.model.num_durations, scheme=cfg.model.time_grid
-    )
-    return build_network(cfg, in_features=dataset.in_features, cuts=cuts,
-                         time_scale=(float(np.mean(train.time)), float(np.std(train.time))))
+    setup = federation_setup(cfg)
+    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale)
 
 
 def build_network(
@@ -172,13 +246,6 @@ def site_seed(cfg: ExperimentConfig, server_round: int, site_index: int) -> int:
     if cfg.data.deployed:
         return secrets.randbits(63)
     return round_seed(cfg.seed, server_round, site_index)
-
-
-def site_setups(dataset: FederatedDataset) -> dict[str, SiteSetUp]:
-    """Every simulated site's set-up (its record count, the smallest count), by site name."""
-    counts = {site.name: float(len(site.train)) for site in dataset.sites}
-    smallest = min(counts.values())
-    return {name: SiteSetUp(count=count, min_count=smallest) for name, count in counts.items()}
 
 
 def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[str, object]:

@@ -111,7 +111,7 @@ def run_federation(cfg: ExperimentConfig, *, concordance_td: bool = True, evalua
         raise ValueError(f"run_federation does not run strategy {cfg.strategy!r} (a server-side mechanism)")
     dataset = task.load_federation(cfg)
     model = task.build_model(cfg, dataset)
-    setups = task.site_setups(dataset)
+    setups = task.federation_setup(cfg).setups
     global_arrays = ArrayRecord(model.net.state_dict())
     order = sorted(range(dataset.num_sites), key=lambda index: dataset.sites[index].name)
     states: dict[int, dict | None] = dict.fromkeys(order)

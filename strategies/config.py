@@ -40,6 +40,7 @@ class DataConfig:
     oot_start: str
     synthetic_records: int
     labels_path: str
+    dictionary: str = ""
 
     @property
     def deployed(self) -> bool:
@@ -119,6 +120,7 @@ class PrivacyConfig:
     dispersion: str
     uniform_mix: float
     min_site_records: int
+    setup_noise: float = 10.0
 
     @property
     def enabled(self) -> bool:

@@ -73,20 +73,26 @@ def test_every_key_a_site_sends_is_in_the_manifest(tmp_path, run):
     assert written == json.loads(json.dumps(manifest.as_dict()))
 
 
-def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path):
+@pytest.mark.parametrize(("strategy", "set_up"), [
+    ("dp_sgd", {"query.setup_ranges", "query.setup_moments"}),  # the private set-up's two passes
+    ("fedavg", {"query.site_summary", "query.site_time_histogram"}),  # exact sums
+])
+def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path, strategy, set_up):
     table = load_flchain()
     frame = table.features.assign(futime=table.time, death=table.event)
     configs = []
-    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:1500], 3)):
+    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:3000], 3)):
         path = tmp_path / f"site-{index}.csv"
         frame.iloc[rows].to_csv(path, index=False)
         configs.append({"data-path": str(path), "site-name": f"site-{index}"})
     overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
-                 "strategy.name": "dp_sgd", "privacy.epsilon": 2.0, "evaluation.server_side": False}
+                 "strategy.name": strategy, "evaluation.server_side": False}
+    if strategy == "dp_sgd":
+        overrides["privacy.epsilon"] = 2.0
     seen = _observed(overrides, tmp_path, node_configs=configs)
     _, cfg = resolve({**SMALL, **overrides})
-    manifest = get_mechanism("dp_sgd").manifest(cfg)
-    assert {kind for kind, _ in seen} >= {"query.site_summary", "query.site_time_histogram", "train", "evaluate"}
+    manifest = get_mechanism(strategy).manifest(cfg)
+    assert {kind for kind, _ in seen} == set_up | {"train", "evaluate"}  # the set-up reply itself is empty
     unlisted = sorted({f"{kind}/{key}" for kind, key in seen if not manifest.covers(kind, key)})
     assert not unlisted, unlisted
 

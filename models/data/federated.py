@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +166,7 @@ def build_federated_dataset(
     min_site_records: int = 0,
     sba_horizon_months: int = 48,
     oot_start: str = "",
+    fit_preprocessor: Callable[[Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]], Preprocessor] | None = None,
 ) -> FederatedDataset:
     """Load, validate, partition, split and preprocess a data set for a horizontal federation.
 
@@ -199,6 +200,11 @@ def build_federated_dataset(
     oot_start
         First date (YYYY-MM-DD) of the out-of-time part; default ``2005-01-01`` for ``sba`` and no
         out-of-time part for the others; ``"none"`` disables it.
+    fit_preprocessor
+        How the federation agrees on the preprocessing: called with every site's raw training
+        features, times and events (site name -> ``(features, time, event)``), e.g. the
+        differentially private set-up of :mod:`strategies.mechanisms.setup_statistics`. Default:
+        :meth:`Preprocessor.fit` on the pooled training parts.
 
     Raises
     ------
@@ -227,8 +233,11 @@ def build_federated_dataset(
     if oot is not None:
         oot_rng = np.random.default_rng([seed, OOT_STREAM])
         oot_sites = assign_out_of_time(table, partition, np.flatnonzero(oot), list(sites), oot_rng)
-    training = np.concatenate([train for train, _ in splits.values()])
-    preprocessor = Preprocessor.fit(table.features.iloc[training])
+    if fit_preprocessor is None:
+        preprocessor = Preprocessor.fit(table.features.iloc[np.concatenate([train for train, _ in splits.values()])])
+    else:
+        preprocessor = fit_preprocessor({site: (table.features.iloc[train].reset_index(drop=True), table.time[train],
+                                                table.event[train]) for site, (train, _) in splits.items()})
     arrays = SurvivalArrays(preprocessor.transform(table.features), table.time, table.event)
     return FederatedDataset(
         sites=tuple(

@@ -489,11 +489,14 @@ def project_epsilon_mu(
     beta: float,
     gamma_step: float = DEFAULT_GAMMA_STEP,
     orders: Sequence[int] = DEFAULT_ORDERS,
+    prior_costs: Any = None,
 ) -> float:
     r"""ε_μ after ``steps`` identical steps whose pair distances follow ``distances``.
 
-    ``C(λ) = steps · ĉ(λ)`` with ``ĉ`` from :func:`step_costs` at ``s = σ·C`` and
+    ``C(λ) = prior(λ) + steps · ĉ(λ)`` with ``ĉ`` from :func:`step_costs` at ``s = σ·C`` and
     ``T = steps`` (the accountant's rule: the UCB of ``max(c_L, c_R)``); then :func:`epsilon_mu`.
+    ``prior_costs``: per-order costs spent before training (e.g. :func:`gaussian_release_costs`
+    of the federation's set-up releases); none by default.
 
     References
     ----------
@@ -507,7 +510,29 @@ def project_epsilon_mu(
         distances, orders=orders, sample_rate=sample_rate, noise_std=noise_std,
         total_steps=steps, gamma_step=gamma_step,
     )
-    return epsilon_mu(steps * costs, orders, beta=beta)
+    prior = np.zeros(len(orders)) if prior_costs is None else np.asarray(prior_costs, dtype=np.float64)
+    return epsilon_mu(prior + steps * costs, orders, beta=beta)
+
+
+def gaussian_release_costs(noise_multipliers: Sequence[float], orders: Sequence[int] = DEFAULT_ORDERS) -> np.ndarray:
+    r"""Per-order costs of Gaussian releases without subsampling, to compose with the Bayesian accountant.
+
+    A Gaussian mechanism of noise multiplier :math:`z` (noise std over L2 sensitivity) released
+    once (:math:`q = 1`) has cost :math:`c(λ) = λ(λ+1)/(2z^2)` at every distance up to its
+    sensitivity (both terms of :func:`log_binomial_cost` coincide at :math:`q = 1`; it is
+    :math:`λ` times the Gaussian RDP :math:`α/(2z^2)` at :math:`α = λ + 1`); the costs of several
+    releases add. A multiplier of ``inf`` (an exact release of something that does not change
+    between neighbours) costs nothing.
+
+    References
+    ----------
+    Mironov, "Rényi Differential Privacy", CSF 2017, Proposition 7 and Corollary 3.
+    """
+    orders = _check_orders(orders)
+    lam = np.asarray(orders, dtype=np.float64)
+    inverse_square = sum(0.0 if math.isinf(z) else 1.0 / check_positive(z, "noise_multiplier") ** 2
+                         for z in noise_multipliers)
+    return lam * (lam + 1.0) / 2.0 * inverse_square
 
 
 def calibrate_noise_for_bdp(
@@ -522,6 +547,7 @@ def calibrate_noise_for_bdp(
     orders: Sequence[int] = DEFAULT_ORDERS,
     tolerance: float = 1e-3,
     max_noise_multiplier: float = 1e4,
+    prior_costs: Any = None,
 ) -> float:
     r"""Smallest σ whose projected ε_μ after ``steps`` steps meets ``target_epsilon_mu``.
 
@@ -547,6 +573,8 @@ def calibrate_noise_for_bdp(
         Acceptable shortfall of ε_μ below the target.
     max_noise_multiplier : float
         Give up (``ValueError``) if even this σ misses the target.
+    prior_costs : array_like, optional
+        Per-order costs spent before training (:func:`project_epsilon_mu`).
 
     Returns
     -------
@@ -566,7 +594,7 @@ def calibrate_noise_for_bdp(
     def project(sigma: float) -> float:
         return project_epsilon_mu(
             noise_multiplier=sigma, distances=pilot, sample_rate=sample_rate, steps=steps,
-            clip_norm=clip_norm, beta=beta, gamma_step=gamma_step, orders=orders,
+            clip_norm=clip_norm, beta=beta, gamma_step=gamma_step, orders=orders, prior_costs=prior_costs,
         )
 
     high = 1.0
@@ -615,6 +643,10 @@ class BayesianAccountant:
         Orders λ ≥ 1 (Rényi order α = λ + 1); default ``(2, 4, 8, 16, 32, 64)``.
     adjacency : {"add-remove", "replace-one"}
         Which neighbouring datasets the distances describe (:func:`neighbour_distances`).
+    prior_costs : array_like, optional
+        Per-order costs spent before the first step (releases composed with training, e.g.
+        :func:`gaussian_release_costs` of the set-up statistics); they count in ``ε_μ`` and in
+        the budget filter but not in ``spent_steps``.
 
     References
     ----------
@@ -627,10 +659,14 @@ class BayesianAccountant:
     mechanism: str = "bdp"
     cost_rule: str = COST_RULE
 
-    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, *, adjacency: str = "add-remove") -> None:
+    def __init__(self, orders: Sequence[int] = DEFAULT_ORDERS, *, adjacency: str = "add-remove",
+                 prior_costs: Any = None) -> None:
         self.orders: tuple[int, ...] = _check_orders(orders)
         self.adjacency: str = check_adjacency(adjacency)
-        self.total_costs: np.ndarray = np.zeros(len(self.orders), dtype=np.float64)
+        self.total_costs: np.ndarray = (np.zeros(len(self.orders), dtype=np.float64) if prior_costs is None
+                                        else np.asarray(prior_costs, dtype=np.float64).copy())
+        if self.total_costs.shape != (len(self.orders),):
+            raise ValueError(f"prior_costs needs one cost per order ({len(self.orders)})")
         self.log_confidence: float = 0.0  # Σ log(1 − γ_step)
         self.spent_steps: int = 0
         self.last_costs: np.ndarray | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
@@ -126,6 +127,7 @@ def calibrate_noise_multiplier(
     steps: int,
     accountant: AccountantName = "rdp",
     epsilon_tolerance: float = 0.01,
+    prior: Sequence[tuple[float, float, int]] = (),
 ) -> float:
     r"""Smallest noise multiplier (to ``epsilon_tolerance``) meeting ``(ε, δ)`` after ``steps``.
 
@@ -144,6 +146,12 @@ def calibrate_noise_multiplier(
     accountant : {"rdp", "prv"}
     epsilon_tolerance : float
         Bisection stops once ``target − ε ≤ epsilon_tolerance``.
+    prior : sequence of (noise_multiplier, sample_rate, num_steps)
+        Releases made before training that the same accountant composes with it (e.g. the
+        federation's set-up statistics, Gaussian releases with ``sample_rate`` 1): σ is then the
+        smallest for which ``prior`` plus ``steps`` steps spend at most the target (a bisection
+        on :func:`epsilon_from_history`, as opacus' ``get_noise_multiplier`` bisects without a
+        prior). ``ValueError`` when the prior alone spends the target.
 
     Returns
     -------
@@ -164,6 +172,10 @@ def calibrate_noise_multiplier(
     _check_accountant(accountant)
     if not epsilon_tolerance > 0.0:
         raise ValueError(f"epsilon_tolerance must be > 0, got {epsilon_tolerance!r}")
+    if prior:
+        return _calibrate_after(prior, target_epsilon=target_epsilon, target_delta=target_delta,
+                                sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                epsilon_tolerance=epsilon_tolerance)
     from opacus.accountants.utils import get_noise_multiplier
 
     with warnings.catch_warnings():
@@ -179,6 +191,38 @@ def calibrate_noise_multiplier(
             epsilon_tolerance=epsilon_tolerance,
         )
     return float(sigma)
+
+
+def _calibrate_after(
+    prior: Sequence[tuple[float, float, int]], *, target_epsilon: float, target_delta: float, sample_rate: float,
+    steps: int, accountant: AccountantName, epsilon_tolerance: float,
+) -> float:
+    """:func:`calibrate_noise_multiplier` with releases before training (see its ``prior``)."""
+    prior = [entry for entry in prior if math.isfinite(entry[0])]  # an exact release of nothing sensitive is free
+    spent = epsilon_from_history(list(prior), delta=target_delta, accountant=accountant) if prior else 0.0
+    if spent >= target_epsilon:
+        raise ValueError(f"the releases before training alone spend epsilon {spent:.4g} of the target "
+                         f"{target_epsilon:g}: nothing is left for training")
+
+    def epsilon(sigma: float) -> float:
+        return epsilon_from_history([*prior, (sigma, sample_rate, steps)], delta=target_delta, accountant=accountant)
+
+    low, high = 0.0, 10.0
+    while epsilon(high) > target_epsilon:
+        low, high = high, 2.0 * high
+        if high > 1e7:
+            raise ValueError(f"no noise multiplier reaches epsilon {target_epsilon} after the prior releases")
+    while True:  # opacus' stopping rule: epsilon within the tolerance below the target
+        middle = (low + high) / 2.0
+        spent_middle = epsilon(middle)
+        if spent_middle < target_epsilon:
+            high = middle
+            if target_epsilon - spent_middle <= epsilon_tolerance:
+                return float(high)
+        else:
+            low = middle
+        if high - low < 1e-9 * high:
+            return float(high)
 
 
 def epsilon_gaussian_rounds(

@@ -51,6 +51,7 @@ __all__ = [
     "SiteUpdate",
     "common_releases",
     "noise_source",
+    "setup_sentence",
     "uncovered_sentence",
     "update_release",
 ]
@@ -134,10 +135,15 @@ class SiteSetUp:
         ``n`` of its sampling rate ``q = B/n``.
     min_count
         The smallest agreed count of any site (NbAFL's ``m`` when ``privacy.min_site_records`` is 0).
+    prior
+        The site's releases at set-up as accountant history, ``(noise multiplier, 1.0, 1)`` per
+        Gaussian release under the run's adjacency (empty when the set-up was exact or public):
+        the mechanism composes them with its training releases.
     """
 
     count: float
     min_count: float
+    prior: tuple[tuple[float, float, int], ...] = ()
 
 
 @dataclass
@@ -170,6 +176,20 @@ def noise_source(cfg: ExperimentConfig) -> str:
             "knows the seed")
 
 
+def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:
+    """The ledger's statement of how the set-up statistics were released."""
+    if not private_setup:
+        return ("set-up statistics (record counts, standardisation, time grid) computed from the sites' data without "
+                "noise: not covered (privacy.setup_noise = 0, or a mechanism without a private set-up)")
+    public = (f"; public at no cost: the ranges, levels and time grid or range listed in {cfg.data.dictionary}"
+              if cfg.data.dictionary else "")
+    return ("set-up statistics (record count, range histograms of the numeric columns without a public range and of "
+            "the training times, time histogram, clipped moments): Gaussian releases of the site's training records, "
+            f"together one Gaussian mechanism with noise multiplier {cfg.privacy.setup_noise:g} under "
+            f"{cfg.privacy.adjacency} adjacency, composed by RDP with the site's training; the preprocessing, time grid, "
+            "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public)
+
+
 def update_release(covered: bool, reason: str) -> ReleasedValue:
     """The model update a site sends with every training reply."""
     return ReleasedValue("model update", "every weight of the site's model after its local training", "train", covered,
@@ -184,40 +204,70 @@ def uncovered_sentence(manifest: Manifest) -> str:
     return "not covered by epsilon (release manifest in privacy.md): " + ", ".join(names)
 
 
-def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool) -> list[ReleasedValue]:
+def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
+                    private_setup: bool = False) -> list[ReleasedValue]:
     """The releases every horizontal mechanism shares: set-up, identity, evaluation, Breslow, participation.
 
     ``private``: a DP mechanism ran; ``record_level``: its unit is one record (the held-out records
-    are then outside the protected unit, and the evaluation is post-processing for it).
+    are then outside the protected unit, and the evaluation is post-processing for it);
+    ``private_setup``: the set-up statistics were released with DP
+    (:mod:`strategies.mechanisms.setup_statistics`) and composed in the site's accountant.
     """
     held_out = private and record_level
     releases = [
         ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "every reply",
-                      True, "public: not a function of any record", ("*/site.name", "query.site_summary/deployment.site")),
-        ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
-                      "the federation must agree on the columns; a category level is a record's value (a level held by "
-                      "one record identifies it)", ("query.site_summary/deployment.features",)),
-        ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training "
-                      "features (the shared standardisation)", "set-up", False,
-                      "sent without noise (simulation: fitted on the pooled training parts, standing for the sites' "
-                      "summed statistics)", ("query.site_summary/deployment.features",)),
-        ReleasedValue("time grid", "time histogram of the training events and censorings, the largest training time, "
-                      "and the training times' sum and sum of squares (the shared time grid and CoxTime's time scale)",
-                      "set-up", False, "sent without noise",
-                      ("query.site_summary/deployment.time", "query.site_summary/deployment.max_time",
-                       "query.site_time_histogram/deployment.*")),
-        ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
-                      "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
-                      "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
+                      True, "public: not a function of any record",
+                      ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
                       "global model on the site's held-out records, and their number", "evaluate", held_out,
                       "a function of the released global model and the site's held-out records only (censoring "
                       "weights from the held-out records too): post-processing for the training records; the "
                       "held-out records are not protected" if held_out else
                       "computed from the site's held-out records without noise", ("evaluate/metrics.*",)),
-        ReleasedValue("participation", "which rounds the site answered", "every message", False,
-                      "the server sees whether and when a site replies"),
+        ReleasedValue("participation", "which rounds the site answered (the number of rounds is public)",
+                      "every message", False, "the server sees whether and when a site replies"),
     ]
+    if private_setup:
+        accounted = (f"Gaussian releases at set-up (noise multiplier {cfg.privacy.setup_noise:g} for all of them "
+                     f"together, {cfg.privacy.adjacency}), composed by the site's accountant with its training")
+        public = " and the public data dictionary" if cfg.data.dictionary else ""
+        releases += [
+            ReleasedValue("schema", "column names, which of them are numeric, and the category levels of the columns "
+                          "the data dictionary does not list", "set-up", False,
+                          "the federation must agree on the columns; a category level is a record's value",
+                          ("query.setup_ranges/deployment.columns", "query.setup_ranges/deployment.numeric",
+                           "query.setup_ranges/deployment.levels")),
+            ReleasedValue("record count", "the training record count plus noise; the agreed count (FedAvg weight, "
+                          "sampling rate) is it rounded", "set-up, train", True, accounted,
+                          ("query.setup_ranges/deployment.count", "train/metrics.num-examples")),
+            ReleasedValue("feature statistics", "range histograms of the numeric columns on a public log grid and "
+                          "the moments of the clipped values, plus noise (the shared clipping and standardisation)",
+                          "set-up", True, accounted + public,
+                          ("query.setup_ranges/deployment.histograms", "query.setup_moments/deployment.moments")),
+            ReleasedValue("time grid", "range histogram of the training times and the time histogram of events and "
+                          "censorings, plus noise (the shared time grid and CoxTime's time scale)", "set-up", True,
+                          accounted + public,
+                          ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
+                           "query.setup_moments/deployment.censored")),
+        ]
+    else:
+        releases += [
+            ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
+                          "the federation must agree on the columns; a category level is a record's value (a level "
+                          "held by one record identifies it)", ("query.site_summary/deployment.features",)),
+            ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training "
+                          "features (the shared standardisation)", "set-up", False,
+                          "sent without noise (simulation: fitted on the pooled training parts, standing for the "
+                          "sites' summed statistics)", ("query.site_summary/deployment.features",)),
+            ReleasedValue("time grid", "time histogram of the training events and censorings, the largest training "
+                          "time, and the training times' sum and sum of squares (the shared time grid and CoxTime's "
+                          "time scale)", "set-up", False, "sent without noise",
+                          ("query.site_summary/deployment.time", "query.site_summary/deployment.max_time",
+                           "query.site_time_histogram/deployment.*")),
+            ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
+                          "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
+                          "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
+        ]
     if cfg.model.name in ("cox_mlp", "cox_time"):
         releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
                                       "over the training records", "breslow", False, "sent without noise",
@@ -294,10 +344,23 @@ class HorizontalMechanism(Mechanism):
         site holding every record); otherwise it trains without DP.
     server_side
         True when the server adds the noise (through :meth:`wrap_strategy`).
+    private_setup
+        True when the run's set-up statistics (record counts, clip ranges and standardisation,
+        time grid) are released with DP and composed with training
+        (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_noise``).
     """
 
     pooled_baseline: bool = False
     server_side: bool = False
+    private_setup: bool = False
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        super().check(cfg)
+        if cfg.data.dictionary and not self.uses_private_setup(cfg):
+            raise ConfigError(
+                f"run config: 'data.dictionary' = {cfg.data.dictionary!r} makes the private set-up's ranges, levels "
+                f"and time grid public; strategy '{self.name}' with privacy.setup_noise = {cfg.privacy.setup_noise:g} "
+                "has no private set-up (dp_sgd and bdp do, with privacy.setup_noise > 0)")
 
     # ---------------------------------------------------------------- the site
 
@@ -370,7 +433,12 @@ class HorizontalMechanism(Mechanism):
 
     # ---------------------------------------------------------------- helpers for subclasses
 
+    def uses_private_setup(self, cfg: ExperimentConfig) -> bool:
+        """Whether the run agrees its set-up with DP (:attr:`private_setup` and ``privacy.setup_noise`` > 0)."""
+        return self.private_setup and cfg.privacy.setup_noise > 0
+
     def _manifest(self, cfg: ExperimentConfig, own: Iterable[ReleasedValue], *, record_level: bool | None = None) -> Manifest:
         record_level = self.unit == "record" if record_level is None else record_level
-        releases = list(own) + common_releases(cfg, private=self.private, record_level=record_level)
+        releases = list(own) + common_releases(cfg, private=self.private, record_level=record_level,
+                                               private_setup=self.uses_private_setup(cfg))
         return Manifest(self.name, self.unit, tuple(releases))

@@ -40,10 +40,11 @@ from strategies.accounting.bayesian_dp import (
     classical_noise_multiplier,
     distances_from_gram,
     epsilon_mu,
+    gaussian_release_costs,
     step_costs,
 )
 from strategies.accounting.ledger import LedgerEntry
-from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_from_history
 from strategies.config import ExperimentConfig
 from strategies.mechanisms.base import (
     Manifest,
@@ -52,12 +53,12 @@ from strategies.mechanisms.base import (
     SiteSetUp,
     SiteUpdate,
     noise_source,
+    setup_sentence,
     uncovered_sentence,
     update_release,
 )
 from strategies.mechanisms.dp_sgd import (
     PerSampleView,
-    clipped_epsilon,
     clipped_sum_ghost,
     poisson_schedule,
     require_decomposable_loss,
@@ -133,6 +134,7 @@ def train_epochs_bdp(
     epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
     clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
     adjacency: str = "add-remove", num_records: float | None = None,
+    prior: Sequence[tuple[float, float, int]] = (),
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
 
@@ -149,6 +151,11 @@ def train_epochs_bdp(
     num_records
         The record count the schedule (``q``, steps) and the small-site fallback are computed from
         (default ``len(x)``): in a federation, the count the site agreed at set-up.
+    prior
+        The site's releases before training as accountant history (``(noise multiplier, 1.0, 1)``
+        per Gaussian set-up release under ``adjacency``): both accountants start with them
+        (:func:`~strategies.accounting.bayesian_dp.gaussian_release_costs` for ε_μ) and σ is
+        calibrated for what is left of the budget.
 
     Returns
     -------
@@ -165,26 +172,36 @@ def train_epochs_bdp(
     total_steps = steps * rounds
     state = dict(state or {})
     fallback = n < MIN_RECORDS
+    prior = tuple(entry for entry in prior if math.isfinite(entry[0]))
+    prior_costs = gaussian_release_costs([noise for noise, _, _ in prior])
     if "noise_multiplier" not in state:
         if fallback:
             # σ whose classical ε under this adjacency meets the target (σ/2 is what is accounted
             # under replace-one, see classical_noise_multiplier)
             scale = 1.0 / classical_noise_multiplier(1.0, adjacency=adjacency)
             state["noise_multiplier"] = scale * calibrate_noise_multiplier(
-                target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps)
+                target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps,
+                prior=prior)
         else:
             state["noise_multiplier"] = calibrate_noise_for_bdp(
                 target_epsilon_mu=target_epsilon_mu, beta=beta,
                 distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed,
                                                 adjacency=adjacency),
                 sample_rate=sample_rate, steps=total_steps, clip_norm=clip_norm, gamma_step=GAMMA_STEP,
+                prior_costs=prior_costs,
             )
     noise_multiplier = float(state["noise_multiplier"])
     bayes = (BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state
-             else BayesianAccountant(adjacency=adjacency))
+             else BayesianAccountant(adjacency=adjacency, prior_costs=prior_costs))
     if bayes.adjacency != adjacency:
         raise ValueError(f"the site's accountant is {bayes.adjacency}, the run asks for {adjacency}")
-    classical = SiteAccountant.from_state_dict(state["classical"]) if "classical" in state else SiteAccountant()
+    if "classical" in state:
+        classical = SiteAccountant.from_state_dict(state["classical"])
+    else:
+        classical = SiteAccountant()
+        for noise, rate, count in prior:
+            classical.step(noise_multiplier=noise, sample_rate=rate, num_steps=count)
+    prior_steps = sum(count for _, _, count in prior)
     stopped = bool(state.get("stopped", False))
     loss = float("nan")
     if not stopped:
@@ -219,20 +236,21 @@ def train_epochs_bdp(
         if taken:
             classical.step(noise_multiplier=classical_noise_multiplier(noise_multiplier, adjacency=adjacency),
                            sample_rate=sample_rate, num_steps=taken)
-    epsilon = classical.epsilon(beta) if classical.spent_steps else 0.0
+    spent = bool(classical.spent_steps)  # any step, or a release before training
+    epsilon = classical.epsilon(beta) if spent else 0.0
     metrics = {
         "train_loss": loss,
-        "epsilon_mu": epsilon if fallback else bayes.epsilon(beta) if bayes.spent_steps else 0.0,
+        "epsilon_mu": epsilon if fallback else bayes.epsilon(beta) if spent else 0.0,
         "epsilon": epsilon,
         "noise_multiplier": noise_multiplier,
         "sample_rate": sample_rate,
         "clip_norm": clip_norm,
-        "steps": classical.spent_steps,
+        "steps": classical.spent_steps - prior_steps,
         "stopped": float(stopped),
         "fallback": float(fallback),
     }
     state.update(bayes=bayes.state_dict(), classical=classical.state_dict(), stopped=stopped,
-                 steps=classical.spent_steps)
+                 steps=classical.spent_steps - prior_steps)
     return metrics, state
 
 
@@ -251,6 +269,7 @@ class BayesianDP(HorizontalMechanism):
 
     name = "bdp"
     pooled_baseline = True
+    private_setup = True
     unit = "record"
     adjacencies = ("add-remove", "replace-one")
 
@@ -266,7 +285,7 @@ class BayesianDP(HorizontalMechanism):
             model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
             lr=train.lr, weight_decay=train.weight_decay, seed=seed, clip_norm=privacy.clip_norm,
             target_epsilon_mu=privacy.epsilon, beta=privacy.delta, rounds=cfg.federation.rounds, state=state,
-            adjacency=privacy.adjacency, num_records=setup.count,
+            adjacency=privacy.adjacency, num_records=setup.count, prior=setup.prior,
         )
         report = {key: float(metrics[key]) for key in self.report_keys(cfg)}
         return SiteUpdate(report, new_state, contributes=int(new_state["steps"]) > previous_steps)
@@ -275,11 +294,12 @@ class BayesianDP(HorizontalMechanism):
         return ("epsilon_mu", "epsilon", "noise_multiplier", "steps", "stopped", "fallback")
 
     def _classical(self, cfg: ExperimentConfig, setup: SiteSetUp, noise_multiplier: float, steps: int) -> float:
+        """The classical ε of the set-up releases and ``steps`` steps of noise multiplier σ (0: nothing released)."""
         sample_rate, _ = poisson_schedule(setup.count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
-        if steps == 0:
-            return 0.0
-        sigma = classical_noise_multiplier(noise_multiplier, adjacency=cfg.privacy.adjacency)
-        return clipped_epsilon(sigma, sample_rate, steps, cfg.privacy.delta, "rdp")
+        prior = tuple(entry for entry in setup.prior if math.isfinite(entry[0]))
+        history = list(prior) + ([(classical_noise_multiplier(noise_multiplier, adjacency=cfg.privacy.adjacency),
+                                   sample_rate, steps)] if steps else [])
+        return epsilon_from_history(history, delta=cfg.privacy.delta) if history else 0.0
 
     def verify(self, cfg: ExperimentConfig, report: Mapping[str, float], *, setup: SiteSetUp,
                previous: Sequence[Mapping[str, float] | None]) -> str:
@@ -302,8 +322,9 @@ class BayesianDP(HorizontalMechanism):
         if not math.isclose(report["epsilon"], classical, rel_tol=1e-6, abs_tol=1e-12):
             return (f"epsilon = {report['epsilon']:.6g} does not match the classical epsilon {classical:.6g} "
                     "recomputed at the server from the declared noise multiplier and steps")
-        floor = 0.0 if steps == 0 else (classical if report["fallback"] else
-                                        epsilon_mu(np.zeros(len(DEFAULT_ORDERS)), DEFAULT_ORDERS, beta=cfg.privacy.delta))
+        prior_costs = gaussian_release_costs([noise for noise, _, _ in setup.prior])
+        floor = (classical if report["fallback"] else epsilon_mu(prior_costs, DEFAULT_ORDERS, beta=cfg.privacy.delta)
+                 if steps or setup.prior else 0.0)
         if report["fallback"] and not math.isclose(report["epsilon_mu"], classical, rel_tol=1e-6, abs_tol=1e-12):
             return "a site below the Bayesian minimum runs classical DP-SGD: its epsilon_mu must equal its epsilon"
         if not floor - 1e-9 <= report["epsilon_mu"] <= cfg.privacy.epsilon + 1e-6:
@@ -360,6 +381,7 @@ class BayesianDP(HorizontalMechanism):
             "on the sum, Poisson sampling at q = batch_size/n, n the site's agreed record count); epsilon is the "
             "average-case epsilon_mu with delta_mu = beta + gamma, beta = privacy.delta, gamma <= steps x 1e-12",
             distances,
+            setup_sentence(cfg, self.uses_private_setup(cfg)),
             rule,
             "the budget filter stops the site before a step that would exceed privacy.epsilon",
             "noise multiplier calibrated once from a pilot estimate on the site's own records; that "
@@ -390,7 +412,7 @@ class BayesianDP(HorizontalMechanism):
                           "calibrated from a pilot estimate of the site's own gradient distances",
                           ("train/metrics.noise_multiplier",)),
             ReleasedValue("epsilon and fallback", "the classical epsilon and whether the site runs classical DP-SGD",
-                          "train", False, "functions of the noise multiplier, the steps and the site's record count",
+                          "train", False, "functions of the noise multiplier and the steps (both data-dependent)",
                           ("train/metrics.epsilon", "train/metrics.fallback")),
             ReleasedValue("privacy state", "the site's two accountants (Bayesian costs, classical history), kept in "
                           "the server's checkpoint for resumption", "train", False, data_dependent,

@@ -56,6 +56,7 @@ from strategies.mechanisms.base import (
     SiteSetUp,
     SiteUpdate,
     noise_source,
+    setup_sentence,
     uncovered_sentence,
     update_release,
 )
@@ -862,16 +863,17 @@ def require_decomposable_loss(strategy: str, cfg: ExperimentConfig) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def calibrated_noise_multiplier(*, epsilon: float, delta: float, sample_rate: float, steps: int,
-                                accountant: str) -> float:
-    """σ for ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` to spend ``(ε, δ)`` (memoised)."""
+                                accountant: str, prior: tuple[tuple[float, float, int], ...] = ()) -> float:
+    """σ for ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` to spend ``(ε, δ)`` after ``prior`` (memoised)."""
     return calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                      steps=steps, accountant=accountant)  # type: ignore[arg-type]
+                                      steps=steps, accountant=accountant, prior=prior)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=4096)
-def clipped_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str) -> float:
-    """ε of ``steps`` Poisson-subsampled Gaussian steps (σ, q), add/remove adjacency (memoised)."""
-    return epsilon_from_history([(noise_multiplier, sample_rate, steps)], delta=delta,
+def clipped_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str,
+                    prior: tuple[tuple[float, float, int], ...] = ()) -> float:
+    """ε of ``prior`` and ``steps`` Poisson-subsampled Gaussian steps (σ, q), add/remove adjacency (memoised)."""
+    return epsilon_from_history([*prior, (noise_multiplier, sample_rate, steps)], delta=delta,
                                 accountant=accountant)  # type: ignore[arg-type]
 
 
@@ -889,6 +891,7 @@ class DPSGD(HorizontalMechanism):
 
     name = "dp_sgd"
     pooled_baseline = True
+    private_setup = True
     unit = "record"
     adjacencies = ("add-remove",)
 
@@ -896,42 +899,52 @@ class DPSGD(HorizontalMechanism):
         super().check(cfg)
         require_decomposable_loss(self.name, cfg)
 
-    def schedule(self, cfg: ExperimentConfig, count: float) -> tuple[float, int, float]:
-        """``(q, steps per round, σ)`` of a site with agreed record count ``count``."""
-        sample_rate, steps = poisson_schedule(count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+    def schedule(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[float, int, float]:
+        """``(q, steps per round, σ)`` of a site with set-up ``setup``.
+
+        σ is calibrated so that the site's set-up releases (``setup.prior``) and all its steps of
+        all rounds together spend ``privacy.epsilon``.
+        """
+        sample_rate, steps = poisson_schedule(setup.count, batch_size=cfg.train.batch_size,
+                                              epochs=cfg.train.local_epochs)
         sigma = calibrated_noise_multiplier(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
                                             sample_rate=sample_rate, steps=steps * cfg.federation.rounds,
-                                            accountant=cfg.privacy.accountant)
+                                            accountant=cfg.privacy.accountant, prior=tuple(setup.prior))
         return sample_rate, steps, sigma
 
     def site_round(self, model: SurvivalModel, data: Any, cfg: ExperimentConfig, *, seed: int,
                    state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
-        sample_rate, _, sigma = self.schedule(cfg, setup.count)
+        sample_rate, _, sigma = self.schedule(cfg, setup)
         stats = train_epochs_dp(
             model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
             lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, noise_multiplier=sigma,
             clip_norm=cfg.privacy.clip_norm, num_records=setup.count,
         )
-        accountant = (SiteAccountant.from_state_dict(state["accountant"]) if state and "accountant" in state
-                      else SiteAccountant(cfg.privacy.accountant))  # type: ignore[arg-type]
+        if state and "accountant" in state:
+            accountant = SiteAccountant.from_state_dict(state["accountant"])
+        else:  # a new accountant starts with the site's set-up releases
+            accountant = SiteAccountant(cfg.privacy.accountant)  # type: ignore[arg-type]
+            for noise, rate, count in setup.prior:
+                accountant.step(noise_multiplier=noise, sample_rate=rate, num_steps=count)
         accountant.step(noise_multiplier=sigma, sample_rate=sample_rate, num_steps=int(stats["num_steps"]))
-        report = {"noise_multiplier": sigma, "steps": float(accountant.spent_steps),
-                  "epsilon": accountant.epsilon(cfg.privacy.delta)}
-        return SiteUpdate(report, {"accountant": accountant.state_dict(), "steps": accountant.spent_steps})
+        steps = accountant.spent_steps - sum(count for _, _, count in setup.prior)
+        report = {"noise_multiplier": sigma, "steps": float(steps), "epsilon": accountant.epsilon(cfg.privacy.delta)}
+        return SiteUpdate(report, {"accountant": accountant.state_dict(), "steps": steps})
 
     def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
         return ("noise_multiplier", "steps", "epsilon")
 
     def expected_report(self, cfg: ExperimentConfig, *, setup: SiteSetUp,
                         previous: Sequence[Mapping[str, float] | None]) -> dict[str, float]:
-        sample_rate, steps, sigma = self.schedule(cfg, setup.count)
+        sample_rate, steps, sigma = self.schedule(cfg, setup)
         spent = (len(previous) + 1) * steps
-        epsilon = clipped_epsilon(sigma, sample_rate, spent, cfg.privacy.delta, cfg.privacy.accountant) if spent else 0.0
+        epsilon = clipped_epsilon(sigma, sample_rate, spent, cfg.privacy.delta, cfg.privacy.accountant,
+                                  tuple(setup.prior))
         return {"noise_multiplier": sigma, "steps": float(spent), "epsilon": epsilon}
 
     def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
-        sample_rate, _, sigma = self.schedule(cfg, setup.count)
+        sample_rate, _, sigma = self.schedule(cfg, setup)
         spent = self.expected_report(cfg, setup=setup, previous=reports[:-1])
         return LedgerEntry(
             round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
@@ -946,6 +959,7 @@ class DPSGD(HorizontalMechanism):
             "N(0, (noise_multiplier*clip_norm)^2) on the sum, divided by the expected batch size q n",
             "Poisson sampling of each record with probability sample_rate = q = batch_size/n at every step; n is the "
             "site's record count agreed at set-up",
+            setup_sentence(cfg, self.uses_private_setup(cfg)),
             f"epsilon computed by the server (opacus {cfg.privacy.accountant.upper()}, Poisson-subsampled Gaussian, "
             "add/remove-one adjacency) over every step of every round the site released an update, from the agreed "
             "count and the run configuration; the figures a site reports are checked against it",
@@ -960,13 +974,14 @@ class DPSGD(HorizontalMechanism):
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
         accountant = f"DP-SGD, opacus {cfg.privacy.accountant.upper()} accountant (add/remove one record)"
+        covered = self.uses_private_setup(cfg)
+        why = ("functions of the site's agreed (noisy) record count and the public configuration" if covered else
+               "functions of the site's record count (uncovered) and the public configuration")
         return self._manifest(cfg, [
             update_release(True, accountant),
             ReleasedValue("declared parameters", "noise_multiplier, steps and epsilon, which the server checks", "train",
-                          False, "functions of the site's record count (uncovered) and the public configuration",
-                          tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),
+                          covered, why, tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),
             ReleasedValue("privacy state", "the site's accountant history (noise multiplier, sampling rate, steps), "
-                          "kept in the server's checkpoint for resumption", "train", False,
-                          "functions of the site's record count (uncovered) and the public configuration",
+                          "kept in the server's checkpoint for resumption", "train", covered, why,
                           ("train/site.privacy_state",)),
         ])

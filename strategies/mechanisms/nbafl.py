@@ -413,7 +413,7 @@ class WeightPerturbation(HorizontalMechanism):
     """
 
     unit = "record"
-    adjacencies = ("add-remove",)
+    adjacencies = ("replace-one",)  # NbAFL's Lemma 1: the sensitivity 2C/m of replacing one record
 
     def __init__(self, method: str) -> None:
         self.name = check_choice(method, WEIGHT_PERTURBATION, "method")
@@ -542,7 +542,7 @@ class WeightPerturbation(HorizontalMechanism):
                             "for its releases",)
         return LedgerEntry(
             round=server_round, site=site, mechanism=f"{self.name}_{cfg.privacy.allocation}", unit="record",
-            adjacency="replace-one", accountant="gaussian-rdp (audit) + paper formula", epsilon=epsilon,
+            adjacency=cfg.privacy.adjacency, accountant="gaussian-rdp (audit) + paper formula", epsilon=epsilon,
             delta=cfg.privacy.delta, noise_multiplier=noise[-1] if noise else None, clip_norm=cfg.privacy.clip_norm,
             sample_rate=1.0, steps=len(reports), epsilon_nominal=cfg.privacy.epsilon,
             epsilon_audited_formula=formula, assumptions=assumptions,

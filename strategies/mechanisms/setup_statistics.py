@@ -117,7 +117,9 @@ Private Histograms Through Consistency", VLDB 2010 (isotonic post-processing of 
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +134,10 @@ from models.survival import time_grid_from_counts
 
 __all__ = [
     "ADJACENCIES",
+    "accountant_history",
+    "agreed_count",
+    "implausible_ranges",
+    "run_setup",
     "DEFAULT_SETUP_NOISE_MULTIPLIER",
     "AgreedRanges",
     "MomentRelease",
@@ -741,3 +747,63 @@ def shared_setup(
         mean = std = 0.0
     time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
     return SharedSetup(preprocessor, cuts, time_scale)
+
+
+# --------------------------------------------------------------------------- the whole set-up
+
+
+def accountant_history(plan: SetupPlan) -> tuple[tuple[float, float, int], ...]:
+    """The plan's releases as RDP accountant history: ``(z_i, 1.0, 1)`` per release that costs anything.
+
+    Each release is a Gaussian mechanism without subsampling (sample rate 1) of noise multiplier
+    ``z_i`` under ``plan.adjacency``; opacus' ``compute_rdp(q=1, noise_multiplier=z_i, steps=1)``
+    is its RDP, so the site's accountant composes them with its DP-SGD steps. Empty for an exact
+    set-up (``noise_multiplier`` 0: no guarantee, nothing to compose).
+    """
+    if plan.noise_multiplier == 0:
+        return ()
+    return tuple((release.noise_multiplier(plan.adjacency), 1.0, 1) for release in setup_releases(plan)
+                 if math.isfinite(release.noise_multiplier(plan.adjacency)))
+
+
+def agreed_count(noisy: float) -> float:
+    """A site's agreed record count from its noisy release: rounded, at least 1 (post-processing)."""
+    return float(max(1, round(noisy)))
+
+
+def run_setup(
+    plan: SetupPlan, sites: Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]],
+    rngs: Mapping[str, np.random.Generator], *, num_durations: int,
+) -> tuple[SharedSetup, dict[str, float]]:
+    """Both passes of the set-up over sites held in one process (a simulation), as a deployment runs them.
+
+    ``sites``: name -> the site's raw training features, times and events; ``rngs``: name -> the
+    site's noise generator. Returns the shared set-up and every site's agreed record count
+    (:func:`agreed_count` of its noisy count).
+    """
+    first = {name: release_ranges(plan, features, time, rngs[name]) for name, (features, time, _) in sites.items()}
+    ranges = agree_ranges(plan, functools.reduce(operator.add, first.values()))
+    second = [release_moments(plan, ranges, features, time, event, rngs[name])
+              for name, (features, time, event) in sites.items()]
+    shared = shared_setup(plan, ranges, functools.reduce(operator.add, first.values()),
+                          functools.reduce(operator.add, second), num_durations=num_durations)
+    return shared, {name: agreed_count(release.count) for name, release in first.items()}
+
+
+def implausible_ranges(release: RangeRelease, plan: SetupPlan, *, tolerance: float = 10.0) -> str:
+    """Why one site's pass-1 release cannot come from an honest site ("" when it can).
+
+    An honest site's range histogram of a column counts at most its records: every bin lies in
+    ``[-t s, n + t s]`` and the bins sum to at most ``n + t s sqrt(bins)``, with ``n`` its noisy
+    record count, ``s`` the bins' noise std and ``t`` = ``tolerance`` (a margin no honest noise
+    reaches). A site that injects counts to stretch the federation's clip ranges fails this.
+    """
+    std = plan.noise_std("range_histograms")
+    count = release.count + tolerance * plan.noise_std("record_count")
+    histograms = dict(release.histograms) | ({"time": release.time} if release.time is not None else {})
+    for column, counts in histograms.items():
+        if counts.min() < -tolerance * std or counts.max() > count + tolerance * std:
+            return f"the range histogram of '{column}' has bins outside [0, {count:.0f}] beyond its noise"
+        if counts.sum() > count + tolerance * std * math.sqrt(counts.size):
+            return f"the range histogram of '{column}' counts {counts.sum():.0f} values for about {count:.0f} records"
+    return ""
