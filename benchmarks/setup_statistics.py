@@ -60,7 +60,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flwr_app.task import build_network, evaluate, resolve_data_dir  # noqa: E402
+from flwr_app.task import build_network, evaluate  # noqa: E402
+from models.data.files import resolve_data_dir  # noqa: E402
 from models.data import Preprocessor, SurvivalArrays, load_table  # noqa: E402
 from models.data.dictionary import DataDictionary  # noqa: E402
 from models.data.federated import SPLIT_STREAM, assign_sites  # noqa: E402
@@ -226,7 +227,7 @@ def train_and_evaluate(cfg, shared: setup.SharedSetup, table, parts, epsilon: fl
             return {}  # the set-up alone spends more than the target
         train_epochs_dp(model, train.x, train.time, train.event, noise_multiplier=sigma,
                         clip_norm=cfg.privacy.clip_norm, **common)
-    metrics = evaluate(model, test, train)
+    metrics = evaluate(model, test)
     return {"c_index": metrics["c_index"], "ibs": metrics["ibs"], "sigma": sigma}
 
 

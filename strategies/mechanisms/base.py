@@ -361,6 +361,11 @@ class HorizontalMechanism(Mechanism):
                 f"run config: 'data.dictionary' = {cfg.data.dictionary!r} makes the private set-up's ranges, levels "
                 f"and time grid public; strategy '{self.name}' with privacy.setup_noise = {cfg.privacy.setup_noise:g} "
                 "has no private set-up (dp_sgd and bdp do, with privacy.setup_noise > 0)")
+        if cfg.data.deployed and cfg.resume_from and self.uses_private_setup(cfg):
+            raise ConfigError(
+                "run config: 'resume.from' in a deployment would run the private set-up again: a second release of "
+                "the set-up statistics that the ledger does not count, and a different preprocessing; resuming a "
+                "deployed run needs privacy.setup_noise = 0 (an exact set-up, not covered by epsilon)")
 
     # ---------------------------------------------------------------- the site
 
