@@ -70,3 +70,34 @@ def test_central_dp_epsilon_agrees_with_flowers_own_accountant(rounds):
     ours = epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=rounds, delta=delta)
     assert ours == pytest.approx(flower.get_epsilon(delta), rel=1e-6)
     assert target - 0.05 <= ours <= target
+
+
+def test_central_dp_with_the_prv_accountant_reports_the_prv_epsilon_it_is_labelled_with():
+    """The ledger's accountant label is what computed its epsilon: with privacy.accountant=prv, the PRV figure,
+    an upper bound within 0.015 of the exact epsilon of the Gaussian composition (the analytic Gaussian
+    mechanism, Balle & Wang 2018, which Google's PLD accountant also gives), within the target."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from simulations.engine import resolve
+    from strategies.mechanisms.base import SiteSetUp
+    from strategies.mechanisms.registry import get_mechanism
+
+    _, cfg = resolve({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "privacy.accountant": "prv",
+                      "federation.rounds": 20})
+    mechanism = get_mechanism("central_dp")
+    entry = mechanism.ledger_entry(cfg, 20, "site-0", setup=SiteSetUp(1.0, 1.0), reports=[{}] * 20)
+    assert entry.accountant == "opacus-prv"
+    sigma = entry.noise_multiplier / math.sqrt(20)  # 20 Gaussian releases compose to one of sigma / sqrt(20)
+    exact = brentq(lambda eps: norm.cdf(-eps * sigma + 1 / (2 * sigma))
+                   - math.exp(eps) * norm.cdf(-eps * sigma - 1 / (2 * sigma)) - cfg.privacy.delta, 1e-3, 10)
+    pld = PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.GaussianDpEvent(entry.noise_multiplier), 20)
+    assert pld.get_epsilon(cfg.privacy.delta) == pytest.approx(exact, abs=1e-4)
+    assert exact <= entry.epsilon <= exact + 0.015
+    assert 0.98 <= entry.epsilon <= 1.0
+    rdp = mechanism.ledger_entry(resolve({"strategy.name": "central_dp", "privacy.epsilon": 1.0})[1], 20, "site-0",
+                                 setup=SiteSetUp(1.0, 1.0), reports=[{}] * 20)
+    assert rdp.accountant == "opacus-rdp" and rdp.noise_multiplier > entry.noise_multiplier  # RDP is looser
