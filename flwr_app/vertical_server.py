@@ -32,7 +32,7 @@ from models.metrics import evaluate_survival, restricted_mean_survival_time
 from models.multimodal import build_multisurv, survival_band
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
 from models.plots import plot_survival_bands
-from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.accounting.ledger import PrivacyLedger
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
 from strategies.replies import check_embeddings

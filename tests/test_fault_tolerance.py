@@ -7,7 +7,6 @@ one slow test runs the same failure through Flower's simulation engine and check
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch

@@ -51,6 +51,7 @@ __all__ = [
     "SiteUpdate",
     "common_releases",
     "noise_source",
+    "record_level_closing",
     "setup_sentence",
     "uncovered_sentence",
     "update_release",
@@ -174,6 +175,15 @@ def noise_source(cfg: ExperimentConfig) -> str:
                 "operating-system entropy (secrets), never from anything the server sends: nobody can reproduce it")
     return ("simulation: noise seeded from the run's seed, the round and the site; not private against anyone who "
             "knows the seed")
+
+
+def record_level_closing(cfg: ExperimentConfig, manifest: Manifest) -> tuple[str, ...]:
+    """The ledger's closing sentences of every record-level mechanism: scope, noise source, what is not covered."""
+    return ("covers the site's training records; the held-out records its test metrics are computed on are not "
+            "protected; sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel "
+            "composition)",
+            noise_source(cfg),
+            uncovered_sentence(manifest))
 
 
 def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:

@@ -52,9 +52,8 @@ from strategies.mechanisms.base import (
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
-    noise_source,
+    record_level_closing,
     setup_sentence,
-    uncovered_sentence,
     update_release,
 )
 from strategies.mechanisms.dp_sgd import (
@@ -391,10 +390,7 @@ class BayesianDP(HorizontalMechanism):
             "epsilon)",
             "epsilon_mu is reported by the site (the server cannot recompute it): the server checks it lies between "
             "the accountant's floor and the budget, and recomputes epsilon_classical",
-            "covers the site's training records; the held-out records its test metrics are computed on are not "
-            "protected; sites are disjoint: the run's figure is the maximum over sites",
-            noise_source(cfg),
-            uncovered_sentence(self.manifest(cfg)),
+            *record_level_closing(cfg, self.manifest(cfg)),
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:

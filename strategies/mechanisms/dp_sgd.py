@@ -55,9 +55,8 @@ from strategies.mechanisms.base import (
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
-    noise_source,
+    record_level_closing,
     setup_sentence,
-    uncovered_sentence,
     update_release,
 )
 from strategies.validation import check_positive, check_sample_rate
@@ -965,11 +964,7 @@ class DPSGD(HorizontalMechanism):
             "count and the run configuration; the figures a site reports are checked against it",
             "noise calibrated once for all rounds x local steps; the model updates, the global model and everything "
             "computed from them are post-processing",
-            "covers the site's training records; the held-out records its test metrics are computed on are not "
-            "protected",
-            "sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel composition)",
-            noise_source(cfg),
-            uncovered_sentence(self.manifest(cfg)),
+            *record_level_closing(cfg, self.manifest(cfg)),
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:

@@ -61,8 +61,7 @@ from strategies.mechanisms.base import (
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
-    noise_source,
-    uncovered_sentence,
+    record_level_closing,
     update_release,
 )
 from strategies.mechanisms.adaptive_dp import (
@@ -586,10 +585,7 @@ class WeightPerturbation(HorizontalMechanism):
             "are not themselves privatised" if self.name != "nbafl" else
             "every weight gets the same budget: nothing about the allocation depends on the data",
             "weights whose budget is 0 release the public global value they started from",
-            "covers the site's training records; the held-out records its test metrics are computed on are not "
-            "protected; sites hold disjoint records: the run's figure is the maximum over sites",
-            noise_source(cfg),
-            uncovered_sentence(self.manifest(cfg)),
+            *record_level_closing(cfg, self.manifest(cfg)),
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
