@@ -12,6 +12,7 @@ run the same steps, so their results are equal.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -85,6 +86,8 @@ class FlowerSplitTransport:
         self.nodes: dict[str, int] = {}
         self.round_trips = 0
         self.dim = 0
+        self.configs: dict[str, SiteConfig] = {}
+        self.requested: dict[str, collections.Counter[str]] = {}
 
     def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         messages = [Message(content=content, dst_node_id=node, message_type=message_type)
@@ -123,21 +126,27 @@ class FlowerSplitTransport:
 
     def setup(self, configs: Mapping[str, SiteConfig]) -> None:
         self.dim = next(iter(configs.values())).dim
+        self.configs = dict(configs)
+        self.requested = {name: collections.Counter() for name in configs}
         self._by_modality(wire.SETUP, {name: wire.encode_setup(config) for name, config in configs.items()})
 
     def exchange(self, requests: Mapping[str, SiteRequest]) -> dict[str, SiteReply]:
         self.round_trips += 1
         replies = self._by_modality(wire.STEP, {name: wire.encode_request(r) for name, r in requests.items()})
-        return {name: self._checked(name, content, wire.STEP, len(requests[name].forward_ids or ()), None)
+        return {name: self._checked(name, content, wire.STEP, requests[name].forward_ids or [], None)
                 for name, content in replies.items()}
 
     def predict(self, requests: Mapping[str, PredictRequest]) -> dict[str, SiteReply]:
         replies = self._by_modality(wire.PREDICT, {name: wire.encode_predict(r) for name, r in requests.items()})
-        return {name: self._checked(name, content, wire.PREDICT, len(requests[name].ids), requests[name].passes)
+        return {name: self._checked(name, content, wire.PREDICT, requests[name].ids, requests[name].passes,
+                                    noisy=not requests[name].clean)
                 for name, content in replies.items()}
 
-    def _checked(self, name: str, content: RecordDict, message_type: str, rows: int, passes: int | None) -> SiteReply:
-        """The decoded reply of site ``name``, checked (:func:`strategies.replies.check_embeddings`)."""
+    def _checked(self, name: str, content: RecordDict, message_type: str, ids: list[str], passes: int | None, *,
+                 noisy: bool = True) -> SiteReply:
+        """The decoded reply of site ``name``, checked (:func:`strategies.replies.check_embeddings`), and its
+        privacy report checked against the server's own count of the releases it asked for."""
+        rows = len(ids)
         node = self.nodes[name]
         try:
             modality, reply = wire.decode_reply(content)
@@ -145,9 +154,34 @@ class FlowerSplitTransport:
             raise SplitSiteError(f"site {name!r} (node {node}) sent an unreadable {message_type} reply: {err}") from None
         reason = (f"the reply claims modality {modality!r}" if modality != name else
                   check_embeddings(reply.embeddings, reply.present, rows=rows, dim=self.dim, passes=passes))
+        if not reason and name in self.configs:
+            if noisy:
+                self.requested[name].update(str(i) for i, held in zip(ids, reply.present, strict=True) if held
+                                            for _ in range(passes or 1))
+            reason = _report_problem(self.configs[name], reply.privacy, max(self.requested[name].values(), default=0))
         if reason:
             raise SplitSiteError(f"site {name!r} (node {node}) sent a refused {message_type} reply: {reason}")
         return reply
+
+
+def _report_problem(config: SiteConfig, report: Mapping[str, float], releases: int) -> str:
+    """Why a split site's privacy report is not what its configuration and the server's requests give ("" if it is).
+
+    The server counts every release it asked the site for (per record it holds); the site's
+    ``releases_max`` and noise multiplier must be those, and its ε the RDP figure of them.
+    """
+    if report.get("releases_max") != releases:
+        return (f"the privacy report counts {report.get('releases_max')!r} releases of its most released record; "
+                f"the server asked for {releases}")
+    if report.get("noise_multiplier") != config.noise_multiplier:
+        return (f"the privacy report's noise multiplier {report.get('noise_multiplier')!r} is not the configured "
+                f"{config.noise_multiplier:g}")
+    if releases and config.noise_multiplier > 0:
+        expected = embedding_epsilon(noise_multiplier=config.noise_multiplier, epochs=releases, delta=config.delta,
+                                     adjacency=config.adjacency)
+        if not math.isclose(float(report.get("epsilon", math.nan)), expected, rel_tol=1e-6):
+            return f"the privacy report's epsilon {report.get('epsilon')!r} does not match {expected:.6g}"
+    return ""
 
 
 def _upper_bound_reports(configs: Mapping[str, SiteConfig], releases: int) -> dict[str, dict[str, float]]:

@@ -50,6 +50,7 @@ from flwr.supercore.telemetry import EventType
 from flwr_app import interrupt, runlog, task, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
+from strategies.mechanisms.registry import get_mechanism
 
 #: Seconds between the simulation runtime's looks for new messages to the sites (Flower's: 0.1 s).
 MESSAGE_PICKUP_INTERVAL_S = 0.005
@@ -309,11 +310,12 @@ def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: Experime
     Unless ``verbose``, the runtime's log (its warnings and errors: e.g. every failed message of a
     site, with its traceback) goes to the run's ``run.log`` only.
     """
-    if cfg.strategy == "split":
+    vertical = get_mechanism(cfg.strategy).vertical
+    if vertical:
         num_sites = len(vertical_task.load_table(cfg).modalities)
     else:
         num_sites = task.load_federation(cfg).num_sites
-    if cfg.strategy != "split" and num_sites < cfg.federation.min_sites:
+    if not vertical and num_sites < cfg.federation.min_sites:
         raise ConfigError(
             f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
         )

@@ -317,7 +317,7 @@ def _privacy_config(strategy: str, **overrides: Any) -> Any:
     base: dict[str, Any] = {"strategy.name": strategy}
     if get_mechanism(strategy).vertical:
         base |= {"data.name": "metabric", "model.name": "bayesian_multisurv"}
-    base["privacy.epsilon"] = "inf" if not get_mechanism(strategy).private and strategy != "split" else 1.0
+    base["privacy.epsilon"] = "inf" if not get_mechanism(strategy).private and not get_mechanism(strategy).vertical else 1.0
     return resolve({**base, **overrides})[1]
 
 

@@ -94,3 +94,26 @@ def test_a_split_site_whose_embeddings_are_not_finite_stops_the_run_naming_it(tm
     with pytest.raises(SplitSiteError, match=r"site 'b' \(node \d+\) sent a refused train\.split_step reply: "
                                              r"embeddings are not finite"):
         run_inprocess({**vertical, "output.dir": str(tmp_path)})
+
+
+def test_a_split_site_that_under_reports_its_releases_is_refused(tmp_path, monkeypatch):
+    """The label holder counts the releases it asked each site for: a privacy report that claims fewer is refused."""
+    from flwr_app import vertical_client
+    from strategies.split import SplitSiteError
+
+    original = vertical_client.SplitSite.privacy_report
+
+    def under_report(site):
+        report = original(site)
+        if site.config.modality == "a":
+            report["releases_max"] = 0.0
+        return report
+
+    monkeypatch.setattr(vertical_client.SplitSite, "privacy_report", under_report)
+    vertical = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
+                "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,
+                "split.embedding_dim": 8, "split.encoder_layers": 1, "split.head_layers": 1, "split.mc_samples": 2,
+                "federation.rounds": 2, "privacy.epsilon": 8.0, "baseline.centralized": False}
+    with pytest.raises(SplitSiteError, match=r"site 'a' \(node \d+\) sent a refused train\.split_step reply: the "
+                                             r"privacy report counts 0\.0 releases"):
+        run_inprocess({**vertical, "output.dir": str(tmp_path)})
