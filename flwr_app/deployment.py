@@ -223,9 +223,12 @@ def _named(summaries: Mapping[int, Mapping[str, Any]], left_out: dict[int, str])
     return names
 
 
-def _enough(cfg: ExperimentConfig, kept: Iterable[int], nodes: list[int], left_out: Mapping[int, str]) -> None:
-    for node, reason in sorted(left_out.items()):
-        print(f"site at node {node} left out: {reason}", flush=True)
+def _enough(cfg: ExperimentConfig, kept: Iterable[int], nodes: list[int], left_out: Mapping[int, str], *,
+            report: bool = True) -> None:
+    """Print why each site was left out (``report``); raise when fewer than ``federation.min_sites`` are kept."""
+    if report:
+        for node, reason in sorted(left_out.items()):
+            print(f"site at node {node} left out: {reason}", flush=True)
     kept = list(kept)
     if len(kept) < cfg.federation.min_sites:
         reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(left_out.items()))
@@ -248,7 +251,10 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     Every noise draw happens at the sites (their OS entropy); the server only adds and derives.
     """
     nodes = sorted(grid.get_node_ids())
-    first, left_out = _ask(grid, RANGES, {node: {} for node in nodes}, timeout)
+    dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
+    options = _plan_options(cfg, dictionary)
+    public = None if dictionary is None else dictionary.to_dict()  # only the server needs the file
+    first, left_out = _ask(grid, RANGES, {node: {"dictionary": public} for node in nodes}, timeout)
     names = _named(first, left_out)
     schemas = {node: (tuple(reply["columns"]), tuple(sorted(reply["numeric"]))) for node, reply in first.items()
                if node in names}
@@ -258,7 +264,8 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
             left_out[node] = (f"site '{names[node]}': schema differs from the other sites' (columns "
                               f"{list(schema[0])}, numeric {list(schema[1])}; most sites: {list(reference[0])}, "
                               f"numeric {list(reference[1])})")
-    plan = SetupPlan(reference[0], frozenset(reference[1]), **_plan_options(cfg))
+    _enough(cfg, [node for node in schemas if node not in left_out], nodes, left_out, report=False)
+    plan = SetupPlan(reference[0], frozenset(reference[1]), **options)
     releases: dict[int, RangeRelease] = {}
     for node in schemas:
         if node in left_out:
@@ -278,9 +285,9 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     try:
         ranges = agree_ranges(plan, functools.reduce(operator.add, releases.values()))
     except SetupNoiseError as err:
-        raise RuntimeError(f"set-up: {err} (lower privacy.setup_noise, or give the column a public range in "
-                           "data.dictionary)") from None
-    second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict()} for node in releases}, timeout)
+        raise RuntimeError(f"set-up: {err} (privacy.setup_noise, data.dictionary)") from None
+    second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict(), "dictionary": public}
+                                          for node in releases}, timeout)
     moments = {}
     for node, reply in second.items():
         try:
@@ -313,11 +320,10 @@ def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: 
     return SiteSetup(spec, {node: names[node] for node in counts}, left_out, setups)
 
 
-def _plan_options(cfg: ExperimentConfig) -> dict[str, Any]:
+def _plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> dict[str, Any]:
     """The run's set-up plan options (every site and the server build the same plan)."""
     return {"noise_multiplier": cfg.privacy.setup_noise, "adjacency": cfg.privacy.adjacency,
-            "dictionary": DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None,
-            "time_grid": cfg.model.time_grid}
+            "dictionary": dictionary, "time_grid": cfg.model.time_grid}
 
 
 def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:
@@ -396,6 +402,13 @@ def summary(message: Message, context: Context) -> Message:
     }), reply_to=message)
 
 
+def _site_plan_options(cfg: ExperimentConfig, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A site's plan options: the run's, with the data dictionary the server sent in ``request``."""
+    payload = request.get("dictionary")
+    dictionary = DataDictionary.from_mapping(payload, source="the server's data dictionary") if payload else None
+    return _plan_options(cfg, dictionary)
+
+
 def setup_ranges(message: Message, context: Context) -> Message:
     """Pass 1 of the private set-up: the site's schema and its noisy count and range histograms."""
     cfg = parse_run_config(context.run_config)
@@ -404,7 +417,7 @@ def setup_ranges(message: Message, context: Context) -> Message:
     if problems:
         raise DataValidationError("; ".join(problems))
     features = table.features.iloc[train].reset_index(drop=True)
-    plan = SetupPlan.for_features(features, **_plan_options(cfg))
+    plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
     release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
     return Message(content=_payload({"site": site_name(context), "columns": list(plan.columns),
                                      "numeric": sorted(plan.numeric), **release.to_dict()}), reply_to=message)
@@ -415,7 +428,7 @@ def setup_moments(message: Message, context: Context) -> Message:
     cfg = parse_run_config(context.run_config)
     table, train, _ = _site_table(cfg, context)
     features = table.features.iloc[train].reset_index(drop=True)
-    plan = SetupPlan.for_features(features, **_plan_options(cfg))
+    plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
     ranges = AgreedRanges.from_dict(_read(message)["ranges"])
     release = release_moments(plan, ranges, features, table.time[train], table.event[train],
                               np.random.default_rng())  # OS entropy

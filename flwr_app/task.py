@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from flwr_app.config import ExperimentConfig
+from strategies.config import CENTRALIZED_LABEL
 from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
@@ -27,8 +28,6 @@ from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.mechanisms.setup_statistics import SetupPlan, accountant_history, run_setup
 
-#: How every output labels the centralised baseline.
-CENTRALIZED_LABEL = "not private, simulation reference"
 
 
 @dataclass(frozen=True)

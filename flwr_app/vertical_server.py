@@ -24,7 +24,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from flwr_app import interrupt, task, vertical_task
+from flwr_app import interrupt, vertical_task
 from flwr_app import split_messages as wire
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
@@ -34,6 +34,7 @@ from models.multimodal import build_multisurv, survival_band
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
 from models.plots import plot_survival_bands
 from strategies.accounting.ledger import PrivacyLedger
+from strategies.config import CENTRALIZED_LABEL
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
 from strategies.replies import check_embeddings
@@ -345,7 +346,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
               f"modalities ({headline['accountant']}; the paper's formula would claim "
               f"{headline.get('epsilon_nominal', math.nan):.4f} per site; assumptions in ledger.jsonl)", flush=True)
     if "centralized" in summary:
-        print(f"centralised twin ({task.CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}", flush=True)
+        print(f"centralised twin ({CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}", flush=True)
     print(f"outputs: {outputs.directory}", flush=True)
     return summary
 
@@ -379,5 +380,5 @@ def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_in
     mean, lower, upper = survival_band(logits)
     return {"test": _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event),
             "band_width": float((upper - lower).mean()),
-            "label": task.CENTRALIZED_LABEL,
+            "label": CENTRALIZED_LABEL,
             "mechanism": "the split run's embedding noise (same sigma)" if cfg.privacy.enabled else "none (no DP)"}

@@ -65,6 +65,8 @@ from typing import Any
 
 import pandas as pd
 
+from strategies.config import CENTRALIZED_LABEL
+
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "summary.json"
 RESULTS_CSV = "results.csv"
@@ -381,6 +383,7 @@ def _centralized_row(run: Mapping[str, Any], summary: Mapping[str, Any]) -> dict
         **_metrics("test", central.get("test")),
         **_metrics("oot", central.get("oot")),
         "wall_time_s": _float(central.get("wall_time_s")),
+        "label": CENTRALIZED_LABEL,
         "error": "",
     }
 
@@ -480,7 +483,7 @@ def format_summary(summary: pd.DataFrame, metrics: Sequence[str] = ("test_c_inde
     lines = []
     for _, row in summary.iterrows():
         cells = {
-            "strategy": row["strategy"],
+            "strategy": row["strategy"] + (f" [{CENTRALIZED_LABEL}]" if row["strategy"].startswith(CENTRALIZED) else ""),
             "eps_target": "inf" if math.isinf(row["epsilon_target"]) else f"{row['epsilon_target']:g}",
             "eps_max": "-" if pd.isna(row["epsilon_max"]) else f"{row['epsilon_max']:.3f}",
             "runs": f"{row['n_runs']}" + (f" ({row['n_failed']} failed)" if row["n_failed"] else ""),

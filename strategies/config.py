@@ -16,6 +16,8 @@ from typing import Any
 #: ``data.name`` of a deployment: every site reads its own file (node config ``data-path``); in a
 #: vertical run the label holder reads ``data.labels_path``.
 DEPLOYED_DATA = "site_files"
+#: How every output labels a centralised baseline: it trains again on the federation's records, pooled at one place.
+CENTRALIZED_LABEL = "not private, simulation reference"
 #: Models of a horizontal federation (one survival network) and of split learning (one encoder per modality).
 HORIZONTAL_MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
 VERTICAL_MODELS = ("bayesian_multisurv", "multisurv")

@@ -170,9 +170,14 @@ def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed
         path = deployment.root / f"{site}.csv"
         flchain.iloc[rows].to_csv(path, index=False)
         deployment.start_supernode(site, f"data-path='{path}' site-name='{site}'")
+    # Public design facts (FLCHAIN's codebook) for the columns a small federation's private set-up cannot
+    # resolve through its noise; the server alone reads the file and sends its content to the sites.
+    dictionary = deployment.root / "flchain_dictionary.json"
+    dictionary.write_text(json.dumps({"numeric": {"flc.grp": [1, 10], "sample.yr": [1995, 2003]},
+                                      "categorical": {"mgus": ["no", "yes"], "sex": ["F", "M"]}}))
     dp_sgd = ("data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
               "privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
-              "evaluation.server_side=false baseline.centralized=false")
+              f"evaluation.server_side=false baseline.centralized=false data.dictionary='{dictionary}'")
     # Two one-round runs with the same seed: each site draws its noise (and batches) from its own OS entropy, so
     # the updates it releases differ, and the server cannot regenerate them from the seed.
     released = []

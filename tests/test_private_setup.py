@@ -35,6 +35,7 @@ def test_the_ledger_composes_the_set_up_with_training_as_dp_accounting_does(tmp_
     for entry in final:
         site = setup.setups[entry["site"]]
         assert len(site.prior) >= 3  # count, range histograms, time histogram, moments (as the plan makes them)
+        assert [tuple(prior) for prior in entry["prior"]] == list(site.prior)  # the ledger names what it composed
         sample_rate, steps = poisson_schedule(site.count, batch_size=cfg.train.batch_size,
                                               epochs=cfg.train.local_epochs)
         assert entry["sample_rate"] == pytest.approx(sample_rate) and entry["steps"] == 2 * steps

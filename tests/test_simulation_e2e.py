@@ -104,8 +104,9 @@ def test_dp_sgd_spends_at_most_its_budget_and_the_ledger_is_exact(tmp_path):
         last = entries[-1]
         assert last["steps"] == 3 * entries[0]["steps"]                   # one accountant across rounds
         # the ledger's figure is opacus' RDP epsilon of exactly the mechanism that ran
-        independent = epsilon_from_history([(last["noise_multiplier"], last["sample_rate"], last["steps"])],
-                                           delta=1e-5)
+        assert last["prior"]  # the private set-up's releases, composed into the figure
+        independent = epsilon_from_history([*map(tuple, last["prior"]),
+                                            (last["noise_multiplier"], last["sample_rate"], last["steps"])], delta=1e-5)
         assert last["epsilon"] == pytest.approx(independent, rel=1e-9)
         assert target - 0.02 <= last["epsilon"] <= target                 # calibrated to the budget
     worst = max(entries[-1]["epsilon"] for entries in by_site.values())

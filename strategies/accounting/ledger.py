@@ -19,7 +19,10 @@ class LedgerEntry:
 
     ``epsilon`` is cumulative (everything the site has released so far), ``None`` when no
     mechanism bounds it. For Bayesian DP it is the average-case ``ε_μ`` and
-    ``epsilon_classical`` is the worst-case ε of the same (σ, q, steps).
+    ``epsilon_classical`` is the worst-case ε of the same (σ, q, steps). ``prior``: the site's
+    releases before training composed into ``epsilon`` (the private set-up's Gaussian releases,
+    as ``(noise multiplier, sample rate, steps)``), so that the figure can be recomputed from the
+    entry alone.
     """
 
     round: int
@@ -38,6 +41,7 @@ class LedgerEntry:
     epsilon_nominal: float | None = None
     epsilon_audited_formula: float | None = None
     assumptions: tuple[str, ...] = ()
+    prior: tuple[tuple[float, float, int], ...] = ()
 
 
 @dataclass
@@ -56,7 +60,8 @@ class PrivacyLedger:
         again with the same seeds and records them again.
         """
         lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-        entries = [LedgerEntry(**{**fields, "assumptions": tuple(fields["assumptions"])})
+        entries = [LedgerEntry(**{**fields, "assumptions": tuple(fields["assumptions"]),
+                                  "prior": tuple(tuple(entry) for entry in fields.get("prior", ()))})
                    for fields in map(json.loads, lines)]
         kept = [entry for entry in entries if entry.round <= last_round]
         tmp = path.with_suffix(path.suffix + ".tmp")

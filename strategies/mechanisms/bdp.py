@@ -348,7 +348,7 @@ class BayesianDP(HorizontalMechanism):
             round=server_round, site=site, mechanism="bdp_fallback_dp_sgd" if fallback else "bdp", unit="record",
             adjacency=cfg.privacy.adjacency, accountant="bayesian-dp (UCB) + opacus-rdp", epsilon=epsilon,
             delta=cfg.privacy.delta, noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
-            steps=steps, epsilon_classical=classical, assumptions=assumptions,
+            steps=steps, epsilon_classical=classical, assumptions=assumptions, prior=tuple(setup.prior),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:

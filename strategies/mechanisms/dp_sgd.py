@@ -949,7 +949,7 @@ class DPSGD(HorizontalMechanism):
             round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
             accountant=f"opacus-{cfg.privacy.accountant}", epsilon=spent["epsilon"], delta=cfg.privacy.delta,
             noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
-            steps=int(spent["steps"]), assumptions=self.assumptions(cfg),
+            steps=int(spent["steps"]), assumptions=self.assumptions(cfg), prior=tuple(setup.prior),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
