@@ -398,3 +398,16 @@ def test_plan_rejects_bad_options(data):
         SetupPlan.for_features(features, adjacency="user")
     with pytest.raises(ValueError, match="time_grid must be one of"):
         SetupPlan.for_features(features, time_grid="log")
+
+
+def test_a_time_histogram_whose_events_drown_in_noise_gives_the_equidistant_grid():
+    """When no event survives the denoising (a small federation under much noise), the grid is the equidistant one
+    over the agreed time range instead of a degenerate single cut."""
+    frame = pd.DataFrame({"x": np.linspace(1.0, 2.0, 50)})
+    plan = setup.SetupPlan.for_features(frame, noise_multiplier=1.0)
+    ranges = setup.AgreedRanges({"x": (0.5, 2.5)}, time_max=100.0)
+    bins = setup.TIME_HISTOGRAM_BINS
+    summed_ranges = setup.RangeRelease(50.0, {"x": np.zeros(range_edges().size - 1)}, np.zeros(range_edges().size - 1), {})
+    moments = setup.MomentRelease(np.full(bins, -3.0), np.ones(bins), {"x": np.array([0.0, 10.0, 50.0])})
+    shared = setup.shared_setup(plan, ranges, summed_ranges, moments, num_durations=5)
+    assert np.allclose(shared.cuts, np.linspace(0.0, 100.0, 5))

@@ -717,7 +717,8 @@ def shared_setup(
         Kaplan-Meier quantiles of the denoised time histogram (:func:`monotone_counts`, records
         at the intervals' right edges; the curve ends at the last interval whose number at risk
         stands out of its noise, ``TAIL_THRESHOLD``, so that noise in a nearly empty tail cannot
-        drag it down). ``time_scale``: mean and standard deviation of the
+        drag it down); when no event survives the denoising (a small federation under much
+        noise), the equidistant grid over the agreed time range. ``time_scale``: mean and standard deviation of the
         denoised histogram (records at the intervals' midpoints), or with no histogram the
         public range's midpoint and half-width.
     """
@@ -734,11 +735,12 @@ def shared_setup(
     edges = time_edges(ranges.time_max)
     events, censored = monotone_counts(summed_moments.events), monotone_counts(summed_moments.censored)
     counts = events + censored
-    if plan.time_grid == "equidistant" or counts.sum() <= 0:
-        cuts = np.linspace(0.0, ranges.time_max, num_durations)
-    else:
+    cuts = None
+    if plan.time_grid == "quantiles" and events.sum() > 0:
         trimmed = _trim_tail(events, censored, _summed_std(plan, "time_histogram", summed_moments.sites))
         cuts = time_grid_from_counts(edges[1:], *trimmed, num_durations=num_durations)
+    if cuts is None or cuts.size < 2:  # no event stands out of the noise: the public-range equidistant grid
+        cuts = np.linspace(0.0, ranges.time_max, num_durations)
     middles = (edges[:-1] + edges[1:]) / 2
     if counts.sum() > 0:
         mean = float(np.average(middles, weights=counts))
