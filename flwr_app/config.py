@@ -1,43 +1,48 @@
-"""Run configuration: flat run-config keys -> typed, frozen configuration objects.
+"""Run configuration: flat run-config keys -> typed, frozen configuration objects, and the files generated from the schema.
 
-One schema serves both entry points. The keys and their defaults are declared once in
-``pyproject.toml`` under ``[tool.flwr.app.config]`` (what ``flwr run --run-config`` overrides);
-the Hydra tree in ``conf/`` produces the same dotted keys (a test keeps the two in step).
-:func:`parse_run_config` is the only place that reads those keys: it validates them and returns an
-:class:`ExperimentConfig` that the rest of the code receives instead of a Flower ``Context`` or a
-Hydra ``DictConfig``.
+The schema is the dataclasses of :mod:`strategies.config` (every key's default, choices or bounds
+and help text). From it this module generates ``pyproject.toml``'s ``[tool.flwr.app.config]``
+table (what ``flwr run --run-config`` overrides), Hydra's ``conf/`` tree (one file per group
+option) and ``docs/configuration.md``; ``python -m flwr_app.config --write`` rewrites them and a
+test fails when one differs (``--check`` lists those that do).
+
+:func:`parse_run_config` is what the ServerApp, the ClientApp and the simulations call: the
+schema's :func:`~strategies.config.parse_flat` (types, choices, bounds, ``auto`` defaults, keys
+that go together; no torch) followed by the checks of the strategy's privacy mechanism. Importing
+this module imports neither torch nor Flower.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flwr_app.faults import HOSTILE_MODES
-from models.data import DATASETS
-from models.data.vertical import VERTICAL_DATASETS
 from strategies.config import (
+    AUTO,
+    DATA_SETS,
+    DEFAULT_MODEL,
     DEPLOYED_DATA,
-    HORIZONTAL_MODELS,
-    VERTICAL_MODELS,
+    KEYS,
+    MODELS,
+    PRIVACY_PRESETS,
+    STRATEGIES,
     ConfigError,
     DataConfig,
     DebugConfig,
     ExperimentConfig,
     FederationConfig,
+    Key,
     ModelConfig,
     PrivacyConfig,
     SplitConfig,
     TrainConfig,
+    parse_flat,
 )
-from strategies.horizontal import AGGREGATIONS
-from strategies.mechanisms.adaptive_dp import DISPERSION_MEASURES
-from strategies.mechanisms.base import Mechanism
-from strategies.mechanisms.nbafl import ALLOCATIONS
-from strategies.mechanisms.registry import STRATEGIES, get_mechanism
 
 __all__ = [
     "ConfigError",
@@ -52,81 +57,13 @@ __all__ = [
     "SplitConfig",
     "STRATEGIES",
     "TrainConfig",
+    "generated_files",
     "parse_run_config",
+    "stale_files",
+    "write_files",
 ]
 
-MODELS = HORIZONTAL_MODELS + VERTICAL_MODELS
-ALL_DATASETS = DATASETS + tuple(name for name in VERTICAL_DATASETS if name not in DATASETS) + (DEPLOYED_DATA,)
-SPLIT_CALIBRATIONS = ("rdp", "paper")
-
-ACCOUNTANTS = ("rdp", "prv")
-FAIL_MESSAGES = ("train", "evaluate", "breslow")
-FAIL_MODES = ("raise", "hang") + HOSTILE_MODES
-ADJACENCIES = ("auto", "add-remove", "replace-one")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-#: The float keys for which ``inf`` means something (every other float key must be finite).
-INFINITE_MEANS = {"privacy.epsilon": "no differential privacy"}
-
-
-def _finite(key: str, value: float) -> float:
-    """``value`` unless it is NaN, ``-inf``, or ``inf`` for a key outside :data:`INFINITE_MEANS`."""
-    if math.isnan(value):
-        raise ConfigError(f"run config: '{key}' must be a number, got nan")
-    if math.isinf(value) and (value < 0 or key not in INFINITE_MEANS):
-        allowed = "; only " + ", ".join(f"{name} may be inf ({meaning})" for name, meaning in INFINITE_MEANS.items()) \
-            if value > 0 else ""
-        raise ConfigError(f"run config: '{key}' must be finite, got {value}{allowed}")
-    return value
-
-
-def _get(flat: Mapping[str, Any], key: str, kind: type) -> Any:
-    if key not in flat:
-        raise ConfigError(f"run config: missing key '{key}'")
-    value = flat[key]
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _finite(key, float(value))
-    if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf"):
-        return _finite(key, math.inf)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(
-            f"run config: '{key}' must be {kind.__name__}, got {value!r} ({type(value).__name__})"
-        )
-    return value
-
-
-def _choice(key: str, value: str, options: tuple[str, ...]) -> str:
-    if value not in options:
-        raise ConfigError(f"run config: '{key}' = {value!r}; choose one of {', '.join(options)}")
-    return value
-
-
-def _positive(key: str, value: float, *, allow_zero: bool = False) -> float:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"run config: '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    return value
-
-
-def _auto(flat: Mapping[str, Any], key: str) -> str | None:
-    """String value where ``"auto"`` (or empty) means: the model kind's default; a number in it must be finite."""
-    value = flat.get(key, "auto")
-    if isinstance(value, str) and value.strip().lower() in ("", "auto"):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    _finite(key, number)
-    return str(value)
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
@@ -135,191 +72,329 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     Raises
     ------
     ConfigError
-        On an unknown data set, model or strategy, a value of the wrong type, or a value out of
-        range. The message names the key.
+        On an unknown key, data set, model or strategy, a value of the wrong type or out of
+        range, keys that do not go together, or a configuration the strategy's mechanism cannot
+        honour. The message names the key.
     """
-    data = DataConfig(
-        name=_choice("data.name", _get(flat, "data.name", str), ALL_DATASETS),
-        path=_get(flat, "data.path", str),
-        dir=_get(flat, "data.dir", str),
-        time_col=_get(flat, "data.time_col", str),
-        event_col=_get(flat, "data.event_col", str),
-        feature_cols=_csv(_get(flat, "data.feature_cols", str)),
-        test_fraction=_get(flat, "data.test_fraction", float),
-        horizon_months=_get(flat, "data.horizon_months", int),
-        oot_start=_get(flat, "data.oot_start", str),
-        synthetic_records=int(_positive("data.synthetic_records", _get(flat, "data.synthetic_records", int))),
-        labels_path=_get(flat, "data.labels_path", str),
-        dictionary=_get(flat, "data.dictionary", str),
-    )
-    if not 0.0 < data.test_fraction < 1.0:
-        raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")
-    if data.name == "csv" and not data.path:
-        raise ConfigError("run config: data.name='csv' needs 'data.path' (and 'data.time_col', 'data.event_col' "
-                          "unless the columns are called 'time' and 'event')")
+    from strategies.mechanisms.registry import get_mechanism  # the mechanisms need torch; the schema does not
 
-    hidden = _auto(flat, "model.hidden")
-    dropout = _auto(flat, "model.dropout")
-    try:
-        hidden_layers = None if hidden is None else tuple(int(width) for width in _csv(hidden))
-        dropout_rate = None if dropout is None else float(dropout)
-    except ValueError as err:
-        raise ConfigError(f"run config: 'model.hidden' / 'model.dropout' malformed: {err}") from None
-    model = ModelConfig(
-        name=_choice("model.name", _get(flat, "model.name", str), MODELS),
-        num_durations=int(_positive("model.num_durations", _get(flat, "model.num_durations", int))),
-        time_grid=_choice("model.time_grid", _get(flat, "model.time_grid", str), ("quantiles", "equidistant")),
-        hidden=hidden_layers,
-        activation=_auto(flat, "model.activation"),
-        dropout=dropout_rate,
-        penalty=_positive("model.penalty", _get(flat, "model.penalty", float), allow_zero=True),
-    )
-    train = TrainConfig(
-        local_epochs=int(_positive("train.local_epochs", _get(flat, "train.local_epochs", int))),
-        batch_size=int(_positive("train.batch_size", _get(flat, "train.batch_size", int))),
-        lr=_positive("train.lr", _get(flat, "train.lr", float)),
-        weight_decay=_positive("train.weight_decay", _get(flat, "train.weight_decay", float), allow_zero=True),
-        num_threads=int(_positive("train.num_threads", _get(flat, "train.num_threads", int))),
-    )
-    federation = FederationConfig(
-        num_sites=int(_positive("federation.num_sites", _get(flat, "federation.num_sites", int))),
-        rounds=int(_positive("federation.rounds", _get(flat, "federation.rounds", int))),
-        partition=_get(flat, "federation.partition", str),
-        dirichlet_alpha=_positive("federation.dirichlet_alpha", _get(flat, "federation.dirichlet_alpha", float)),
-        min_site_records=int(
-            _positive("federation.min_site_records", _get(flat, "federation.min_site_records", int), allow_zero=True)
-        ),
-        fraction_train=_get(flat, "federation.fraction_train", float),
-        min_sites=int(_positive("federation.min_sites", _get(flat, "federation.min_sites", int))),
-        timeout_s=_positive("federation.timeout_s", _get(flat, "federation.timeout_s", float)),
-        aggregation=_choice("federation.aggregation", _get(flat, "federation.aggregation", str), AGGREGATIONS),
-        trim_fraction=_get(flat, "federation.trim_fraction", float),
-        max_malicious=int(_positive("federation.max_malicious", _get(flat, "federation.max_malicious", int),
-                                    allow_zero=True)),
-    )
-    if not 0.0 <= federation.trim_fraction < 0.5:
-        raise ConfigError(f"run config: 'federation.trim_fraction' must be in [0, 0.5), got {federation.trim_fraction}")
-    if not 0.0 < federation.fraction_train <= 1.0:
-        raise ConfigError(
-            f"run config: 'federation.fraction_train' must be in (0, 1], got {federation.fraction_train}"
-        )
-    privacy = PrivacyConfig(
-        epsilon=_positive("privacy.epsilon", _get(flat, "privacy.epsilon", float)),
-        delta=_get(flat, "privacy.delta", float),
-        clip_norm=_positive("privacy.clip_norm", _get(flat, "privacy.clip_norm", float)),
-        accountant=_choice("privacy.accountant", _get(flat, "privacy.accountant", str), ACCOUNTANTS),
-        adjacency=_choice("privacy.adjacency", _get(flat, "privacy.adjacency", str), ADJACENCIES),
-        allocation=_choice("privacy.allocation", _get(flat, "privacy.allocation", str), ALLOCATIONS),
-        dispersion=_choice("privacy.dispersion", _get(flat, "privacy.dispersion", str), DISPERSION_MEASURES),
-        uniform_mix=_get(flat, "privacy.uniform_mix", float),
-        min_site_records=int(
-            _positive("privacy.min_site_records", _get(flat, "privacy.min_site_records", int), allow_zero=True)
-        ),
-        setup_noise=_positive("privacy.setup_noise", _get(flat, "privacy.setup_noise", float), allow_zero=True),
-    )
-    if not 0.0 <= privacy.uniform_mix <= 1.0:
-        raise ConfigError(f"run config: 'privacy.uniform_mix' must be in [0, 1], got {privacy.uniform_mix}")
-    if not 0.0 < privacy.delta < 1.0:
-        raise ConfigError(f"run config: 'privacy.delta' must be in (0, 1), got {privacy.delta}")
-    strategy = _choice("strategy.name", _get(flat, "strategy.name", str), STRATEGIES)
-    mechanism = get_mechanism(strategy)
-    split = SplitConfig(
-        modalities=_csv(_get(flat, "split.modalities", str)),
-        embedding_dim=int(_positive("split.embedding_dim", _get(flat, "split.embedding_dim", int))),
-        encoder_layers=int(_positive("split.encoder_layers", _get(flat, "split.encoder_layers", int), allow_zero=True)),
-        head_layers=int(_positive("split.head_layers", _get(flat, "split.head_layers", int), allow_zero=True)),
-        dropout=_get(flat, "split.dropout", float),
-        similarity_weight=_positive("split.similarity_weight", _get(flat, "split.similarity_weight", float),
-                                    allow_zero=True),
-        calibration=_choice("split.calibration", _get(flat, "split.calibration", str), SPLIT_CALIBRATIONS),
-        mc_samples=int(_positive("split.mc_samples", _get(flat, "split.mc_samples", int))),
-        clean_inference=_get(flat, "split.clean_inference", bool),
-    )
-    if not 0.0 <= split.dropout < 1.0:
-        raise ConfigError(f"run config: 'split.dropout' must be in [0, 1), got {split.dropout}")
-    privacy = _resolve_adjacency(mechanism, privacy)
-    if not mechanism.vertical:
-        _check_horizontal(data, model)
-    server_evaluation = _get(flat, "evaluation.server_side", bool)
-    centralized_baseline = _get(flat, "baseline.centralized", bool)
-    debug = DebugConfig(
-        fail_site=_get(flat, "debug.fail_site", str).strip(),
-        fail_round=int(_positive("debug.fail_round", _get(flat, "debug.fail_round", int))),
-        fail_message=_choice("debug.fail_message", _get(flat, "debug.fail_message", str), FAIL_MESSAGES),
-        fail_mode=_choice("debug.fail_mode", _get(flat, "debug.fail_mode", str), FAIL_MODES),
-        stop_after_round=int(_positive("debug.stop_after_round", _get(flat, "debug.stop_after_round", int),
-                                       allow_zero=True)),
-    )
-    resume_from = _get(flat, "resume.from", str).strip()
-    _check_faults(mechanism, data, debug, resume_from)
-    if data.deployed:
-        _check_deployment(mechanism, split, data, server_evaluation=server_evaluation,
-                          centralized_baseline=centralized_baseline)
-    cfg = ExperimentConfig(
-        seed=int(_get(flat, "seed", int)),
-        strategy=strategy,
-        data=data,
-        model=model,
-        train=train,
-        federation=federation,
-        privacy=privacy,
-        split=split,
-        output_dir=_get(flat, "output.dir", str),
-        server_evaluation=server_evaluation,
-        centralized_baseline=centralized_baseline,
-        resume_from=resume_from,
-        debug=debug,
-    )
-    mechanism.check(cfg)
+    cfg = parse_flat(flat)
+    get_mechanism(cfg.strategy).check(cfg)
     return cfg
 
 
-def _check_faults(mechanism: Mechanism, data: DataConfig, debug: DebugConfig, resume_from: str) -> None:
-    """Injected failures are for simulations; split runs have no checkpoints and no Breslow or evaluate messages."""
-    if data.deployed and (debug.fail_site or debug.stop_after_round):
-        raise ConfigError("run config: 'debug.fail_site' and 'debug.stop_after_round' inject failures into "
-                          f"simulations only; a deployment (data.name = {DEPLOYED_DATA!r}) must leave them at their "
-                          "defaults ('' and 0)")
-    if not mechanism.vertical:
-        return
-    if resume_from or debug.stop_after_round:
-        raise ConfigError("run config: 'resume.from' and 'debug.stop_after_round' apply to horizontal runs only: a "
-                          "split run keeps each site's encoder in that site's node state, which no server checkpoint "
-                          "can restore")
-    if debug.fail_site and debug.fail_message != "train":
-        raise ConfigError(f"run config: a split run's sites answer training round trips only; "
-                          f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
+# ------------------------------------------------------------------ the generated files
+
+GENERATED_BY = "Generated from the schema (strategies/config.py) by `python -m flwr_app.config --write`; edit the " \
+               "schema, not this file."
+#: Hydra's config groups: the first part of their keys, and the option the defaults list picks.
+HYDRA_GROUPS: Mapping[str, str] = {"data": KEYS["data.name"].default, "model": KEYS["model.name"].default,
+                                   "strategy": KEYS["strategy.name"].default, "privacy": "none",
+                                   "federation": "default"}
+#: The data sets Hydra offers (a deployment runs through ``flwr run`` at the partner sites, not a simulation).
+HYDRA_DATA_SETS = tuple(name for name in DATA_SETS if name != DEPLOYED_DATA)
+PYPROJECT_TABLE = "[tool.flwr.app.config]"
 
 
-def _resolve_adjacency(mechanism: Mechanism, privacy: PrivacyConfig) -> PrivacyConfig:
-    """``privacy.adjacency = "auto"``: the mechanism's first offered adjacency (split: replace-one, else add-remove)."""
-    if privacy.adjacency != "auto":
-        return privacy
-    return replace(privacy, adjacency=mechanism.adjacencies[0])
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _float(value, yaml=False)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
-def _check_horizontal(data: DataConfig, model: ModelConfig) -> None:
-    """Horizontal runs refuse the vertical models and the vertical-only data sets."""
-    if model.name in VERTICAL_MODELS:
-        raise ConfigError(f"run config: model {model.name!r} is a vertical (multimodal) model; use strategy.name = "
-                          f"'split'")
-    if data.name not in DATASETS + (DEPLOYED_DATA,):
-        raise ConfigError(f"run config: data set {data.name!r} is vertical (one modality per site); use "
-                          f"strategy.name = 'split'")
+def _yaml(value: Any) -> str:
+    if isinstance(value, float):
+        return _float(value, yaml=True)
+    return _toml(value)  # a JSON string is a YAML double-quoted scalar
 
 
-def _check_deployment(mechanism: Mechanism, split: SplitConfig, data: DataConfig, *,
-                      server_evaluation: bool, centralized_baseline: bool) -> None:
-    """A deployment (``data.name = "site_files"``): the server holds no pooled data."""
-    if server_evaluation or centralized_baseline:
-        raise ConfigError(
-            f"run config: data.name = {DEPLOYED_DATA!r} (a deployment) leaves no pooled data at the server: set "
-            "evaluation.server_side = false (each site evaluates on its own held-out part) and "
-            "baseline.centralized = false"
-        )
-    if mechanism.vertical and (not data.labels_path or not split.modalities):
-        raise ConfigError(
-            f"run config: a vertical deployment (strategy 'split', data.name = {DEPLOYED_DATA!r}) needs "
-            "'data.labels_path' (the label holder's file of id, time and event) and 'split.modalities' "
-            "(the modality of every site, e.g. 'clinical,genomic')"
-        )
+def _float(value: float, *, yaml: bool) -> str:
+    if math.isinf(value):
+        return (".inf" if yaml else "inf") if value > 0 else ("-.inf" if yaml else "-inf")
+    text = repr(value)
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        mantissa = mantissa if "." in mantissa or not yaml else f"{mantissa}.0"  # YAML 1.1 floats need the dot
+        return f"{mantissa}e{int(exponent)}"
+    return text
+
+
+def _values(key: Key) -> str:
+    """What a key accepts beyond its type: choices, bounds, ``auto``, ``inf``."""
+    parts = []
+    if key.setting.choices:
+        parts.append(" | ".join(key.setting.choices))
+    if key.setting.bounds is not None:
+        parts.append(str(key.setting.bounds) if not key.kind.startswith("list") else f"each {key.setting.bounds}")
+    if key.setting.auto:
+        parts.append(f"auto = {key.setting.auto}")
+    if key.setting.infinite:
+        parts.append(f"inf = {key.setting.infinite}")
+    return "; ".join(parts)
+
+
+def _comment(key: Key) -> str:
+    values = _values(key)
+    return f"{key.setting.help}{f' ({values})' if values else ''}"
+
+
+def pyproject_table() -> str:
+    """The ``[tool.flwr.app.config]`` table: every key, its default and what it means."""
+    lines = [PYPROJECT_TABLE, f"# {GENERATED_BY}", "# Lists are comma-separated strings (Flower's run config holds "
+             "scalars); every key: docs/configuration.md"]
+    for name, key in KEYS.items():
+        lines.append(f"{f'{name} = {_toml(key.default)}':<40} # {_comment(key)}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_block(entries: Mapping[str, Any], comments: Mapping[str, str], indent: int = 0) -> list[str]:
+    """Nested YAML of dotted ``entries`` (in their order), each leaf with its comment."""
+    lines: list[str] = []
+    opened: list[str] = []
+    for dotted, value in entries.items():
+        parts = dotted.split(".")
+        common = 0
+        while common < min(len(opened), len(parts) - 1) and opened[common] == parts[common]:
+            common += 1
+        opened = opened[:common]
+        for depth in range(common, len(parts) - 1):
+            lines.append(f"{' ' * (indent + 2 * depth)}{parts[depth]}:")
+            opened.append(parts[depth])
+        leaf = f"{' ' * (indent + 2 * (len(parts) - 1))}{parts[-1]}: {_yaml(value)}"
+        lines.append(f"{leaf:<36} # {comments[dotted]}" if comments.get(dotted) else leaf)
+    return lines
+
+
+def _group_keys(group: str) -> dict[str, Key]:
+    """The keys of a Hydra group, by their name within it (``data.name`` -> ``name``)."""
+    return {name.split(".", 1)[1]: key for name, key in KEYS.items() if name.split(".")[0] == group}
+
+
+def _option_file(group: str, help_text: str, values: Mapping[str, Any]) -> str:
+    """A group option that takes ``base.yaml`` and sets ``values`` over it."""
+    keys = _group_keys(group)
+    body = _yaml_block(values, {name: keys[name].setting.help for name in values if name != "name"})
+    return "\n".join([f"# {GENERATED_BY}", f"# {help_text}", "defaults:", "  - base", "  - _self_", "", *body]) + "\n"
+
+
+def _full_group_file(group: str, help_text: str, overrides: Mapping[str, Any]) -> str:
+    """A group file that lists every key of the group (``overrides`` over the defaults)."""
+    keys = _group_keys(group)
+    values = {name: overrides.get(name, key.default) for name, key in keys.items()}
+    body = _yaml_block(values, {name: _comment(key) for name, key in keys.items()})
+    return "\n".join([f"# {GENERATED_BY}", f"# {help_text}", *body]) + "\n"
+
+
+def _config_yaml() -> str:
+    top = {name: key for name, key in KEYS.items() if name.split(".")[0] not in HYDRA_GROUPS}
+    body = _yaml_block({name: key.default for name, key in top.items()},
+                       {name: _comment(key) for name, key in top.items()})
+    return "\n".join([
+        f"# {GENERATED_BY}",
+        "# Hydra entry point for `python -m simulations.run` and `python -m simulations.sweep`; every key and group",
+        "# option: docs/configuration.md.",
+        "defaults:",
+        *(f"  - {group}: {option}" for group, option in HYDRA_GROUPS.items()),
+        "  # Log records to the console only (conf/hydra/job_logging/console.yaml): the run's run.log is",
+        "  # the ServerApp's own (flwr_app/runlog.py).",
+        "  - override hydra/job_logging: console",
+        "  - _self_",
+        "",
+        *body,
+        "",
+        "hydra:",
+        "  run:",
+        "    dir: outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${data.name}-${strategy.name}",
+        "  sweep:",
+        "    dir: multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}",
+        "    subdir: ${hydra.job.num}",
+        "  job:",
+        "    chdir: false",
+    ]) + "\n"
+
+
+def hydra_files() -> dict[str, str]:
+    """Hydra's ``conf/`` tree (path under ``conf/`` -> text), but for the hand-written sweep and logging files."""
+    files = {"config.yaml": _config_yaml()}
+    files["data/base.yaml"] = _full_group_file("data", "Every data set's keys; each data set's file sets what is "
+                                                       "its own.", {})
+    for name in HYDRA_DATA_SETS:
+        data = DATA_SETS[name]
+        kind = "strategy=split only" if not data.horizontal else "also strategy=split" if data.vertical else ""
+        files[f"data/{name}.yaml"] = _option_file(
+            "data", f"{data.help}{f' ({kind})' if kind else ''}.", {"name": name, "test_fraction": data.test_fraction})
+    files["model/base.yaml"] = _full_group_file("model", "Every model's keys; each model's file sets what is its own.",
+                                                {})
+    files[f"model/{AUTO}.yaml"] = _option_file(
+        "model", f"The strategy's model: {DEFAULT_MODEL['horizontal']}, or {DEFAULT_MODEL['vertical']} for "
+                 "strategy=split (model.name = auto).", {"name": AUTO})
+    for name, model in MODELS.items():
+        files[f"model/{name}.yaml"] = _option_file(
+            "model", f"{model.help} ({'strategy=split' if model.vertical else 'horizontal strategies'}).",
+            {"name": name, "num_durations": model.num_durations})
+    for name, strategy in STRATEGIES.items():
+        files[f"strategy/{name}.yaml"] = "\n".join([f"# {GENERATED_BY}", f"# {strategy.help}.",
+                                                    f"name: {_yaml(name)}"]) + "\n"
+    for name, preset in PRIVACY_PRESETS.items():
+        sets = ", ".join(f"privacy.{key} = {_toml(value)}" for key, value in preset.items()) or "the defaults"
+        files[f"privacy/{name}.yaml"] = _full_group_file("privacy", f"privacy={name}: {sets}.", preset)
+    files["federation/default.yaml"] = _full_group_file("federation", "Sites, rounds, partition and aggregation.", {})
+    return files
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _type(key: Key) -> str:
+    kind = key.kind.replace("list[str]", "list of str").replace("list[int]", "list of int")
+    return f"{kind} or auto" if key.setting.auto else kind
+
+
+def configuration_page() -> str:
+    """``docs/configuration.md``: how to set keys, every key, and the defaults each group option brings."""
+    lines = [
+        "# Configuration",
+        "",
+        f"<!-- {GENERATED_BY} -->",
+        "",
+        "Every run reads the same keys, whichever way it is started. Their single source is the schema in",
+        "`strategies/config.py`; `pyproject.toml` (`[tool.flwr.app.config]`, what `flwr run` reads), Hydra's `conf/`",
+        "(what `python -m simulations.run` and `simulations.sweep` read) and this page are generated from it, and a",
+        "test fails when one of them differs (`python -m flwr_app.config --write` rewrites them, `--check` lists those",
+        "that differ). `strategies.config.parse_flat` validates a flat mapping of keys without",
+        "importing torch or Flower; `flwr_app.config.parse_run_config` adds the checks of the strategy's privacy",
+        "mechanism. An unknown key, a value of the wrong type, a name outside its choices, a number outside its",
+        "bounds, NaN, or `inf` where it means nothing is refused with an error that names the key.",
+        "",
+        "## Setting keys",
+        "",
+        "| what | Hydra (`python -m simulations.run ...`) | `flwr run . local --run-config \"...\"` | Python "
+        "(`simulations.engine`) |",
+        "| --- | --- | --- | --- |",
+        "| a number | `federation.rounds=30` | `federation.rounds=30` | `{\"federation.rounds\": 30}` |",
+        "| a string | `data.name=metabric` | `data.name='metabric'` | `{\"data.name\": \"metabric\"}` |",
+        "| a list | `'data.feature_cols=[age,sex]'` | `data.feature_cols='age,sex'` | `{\"data.feature_cols\": "
+        "\"age,sex\"}` |",
+        "| no DP | `privacy=none` (the default) | `privacy.epsilon=inf` | `{\"privacy.epsilon\": math.inf}` |",
+        "| a group option | `model=cox_mlp` | `model.name='cox_mlp'` | `{\"model.name\": \"cox_mlp\"}` |",
+        "",
+        "Lists: Hydra reads `key=a,b` as a sweep over `a` and `b` and refuses it (\"Ambiguous value\"); write the",
+        "list in brackets and quote it for the shell (`'split.modalities=[genomic,clinical]'`). `flwr run` takes",
+        "scalars only, so a list there is one comma-separated string. Both forms work everywhere; `\"\"` is the",
+        "empty list.",
+        "",
+        "Group options: Hydra's `data=`, `model=` and `strategy=` pick a file of `conf/<group>/` that sets the",
+        "option's name and its own defaults; `privacy=dp` is a Hydra preset (`privacy.epsilon=1`). A key whose",
+        "default is `auto` takes the chosen option's value, so `model=cox_mlp` (Hydra) and `model.name='cox_mlp'`",
+        "(`flwr run`) give the same `model.num_durations`; set the key to override it. `strategy=split` trains",
+        f"`{DEFAULT_MODEL['vertical']}` unless `model.name` names another vertical model; naming a horizontal model",
+        "with `split`, or a vertical one without it, is an error.",
+        "",
+        "## Keys",
+    ]
+    sections: dict[str, list[str]] = {}
+    for name, key in KEYS.items():
+        group = name.split(".")[0]
+        section = group if group in HYDRA_GROUPS or group in ("train", "split", "debug") else "run"
+        sections.setdefault(section, []).append(
+            f"| `{name}` | {_type(key)} | `{_toml(key.default)}` | {_cell(_values(key))} | {_cell(key.setting.help)} |")
+    for section, rows in sections.items():
+        lines += ["", f"### {section}", "", "| key | type | default | values | meaning |", "| --- | --- | --- | --- | --- |",
+                  *rows]
+    lines += ["", "## Group defaults", "", "### Data sets (`data.name`; Hydra `data=<name>`)", "",
+              "| data set | horizontal | split | `data.test_fraction` (auto) | what it is |", "| --- | --- | --- | --- | --- |"]
+    for name, data in DATA_SETS.items():
+        lines.append(f"| `{name}` | {'yes' if data.horizontal else 'no'} | {'yes' if data.vertical else 'no'} | "
+                     f"{data.test_fraction:g} | {_cell(data.help)} |")
+    lines += ["", "### Models (`model.name`; Hydra `model=<name>`)", "",
+              "| model | kind | `model.num_durations` (auto) | what it is |", "| --- | --- | --- | --- |"]
+    for name, model in MODELS.items():
+        lines.append(f"| `{name}` | {'vertical' if model.vertical else 'horizontal'} | {model.num_durations} | "
+                     f"{_cell(model.help)} |")
+    lines += ["", "### Strategies (`strategy.name`; Hydra `strategy=<name>`)", "",
+              "| strategy | kind | `model.name` (auto) | `privacy.adjacency` (auto) | what it is |",
+              "| --- | --- | --- | --- | --- |"]
+    for name, strategy in STRATEGIES.items():
+        kind = "vertical" if strategy.vertical else "horizontal"
+        lines.append(f"| `{name}` | {kind} | `{DEFAULT_MODEL[kind]}` | {strategy.adjacency} | {_cell(strategy.help)} |")
+    lines += ["", "### Hydra privacy presets (`privacy=<preset>`)", "", "| preset | sets |", "| --- | --- |"]
+    for name, preset in PRIVACY_PRESETS.items():
+        sets = ", ".join(f"`privacy.{key}={_toml(value)}`" for key, value in preset.items()) or "nothing (the defaults)"
+        lines.append(f"| `{name}` | {sets} |")
+    return "\n".join(lines) + "\n"
+
+
+def generated_files(root: Path = PROJECT_ROOT) -> dict[Path, str]:
+    """Every generated file's path and the text the schema gives it (``pyproject.toml`` with its table replaced)."""
+    files = {root / "conf" / path: text for path, text in hydra_files().items()}
+    files[root / "docs" / "configuration.md"] = configuration_page()
+    pyproject = root / "pyproject.toml"
+    files[pyproject] = _with_table(pyproject.read_text(encoding="utf-8"))
+    return files
+
+
+def _with_table(text: str) -> str:
+    """``pyproject.toml``'s text with its ``[tool.flwr.app.config]`` table generated from the schema."""
+    lines = text.splitlines(keepends=True)
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == PYPROJECT_TABLE)
+    except StopIteration:
+        raise ConfigError(f"pyproject.toml has no {PYPROJECT_TABLE} table") from None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1
+    return "".join(lines[:start]) + pyproject_table() + "".join(lines[end:])
+
+
+def stale_files(root: Path = PROJECT_ROOT) -> list[str]:
+    """Generated files that differ from the schema, and group files in ``conf/`` the schema does not make."""
+    files = generated_files(root)
+    stale = [str(path.relative_to(root)) for path, text in files.items()
+             if not path.is_file() or path.read_text(encoding="utf-8") != text]
+    for group in HYDRA_GROUPS:
+        stale += [f"{path.relative_to(root)} (no such option in the schema)"
+                  for path in sorted((root / "conf" / group).glob("*.yaml")) if path not in files]
+    return stale
+
+
+def write_files(root: Path = PROJECT_ROOT) -> list[str]:
+    """Write every generated file, delete group files the schema does not make; the paths changed."""
+    changed = []
+    files = generated_files(root)
+    for group in HYDRA_GROUPS:
+        for path in sorted((root / "conf" / group).glob("*.yaml")):
+            if path not in files:
+                path.unlink()
+                changed.append(str(path.relative_to(root)))
+    for path, text in files.items():
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            changed.append(str(path.relative_to(root)))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write or check the files generated from the configuration schema "
+                                                 "(pyproject.toml's run-config table, conf/, docs/configuration.md).")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="rewrite the generated files")
+    action.add_argument("--check", action="store_true", help="list the files that differ; exit 1 if any")
+    args = parser.parse_args(argv)
+    if args.write:
+        for path in write_files():
+            print(f"wrote {path}")
+        return 0
+    stale = stale_files()
+    for path in stale:
+        print(f"differs from the schema: {path}")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,13 +23,11 @@ import threading
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from strategies.config import ExperimentConfig
+from strategies.config import HOSTILE_MODES, ExperimentConfig
 
 __all__ = ["HOSTILE_MODES", "InjectedFailure", "inject_failure", "tamper"]
 
-#: Hostile replies: the message each one tampers with.
-HOSTILE_MODES: tuple[str, ...] = ("nan_weights", "wrong_shape", "inflated_count", "forged_epsilon", "spoofed_name",
-                                  "forged_metrics", "poisoned_update")
+#: Hostile replies (the schema's choices of debug.fail_mode): the message each one tampers with.
 _TAMPERED_MESSAGE = {mode: "train" for mode in HOSTILE_MODES} | {"forged_metrics": "evaluate"}
 
 

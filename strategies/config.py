@@ -1,16 +1,34 @@
-"""The run's typed configuration: frozen dataclasses, parsed once at the edge.
+"""The run configuration: one schema, typed frozen dataclasses, parsed once at the edge.
 
-:func:`flwr_app.config.parse_run_config` is the only place that reads the flat run-config keys
-(``data.name``, ``privacy.epsilon``, ...) and builds these objects; everything else (the privacy
-mechanisms in :mod:`strategies.mechanisms`, the ServerApp and ClientApp, the simulations) receives
-an :class:`ExperimentConfig` instead of a Flower ``Context`` or a Hydra ``DictConfig``. The types
-live here, below ``flwr_app``, so that the mechanisms can take them without importing Flower apps.
+Every run-config key (``data.name``, ``privacy.epsilon``, ...) is a field of the dataclasses below,
+and the field's metadata (:class:`Setting`) carries its default, its choices or bounds and its help
+text. That is the single source: ``pyproject.toml``'s ``[tool.flwr.app.config]`` table, Hydra's
+``conf/`` tree and ``docs/configuration.md`` are generated from it (``python -m flwr_app.config
+--write``) and a test fails when one of them differs. The defaults that depend on a chosen group
+option (a model's ``num_durations``, a data set's test share, a strategy's model and adjacency)
+are the tables :data:`DATA_SETS`, :data:`MODELS` and :data:`STRATEGIES`; such a key's default is
+``"auto"``, so that ``flwr run --run-config "model.name='cox_mlp'"`` and Hydra's ``model=cox_mlp``
+give the same values.
+
+:func:`parse_flat` reads a flat mapping of those keys into an :class:`ExperimentConfig`: types,
+choices, bounds (NaN and infinities refused per key), the ``auto`` defaults and the rules that
+pair keys (strategy, model and data set; deployments; injected failures). It imports neither
+torch nor Flower. :func:`flwr_app.config.parse_run_config` adds the checks of the strategy's
+privacy mechanism (:mod:`strategies.mechanisms.registry`, the one place a strategy name is
+dispatched). Everything else (the mechanisms, the ServerApp and ClientApp, the simulations)
+receives an :class:`ExperimentConfig` instead of a Flower ``Context`` or a Hydra ``DictConfig``.
+The types live here, below ``flwr_app``, so that the mechanisms can take them without importing
+Flower apps.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import re
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 #: ``data.name`` of a deployment: every site reads its own file (node config ``data-path``); in a
@@ -18,31 +36,202 @@ from typing import Any
 DEPLOYED_DATA = "site_files"
 #: How every output labels a centralised baseline: it trains again on the federation's records, pooled at one place.
 CENTRALIZED_LABEL = "not private, simulation reference"
-#: Models of a horizontal federation (one survival network) and of split learning (one encoder per modality).
-HORIZONTAL_MODELS = ("hazard_mlp", "cox_mlp", "cox_time")
-VERTICAL_MODELS = ("bayesian_multisurv", "multisurv")
+#: The value of a key whose default is the chosen group option's (or the model kind's).
+AUTO = "auto"
 
 
 class ConfigError(ValueError):
     """A run-config key is unknown, has the wrong type or an invalid value."""
 
 
+# ------------------------------------------------------------------ group options and their defaults
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A ``data.name`` option: where it may be used and the defaults it brings."""
+
+    help: str
+    horizontal: bool = True
+    vertical: bool = False
+    test_fraction: float = 0.2
+
+
+@dataclass(frozen=True)
+class Model:
+    """A ``model.name`` option: its kind and the ``model.num_durations`` it brings."""
+
+    help: str
+    vertical: bool
+    num_durations: int
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A ``strategy.name`` option: its kind and the defaults it brings.
+
+    ``adjacency`` is what ``privacy.adjacency = "auto"`` resolves to: the first adjacency the
+    strategy's mechanism offers (a test keeps it equal to the registry's). A vertical strategy
+    trains :data:`DEFAULT_MODEL` ``["vertical"]`` when ``model.name = "auto"``.
+    """
+
+    help: str
+    vertical: bool
+    adjacency: str
+
+
+#: ``data.name`` options (the loaders in :mod:`models.data`; a test keeps the names equal to theirs).
+DATA_SETS: Mapping[str, DataSet] = {
+    "flchain": DataSet("scikit-survival's FLCHAIN cohort (serum free light chain, 7,874 records)"),
+    "metabric": DataSet("METABRIC breast cancer (DeepSurv's CSV); split: genomic x0-x3 | clinical x4-x8",
+                        vertical=True),
+    "gbsg": DataSet("GBSG breast cancer (DeepSurv's CSV)"),
+    "whas": DataSet("Worcester Heart Attack Study (DeepSurv's CSV)"),
+    "sba": DataSet("SBA 7(a) loans: time to charge-off within data.horizon_months; approvals from data.oot_start on "
+                   "are the out-of-time set; natural sites State, region or division"),
+    "sim_cox": DataSet("the simulated Cox data of Niu et al. (LS-ADP / ROW-DP), 50,000 records, split 70/30",
+                       test_fraction=0.3),
+    "csv": DataSet("any CSV or Parquet file: data.path, data.time_col, data.event_col"),
+    "breast_cancer": DataSet("scikit-survival's breast-cancer cohort as two modalities (76 genes | clinical)",
+                             horizontal=False, vertical=True),
+    "synthetic_multimodal": DataSet("three simulated modalities (a, b, c) whose hazard needs all three",
+                                    horizontal=False, vertical=True),
+    DEPLOYED_DATA: DataSet("a deployment: every site reads its own file (node config data-path)", vertical=True),
+}
+#: ``model.name`` options (the networks of :mod:`models.survival` and :mod:`models.multimodal`).
+MODELS: Mapping[str, Model] = {
+    "hazard_mlp": Model("discrete-time logistic hazard network", vertical=False, num_durations=20),
+    "cox_mlp": Model("Cox-MLP (DeepSurv-style), Breslow baseline on a grid of 100 event-time quantiles",
+                     vertical=False, num_durations=100),
+    "cox_time": Model("Cox-Time (time-dependent relative risk), Breslow baseline on 100 quantiles",
+                      vertical=False, num_durations=100),
+    "bayesian_multisurv": Model("BVFLMSP's Bayesian multimodal network: encoders at the sites, fusion head at the "
+                                "server; the paper's 30 intervals", vertical=True, num_durations=30),
+    "multisurv": Model("MultiSurv: the same multimodal architecture with deterministic layers", vertical=True,
+                       num_durations=30),
+}
+#: ``strategy.name`` options (the registry :mod:`strategies.mechanisms.registry` dispatches them;
+#: a test keeps the names, kinds and adjacencies equal to its mechanisms').
+STRATEGIES: Mapping[str, Strategy] = {
+    "fedavg": Strategy("FedAvg without differential privacy", vertical=False, adjacency="add-remove"),
+    "dp_sgd": Strategy("record-level DP-SGD at every site (hazard_mlp)", vertical=False, adjacency="add-remove"),
+    "bdp": Strategy("Bayesian DP (FSL-BDP) at every site (hazard_mlp)", vertical=False, adjacency="add-remove"),
+    "central_dp": Strategy("Flower's client-level DP at the server (a whole site is protected)", vertical=False,
+                           adjacency="add-remove"),
+    "nbafl": Strategy("NbAFL (Wei et al. 2020): weights clipped and perturbed before upload", vertical=False,
+                      adjacency="replace-one"),
+    "ls_adp": Strategy("LS-ADP (Niu et al. 2025): NbAFL noise with per-layer budgets from layer sensitivity",
+                       vertical=False, adjacency="replace-one"),
+    "row_dp": Strategy("ROW-DP (Niu et al. 2025): one random layer gets per-weight budgets (privacy.dispersion)",
+                       vertical=False, adjacency="replace-one"),
+    "split": Strategy("vertical split learning (BVFLMSP): one site per modality, labels and fusion head at the "
+                      "server; with a finite privacy.epsilon each site clips and noises its embeddings",
+                      vertical=True, adjacency="replace-one"),
+}
+#: What ``model.name = "auto"`` trains, by the strategy's kind.
+DEFAULT_MODEL: Mapping[str, str] = {"horizontal": "hazard_mlp", "vertical": "bayesian_multisurv"}
+#: Hydra-only presets of the ``privacy`` group (``privacy=dp``): values they set over the defaults.
+PRIVACY_PRESETS: Mapping[str, Mapping[str, Any]] = {
+    "none": {},
+    "dp": {"epsilon": 1.0},
+}
+
+HORIZONTAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.horizontal and name != DEPLOYED_DATA)
+VERTICAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.vertical and name != DEPLOYED_DATA)
+HORIZONTAL_MODELS = tuple(name for name, model in MODELS.items() if not model.vertical)
+VERTICAL_MODELS = tuple(name for name, model in MODELS.items() if model.vertical)
+#: Robust aggregators offered (``federation.aggregation``), all Flower's own (:mod:`strategies.horizontal`).
+AGGREGATIONS: tuple[str, ...] = ("fedavg", "trimmed_mean", "median", "krum")
+#: Budget allocations of the weight-perturbation strategies: the paper's nominal rule, or the exact-budget variant.
+ALLOCATIONS: tuple[str, ...] = ("paper", "exact")
+#: Dispersion measures of ROW-DP (:func:`strategies.mechanisms.adaptive_dp.dispersion`).
+DISPERSION_MEASURES: tuple[str, ...] = ("var", "std", "range", "iqr", "mae")
+#: Hostile replies of an injected failure (:mod:`flwr_app.faults`).
+HOSTILE_MODES: tuple[str, ...] = ("nan_weights", "wrong_shape", "inflated_count", "forged_epsilon", "spoofed_name",
+                                  "forged_metrics", "poisoned_update")
+
+
+# ------------------------------------------------------------------ one key: default, choices, bounds, help
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The interval a number must lie in (``high = inf``: no upper bound)."""
+
+    low: float
+    high: float = math.inf
+    low_closed: bool = False
+    high_closed: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.low_closed else value > self.low
+        below = math.isinf(self.high) or (value <= self.high if self.high_closed else value < self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if math.isinf(self.high):
+            return f"{'>=' if self.low_closed else '>'} {self.low:g}"
+        return f"in {'[' if self.low_closed else '('}{self.low:g}, {self.high:g}{']' if self.high_closed else ')'}"
+
+
+POSITIVE = Bounds(0.0)
+NON_NEGATIVE = Bounds(0.0, low_closed=True)
+FRACTION = Bounds(0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A run-config key: what a field of the schema carries in its metadata.
+
+    ``default`` is the value of ``pyproject.toml`` and Hydra's ``conf/`` (TOML-able: a list's
+    default is a comma-separated string); ``auto`` says what the value ``"auto"`` means when the
+    key accepts it; ``infinite`` what ``inf`` means when it is allowed.
+    """
+
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    bounds: Bounds | None = None
+    auto: str = ""
+    infinite: str = ""
+    key: str = ""
+
+
+def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: Bounds | None = None,
+            auto: str = "", infinite: str = "", key: str = "") -> Any:
+    """A dataclass field carrying its :class:`Setting` (``key``: the run-config key if not ``group.field``)."""
+    return field(metadata={"setting": Setting(default, help, choices, bounds, auto, infinite, key)})
+
+
+# ------------------------------------------------------------------ the schema
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Which data set, where it lives and how it is split."""
 
-    name: str
-    path: str
-    dir: str
-    time_col: str
-    event_col: str
-    feature_cols: tuple[str, ...]
-    test_fraction: float
-    horizon_months: int
-    oot_start: str
-    synthetic_records: int
-    labels_path: str
-    dictionary: str = ""
+    name: str = setting("flchain", "the data set", choices=tuple(DATA_SETS))
+    path: str = setting("", "CSV or Parquet file for data.name = csv")
+    dir: str = setting("", 'folder of the metabric, gbsg, whas and sba files (plain or .gz); "" = $FEDSURV_DATA_DIR, '
+                           "else the copy bundled with the package")
+    time_col: str = setting("", 'time column (csv; "" = time)')
+    event_col: str = setting("", 'event column, values 0/1 (csv; "" = event)')
+    feature_cols: tuple[str, ...] = setting("", 'feature columns; "" = every other column')
+    id_col: str = setting("", 'a column that identifies records: never a feature; the join key of vertical data; '
+                              '"" = none')
+    drop_cols: tuple[str, ...] = setting("", "columns never used")
+    split_col: str = setting("", 'a column of train/test labels that replaces the random split; "" = random split')
+    test_fraction: float = setting(AUTO, "share of each site's records held out as its test part (stratified by "
+                                         "event)", bounds=FRACTION, auto="the data set's")
+    horizon_months: int = setting(48, "SBA: observation window for time to charge-off", bounds=POSITIVE)
+    oot_start: str = setting("", 'SBA: approvals on/after this date form the out-of-time set; "" = SBA\'s '
+                                 "2005-01-01")
+    synthetic_records: int = setting(3000, "synthetic_multimodal: number of records", bounds=POSITIVE)
+    labels_path: str = setting("", "vertical deployment (data.name = site_files, strategy split): the label holder's "
+                                   "CSV or Parquet file of id, time and event")
+    dictionary: str = setting("", "a public data dictionary (JSON or YAML: numeric ranges, category levels, a time "
+                                  "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp takes "
+                                  "as public, at no privacy cost")
 
     @property
     def deployed(self) -> bool:
@@ -54,75 +243,80 @@ class DataConfig:
 class ModelConfig:
     """Survival network. ``None`` fields take the model kind's own default."""
 
-    name: str
-    num_durations: int
-    time_grid: str
-    hidden: tuple[int, ...] | None
-    activation: str | None
-    dropout: float | None
-    penalty: float
+    name: str = setting(AUTO, "the survival network", choices=tuple(MODELS),
+                        auto=f"{DEFAULT_MODEL['horizontal']}, or {DEFAULT_MODEL['vertical']} for a vertical strategy")
+    num_durations: int = setting(AUTO, "time intervals of the hazard model; grid of the federated Breslow estimator "
+                                       "for Cox models", bounds=POSITIVE, auto="the model's")
+    time_grid: str = setting("quantiles", "quantiles of event times or equidistant",
+                             choices=("quantiles", "equidistant"))
+    hidden: tuple[int, ...] | None = setting(AUTO, "hidden widths, e.g. 128,64,64,32,32", bounds=POSITIVE,
+                                             auto="the model's")
+    activation: str | None = setting(AUTO, "activation, e.g. selu, relu", auto="the model's")
+    dropout: float | None = setting(AUTO, "dropout rate", bounds=Bounds(0.0, 1.0, low_closed=True),
+                                    auto="the model's")
+    penalty: float = setting(0.0, "Cox-MLP: lambda * sum |g| penalty of the LS-ADP paper (eq. 5)", bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Local optimisation at each site (and for the centralised baseline)."""
 
-    local_epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    num_threads: int
+    local_epochs: int = setting(1, "local epochs per round at each site", bounds=POSITIVE)
+    batch_size: int = setting(128, "mini-batch size", bounds=POSITIVE)
+    lr: float = setting(0.003, "Adam learning rate", bounds=POSITIVE)
+    weight_decay: float = setting(1e-4, "Adam weight decay", bounds=NON_NEGATIVE)
+    num_threads: int = setting(1, "torch threads per site process", bounds=POSITIVE)
 
 
 @dataclass(frozen=True)
 class FederationConfig:
     """Sites, rounds and how records are partitioned among sites."""
 
-    num_sites: int
-    rounds: int
-    partition: str
-    dirichlet_alpha: float
-    min_site_records: int
-    fraction_train: float
-    min_sites: int
-    timeout_s: float
-    aggregation: str = "fedavg"
-    trim_fraction: float = 0.2
-    max_malicious: int = 1
-
-
-@dataclass(frozen=True)
-class DebugConfig:
-    """Injected failures for tests of fault tolerance (simulation only; README "Fault tolerance and checkpoints").
-
-    ``fail_site`` (a horizontal site's name, ``site-<i>``, or a split run's modality; empty: none)
-    fails on every ``fail_message`` (``train``, ``evaluate``, ``breslow``) from round (split:
-    epoch) ``fail_round`` on, by raising (``fail_mode = "raise"``: an error reply) or by never
-    answering (``"hang"``). ``stop_after_round`` > 0 stops the ServerApp once that round's
-    outputs and checkpoint are written, as a crash of the server would.
-    """
-
-    fail_site: str
-    fail_round: int
-    fail_message: str
-    fail_mode: str
-    stop_after_round: int
+    num_sites: int = setting(5, "number of sites for iid and dirichlet partitions", bounds=POSITIVE)
+    rounds: int = setting(20, "FedAvg rounds (split: epochs)", bounds=POSITIVE)
+    partition: str = setting("iid", "iid, dirichlet (event x time-quartile skew), or a column name for a natural "
+                                    "partition (region, State, ...)")
+    dirichlet_alpha: float = setting(0.5, "concentration of the Dirichlet partition (smaller = more skewed)",
+                                     bounds=POSITIVE)
+    min_site_records: int = setting(0, "natural partitions: drop groups smaller than this", bounds=NON_NEGATIVE)
+    fraction_train: float = setting(1.0, "share of sites sampled per round",
+                                    bounds=Bounds(0.0, 1.0, high_closed=True))
+    min_sites: int = setting(2, "fewest sites whose training a round aggregates; below it the run stops (resumable)",
+                             bounds=POSITIVE)
+    timeout_s: float = setting(3600.0, "seconds the server waits for the sites' replies to a round's messages "
+                                       "(split: to each round trip)", bounds=POSITIVE)
+    aggregation: str = setting("fedavg", "fedavg (weighted mean), or Flower's robust aggregators (not with "
+                                         "central_dp)", choices=AGGREGATIONS)
+    trim_fraction: float = setting(0.2, "trimmed_mean: share of the values cut off at each tail",
+                                   bounds=Bounds(0.0, 0.5, low_closed=True))
+    max_malicious: int = setting(1, "krum: sites it tolerates (needs more than 2 x max_malicious + 2 sites in a "
+                                    "round)", bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
     """Target privacy budget and mechanism parameters; ``epsilon`` of ``inf`` means no DP."""
 
-    epsilon: float
-    delta: float
-    clip_norm: float
-    accountant: str
-    adjacency: str
-    allocation: str
-    dispersion: str
-    uniform_mix: float
-    min_site_records: int
-    setup_noise: float = 10.0
+    epsilon: float = setting(math.inf, "target epsilon", bounds=POSITIVE, infinite="no differential privacy")
+    delta: float = setting(1e-5, "target delta", bounds=FRACTION)
+    clip_norm: float = setting(1.0, "dp_sgd/bdp: per-record gradient clip norm C; central_dp: per-site update clip "
+                                    "norm; nbafl/ls_adp/row_dp: clip norm of all model weights together; split: L2 "
+                                    "clip of each record's embedding", bounds=POSITIVE)
+    accountant: str = setting("rdp", "opacus accountant (calibration and reported epsilon)", choices=("rdp", "prv"))
+    adjacency: str = setting(AUTO, "neighbouring data sets the guarantee is for (bdp offers both; dp_sgd and "
+                                   "central_dp add-remove; nbafl/ls_adp/row_dp and split replace-one)",
+                             choices=("add-remove", "replace-one"), auto="the strategy's")
+    allocation: str = setting("paper", "nbafl/ls_adp/row_dp: paper (budgets average to epsilon; audited epsilon "
+                                       "reported beside) or exact (per-layer clip norms and noise shares whose joint "
+                                       "RDP is the target)", choices=ALLOCATIONS)
+    dispersion: str = setting("var", "row_dp: dispersion of a weight's local iterates", choices=DISPERSION_MEASURES)
+    uniform_mix: float = setting(0.0, "ls_adp/row_dp: importance mixed with the uniform one, (1-l)V + l/K (0 = the "
+                                      "paper's rule)", bounds=Bounds(0.0, 1.0, low_closed=True, high_closed=True))
+    min_site_records: int = setting(0, "nbafl/ls_adp/row_dp: m in the sensitivity 2C/m; 0 = the smallest site's "
+                                       "training records (simulation only)", bounds=NON_NEGATIVE)
+    setup_noise: float = setting(10.0, "dp_sgd/bdp: noise multiplier of the set-up releases (counts, ranges, "
+                                       "moments, time histogram); 0 = exact set-up (not covered by epsilon)",
+                                 bounds=NON_NEGATIVE)
 
     @property
     def enabled(self) -> bool:
@@ -140,35 +334,308 @@ class SplitConfig:
     ``clean_inference``).
     """
 
-    modalities: tuple[str, ...]
-    embedding_dim: int
-    encoder_layers: int
-    head_layers: int
-    dropout: float
-    similarity_weight: float
-    calibration: str
-    mc_samples: int
-    clean_inference: bool
+    modalities: tuple[str, ...] = setting("", 'modalities of the vertical data set (genomic,clinical; a,b,c); "" = all')
+    embedding_dim: int = setting(512, "embedding a site sends (BVFLMSP: 512)", bounds=POSITIVE)
+    encoder_layers: int = setting(2, "hidden blocks of an omics site's BayesianFC encoder", bounds=NON_NEGATIVE)
+    head_layers: int = setting(4, "hidden blocks of the server's prediction head", bounds=NON_NEGATIVE)
+    dropout: float = setting(0.5, "dropout of the encoders and the head", bounds=Bounds(0.0, 1.0, low_closed=True))
+    similarity_weight: float = setting(0.05, "weight of the 1 - cos alignment term between modality embeddings",
+                                       bounds=NON_NEGATIVE)
+    calibration: str = setting("rdp", "rdp (sigma for the record's releases at every site, no amplification) or "
+                                      "paper (BVFLMSP formula, labelled)", choices=("rdp", "paper"))
+    mc_samples: int = setting(20, "stochastic prediction passes per test record (each one a release)",
+                              bounds=POSITIVE)
+    clean_inference: bool = setting(False, "true: prediction embeddings without noise (clipped only; those records "
+                                           "get no guarantee)")
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Injected failures for tests of fault tolerance (simulation only).
+
+    ``fail_site`` (a horizontal site's name, ``site-<i>``, or a split run's modality; empty: none)
+    fails on every ``fail_message`` (``train``, ``evaluate``, ``breslow``) from round (split:
+    epoch) ``fail_round`` on, by raising (``fail_mode = "raise"``: an error reply) or by never
+    answering (``"hang"``). ``stop_after_round`` > 0 stops the ServerApp once that round's
+    outputs and checkpoint are written, as a crash of the server would.
+    """
+
+    fail_site: str = setting("", 'simulation tests: the site that fails (site-<i>; split: the modality); "" = none')
+    fail_round: int = setting(1, "the round (split: epoch) from which it fails", bounds=POSITIVE)
+    fail_message: str = setting("train", "the message it fails on (split: train, every round trip)",
+                                choices=("train", "evaluate", "breslow"))
+    fail_mode: str = setting("raise", "raise (an error reply), hang (no reply within federation.timeout_s), or a "
+                                      "hostile reply the server must refuse (poisoned_update: only a robust "
+                                      "federation.aggregation stops it)", choices=("raise", "hang") + HOSTILE_MODES)
+    stop_after_round: int = setting(0, "simulation tests: the ServerApp stops after this round's checkpoint (0 = "
+                                       "never), as a crash would", bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one run needs, parsed once at the edge."""
 
-    seed: int
-    strategy: str
+    seed: int = setting(0, "one seed drives splits, partitions, initialisation and local shuffling")
+    strategy: str = setting("fedavg", "the federation and its privacy mechanism", choices=tuple(STRATEGIES),
+                            key="strategy.name")
     data: DataConfig
     model: ModelConfig
     train: TrainConfig
     federation: FederationConfig
     privacy: PrivacyConfig
     split: SplitConfig
-    output_dir: str
-    server_evaluation: bool
-    centralized_baseline: bool
-    resume_from: str
+    output_dir: str = setting("", 'run directory; "" = outputs/<date>/<time>-<data>-<strategy> (Hydra) or '
+                                  "outputs/<time>-<data>-<strategy> (flwr run)", key="output.dir")
+    server_evaluation: bool = setting(True, "simulation only: evaluate the global model on the pooled test split "
+                                            "each round", key="evaluation.server_side")
+    centralized_baseline: bool = setting(True, "simulation only: also train the same model on the pooled training "
+                                               "data", key="baseline.centralized")
+    resume_from: str = setting("", "horizontal: a run directory (or its checkpoint.pt) to continue after its last "
+                                   "completed round", key="resume.from")
     debug: DebugConfig
 
     def as_dict(self) -> dict[str, Any]:
         """Plain nested dictionary (JSON-serialisable) of the resolved configuration."""
         return asdict(self)
+
+
+# ------------------------------------------------------------------ the keys, walked from the dataclasses
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its name, where it lives (group field, attribute) and its :class:`Setting`."""
+
+    name: str
+    group: str  # the ExperimentConfig field holding it ("" for a top-level key)
+    attribute: str
+    kind: str  # str | int | float | bool | list[str] | list[int]
+    setting: Setting
+
+    @property
+    def default(self) -> Any:
+        return self.setting.default
+
+
+_KINDS = {str: "str", int: "int", float: "float", bool: "bool", tuple[str, ...]: "list[str]",
+          tuple[int, ...]: "list[int]"}
+
+
+def _kind(annotation: Any) -> str:
+    """``tuple[int, ...] | None`` -> ``"list[int]"``: the type without the ``None`` of an auto key."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return _KINDS[annotation]
+
+
+def _walk(cls: type, group: str) -> Iterator[Key]:
+    hints = typing.get_type_hints(cls)
+    for item in fields(cls):
+        if is_dataclass(hints[item.name]):
+            yield from _walk(hints[item.name], item.name)
+            continue
+        meta: Setting = item.metadata["setting"]
+        name = meta.key or (f"{group}.{item.name}" if group else item.name)
+        yield Key(name, group, item.name, _kind(hints[item.name]), meta)
+
+
+#: Every run-config key, in the order of ``pyproject.toml`` and the docs.
+KEYS: Mapping[str, Key] = {key.name: key for key in _walk(ExperimentConfig, "")}
+
+
+def defaults() -> dict[str, Any]:
+    """``{"data.name": "flchain", ...}``: every key's default (as ``pyproject.toml`` declares it)."""
+    return {name: key.default for name, key in KEYS.items()}
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def _finite(key: Key, value: float) -> float:
+    """``value`` unless it is NaN, ``-inf``, or ``inf`` for a key that gives ``inf`` no meaning."""
+    if math.isnan(value):
+        raise ConfigError(f"run config: '{key.name}' must be a number, got nan")
+    if math.isinf(value) and (value < 0 or not key.setting.infinite):
+        allowed = "; only " + ", ".join(f"{other.name} may be inf ({other.setting.infinite})"
+                                        for other in KEYS.values() if other.setting.infinite) if value > 0 else ""
+        raise ConfigError(f"run config: '{key.name}' must be finite, got {value}{allowed}")
+    return value
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _number(key: Key, value: Any, kind: type) -> Any:
+    """An int or float of ``key``; a string only where it is how the value is written (``"inf"``, an auto key)."""
+    written = isinstance(value, str)
+    if written:
+        text = value.strip().lower()
+        if not key.setting.auto and text not in ("inf", "+inf", "-inf", "nan"):
+            raise ConfigError(f"run config: '{key.name}' must be {kind.__name__}, got {value!r} (str)")
+        try:
+            value = int(text) if kind is int and _INTEGER.fullmatch(text) else float(text)
+        except ValueError:
+            raise ConfigError(f"run config: '{key.name}' must be {kind.__name__} or {AUTO!r}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"run config: '{key.name}' must be {kind.__name__}, got {value!r} ({type(value).__name__})")
+    if kind is float:
+        return _finite(key, float(value))
+    if isinstance(value, float):
+        if not value.is_integer():
+            if written:  # "nan" or "inf" in a string: say what is wrong with it
+                _finite(key, value)
+            raise ConfigError(f"run config: '{key.name}' must be int, got {value!r} (float)")
+        return int(value)
+    return value
+
+
+def _items(key: Key, value: Any) -> list[Any]:
+    """A list key's items: a list (Hydra's ``'key=[a,b]'``) or a comma-separated string (``flwr run``)."""
+    if isinstance(value, (list, tuple)):
+        return [item.strip() if isinstance(item, str) else item for item in value
+                if not (isinstance(item, str) and not item.strip())]
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    raise ConfigError(f"run config: '{key.name}' must be a list or a comma-separated string, got {value!r}")
+
+
+def _value(key: Key, value: Any) -> Any:
+    """``value`` of ``key`` converted to its kind and checked against its choices and bounds."""
+    kind = key.kind
+    if kind == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"run config: '{key.name}' must be bool, got {value!r} ({type(value).__name__})")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"run config: '{key.name}' must be str, got {value!r} ({type(value).__name__})")
+        value = value.strip()
+        if key.setting.choices and value not in key.setting.choices:
+            raise ConfigError(f"run config: '{key.name}' = {value!r}; choose one of {', '.join(key.setting.choices)}"
+                              + (f" (or {AUTO!r}: {key.setting.auto})" if key.setting.auto else ""))
+        return value
+    if kind == "list[str]":
+        return tuple(str(item) for item in _items(key, value))
+    if kind == "list[int]":
+        return tuple(_bounded(key, _number(key, item, int)) for item in _items(key, value))
+    return _bounded(key, _number(key, value, int if kind == "int" else float))
+
+
+def _bounded(key: Key, value: float) -> Any:
+    if key.setting.bounds is not None and value not in key.setting.bounds:
+        raise ConfigError(f"run config: '{key.name}' must be {key.setting.bounds}, got {value}")
+    return value
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in (AUTO, "")
+
+
+def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate a flat run config (``{"data.name": "flchain", ...}``) into an :class:`ExperimentConfig`.
+
+    A key that ``flat`` leaves out takes its schema default. Imports neither torch nor Flower; the
+    strategy's mechanism checks the result further (:func:`flwr_app.config.parse_run_config`).
+
+    Raises
+    ------
+    ConfigError
+        On an unknown key, an unknown data set, model or strategy, a value of the wrong type, or a
+        value out of range, and on keys that do not go together. The message names the key.
+    """
+    unknown = sorted(set(flat) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(KEYS))}")
+    raw = {**defaults(), **flat}
+    values: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        if key.setting.auto and _is_auto(raw[name]):
+            values[name] = None
+        else:
+            values[name] = _value(key, raw[name])
+    _resolve_auto(values)
+    groups: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        (groups.setdefault(key.group, {}) if key.group else top)[key.attribute] = values[name]
+    hints = typing.get_type_hints(ExperimentConfig)
+    cfg = ExperimentConfig(**top, **{group: hints[group](**items) for group, items in groups.items()})
+    _check_pairing(cfg)
+    _check_faults(cfg)
+    if cfg.data.deployed:
+        _check_deployment(cfg)
+    return cfg
+
+
+def _resolve_auto(values: dict[str, Any]) -> None:
+    """Replace the ``auto`` (``None``) values whose default is a group option's."""
+    strategy = STRATEGIES[values["strategy.name"]]
+    if values["model.name"] is None:
+        values["model.name"] = DEFAULT_MODEL["vertical" if strategy.vertical else "horizontal"]
+    if values["model.num_durations"] is None:
+        values["model.num_durations"] = MODELS[values["model.name"]].num_durations
+    if values["data.test_fraction"] is None:
+        values["data.test_fraction"] = DATA_SETS[values["data.name"]].test_fraction
+    if values["privacy.adjacency"] is None:
+        values["privacy.adjacency"] = strategy.adjacency
+
+
+def _check_pairing(cfg: ExperimentConfig) -> None:
+    """A vertical strategy trains a vertical model on a vertical data set; a horizontal one the others."""
+    strategy = STRATEGIES[cfg.strategy]
+    model = MODELS[cfg.model.name]
+    data = DATA_SETS[cfg.data.name]
+    if strategy.vertical:
+        if not model.vertical:
+            raise ConfigError(f"run config: 'model.name' = {cfg.model.name!r} is a horizontal model; strategy "
+                              f"{cfg.strategy!r} trains {' or '.join(VERTICAL_MODELS)} ('auto': "
+                              f"{DEFAULT_MODEL['vertical']})")
+        if not data.vertical:
+            raise ConfigError(f"run config: strategy {cfg.strategy!r} needs a vertical data set (data.name one of "
+                              f"{', '.join(VERTICAL_DATASETS + (DEPLOYED_DATA,))}), got {cfg.data.name!r}")
+        return
+    if model.vertical:
+        raise ConfigError(f"run config: 'model.name' = {cfg.model.name!r} is a vertical (multimodal) model; use "
+                          f"strategy.name = 'split' (or model.name = 'auto': {DEFAULT_MODEL['horizontal']})")
+    if not data.horizontal:
+        raise ConfigError(f"run config: data set {cfg.data.name!r} is vertical (one modality per site); use "
+                          f"strategy.name = 'split'")
+    if cfg.data.name == "csv" and not cfg.data.path:
+        raise ConfigError("run config: data.name='csv' needs 'data.path' (and 'data.time_col', 'data.event_col' "
+                          "unless the columns are called 'time' and 'event')")
+
+
+def _check_faults(cfg: ExperimentConfig) -> None:
+    """Injected failures are for simulations; split runs have no checkpoints and no Breslow or evaluate messages."""
+    debug = cfg.debug
+    if cfg.data.deployed and (debug.fail_site or debug.stop_after_round):
+        raise ConfigError("run config: 'debug.fail_site' and 'debug.stop_after_round' inject failures into "
+                          f"simulations only; a deployment (data.name = {DEPLOYED_DATA!r}) must leave them at their "
+                          "defaults ('' and 0)")
+    if not STRATEGIES[cfg.strategy].vertical:
+        return
+    if cfg.resume_from or debug.stop_after_round:
+        raise ConfigError("run config: 'resume.from' and 'debug.stop_after_round' apply to horizontal runs only: a "
+                          "split run keeps each site's encoder in that site's node state, which no server checkpoint "
+                          "can restore")
+    if debug.fail_site and debug.fail_message != "train":
+        raise ConfigError(f"run config: a split run's sites answer training round trips only; "
+                          f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
+
+
+def _check_deployment(cfg: ExperimentConfig) -> None:
+    """A deployment (``data.name = "site_files"``): the server holds no pooled data."""
+    if cfg.server_evaluation or cfg.centralized_baseline:
+        raise ConfigError(
+            f"run config: data.name = {DEPLOYED_DATA!r} (a deployment) leaves no pooled data at the server: set "
+            "evaluation.server_side = false (each site evaluates on its own held-out part) and "
+            "baseline.centralized = false"
+        )
+    if STRATEGIES[cfg.strategy].vertical and (not cfg.data.labels_path or not cfg.split.modalities):
+        raise ConfigError(
+            f"run config: a vertical deployment (strategy 'split', data.name = {DEPLOYED_DATA!r}) needs "
+            "'data.labels_path' (the label holder's file of id, time and event) and 'split.modalities' "
+            "(the modality of every site, e.g. 'clinical,genomic')"
+        )

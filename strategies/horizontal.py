@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Strategy
 from flwr.supercore import log
 
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
 from strategies.replies import check_arrays, check_breslow, check_count, check_evaluation, suspect_evaluations
 
@@ -63,8 +63,6 @@ RESUMED_PRIVACY_STATE = "resume.privacy_state"
 SITE_NAME_QUERY = "query.site_name"
 #: The most a site's privacy state may weigh (it is kept in every checkpoint).
 MAX_PRIVACY_STATE_CHARS = 1_000_000
-#: Robust aggregators offered (``federation.aggregation``), all Flower's own.
-AGGREGATIONS = ("fedavg", "trimmed_mean", "median", "krum")
 
 
 class TooFewSitesError(RuntimeError):

@@ -1,21 +1,25 @@
-"""One configuration schema for both entry points."""
+"""One configuration schema: the generated files, both entry points, and the checks that name the key."""
 
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 
-from flwr_app.config import INFINITE_MEANS, PROJECT_ROOT, ConfigError, parse_run_config
-from simulations.engine import resolve
+from flwr_app.config import PROJECT_ROOT, ConfigError, hydra_files, parse_run_config, stale_files
 from simulations.hydra_config import flatten
+from strategies.config import DATA_SETS, DEPLOYED_DATA, KEYS, MODELS, STRATEGIES, defaults, parse_flat
 
 CONF = PROJECT_ROOT / "conf"
 
 
-def pyproject_defaults() -> dict:
-    return get_fused_config_from_dir(PROJECT_ROOT, {})
+def flower(overrides: dict | None = None):
+    """What ``flwr run --run-config`` gives the apps: pyproject's table fused with the overrides, parsed."""
+    return parse_run_config(get_fused_config_from_dir(PROJECT_ROOT, overrides or {}))
 
 
 def hydra_flat(*overrides: str) -> dict:
@@ -23,47 +27,134 @@ def hydra_flat(*overrides: str) -> dict:
         return flatten(compose(config_name="config", overrides=list(overrides)))
 
 
-def test_hydra_tree_and_pyproject_declare_the_same_keys_and_defaults():
-    hydra = hydra_flat()
-    flower = pyproject_defaults()
-    assert set(hydra) == set(flower)
-    for key, value in flower.items():
-        if isinstance(value, float) and math.isinf(value):
-            assert math.isinf(hydra[key]), key
-        else:
-            assert hydra[key] == value, key
+def test_generated_files_match_the_schema():
+    """pyproject.toml's table, conf/ and docs/configuration.md: `python -m flwr_app.config --write` rewrites them."""
+    assert stale_files() == []
 
 
-@pytest.mark.parametrize("group", ["data", "model"])
-def test_every_group_option_keeps_the_schema(group):
-    keys = set(pyproject_defaults())
-    vertical_only = {"breast_cancer", "synthetic_multimodal", "bayesian_multisurv", "multisurv"}
-    for option in sorted(path.stem for path in (CONF / group).glob("*.yaml") if path.stem != "base"):
-        flat = hydra_flat(f"{group}={option}")
-        assert set(flat) == keys, option
-        assert flat[f"{group}.name"] == option
-        if option == "csv":
-            with pytest.raises(ConfigError, match="needs 'data.path'"):
-                parse_run_config(flat)
-        elif option in vertical_only:
-            with pytest.raises(ConfigError, match="use strategy.name = 'split'"):
-                parse_run_config(flat)
-            other = "model=bayesian_multisurv" if group == "data" else "data=synthetic_multimodal"
-            assert parse_run_config(hydra_flat(f"{group}={option}", other, "strategy=split")).strategy == "split"
-        else:
-            parse_run_config(flat)
+def test_pyproject_declares_every_key_with_the_schema_default():
+    table = get_fused_config_from_dir(PROJECT_ROOT, {})
+    assert list(table) == list(KEYS)
+    for key, value in defaults().items():
+        assert table[key] == value or (isinstance(value, float) and math.isinf(value) and math.isinf(table[key])), key
 
 
-def test_hydra_and_flower_overrides_give_the_same_typed_config():
-    via_hydra = parse_run_config(hydra_flat("model=cox_mlp", "federation.rounds=7", "seed=3"))
-    _, via_flower = resolve({"model.name": "cox_mlp", "model.num_durations": 100, "federation.rounds": 7, "seed": 3})
+def test_parsing_imports_neither_torch_nor_flower():
+    code = ("import sys\n"
+            "from flwr_app.config import parse_run_config\n"
+            "from strategies.config import parse_flat\n"
+            "cfg = parse_flat({'model.name': 'cox_mlp', 'data.feature_cols': 'age,sex', 'privacy.epsilon': 'inf'})\n"
+            "assert cfg.model.num_durations == 100 and cfg.data.feature_cols == ('age', 'sex')\n"
+            "print(sorted(name for name in ('torch', 'flwr', 'opacus', 'pandas') if name in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_schema_names_the_registry_strategies_with_their_kind_and_adjacency():
+    from strategies.mechanisms.registry import MECHANISMS
+
+    assert list(STRATEGIES) == list(MECHANISMS)
+    for name, mechanism in MECHANISMS.items():
+        assert STRATEGIES[name].vertical == mechanism.vertical, name
+        assert STRATEGIES[name].adjacency == mechanism.adjacencies[0], name
+
+
+def test_the_schema_names_the_data_loaders_and_fault_modes():
+    from flwr_app.faults import _TAMPERED_MESSAGE
+    from models.data import DATASETS
+    from models.data.vertical import VERTICAL_DATASETS
+    from strategies.config import HORIZONTAL_DATASETS, HOSTILE_MODES
+    from strategies.config import VERTICAL_DATASETS as SCHEMA_VERTICAL
+
+    assert HORIZONTAL_DATASETS == DATASETS and SCHEMA_VERTICAL == VERTICAL_DATASETS
+    assert set(DATA_SETS) == set(DATASETS) | set(VERTICAL_DATASETS) | {DEPLOYED_DATA}
+    assert set(_TAMPERED_MESSAGE) == set(HOSTILE_MODES)
+
+
+def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
+    """Hydra overrides and flwr run-config overrides choosing ``option`` of ``group`` (with what it needs)."""
+    hydra, flat = [f"{group}={option}"], {f"{group}.name": option}
+    vertical = (group == "data" and not DATA_SETS[option].horizontal) or (group == "model" and option in MODELS and MODELS[option].vertical) \
+        or (group == "strategy" and STRATEGIES[option].vertical)
+    if vertical:
+        hydra.append("strategy=split")
+        flat["strategy.name"] = "split"
+        if group != "data":
+            hydra.append("data=metabric")
+            flat["data.name"] = "metabric"
+    if group == "data" and option == "csv":
+        hydra.append("data.path=/x.csv")
+        flat["data.path"] = "/x.csv"
+    if group == "strategy" and option not in ("fedavg", "split"):
+        hydra.append("privacy=dp")
+        flat["privacy.epsilon"] = 1.0
+    return hydra, flat
+
+
+@pytest.mark.parametrize(("group", "option"), [(group, path.stem) for group in ("data", "model", "strategy")
+                                               for path in sorted((CONF / group).glob("*.yaml"))
+                                               if path.stem != "base"])
+def test_a_hydra_group_option_and_its_flwr_run_config_give_the_same_run(group, option):
+    hydra, flat = _option_overrides(group, option)
+    via_hydra = parse_run_config(hydra_flat(*hydra))
+    via_flower = flower(flat)
     assert via_hydra == via_flower
-    assert via_flower.model.name == "cox_mlp" and via_flower.federation.rounds == 7
+    if group == "strategy":
+        assert via_flower.strategy == option
+    elif option != "auto":
+        assert getattr(via_flower, group).name == option
+
+
+def test_hydra_defaults_are_the_schema_defaults():
+    assert parse_run_config(hydra_flat()) == parse_run_config({}) == flower()
+
+
+def test_a_cox_model_gets_its_grid_of_100_from_either_entry_point():
+    """`model=cox_mlp` (Hydra) and `--run-config "model.name='cox_mlp'"` agree: the results used 100."""
+    via_flower = flower(parse_config_args(["model.name='cox_mlp' federation.rounds=7"]))
+    assert via_flower == parse_run_config(hydra_flat("model=cox_mlp", "federation.rounds=7"))
+    assert via_flower.model.num_durations == 100
+    assert flower({"model.name": "cox_mlp", "model.num_durations": 50}).model.num_durations == 50
+    assert parse_run_config(hydra_flat("model=cox_mlp", "model.num_durations=50")).model.num_durations == 50
+    assert flower({"data.name": "sim_cox"}).data.test_fraction == 0.3 == parse_run_config(
+        hydra_flat("data=sim_cox")).data.test_fraction
+
+
+def test_split_trains_a_vertical_model_unless_told_otherwise():
+    via_hydra = parse_run_config(hydra_flat("strategy=split", "data=metabric"))
+    via_flower = flower({"strategy.name": "split", "data.name": "metabric"})
+    assert via_hydra == via_flower
+    assert via_flower.model.name == "bayesian_multisurv" and via_flower.model.num_durations == 30
+    assert flower({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv"}).model.name \
+        == "multisurv"
+    with pytest.raises(ConfigError, match="'model.name' = 'hazard_mlp' is a horizontal model; strategy 'split'"):
+        parse_run_config(hydra_flat("strategy=split", "data=metabric", "model=hazard_mlp"))
+    with pytest.raises(ConfigError, match="'model.name' = 'multisurv' is a vertical .* use strategy.name = 'split'"):
+        flower({"model.name": "multisurv"})
+
+
+def test_lists_take_hydra_brackets_and_flower_strings():
+    via_hydra = parse_run_config(hydra_flat("data.feature_cols=[age,sex]", "data.drop_cols=[pid]",
+                                            "model.hidden=[64,32]"))
+    via_flower = flower(parse_config_args(["data.feature_cols='age,sex' data.drop_cols='pid' model.hidden='64, 32'"]))
+    assert via_hydra == via_flower
+    assert via_flower.data.feature_cols == ("age", "sex") and via_flower.data.drop_cols == ("pid",)
+    assert via_flower.model.hidden == (64, 32)
+    split = parse_run_config(hydra_flat("strategy=split", "data=metabric", "split.modalities=[genomic,clinical]"))
+    assert split.split.modalities == ("genomic", "clinical")
+    with pytest.raises(ConfigCompositionException, match="Ambiguous value"):  # why docs/configuration.md writes brackets
+        hydra_flat("split.modalities=genomic,clinical")
+
+
+def test_the_user_data_keys():
+    cfg = parse_run_config({"data.id_col": "patient", "data.drop_cols": "site,batch", "data.split_col": "fold"})
+    assert (cfg.data.id_col, cfg.data.drop_cols, cfg.data.split_col) == ("patient", ("site", "batch"), "fold")
+    assert flower().data.id_col == "" and flower().data.drop_cols == () and flower().data.split_col == ""
 
 
 def test_unknown_key_is_refused_with_the_known_keys():
     with pytest.raises(ConfigError, match="unknown run-config key.*federation.num_site\\b.*known keys"):
-        resolve({"federation.num_site": 3})
+        parse_run_config({"federation.num_site": 3})
 
 
 @pytest.mark.parametrize(
@@ -73,6 +164,9 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"federation.rounds": 0}, "'federation.rounds' must be > 0"),
         ({"federation.rounds": "ten"}, "'federation.rounds' must be int"),
         ({"data.test_fraction": 1.5}, "'data.test_fraction' must be in \\(0, 1\\)"),
+        ({"model.dropout": 1.0}, "'model.dropout' must be in \\[0, 1\\)"),
+        ({"model.hidden": "64,0"}, "'model.hidden' must be > 0"),
+        ({"model.num_durations": "many"}, "'model.num_durations' must be int or 'auto'"),
         ({"privacy.epsilon": 1.0}, "strategy 'fedavg' adds no noise"),
         ({"strategy.name": "dp_sgd"}, "'dp_sgd' needs a finite 'privacy.epsilon'"),
         ({"strategy.name": "bdp", "privacy.epsilon": 1.0, "model.name": "cox_time"}, "not per-sample decomposable"),
@@ -83,89 +177,92 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"data.name": "csv"}, "data.name='csv' needs 'data.path'"),
         ({"model.hidden": "64,x"}, "'model.hidden'"),
         ({"strategy.name": "split"}, "strategy 'split' needs a vertical data set"),
-        ({"strategy.name": "split", "data.name": "metabric"}, "trains model.name 'bayesian_multisurv' or 'multisurv'"),
-        ({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv",
-          "privacy.adjacency": "add-remove"}, "add/remove is not offered"),
-        ({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv", "split.calibration": "x"},
+        ({"strategy.name": "split", "data.name": "metabric", "model.name": "cox_mlp"},
+         "'model.name' = 'cox_mlp' is a horizontal model; strategy 'split' trains bayesian_multisurv or multisurv"),
+        ({"strategy.name": "split", "data.name": "metabric", "privacy.adjacency": "add-remove"},
+         "add/remove is not offered"),
+        ({"strategy.name": "split", "data.name": "metabric", "split.calibration": "x"},
          "'split.calibration' = 'x'; choose one of rdp, paper"),
         ({"data.name": "synthetic_multimodal"}, "is vertical"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "privacy.adjacency": "replace-one"},
          "is not offered for strategy 'dp_sgd'"),
+        ({"split.clean_inference": "yes"}, "'split.clean_inference' must be bool"),
+        ({"data.feature_cols": 3}, "'data.feature_cols' must be a list or a comma-separated string"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
-        resolve(override)
+        parse_run_config(override)
 
 
 def test_auto_means_model_default_and_lists_parse():
-    _, cfg = resolve({"model.hidden": "64, 32", "model.dropout": "0.2"})
+    cfg = parse_run_config({"model.hidden": "64, 32", "model.dropout": "0.2"})
     assert cfg.model.hidden == (64, 32) and cfg.model.dropout == pytest.approx(0.2)
-    _, cfg = resolve({})
+    cfg = parse_run_config({})
     assert cfg.model.hidden is None and cfg.model.dropout is None and not cfg.privacy.enabled
 
 
-def test_readme_documents_every_key():
-    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
-    missing = [key for key in pyproject_defaults() if f"`{key}`" not in readme]
-    assert not missing, f"README.md does not document: {missing}"
-
-
 def test_adjacency_auto_is_replace_one_for_split_and_add_remove_otherwise():
-    _, horizontal = resolve({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0})
+    horizontal = parse_run_config({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0})
     assert horizontal.privacy.adjacency == "add-remove"
-    _, vertical = resolve({"strategy.name": "split", "data.name": "metabric", "model.name": "bayesian_multisurv",
-                           "privacy.epsilon": 1.0, "split.modalities": "clinical, genomic"})
+    vertical = parse_run_config({"strategy.name": "split", "data.name": "metabric", "privacy.epsilon": 1.0,
+                                 "split.modalities": "clinical, genomic"})
     assert vertical.privacy.adjacency == "replace-one" and vertical.split.modalities == ("clinical", "genomic")
-    _, plain = resolve({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv"})
+    plain = parse_run_config({"strategy.name": "split", "data.name": "metabric", "model.name": "multisurv"})
     assert not plain.privacy.enabled  # split learning without embedding noise is allowed (no DP)
 
 
 def test_a_deployment_needs_federated_evaluation_and_a_vertical_one_its_labels_file():
-    deployed = {**pyproject_defaults(), "data.name": "site_files"}
+    deployed = {"data.name": "site_files"}
     with pytest.raises(ConfigError, match="evaluation.server_side = false"):
         parse_run_config(deployed)
     local = {"evaluation.server_side": False, "baseline.centralized": False}
     assert parse_run_config({**deployed, **local}).data.deployed
-    vertical = {**deployed, **local, "strategy.name": "split", "model.name": "bayesian_multisurv"}
+    vertical = {**deployed, **local, "strategy.name": "split"}
     with pytest.raises(ConfigError, match="'data.labels_path'"):
         parse_run_config(vertical)
-    assert parse_run_config({**vertical, "data.labels_path": "/l.csv", "split.modalities": "a,b"}).split.modalities == ("a", "b")
+    cfg = parse_run_config({**vertical, "data.labels_path": "/l.csv", "split.modalities": "a,b"})
+    assert cfg.split.modalities == ("a", "b") and cfg.model.name == "bayesian_multisurv"
 
 
-SCHEMA = get_fused_config_from_dir(PROJECT_ROOT, {})
-FLOAT_KEYS = sorted(key for key, value in SCHEMA.items() if isinstance(value, float))
-INT_KEYS = sorted(key for key, value in SCHEMA.items() if isinstance(value, int) and not isinstance(value, bool))
+FLOAT_KEYS = sorted(name for name, key in KEYS.items() if key.kind == "float")
+INT_KEYS = sorted(name for name, key in KEYS.items() if key.kind == "int")
 
 
 @pytest.mark.parametrize("key", FLOAT_KEYS)
 def test_nan_and_infinity_are_refused_for_every_float_key(key):
     """NaN passes every comparison (``nan < 0`` is false), so each range check would let it through."""
     with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be a number, got nan"):
-        resolve({key: math.nan})
+        parse_flat({key: math.nan})
     with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be finite, got -inf"):
-        resolve({key: -math.inf})
-    if key in INFINITE_MEANS:  # privacy.epsilon = inf: no differential privacy
-        assert math.isinf(resolve({key: math.inf})[1].privacy.epsilon)
-        assert math.isinf(resolve({key: "inf"})[1].privacy.epsilon)
+        parse_flat({key: -math.inf})
+    if KEYS[key].setting.infinite:  # privacy.epsilon = inf: no differential privacy
+        assert math.isinf(parse_flat({key: math.inf}).privacy.epsilon)
+        assert math.isinf(parse_flat({key: "inf"}).privacy.epsilon)
     else:
         for value in (math.inf, "inf"):
             with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be finite, got inf"):
-                resolve({key: value})
+                parse_flat({key: value})
 
 
 @pytest.mark.parametrize("key", INT_KEYS)
 def test_nan_is_refused_for_every_integer_key(key):
     with pytest.raises(ConfigError, match=f"'{re.escape(key)}' must be int, got nan"):
-        resolve({key: math.nan})
+        parse_flat({key: math.nan})
 
 
 def test_nan_reaches_the_check_from_both_command_lines():
     """``train.lr=nan`` is a float NaN on the Hydra command line and in ``flwr run --run-config``."""
     with pytest.raises(ConfigError, match="'train.lr' must be a number, got nan"):
-        parse_run_config(hydra_flat("train.lr=nan"))
+        parse_flat(hydra_flat("train.lr=nan"))
     with pytest.raises(ConfigError, match="'privacy.clip_norm' must be a number, got nan"):
-        resolve(parse_config_args(["privacy.clip_norm=nan"]))
-    for key in ("model.dropout", "model.hidden"):
+        parse_flat(get_fused_config_from_dir(PROJECT_ROOT, parse_config_args(["privacy.clip_norm=nan"])))
+    for key in ("model.dropout", "model.hidden", "model.num_durations", "data.test_fraction"):
         with pytest.raises(ConfigError, match=f"'{key}' must be a number, got nan"):
-            resolve({key: "nan"})
+            parse_flat({key: "nan"})
+
+
+def test_every_hydra_group_file_is_generated():
+    generated = set(hydra_files())
+    on_disk = {str(path.relative_to(CONF)) for path in CONF.rglob("*.yaml")}
+    assert on_disk - generated == {"sweep.yaml", "hydra/job_logging/console.yaml"}

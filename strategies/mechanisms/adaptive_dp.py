@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, epsilon_gaussian_rounds
+from strategies.config import DISPERSION_MEASURES  # the schema's choices of privacy.dispersion
 from strategies.validation import check_choice, check_count, check_positive, check_probability
 
 __all__ = [
@@ -84,9 +85,6 @@ __all__ = [
     "row_dp_importance",
     "split_clip_norm",
 ]
-
-#: Dispersion measures ``f`` accepted by :func:`dispersion` and :func:`row_dp_importance`.
-DISPERSION_MEASURES: tuple[str, ...] = ("var", "std", "range", "iqr", "mae")
 
 #: RDP orders for :func:`audited_epsilon_rdp`: opacus' grid (up to 63) extended geometrically to
 #: 65536. NbAFL's noise is large relative to ``Δs_U`` (multipliers in the hundreds), where the

@@ -35,7 +35,7 @@ import torch
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
-from strategies.config import DEPLOYED_DATA, VERTICAL_MODELS, ConfigError, ExperimentConfig
+from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import Manifest, Mechanism, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
 from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
@@ -177,14 +177,7 @@ class EmbeddingDP(Mechanism):
     vertical = True
 
     def check(self, cfg: ExperimentConfig) -> None:
-        from models.data.vertical import VERTICAL_DATASETS
-
-        if cfg.data.name not in VERTICAL_DATASETS + (DEPLOYED_DATA,):
-            raise ConfigError(f"run config: strategy 'split' needs a vertical data set (data.name one of "
-                              f"{', '.join(VERTICAL_DATASETS)}), got {cfg.data.name!r}")
-        if cfg.model.name not in VERTICAL_MODELS:
-            raise ConfigError(f"run config: strategy 'split' trains model.name 'bayesian_multisurv' or 'multisurv' "
-                              f"(Hydra: model=bayesian_multisurv), got {cfg.model.name!r}")
+        # The vertical data set and model are the schema's checks (strategies.config.parse_flat).
         if cfg.privacy.adjacency not in self.adjacencies:
             raise ConfigError("run config: strategy 'split' protects a record's features under replace-one "
                               "adjacency; add/remove is not offered because the server picks the batch IDs and sees "

@@ -54,7 +54,7 @@ from torch import nn
 from models.training import train_epochs
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
     Manifest,
     HorizontalMechanism,
@@ -96,8 +96,6 @@ __all__ = [
 
 #: The strategies that perturb weights before upload.
 WEIGHT_PERTURBATION: tuple[str, ...] = ("nbafl", "ls_adp", "row_dp")
-#: Budget allocations: the paper's nominal rule, or the exact-budget variant.
-ALLOCATIONS: tuple[str, ...] = ("paper", "exact")
 
 
 @dataclass(frozen=True)
