@@ -1,8 +1,10 @@
-# make demo        set up .venv on first use, then run a 5-site FedAvg simulation on FLCHAIN
-# make test        set up .venv on first use, then run the test suite
+# make demo        set up .venv on first use, then run a 5-site FedAvg simulation on FLCHAIN (ARGS: Hydra overrides)
+# make test        set up .venv on first use, then run the test suite (ARGS: pytest options)
+#                  PIP_ARGS: extra options of that first install, e.g. a CPU-only torch index
 # make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
 #                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
 PYTHON ?= python3
+PIP_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 SITES ?= 5
@@ -22,7 +24,7 @@ FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" FLWR_HOME="$(FLWR_HOME)" FLWR_TELEME
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' $(PIP_ARGS)
 	touch $@
 
 demo: $(VENV)/.installed
