@@ -176,8 +176,11 @@ def test_readme_commands_run_as_written(readme_run):
     for command, (result, venv) in results.items():
         assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         if command.startswith("pip install"):
-            installed = re.search(r"Successfully installed (.*)", result.stdout)
-            assert installed and installed.group(1).split() == ["fedsurv-0.1.0"], result.stdout[-2000:]
+            installed = re.search(r"Successfully installed (.*)", result.stdout).group(1).split()
+            # The project and at most pip's own tools (the new venv's setuptools may be older than a
+            # dependency asks): nothing of the stack (torch, flwr, ...) is downloaded again.
+            assert "fedsurv-0.1.0" in installed, result.stdout[-2000:]
+            assert all(p.startswith(("fedsurv-", "setuptools-", "pip-", "wheel-")) for p in installed), installed
             where = subprocess.run([str(venv / "bin" / "python"), "-c", "import models; print(models.__file__)"],
                                    cwd=venv, capture_output=True, text=True, timeout=120)
             assert where.stdout.strip().startswith(str(checkout)), where.stdout + where.stderr
