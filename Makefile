@@ -1,15 +1,30 @@
-# make demo   set up .venv on first use, then run a 5-site FedAvg simulation on FLCHAIN
-# make test   set up .venv on first use, then run the test suite
+# make demo        set up .venv on first use, then run a 5-site FedAvg simulation on FLCHAIN (ARGS: Hydra overrides)
+# make test        set up .venv on first use, then run the test suite (ARGS: pytest options)
+#                  PIP_ARGS: extra options of that first install, e.g. a CPU-only torch index
+# make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
+#                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
 PYTHON ?= python3
+PIP_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
+SITES ?= 5
+RUN_CONFIG ?=
+FLWR_HOME ?= $(CURDIR)/.flwr_home
+LOCAL_SUPERLINK_PORT ?= 39091
 
-.PHONY: demo test benchmark clean
+# `flwr run` starts the local SuperLink (and it, its helpers) by name from PATH, so the venv's bin goes
+# first; with runtime dependency installation left on, the SuperLink would `uv sync` the whole stack
+# (torch with CUDA included) into a second environment for every run: this venv already has it.
+FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" FLWR_HOME="$(FLWR_HOME)" FLWR_TELEMETRY_ENABLED=0 \
+	FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
+	FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(LOCAL_SUPERLINK_PORT)
+
+.PHONY: demo test flwr flwr-stop benchmark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' $(PIP_ARGS)
 	touch $@
 
 demo: $(VENV)/.installed
@@ -18,8 +33,45 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(ARGS)
 
+flwr: $(VENV)/.installed
+	$(FLWR_ENV) $(BIN)/flwr run . local --stream --run-config "$(RUN_CONFIG)" \
+		--federation-config "num-supernodes=$(SITES) client-resources-num-cpus=1"
+	@# `flwr run --stream` exits 0 even when the run failed: fail unless the last run completed.
+	@$(FLWR_ENV) $(BIN)/flwr ls local --format json | $(BIN)/python -c "$$LAST_RUN_COMPLETED"
+
+# Stops the SuperLink that `make flwr` started: the process listening on the local SuperLink's
+# port whose log is in this FLWR_HOME, by its PID (another user's SuperLink is left alone).
+flwr-stop:
+	@$(BIN)/python -c "$$STOP_LOCAL_SUPERLINK" "$(FLWR_HOME)" $(LOCAL_SUPERLINK_PORT)
+
 benchmark: $(VENV)/.installed
 	$(BIN)/python benchmarks/flower_overhead.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
+
+define LAST_RUN_COMPLETED
+import json, sys
+runs = sorted(json.load(sys.stdin)["runs"], key=lambda run: run["pending-at"])
+status = runs[-1]["status"] if runs else "no run"
+print(f"flwr run: {status}")
+sys.exit(status != "finished:completed")
+endef
+export LAST_RUN_COMPLETED
+
+define STOP_LOCAL_SUPERLINK
+import sys, psutil
+home, port = sys.argv[1], int(sys.argv[2])
+pids = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+ours = [psutil.Process(pid) for pid in pids if f"{home}/local-superlink/" in " ".join(psutil.Process(pid).cmdline())]
+for process in ours:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except psutil.TimeoutExpired:
+        process.kill()
+    print(f"stopped the local SuperLink of {home} (PID {process.pid})")
+if not ours:
+    print(f"no local SuperLink of {home} listens on port {port}")
+endef
+export STOP_LOCAL_SUPERLINK

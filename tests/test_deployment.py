@@ -1,4 +1,4 @@
-"""A deployment on 127.0.0.1: TLS, SuperNode authentication, site files, `flwr run` (README "Deploy at partner sites").
+"""A deployment on 127.0.0.1: TLS, SuperNode authentication, site files, `flwr run` (docs/deployment.md).
 
 The deploy scripts make the certificates and keys; a SuperLink runs with TLS and
 ``--enable-supernode-auth``; three registered SuperNodes each read their own file. A horizontal
