@@ -151,6 +151,9 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         synthetic_records=int(_positive("data.synthetic_records", _get(flat, "data.synthetic_records", int))),
         labels_path=_get(flat, "data.labels_path", str),
         dictionary=_get(flat, "data.dictionary", str),
+        id_col=_get(flat, "data.id_col", str),
+        drop_cols=_csv(_get(flat, "data.drop_cols", str)),
+        split_col=_get(flat, "data.split_col", str),
     )
     if not 0.0 < data.test_fraction < 1.0:
         raise ConfigError(f"run config: 'data.test_fraction' must be in (0, 1), got {data.test_fraction}")

@@ -29,7 +29,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which data set, where it lives and how it is split."""
+    """Which data set, where it lives and how it is split.
+
+    ``id_col`` names the record ID column (never a feature; the join key of vertical data),
+    ``drop_cols`` columns that are not features, and ``split_col`` a column of train/test labels
+    that replaces the random split.
+    """
 
     name: str
     path: str
@@ -43,6 +48,9 @@ class DataConfig:
     synthetic_records: int
     labels_path: str
     dictionary: str = ""
+    id_col: str = ""
+    drop_cols: tuple[str, ...] = ()
+    split_col: str = ""
 
     @property
     def deployed(self) -> bool:
