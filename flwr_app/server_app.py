@@ -43,7 +43,7 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, weighted_nanmean
+from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, site_metrics, weighted_nanmean
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
 
@@ -279,7 +279,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "privacy": ledger.headline(),
             "global_test": global_test,
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
-            "sites": dict(sorted(record.evaluate_sites.items())) if record else {},
+            "sites": site_metrics(record) if record else {},
             "failures": record.failures if record else [],
             "elapsed_s": time.perf_counter() - started,
         }
@@ -353,7 +353,7 @@ def _write_results(
     summary: dict[str, Any] = {
         "test": {key: value for key, value in test.items() if not key.startswith("oot_")},
         "test_source": test_source,
-        "sites": sites,
+        "sites": site_metrics(last) if last else {},
         "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
                     "uncovered": [release.value for release in mechanism.manifest(cfg).uncovered]},
         "strategy": cfg.strategy,

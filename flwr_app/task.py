@@ -29,7 +29,7 @@ from models.data import (
 )
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
-from models.metrics import calibration_table, evaluate_survival
+from models.metrics import calibration_table, evaluate_survival, undefined_reasons
 from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from strategies.mechanisms.base import SiteSetUp
@@ -244,6 +244,16 @@ def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool
         times, surv, time=test.time, event=test.event, train_time=test.time, train_event=test.event,
         risk=model.risk_score(test.x), concordance_td=concordance_td,
     )
+
+
+def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mapping[str, float], *,
+                      concordance_td: bool = True) -> dict[str, str]:
+    """Why each NaN metric of :func:`evaluate` on ``test`` is undefined: metric -> code of
+    :data:`models.metrics.UNDEFINED_REASONS` (what a site sends beside its metrics)."""
+    _, surv = model.predict_survival(test.x)
+    finite = bool(np.isfinite(surv).all() and np.isfinite(model.risk_score(test.x)).all())
+    return undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,
+                             concordance_td=concordance_td)
 
 
 def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, list[dict[str, float]]]:

@@ -45,6 +45,7 @@ __all__ = ["PREPROCESSING_FILE", "SavedRun", "load_run", "preprocessing_payload"
 PREPROCESSING_FILE = "preprocessing.json"
 PREPROCESSING_FORMAT = 1
 MODEL_FILE = "model.pt"
+CONFIG_FILE = "config.json"
 
 
 def preprocessing_payload(
@@ -157,11 +158,12 @@ def load_run(directory: str | Path) -> SavedRun:
     model_path = directory / MODEL_FILE
     if not model_path.is_file():
         raise FileNotFoundError(f"{directory}: no {MODEL_FILE} (not a run directory, or the run did not finish)")
-    saved = torch.load(model_path, weights_only=True)
-    if "state_dict" not in saved:
-        raise ValueError(f"{model_path}: a split-learning run: only the label holder's fusion head is saved and each "
+    config_path = directory / CONFIG_FILE
+    if config_path.is_file() and json.loads(config_path.read_text(encoding="utf-8"))["resolved"]["strategy"] == "split":
+        raise ValueError(f"{directory}: a split-learning run: only the label holder's fusion head is saved and each "
                          "modality's encoder stays at its site, so new records cannot be scored from this directory; "
                          "load_run takes horizontal runs (hazard_mlp, cox_mlp, cox_time)")
+    saved = torch.load(model_path, weights_only=True)
     spec_path = directory / PREPROCESSING_FILE
     if not spec_path.is_file():
         raise FileNotFoundError(f"{directory}: no {PREPROCESSING_FILE} beside {MODEL_FILE} (written by runs of this "
