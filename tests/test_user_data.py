@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
+from fedsurv import load_run
 from flwr_app import task
 from models.data import ColumnRoles, DataValidationError, build_federated_dataset, load_table
 from models.data.vertical import read_modality_file
 from models.metrics import UNDEFINED_REASONS, evaluate_survival
-from fedsurv import load_run
 from models.predict import PREPROCESSING_FILE
 from simulations.engine import resolve
 from simulations.inprocess import run_inprocess
