@@ -27,6 +27,7 @@ from strategies.horizontal import (
     PRIVACY_STATE_KEY,
     RESUMED_PRIVACY_STATE,
     SITE_KEY,
+    UNDEFINED_KEY,
     WEIGHT_KEY,
 )
 from strategies.mechanisms.base import SiteSetUp
@@ -81,8 +82,10 @@ def _reply(message: Message, content: RecordDict, cfg: ExperimentConfig, site: S
 
 
 def _content(site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None, *,
-             privacy_state: str | None = None) -> RecordDict:
+             privacy_state: str | None = None, undefined: dict[str, str] | None = None) -> RecordDict:
     site_record = ConfigRecord({"name": site.name})
+    if undefined:
+        site_record[UNDEFINED_KEY] = json.dumps(undefined)
     if privacy_state is not None:
         site_record[PRIVACY_STATE_KEY] = privacy_state
     content = RecordDict({"metrics": MetricRecord(metrics), SITE_KEY: site_record})
@@ -146,10 +149,13 @@ def evaluate(message: Message, context: Context) -> Message:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
         model.set_baseline(np.asarray(config[BASELINE_EVENTS]), np.asarray(config[BASELINE_RISK]))
     metrics = task.evaluate(model, site.test)
+    undefined = task.undefined_metrics(model, site.test, metrics)
     if site.oot is not None and len(site.oot):
-        metrics.update({f"oot_{key}": value for key, value in task.evaluate(model, site.oot).items()})
+        oot = task.evaluate(model, site.oot)
+        metrics.update({f"oot_{key}": value for key, value in oot.items()})
+        undefined.update({f"oot_{key}": code for key, code in task.undefined_metrics(model, site.oot, oot).items()})
     metrics[WEIGHT_KEY] = len(site.test)
-    return _reply(message, _content(site, metrics), cfg, site, server_round, "evaluate")
+    return _reply(message, _content(site, metrics, undefined=undefined), cfg, site, server_round, "evaluate")
 
 
 @app.query("site_name")

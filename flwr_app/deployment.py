@@ -42,7 +42,7 @@ from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
-from models.data.validate import DataValidationError, column_differences, identifier_problems
+from models.data.validate import column_differences
 from models.survival import time_grid_from_histograms, time_histogram
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.registry import horizontal_mechanism
@@ -390,9 +390,6 @@ def deployed_site(cfg: ExperimentConfig, context: Context) -> SiteData:
 def summary(message: Message, context: Context) -> Message:
     """Additive statistics of the site's training part (features, times) and its largest training time."""
     table, train, _ = _site_table(parse_run_config(context.run_config), context)
-    problems = identifier_problems(table.features, source=table.source)
-    if problems:
-        raise DataValidationError("; ".join(problems))
     time = table.time[train]
     return Message(content=_payload({
         "site": site_name(context),
@@ -413,9 +410,6 @@ def setup_ranges(message: Message, context: Context) -> Message:
     """Pass 1 of the private set-up: the site's schema and its noisy count and range histograms."""
     cfg = parse_run_config(context.run_config)
     table, train, _ = _site_table(cfg, context)
-    problems = identifier_problems(table.features, source=table.source)
-    if problems:
-        raise DataValidationError("; ".join(problems))
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
     release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy

@@ -6,6 +6,8 @@
 ``manifest.json``    the release manifest: every value a site sends, covered or not (strategies.mechanisms)
 ``summary.json``     final test metrics and the headline privacy claim
 ``model.pt``         final global model (``state_dict`` plus what is needed to rebuild it)
+``preprocessing.json``  horizontal runs: the agreed preprocessing, time grid and time scale the model was
+                     trained on (JSON; :func:`models.predict.load_run` applies the model to new raw records)
 ``checkpoint.pt``    horizontal runs: everything needed to continue after the last completed round
 ``survival_vs_km.png``  mean predicted survival vs Kaplan–Meier per site
 ``run.log``          what the ServerApp printed, and the error (with its traceback) that ended a failed run
@@ -23,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from flwr_app.config import ConfigError, ExperimentConfig
+from models.predict import PREPROCESSING_FILE
 
 CHECKPOINT = "checkpoint.pt"
 #: Files whose presence means that a directory already holds a run (a new run there is refused).
@@ -149,8 +153,18 @@ class RunOutputs:
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json(self.summary_path, summary)
 
-    def save_model(self, state_dict: Mapping[str, torch.Tensor], **metadata: Any) -> None:
-        torch.save({"state_dict": dict(state_dict), **metadata}, self.model_path)
+    @property
+    def preprocessing_path(self) -> Path:
+        return self.directory / PREPROCESSING_FILE
+
+    def save_model(self, state_dict: Mapping[str, torch.Tensor], *, preprocessing: Mapping[str, Any],
+                   baseline: tuple[np.ndarray, np.ndarray] | None = None, **metadata: Any) -> None:
+        """Write ``model.pt`` (loadable with ``weights_only``: the Breslow ``baseline`` as lists) and, beside it,
+        the ``preprocessing`` it was trained on (:func:`models.predict.preprocessing_payload`) as JSON."""
+        torch.save({"state_dict": dict(state_dict), **metadata,
+                    "baseline": None if baseline is None else [np.asarray(part).tolist() for part in baseline]},
+                   self.model_path)
+        write_json(self.preprocessing_path, preprocessing)
 
 
 def resume_directory(resume_from: str) -> Path:

@@ -43,7 +43,7 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, weighted_nanmean
+from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, site_metrics, weighted_nanmean
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
 
@@ -214,10 +214,11 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         wait_for_sites(grid, cfg.federation.num_sites)
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
-        node_sites = dict(setup.sites)
+        node_sites, spec = dict(setup.sites), setup.spec
     else:
         dataset = task.load_federation(cfg)
         model, setups = task.build_model(cfg, dataset), task.federation_setup(cfg).setups
+        spec = task.run_spec(cfg, dataset)
         wait_for_sites(grid, dataset.num_sites)
         node_sites = {}
     num_sites = len(setups)
@@ -278,7 +279,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "privacy": ledger.headline(),
             "global_test": global_test,
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
-            "sites": dict(sorted(record.evaluate_sites.items())) if record else {},
+            "sites": site_metrics(record) if record else {},
             "failures": record.failures if record else [],
             "elapsed_s": time.perf_counter() - started,
         }
@@ -321,14 +322,14 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     except TooFewSitesError as err:
         raise TooFewSitesError(f"{err}. The outputs up to this round and its checkpoint are in {outputs.directory}; "
                                f"once the sites are back, continue with resume.from = '{outputs.directory}'") from err
-    _write_results(cfg, mechanism, dataset, num_sites, model, arrays, survival, ledger, outputs,
+    _write_results(cfg, mechanism, dataset, spec, num_sites, model, arrays, survival, ledger, outputs,
                    time.perf_counter() - started, resumed_after_round=resumed.last_round if resumed else 0,
                    left_out=left_out)
 
 
 def _write_results(
-    cfg: ExperimentConfig, mechanism: HorizontalMechanism, dataset: FederatedDataset | None, num_sites: int,
-    model: SurvivalModel,
+    cfg: ExperimentConfig, mechanism: HorizontalMechanism, dataset: FederatedDataset | None, spec: task.SiteSpec,
+    num_sites: int, model: SurvivalModel,
     arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
     *, resumed_after_round: int = 0, left_out: Mapping[int, str] | None = None,
 ) -> None:
@@ -337,6 +338,8 @@ def _write_results(
     ``dataset`` is ``None`` in a deployment, where ``evaluation.server_side`` and
     ``baseline.centralized`` are off (checked by :func:`flwr_app.config.parse_run_config`).
     ``left_out``: the deployed sites left out at set-up, node ID -> why (``summary["left_out"]``).
+    ``spec``: the agreed preprocessing, time grid and time scale, saved beside the model
+    (``preprocessing.json``); ``summary["data"]["features"]`` names its input columns and model inputs.
     """
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
@@ -350,11 +353,12 @@ def _write_results(
     summary: dict[str, Any] = {
         "test": {key: value for key, value in test.items() if not key.startswith("oot_")},
         "test_source": test_source,
-        "sites": sites,
+        "sites": site_metrics(last) if last else {},
         "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
                     "uncovered": [release.value for release in mechanism.manifest(cfg).uncovered]},
         "strategy": cfg.strategy,
-        "data": cfg.data.name,
+        "data": {"name": cfg.data.name, "features": {"input_columns": list(spec.preprocessor.columns),
+                                                      "model_inputs": list(spec.preprocessor.feature_names)}},
         "model": cfg.model.name,
         "num_sites": num_sites,
         "rounds": cfg.federation.rounds,
@@ -372,8 +376,8 @@ def _write_results(
         summary["diverged"] = diverged
     model.net.load_state_dict(arrays.to_torch_state_dict())
     model.net.eval()
-    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(),
-                       baseline=strategy.baseline)
+    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=strategy.baseline,
+                       preprocessing=task.preprocessing(cfg, spec))
     if cfg.server_evaluation and not diverged:
         summary["calibration"] = task.calibration(model, dataset)
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")

@@ -18,10 +18,19 @@ import torch
 
 from flwr_app.config import ExperimentConfig
 from strategies.config import CENTRALIZED_LABEL
-from models.data import FederatedDataset, Preprocessor, RawTable, SurvivalArrays, build_federated_dataset, load_table
+from models.data import (
+    ColumnRoles,
+    FederatedDataset,
+    Preprocessor,
+    RawTable,
+    SurvivalArrays,
+    build_federated_dataset,
+    load_table,
+)
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
-from models.metrics import calibration_table, evaluate_survival
+from models.metrics import calibration_table, evaluate_survival, undefined_reasons
+from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model, make_time_grid
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.none import NoPrivacy
@@ -76,6 +85,11 @@ def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | Non
                                   time_grid=cfg.model.time_grid)
 
 
+def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
+    """The columns of the run's table that are not features: ``data.id_col``, ``data.drop_cols``, ``data.split_col``."""
+    return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col)
+
+
 @functools.lru_cache(maxsize=4)
 def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetUp]:
     data, federation = cfg.data, cfg.federation
@@ -95,7 +109,7 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
         data_dir=str(resolve_data_dir(data.dir)), time_col=data.time_col, event_col=data.event_col,
         feature_cols=data.feature_cols, min_site_records=federation.min_site_records,
         sba_horizon_months=data.horizon_months, oot_start=data.oot_start,
-        fit_preprocessor=private_fit if uses_private_setup(cfg) else None,
+        fit_preprocessor=private_fit if uses_private_setup(cfg) else None, roles=column_roles(cfg),
     )
     if agreed:
         shared, counts, plan = agreed["shared"], agreed["counts"], agreed["plan"]
@@ -183,6 +197,23 @@ class SiteSpec:
                    (float(payload["time_scale"][0]), float(payload["time_scale"][1])))
 
 
+def run_spec(cfg: ExperimentConfig, dataset: FederatedDataset) -> SiteSpec:
+    """A simulation's agreed preprocessing, time grid and time scale (a deployment's is the one it sent the sites).
+
+    With a differentially private set-up it is the agreed noisy preprocessing: the one the model was trained on.
+    """
+    setup = federation_setup(cfg)
+    return SiteSpec(dataset.preprocessor, setup.cuts, setup.time_scale)
+
+
+def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
+    """What a run saves beside its model (``preprocessing.json``, read by :func:`models.predict.load_run`)."""
+    setup = ("differentially private: the noisy statistics the federation agreed (privacy.setup_noise), "
+             "on which the model was trained" if uses_private_setup(cfg) else "exact")
+    return preprocessing_payload(spec.preprocessor, cuts=spec.cuts, time_scale=spec.time_scale, setup=setup,
+                                 id_col=cfg.data.id_col)
+
+
 def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:
     """The run's survival model in a deployment (the same network at the server and every site)."""
     return build_network(cfg, in_features=len(spec.preprocessor.feature_names), cuts=spec.cuts,
@@ -193,10 +224,12 @@ def load_site_table(cfg: ExperimentConfig, path: str) -> RawTable:
     """A deployed site's own file (CSV or Parquet), validated like ``data.name = "csv"``.
 
     Outcome columns ``data.time_col`` and ``data.event_col`` ("" = ``time``, ``event``), features
-    ``data.feature_cols`` ("" = every other column); errors name the file, the column and the rows.
+    ``data.feature_cols`` ("" = every other column but ``data.id_col``, ``data.drop_cols`` and
+    ``data.split_col``); errors name the file, the column and the rows. A column that looks like a
+    record identifier is refused here, before anything derived from the file leaves the site.
     """
     return load_table("csv", path=path, time_col=cfg.data.time_col, event_col=cfg.data.event_col,
-                      feature_cols=cfg.data.feature_cols)
+                      feature_cols=cfg.data.feature_cols, roles=column_roles(cfg))
 
 
 def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool = True) -> dict[str, float]:
@@ -211,6 +244,16 @@ def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool
         times, surv, time=test.time, event=test.event, train_time=test.time, train_event=test.event,
         risk=model.risk_score(test.x), concordance_td=concordance_td,
     )
+
+
+def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mapping[str, float], *,
+                      concordance_td: bool = True) -> dict[str, str]:
+    """Why each NaN metric of :func:`evaluate` on ``test`` is undefined: metric -> code of
+    :data:`models.metrics.UNDEFINED_REASONS` (what a site sends beside its metrics)."""
+    _, surv = model.predict_survival(test.x)
+    finite = bool(np.isfinite(surv).all() and np.isfinite(model.risk_score(test.x)).all())
+    return undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,
+                             concordance_td=concordance_td)
 
 
 def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, list[dict[str, float]]]:

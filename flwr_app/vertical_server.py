@@ -319,7 +319,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         "privacy_sites": {name: dict(report) for name, report in sorted(reports.items())},
         "noise_multiplier": noise_multiplier,
         "calibration": cfg.split.calibration if cfg.privacy.enabled else None,
-        "strategy": cfg.strategy, "data": cfg.data.name, "model": cfg.model.name, "modalities": list(modalities),
+        "strategy": cfg.strategy, "data": {"name": cfg.data.name}, "model": cfg.model.name, "modalities": list(modalities),
         "epochs": cfg.federation.rounds, "seed": cfg.seed,
         "batches": history.batches, "round_trips": transport.round_trips,
         "round_trips_per_batch": transport.round_trips / max(history.batches, 1),

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from flwr_app.config import ExperimentConfig
+from flwr_app.config import ConfigError, ExperimentConfig
 from models.bayesian import seeded
 from models.data.files import resolve_data_dir
 from models.data.vertical import (
@@ -37,6 +37,7 @@ __all__ = [
     "labels",
     "load_table",
     "modality_names",
+    "record_id_column",
     "server",
     "simulated_site",
     "simulation_noise_seed",
@@ -57,13 +58,31 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
     In simulation the label holder reads the labels from it, and each simulated site its modality.
     The synthetic data set is drawn with seed 0 (it is a data set, not part of the run's randomness).
     In a deployment (``data.name = "site_files"``) it is the label holder's file ``data.labels_path``
-    (columns ``id``, ``data.time_col`` and ``data.event_col``; "" = ``time``, ``event``), without
-    modalities: the sites hold them.
+    (columns ``data.id_col``, ``data.time_col`` and ``data.event_col``; "" = ``id``, ``time``,
+    ``event``), without modalities: the sites hold them.
+
+    Raises
+    ------
+    ConfigError
+        For ``data.split_col`` (a split run splits the label holder's IDs at random,
+        ``data.test_fraction``), and for ``data.id_col`` or ``data.drop_cols`` in a simulation (its
+        data sets have no files to name columns of).
     """
+    if cfg.data.split_col:
+        raise ConfigError("run config: data.split_col is for horizontal runs; split learning splits the label "
+                          "holder's record IDs at random (data.test_fraction)")
     if cfg.data.deployed:
-        return read_labels_file(cfg.data.labels_path, time_col=cfg.data.time_col or "time",
-                                event_col=cfg.data.event_col or "event")
+        return read_labels_file(cfg.data.labels_path, id_column=record_id_column(cfg),
+                                time_col=cfg.data.time_col or "time", event_col=cfg.data.event_col or "event")
+    if cfg.data.id_col or cfg.data.drop_cols:
+        raise ConfigError(f"run config: data.id_col and data.drop_cols name columns of a vertical deployment's files "
+                          f"(data.name = site_files); the simulated data set {cfg.data.name!r} has none")
     return _table(cfg.data.name, str(resolve_data_dir(cfg.data.dir)), cfg.data.synthetic_records, cfg.split.modalities)
+
+
+def record_id_column(cfg: ExperimentConfig) -> str:
+    """The join key of a vertical deployment's files: ``data.id_col``, default ``id``."""
+    return cfg.data.id_col or "id"
 
 
 def modality_names(cfg: ExperimentConfig, table: VerticalTable) -> tuple[str, ...]:
@@ -159,8 +178,9 @@ def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, objec
     """A site's modality from its node config.
 
     Simulation (``partition-id``): :func:`simulated_site`. Deployment: ``modality`` names the
-    modality and ``data-path`` its file (CSV or Parquet with an ID column ``id-column``, default
-    ``id``); ``categorical`` lists categorical columns (comma-separated); ``noise-seed`` (an
+    modality and ``data-path`` its file (CSV or Parquet with the ID column ``data.id_col``, default
+    ``id``, and without the columns of ``data.drop_cols``); ``categorical`` lists categorical columns
+    (comma-separated); ``noise-seed`` (an
     integer kept secret from the server) makes the noise reproducible, otherwise every release
     draws fresh entropy from the operating system.
     """
@@ -170,7 +190,7 @@ def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, objec
     if missing:
         raise ValueError(f"node config lacks {missing}: a vertical site needs 'modality' and 'data-path'")
     path = str(node_config["data-path"])
-    features = read_modality_file(path, id_column=str(node_config.get("id-column", "id")))
+    features = read_modality_file(path, id_column=record_id_column(cfg), drop_cols=cfg.data.drop_cols)
     categorical = tuple(part.strip() for part in str(node_config.get("categorical", "")).split(",") if part.strip())
     seed = node_config.get("noise-seed")
     return SiteData(modality=str(node_config["modality"]), features=features, categorical=categorical,

@@ -38,6 +38,8 @@ pycox itself.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import scipy.integrate
@@ -53,6 +55,8 @@ __all__ = [
     "default_eval_times",
     "evaluate_survival",
     "survival_at",
+    "UNDEFINED_REASONS",
+    "undefined_reasons",
 ]
 
 _NAN = float("nan")
@@ -193,6 +197,44 @@ def evaluate_survival(
         "ibs": _ibs(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
         "inbll": _inbll(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
     }
+
+
+#: Why a metric of :func:`evaluate_survival` is undefined (NaN) on a test set: code -> explanation.
+#: A site sends the codes (a fixed vocabulary, nothing else), the server writes the explanations.
+UNDEFINED_REASONS = {
+    "no_events": "no comparable pairs: the test split has no events",
+    "no_comparable_pairs": "no comparable pairs: no event in the test split comes before another record's time",
+    "no_window": "fewer than two evaluation times where the censoring weights are defined (too few distinct "
+                 "test times)",
+    "not_finite": "the model's predictions are not finite (the model diverged)",
+    "not_computed": "not computed for this evaluation (c_index_td is skipped here)",
+}
+
+
+def undefined_reasons(
+    metrics: dict[str, float], *, time: np.ndarray, event: np.ndarray, finite: bool, concordance_td: bool = True,
+) -> dict[str, str]:
+    """The code (:data:`UNDEFINED_REASONS`) of every NaN metric of :func:`evaluate_survival` on these test outcomes.
+
+    ``finite``: whether the predicted curves and risk scores were finite; ``concordance_td`` as
+    passed to :func:`evaluate_survival`. Defined metrics have no entry.
+    """
+    time, event = _check_outcomes(time, event, None)
+    pairs = "no_comparable_pairs" if event.any() else "no_events"
+    comparable = _has_comparable_pair(time, event)
+    reasons = {}
+    for key, value in metrics.items():
+        if not (isinstance(value, float) and math.isnan(value)):
+            continue
+        if key == "c_index":
+            reasons[key] = "not_finite" if comparable else pairs
+        elif key == "c_index_td":
+            reasons[key] = pairs if not comparable else "not_computed" if not concordance_td else "not_finite"
+        elif key == "ibs":
+            reasons[key] = "not_finite" if not finite else "no_window" if event.any() else "no_events"
+        elif key == "inbll":
+            reasons[key] = "no_window" if finite else "not_finite"
+    return reasons
 
 
 def brier_at(

@@ -348,7 +348,7 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
         "unit": privacy.get("unit", "none"),
         "accountant": privacy.get("accountant", "none"),
         "seed": summary.get("seed", status.get("seed")),
-        "data": summary.get("data", status.get("data")),
+        "data": summary["data"]["name"] if "data" in summary else status.get("data"),
         "model": summary.get("model", status.get("model")),
         "rounds": summary.get("rounds", status.get("rounds")),
         "num_sites": summary.get("num_sites", status.get("num_sites")),

@@ -208,7 +208,12 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: B
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which data set, where it lives and how it is split."""
+    """Which data set, where it lives and how it is split.
+
+    ``id_col`` names the record ID column (never a feature; the join key of vertical data),
+    ``drop_cols`` columns that are not features, and ``split_col`` a column of train/test labels
+    that replaces the random split.
+    """
 
     name: str = setting("flchain", "the data set", choices=tuple(DATA_SETS))
     path: str = setting("", "CSV or Parquet file for data.name = csv")
@@ -218,9 +223,10 @@ class DataConfig:
     event_col: str = setting("", 'event column, values 0/1 (csv; "" = event)')
     feature_cols: tuple[str, ...] = setting("", 'feature columns; "" = every other column')
     id_col: str = setting("", 'a column that identifies records: never a feature; the join key of vertical data; '
-                              '"" = none')
+                              '"" = none (vertical: id)')
     drop_cols: tuple[str, ...] = setting("", "columns never used")
-    split_col: str = setting("", 'a column of train/test labels that replaces the random split; "" = random split')
+    split_col: str = setting("", 'a column of train/test labels (train, test) that replaces the random split; '
+                                 '"" = random split')
     test_fraction: float = setting(AUTO, "share of each site's records held out as its test part (stratified by "
                                          "event)", bounds=FRACTION, auto="the data set's")
     horizon_months: int = setting(48, "SBA: observation window for time to charge-off", bounds=POSITIVE)

@@ -45,6 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Strategy
 from flwr.supercore import log
 
+from models.metrics import UNDEFINED_REASONS
 from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
 from strategies.replies import check_arrays, check_breslow, check_count, check_evaluation, suspect_evaluations
@@ -54,6 +55,9 @@ WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
+#: In an evaluate reply's site record: why each undefined (NaN) metric is undefined (JSON: metric -> a code of
+#: :data:`models.metrics.UNDEFINED_REASONS`; absent when every metric is defined).
+UNDEFINED_KEY = "undefined"
 #: In a train reply's site record: the site's privacy state (JSON: its accountant), kept in the checkpoint.
 PRIVACY_STATE_KEY = "privacy_state"
 #: In a resumed run's train config: the receiving site's own privacy state from the checkpoint (JSON), for a
@@ -90,6 +94,7 @@ class RoundRecord:
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     released: dict[str, dict[str, float] | None] = field(default_factory=dict)
     evaluate_sites: dict[str, dict[str, float]] = field(default_factory=dict)
+    evaluate_undefined: dict[str, dict[str, str]] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
@@ -131,6 +136,27 @@ def _claimed_name(message: Message) -> str | None:
 def _metric_record(message: Message) -> MetricRecord | None:
     records = list(message.content.metric_records.values())
     return records[0] if len(records) == 1 else None
+
+
+def _undefined(message: Message, metrics: Mapping[str, float]) -> dict[str, str]:
+    """Why the site says each of its NaN ``metrics`` is undefined: metric -> explanation. Only known codes
+    for metrics that are NaN are kept (a reply cannot put other text into the outputs)."""
+    record = message.content.config_records.get(SITE_KEY)
+    try:
+        codes = json.loads(str(record[UNDEFINED_KEY])) if record is not None and UNDEFINED_KEY in record else {}
+    except ValueError:
+        return {}
+    if not isinstance(codes, dict):
+        return {}
+    return {key: UNDEFINED_REASONS[code] for key, code in sorted(codes.items())
+            if isinstance(code, str) and code in UNDEFINED_REASONS and key in metrics and math.isnan(metrics[key])}
+
+
+def site_metrics(record: RoundRecord) -> dict[str, dict[str, Any]]:
+    """Each evaluated site's test metrics, sorted by site, with ``undefined`` (metric -> why it is NaN) where any is."""
+    return {site: {**metrics, **({"undefined": record.evaluate_undefined[site]}
+                                 if record.evaluate_undefined.get(site) else {})}
+            for site, metrics in sorted(record.evaluate_sites.items())}
 
 
 def _numbers(record: MetricRecord) -> dict[str, Any]:
@@ -460,6 +486,7 @@ class SurvivalFedAvg(FedAvg):
                 self._fail(server_round, "evaluate", node, reason)
                 continue
             checked[site] = (node, {key: float(value) for key, value in metrics.items()})
+            record.evaluate_undefined[site] = _undefined(message, checked[site][1])
         suspects = suspect_evaluations({site: metrics for site, (_, metrics) in checked.items()})
         for site, (node, metrics) in sorted(checked.items()):
             if site in suspects:

@@ -28,7 +28,7 @@ def _summary(strategy: str, seed: int, c_index: float, ibs: float, epsilon: floa
         "sites": {f"site-{k}": {"c_index": c_index, "epsilon": e} for k, e in enumerate(site_eps)},
         "privacy": {"epsilon": epsilon, "delta": 1e-5 if dp else None,
                     "unit": "record" if dp else "none", "accountant": "opacus-rdp" if dp else "none"},
-        "strategy": strategy, "data": "flchain", "model": "hazard_mlp", "num_sites": 2, "rounds": 3,
+        "strategy": strategy, "data": {"name": "flchain"}, "model": "hazard_mlp", "num_sites": 2, "rounds": 3,
         "seed": seed, "wall_time_s": 10.0 + seed,
     }
     if centralized is not None:

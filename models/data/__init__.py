@@ -6,7 +6,7 @@ Entry point: :func:`build_federated_dataset`. Lower-level pieces: :func:`load_ta
 (``data.dir``, else ``$FEDSURV_DATA_DIR``, else the copy bundled in ``models/data/bundled/``).
 """
 
-from models.data.datasets import DATASETS, RawTable, load_table
+from models.data.datasets import DATASETS, ColumnRoles, RawTable, load_table
 from models.data.federated import FederatedDataset, SiteData, SurvivalArrays, build_federated_dataset
 from models.data.files import BUNDLED_DIR, data_file, resolve_data_dir
 from models.data.partition import natural_partition, partition_indices, stratified_split
@@ -19,6 +19,7 @@ from models.data.validate import (
 
 __all__ = [
     "BUNDLED_DIR",
+    "ColumnRoles",
     "DATASETS",
     "DataValidationError",
     "FeatureStatistics",

@@ -19,13 +19,40 @@ import pandas as pd
 
 from models.data import sba
 from models.data.files import data_file
-from models.data.validate import DataValidationError, require_columns, validate_survival_frame
+from models.data.validate import (
+    DataValidationError,
+    column_problem,
+    duplicate_column_problems,
+    identifier_problems,
+    require_columns,
+    validate_survival_frame,
+)
 
 DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox", "csv")
 BENCHMARK_CSVS = ("metabric", "gbsg", "whas")
 FLCHAIN_SOURCE = "sksurv:flchain"
 FLCHAIN_LEAKING = ("chapter",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: The labels of a ``data.split_col`` column (case and surrounding spaces ignored).
+SPLIT_LABELS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class ColumnRoles:
+    """Columns of a table that are not features: the record ID (``data.id_col``), columns to leave out
+    (``data.drop_cols``) and the column of train/test labels (``data.split_col``)."""
+
+    id_col: str = ""
+    drop_cols: tuple[str, ...] = ()
+    split_col: str = ""
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """Column -> the key that named it."""
+        named = {column: "data.drop_cols" for column in self.drop_cols}
+        named.update({column: key for column, key in ((self.id_col, "data.id_col"), (self.split_col, "data.split_col"))
+                      if column})
+        return named
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,8 @@ class RawTable:
         ``region``, ``division``; the unused columns of a CSV).
     period
         Date of each record for out-of-time validation (SBA ``ApprovalDate``), else ``None``.
+    test_mask
+        The records of the predefined test part (``data.split_col``), else ``None`` (a random split).
     """
 
     features: pd.DataFrame
@@ -55,6 +84,7 @@ class RawTable:
     source: str
     groups: pd.DataFrame
     period: pd.Series | None = None
+    test_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.time)
@@ -96,9 +126,37 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     if path.suffix.lower() in PARQUET_SUFFIXES:
         return pd.read_parquet(path)
     try:
+        header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist()
+        duplicates = duplicate_column_problems(header, source=str(path))
+        if duplicates:
+            raise DataValidationError("\n".join(duplicates))
         return pd.read_csv(path, low_memory=False)
     except pd.errors.EmptyDataError:
         raise DataValidationError(f"{path}: empty file (no header, no data rows)") from None
+
+
+def split_labels(series: pd.Series, *, source: str, column: str) -> np.ndarray:
+    """The test mask of a ``data.split_col`` column of ``train``/``test`` labels.
+
+    Raises
+    ------
+    DataValidationError
+        For any other label or a missing one (naming the rows and the accepted labels), or a split
+        without a training or a test record.
+    """
+    labels = series.astype(object).where(series.notna()).map(lambda value: str(value).strip().lower(),
+                                                              na_action="ignore")
+    bad = ~labels.isin(SPLIT_LABELS).to_numpy()
+    if bad.any():
+        found = ", ".join(sorted({repr(value) for value in series[bad].tolist()})[:5])
+        raise DataValidationError(column_problem(source, column, f"labels other than {' or '.join(SPLIT_LABELS)} "
+                                                 f"(found {found}; data.split_col accepts {', '.join(SPLIT_LABELS)})",
+                                                 bad))
+    test = (labels == "test").to_numpy()
+    if test.all() or not test.any():
+        raise DataValidationError(f"{source}: column '{column}' (data.split_col): every row is labelled "
+                                  f"'{'test' if test.all() else 'train'}'; both train and test rows are needed")
+    return test
 
 
 def table_from_frame(
@@ -109,6 +167,7 @@ def table_from_frame(
     event_col: str,
     feature_cols: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    roles: ColumnRoles = ColumnRoles(),
 ) -> RawTable:
     """Validate a frame and split it into features, outcome and group columns.
 
@@ -124,16 +183,39 @@ def table_from_frame(
         Feature columns; empty means every column except the outcome and ``exclude``.
     exclude
         Columns that are neither features nor groups (e.g. DeepSurv's ``split``).
+    roles
+        The record ID, the columns to leave out and the train/test labels: never features nor
+        groups; the labels give :attr:`RawTable.test_mask`.
+
+    Raises
+    ------
+    DataValidationError
+        For a duplicated column name, a column of ``roles`` that does not exist or is also listed
+        in ``feature_cols``, bad train/test labels, and every problem of
+        :func:`~models.data.validate.validate_survival_frame`.
     """
     frame = frame.rename(columns=str).reset_index(drop=True)
+    duplicates = duplicate_column_problems(list(frame.columns), source=source)
+    if duplicates:
+        raise DataValidationError("\n".join(duplicates))
     outcome = (time_col, event_col)
+    named = roles.keys
+    for column, key in named.items():
+        if column not in frame.columns:
+            raise DataValidationError(f"{source}: {key} names column '{column}', which the file does not have; "
+                                      f"columns present: {', '.join(frame.columns)}")
+        if column in feature_cols or column in outcome:
+            raise DataValidationError(f"{source}: column '{column}' is named by {key} and is also "
+                                      f"{'an outcome column' if column in outcome else 'listed in data.feature_cols'}")
+    exclude = (*exclude, *named)
     if not feature_cols:
         feature_cols = [c for c in frame.columns if c not in (*outcome, *exclude)]
     time, event = validate_survival_frame(
         frame, source=source, time_col=time_col, event_col=event_col, feature_cols=feature_cols
     )
+    test_mask = split_labels(frame[roles.split_col], source=source, column=roles.split_col) if roles.split_col else None
     rest = [c for c in frame.columns if c not in (*outcome, *feature_cols, *exclude)]
-    return RawTable(frame[list(feature_cols)], time, event, source, frame[rest])
+    return RawTable(frame[list(feature_cols)], time, event, source, frame[rest], test_mask=test_mask)
 
 
 @functools.cache
@@ -145,7 +227,7 @@ def _sksurv_flchain() -> pd.DataFrame:
     return features.assign(futime=outcome["futime"], death=outcome["death"])
 
 
-def load_flchain(feature_cols: Sequence[str] = ()) -> RawTable:
+def load_flchain(feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRoles()) -> RawTable:
     """FLCHAIN (7874 records, 27.5 % deaths) without the leaking ``chapter`` column.
 
     ``sex``, ``flc.grp`` and ``mgus`` stay categorical; ``sample.yr`` (a calendar year) is numeric.
@@ -153,21 +235,22 @@ def load_flchain(feature_cols: Sequence[str] = ()) -> RawTable:
     frame = _sksurv_flchain().drop(columns=list(FLCHAIN_LEAKING))
     frame["sample.yr"] = frame["sample.yr"].astype(int)
     return table_from_frame(
-        frame, source=FLCHAIN_SOURCE, time_col="futime", event_col="death", feature_cols=feature_cols
+        frame, source=FLCHAIN_SOURCE, time_col="futime", event_col="death", feature_cols=feature_cols, roles=roles
     )
 
 
-def load_benchmark_csv(path: Path, feature_cols: Sequence[str] = ()) -> RawTable:
+def load_benchmark_csv(path: Path, feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRoles()) -> RawTable:
     """METABRIC, GBSG or WHAS as prepared for DeepSurv: ``x*`` features, ``duration``, ``event``.
 
-    The ``split`` column (DeepSurv's own train/test split) is not used.
+    The ``split`` column holds DeepSurv's own train/test split: used with ``data.split_col = split``,
+    else not at all.
     """
     frame = read_frame(path)
     if not feature_cols:
-        feature_cols = [c for c in map(str, frame.columns) if re.fullmatch(r"x\d+", c)]
+        feature_cols = [c for c in map(str, frame.columns) if re.fullmatch(r"x\d+", c) and c not in roles.keys]
     return table_from_frame(
         frame, source=str(path), time_col="duration", event_col="event", feature_cols=feature_cols,
-        exclude=("split",),
+        exclude=("split",), roles=roles,
     )  # fmt: skip
 
 
@@ -220,13 +303,14 @@ def simulate_cox_frame(
     })
 
 
-def load_simulated_cox(feature_cols: Sequence[str] = ()) -> RawTable:
+def load_simulated_cox(feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRoles()) -> RawTable:
     """:func:`simulate_cox_frame` with its defaults, as a validated table."""
     return table_from_frame(simulate_cox_frame(), source=SIM_COX_SOURCE, time_col="time", event_col="event",
-                            feature_cols=feature_cols)
+                            feature_cols=feature_cols, roles=roles)
 
 
-def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = ()) -> RawTable:
+def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = (),
+             roles: ColumnRoles = ColumnRoles()) -> RawTable:
     """SBA loans as time-to-default records (see :mod:`models.data.sba`); period = ``ApprovalDate``."""
     raw = read_frame(path)
     if len(raw) == 0:
@@ -235,7 +319,7 @@ def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = ()) 
     records = sba.sba_records(raw, horizon_months)
     table = table_from_frame(
         records.drop(columns=[sba.PERIOD_COLUMN]), source=str(path), time_col="time", event_col="event",
-        feature_cols=feature_cols or sba.FEATURE_COLUMNS,
+        feature_cols=feature_cols or [c for c in sba.FEATURE_COLUMNS if c not in roles.keys], roles=roles,
     )  # fmt: skip
     return replace(table, period=records[sba.PERIOD_COLUMN])
 
@@ -249,6 +333,7 @@ def load_table(
     event_col: str = "",
     feature_cols: Sequence[str] = (),
     sba_horizon_months: int = 48,
+    roles: ColumnRoles = ColumnRoles(),
 ) -> RawTable:
     """Load and validate one survival table.
 
@@ -270,25 +355,33 @@ def load_table(
         the outcome; the column of a natural partition is removed later by :meth:`RawTable.with_group`).
     sba_horizon_months
         Observation horizon of the SBA default outcome.
+    roles
+        The record ID, the columns to leave out and the train/test labels (:class:`ColumnRoles`).
 
     Raises
     ------
     DataValidationError
-        For an unknown data set and for every data problem (see :mod:`models.data.validate`).
+        For an unknown data set and for every data problem (see :mod:`models.data.validate`); a
+        ``"csv"`` table is also refused when a feature column looks like a record identifier
+        (:func:`~models.data.validate.identifier_problems`).
     """
     if name == "flchain":
-        return load_flchain(feature_cols)
+        return load_flchain(feature_cols, roles)
     if name in BENCHMARK_CSVS:
-        return load_benchmark_csv(Path(path) if path else data_file(name, data_dir), feature_cols)
+        return load_benchmark_csv(Path(path) if path else data_file(name, data_dir), feature_cols, roles)
     if name == "sba":
-        return load_sba(Path(path) if path else data_file(name, data_dir), sba_horizon_months, feature_cols)
+        return load_sba(Path(path) if path else data_file(name, data_dir), sba_horizon_months, feature_cols, roles)
     if name == "sim_cox":
-        return load_simulated_cox(feature_cols)
+        return load_simulated_cox(feature_cols, roles)
     if name == "csv":
         if not path:
             raise DataValidationError("data set 'csv' needs a path to a CSV or Parquet file")
-        return table_from_frame(
+        table = table_from_frame(
             read_frame(path), source=str(path), time_col=time_col or "time", event_col=event_col or "event",
-            feature_cols=feature_cols,
+            feature_cols=feature_cols, roles=roles,
         )  # fmt: skip
+        problems = identifier_problems(table.features, source=table.source)
+        if problems:
+            raise DataValidationError("\n".join(problems))
+        return table
     raise DataValidationError(f"unknown data set '{name}'; options: {', '.join(DATASETS)}")

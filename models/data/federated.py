@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from models.data import sba
-from models.data.datasets import RawTable, load_table
+from models.data.datasets import ColumnRoles, RawTable, load_table
 from models.data.partition import SCHEMES, natural_partition, partition_indices, stratified_split
 from models.data.preprocess import Preprocessor, category_keys
 from models.data.validate import DataValidationError, check_site_events
@@ -72,11 +72,20 @@ class SiteData:
 
 @dataclass(frozen=True)
 class FederatedDataset:
-    """Sites sharing one feature space, preprocessed with statistics of the training parts only."""
+    """Sites sharing one feature space, preprocessed with statistics of the training parts only.
+
+    ``preprocessor`` is the federation's agreed preprocessing (raw columns -> ``x``): what a saved
+    model needs to encode new records.
+    """
 
     sites: tuple[SiteData, ...]
-    feature_names: tuple[str, ...]
+    preprocessor: Preprocessor
     source: str
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The encoded model inputs (columns of ``x``)."""
+        return self.preprocessor.feature_names
 
     @property
     def num_sites(self) -> int:
@@ -150,6 +159,26 @@ def assign_out_of_time(
     return assigned
 
 
+def train_test_positions(
+    table: RawTable, positions: np.ndarray, *, test_fraction: float, rng: np.random.Generator, site: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A site's training and test positions: the table's predefined split (``data.split_col``) where it has
+    one, else a random split stratified by event (``test_fraction``).
+
+    Raises
+    ------
+    DataValidationError
+        When the predefined split leaves the site without a test record.
+    """
+    if table.test_mask is None:
+        return stratified_split(positions, table.event, test_fraction, rng)
+    test = table.test_mask[positions]
+    if not test.any():
+        raise DataValidationError(f"{table.source}: data.split_col labels none of site '{site}'s "
+                                  f"{positions.size} records 'test'; every site needs test records")
+    return positions[~test], positions[test]
+
+
 def build_federated_dataset(
     *,
     name: str,
@@ -167,6 +196,7 @@ def build_federated_dataset(
     sba_horizon_months: int = 48,
     oot_start: str = "",
     fit_preprocessor: Callable[[Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]], Preprocessor] | None = None,
+    roles: ColumnRoles = ColumnRoles(),
 ) -> FederatedDataset:
     """Load, validate, partition, split and preprocess a data set for a horizontal federation.
 
@@ -191,9 +221,10 @@ def build_federated_dataset(
     dirichlet_alpha
         Concentration of the Dirichlet partition (small -> skewed).
     test_fraction
-        Share of each site's records (per event class) in its test part.
-    path, data_dir, time_col, event_col, feature_cols, sba_horizon_months
-        Passed to :func:`models.data.datasets.load_table`.
+        Share of each site's records (per event class) in its test part (unused with ``roles.split_col``).
+    path, data_dir, time_col, event_col, feature_cols, sba_horizon_months, roles
+        Passed to :func:`models.data.datasets.load_table`; a ``roles.split_col`` replaces the random
+        train/test split by its labels.
     min_site_records
         Natural partitions drop groups with fewer in-time records; Dirichlet draws need at least
         ``max(min_site_records, 10)`` records per site.
@@ -213,7 +244,7 @@ def build_federated_dataset(
     """
     table = load_table(
         name, path=path, data_dir=data_dir, time_col=time_col, event_col=event_col,
-        feature_cols=feature_cols, sba_horizon_months=sba_horizon_months,
+        feature_cols=feature_cols, sba_horizon_months=sba_horizon_months, roles=roles,
     )  # fmt: skip
     if partition not in SCHEMES:
         table = table.with_group(partition)
@@ -226,7 +257,8 @@ def build_federated_dataset(
         dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
     )  # fmt: skip
     split_rng = np.random.default_rng([seed, SPLIT_STREAM])
-    splits = {site: stratified_split(pos, table.event, test_fraction, split_rng) for site, pos in sites.items()}
+    splits = {site: train_test_positions(table, pos, test_fraction=test_fraction, rng=split_rng, site=site)
+              for site, pos in sites.items()}
     train_events = {site: table.event[train] for site, (train, _) in splits.items()}
     check_site_events(train_events, source=table.source, part="training")
     oot_sites = None
@@ -247,7 +279,7 @@ def build_federated_dataset(
             )  # fmt: skip
             for site, (train, test) in splits.items()
         ),
-        feature_names=preprocessor.feature_names,
+        preprocessor=preprocessor,
         source=table.source,
     )
 
@@ -255,17 +287,17 @@ def build_federated_dataset(
 def split_site_table(table: RawTable, *, name: str, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """A deployed site's split of its own table into training and test positions.
 
-    The same stratified split (by event, seeded by ``seed``) as a simulated site's
-    (:func:`build_federated_dataset`); the test part is the site's own held-out part for federated
-    evaluation.
+    The same split as a simulated site's (:func:`train_test_positions`: the file's
+    ``data.split_col`` labels, else stratified by event, seeded by ``seed``); the test part is the
+    site's own held-out part for federated evaluation.
 
     Raises
     ------
     DataValidationError
         When the training part has no event, naming the site and the file.
     """
-    train, test = stratified_split(np.arange(len(table)), table.event, test_fraction,
-                                   np.random.default_rng([seed, SPLIT_STREAM]))
+    train, test = train_test_positions(table, np.arange(len(table)), test_fraction=test_fraction,
+                                       rng=np.random.default_rng([seed, SPLIT_STREAM]), site=name)
     check_site_events({name: table.event[train]}, source=table.source, part="training")
     return train, test
 

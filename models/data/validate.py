@@ -125,34 +125,55 @@ def feature_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
     return problems
 
 
-#: A categorical column is identifier-like when more than this share of its rows hold a value no other row has.
-ID_LIKE_SINGLETON_SHARE = 0.5
-#: ... and it has at least this many rows (tiny tables say nothing).
+#: Tables with fewer rows say nothing about whether a column is an identifier (every column of a tiny table may be unique).
 ID_LIKE_MIN_ROWS = 20
+#: A string column is identifier-like when it has more distinct levels than this share of its rows.
+ID_LIKE_LEVEL_SHARE = 0.5
+#: The keys that take a record ID column or a column that is not a feature.
+ID_KEYS = "data.id_col (or data.drop_cols)"
+
+
+def _is_string(series: pd.Series) -> bool:
+    return not (pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
+                or pd.api.types.is_datetime64_any_dtype(series))
 
 
 def identifier_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
-    """Categorical columns that look like record identifiers (their values must never leave a site).
+    """Feature columns that look like record identifiers, one line each naming the file, the column and the key.
 
-    A categorical column's levels are sent to the server and on to every site (the one-hot
-    schema). When most rows hold a level no other row has, the levels are the records' IDs: the
-    column is refused with a message naming the file and the column (drop it or list the
-    features in ``data.feature_cols``).
+    The one rule, for user files (``data.name = csv``, deployed sites' files, vertical modality
+    files): an integer or string column unique on every row, or a string column with more distinct
+    levels than half its rows. Continuous (float) measurements are not identifiers, nor is any
+    column of a table with fewer than :data:`ID_LIKE_MIN_ROWS` rows. An ID used as a feature
+    lets a model learn the order in which records were collected, and one-hot encodes into a
+    column per record, whose levels (the IDs) a federation would send to the server.
     """
     problems = []
     if len(frame) < ID_LIKE_MIN_ROWS:
         return problems
     for column in frame.columns:
         series = frame[column]
-        if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+        integer = pd.api.types.is_integer_dtype(series) and not pd.api.types.is_bool_dtype(series)
+        if not (integer or _is_string(series)):
             continue
-        counts = series.dropna().astype(str).value_counts()
-        singletons = int((counts == 1).sum())
-        if singletons > ID_LIKE_SINGLETON_SHARE * len(series):
-            problems.append(f"{source}: column '{column}': looks like a record identifier ({singletons} of "
-                            f"{len(series)} rows hold a value no other row has): its values would be sent to the "
-                            "server as category levels; drop the column or list the features in data.feature_cols")
+        levels = int(series.dropna().astype(str).nunique())
+        if levels == len(series):
+            why = f"{'an integer' if integer else 'a string'} column unique on every row"
+        elif not integer and levels > ID_LIKE_LEVEL_SHARE * len(series):
+            why = f"a string column with {levels} distinct values in {len(series)} rows"
+        else:
+            continue
+        problems.append(f"{source}: column '{column}' looks like a record identifier ({why}); name it in "
+                        f"{ID_KEYS}, or list the features in data.feature_cols")
     return problems
+
+
+def duplicate_column_problems(header: Sequence[object], *, source: str) -> list[str]:
+    """Column names that appear more than once in a file's raw header (pandas would rename them ``a.1`` and use both)."""
+    names = [str(name) for name in header]
+    return [f"{source}: column '{name}' appears {names.count(name)} times in the header (columns "
+            f"{', '.join(str(i + 1) for i, other in enumerate(names) if other == name)}); rename or remove the "
+            "duplicates" for name in dict.fromkeys(names) if names.count(name) > 1]
 
 
 def validate_survival_frame(

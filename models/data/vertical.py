@@ -39,7 +39,7 @@ import pandas as pd
 from models.data.datasets import read_frame
 from models.data.files import data_file
 from models.data.partition import stratified_split
-from models.data.validate import validate_survival_frame
+from models.data.validate import DataValidationError, identifier_problems, validate_survival_frame
 
 __all__ = [
     "METABRIC_CATEGORICAL",
@@ -456,20 +456,30 @@ def _record_ids(frame: pd.DataFrame, path: Path, id_column: str) -> pd.Index:
     return pd.Index(ids, name=id_column)
 
 
-def read_modality_file(path: str | Path, *, id_column: str = "id") -> pd.DataFrame:
-    """A site's modality file (CSV or Parquet): one row per record, an ID column and feature columns.
+def read_modality_file(path: str | Path, *, id_column: str = "id", drop_cols: Sequence[str] = ()) -> pd.DataFrame:
+    """A site's modality file (CSV or Parquet): one row per record, an ID column (``data.id_col``) and feature columns.
 
-    Returns the features indexed by the IDs (as strings). Errors name the file, the column and
-    the problem: file missing, no ID column, duplicate or empty IDs, no feature column.
+    Returns the features (every column but the ID and ``drop_cols``) indexed by the IDs (as
+    strings). Errors name the file, the column and the problem: file missing, no ID column,
+    duplicate or empty IDs, a duplicated column name, a ``drop_cols`` column the file lacks, a
+    feature that looks like another record identifier
+    (:func:`~models.data.validate.identifier_problems`), no feature column.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: modality file not found")
-    frame = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    frame = read_frame(path)
     ids = _record_ids(frame, path, id_column)
-    features = frame.drop(columns=[id_column]).set_axis(ids, axis=0)
+    absent = [column for column in drop_cols if column not in frame.columns]
+    if absent:
+        raise DataValidationError(f"{path}: data.drop_cols names {absent}, which the file does not have; "
+                                  f"columns present: {', '.join(map(str, frame.columns))}")
+    features = frame.drop(columns=[id_column, *drop_cols]).set_axis(ids, axis=0)
     if features.shape[1] == 0:
         raise ValueError(f"{path}: no feature columns besides {id_column!r}")
+    problems = identifier_problems(features.reset_index(drop=True), source=str(path))
+    if problems:
+        raise DataValidationError("\n".join(problems))
     return features
 
 

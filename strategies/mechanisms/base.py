@@ -229,11 +229,12 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                       True, "public: not a function of any record",
                       ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
-                      "global model on the site's held-out records, and their number", "evaluate", held_out,
+                      "global model on the site's held-out records, their number, and for each undefined metric a "
+                      "code saying why (e.g. no events)", "evaluate", held_out,
                       "a function of the released global model and the site's held-out records only (censoring "
                       "weights from the held-out records too): post-processing for the training records; the "
                       "held-out records are not protected" if held_out else
-                      "computed from the site's held-out records without noise", ("evaluate/metrics.*",)),
+                      "computed from the site's held-out records without noise", ("evaluate/metrics.*", "evaluate/site.undefined")),
         ReleasedValue("participation", "which rounds the site answered (the number of rounds is public)",
                       "every message", False, "the server sees whether and when a site replies"),
     ]

@@ -1,0 +1,193 @@
+"""A trained horizontal run's model applied to new raw records: :func:`load_run`.
+
+A horizontal run writes, beside ``model.pt`` (the network's weights, its configuration and, for
+Cox models, the federated Breslow baseline), ``preprocessing.json``
+(:data:`PREPROCESSING_FILE`): the federation's agreed preprocessing (the raw input columns,
+each numeric column's mean, standard deviation and clip range, each categorical column's
+levels), the time grid and CoxTime's time scale. For a run with a differentially private set-up
+it is the agreed noisy preprocessing, the one the model was trained on. JSON, not a pickle:
+reading it runs no code.
+
+>>> run = load_run("outputs/20261123-120000-csv-fedavg-seed0")
+>>> curves = run.predict_survival(pd.read_csv("new_patients.csv"))  # one row per record, one column per time
+
+New records are raw rows as in the training file: strings for categorical columns, empty cells
+for missing values (imputed by the training mean; an unseen or missing category encodes as all
+zeros, like in training). Columns the model does not use (the outcome, ``data.id_col``, others)
+are ignored; a missing input column is refused with its name.
+
+Split-learning runs (``strategy.name = split``) cannot be loaded: their model is spread over the
+sites (each modality's encoder stays at the site that holds the modality, only the fusion head is
+in ``model.pt``), so predicting for a new record needs every site's encoder on that record's
+modalities; :func:`load_run` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from models.data.datasets import read_frame
+from models.data.preprocess import Preprocessor
+from models.data.validate import require_columns
+from models.survival import SurvivalModel, build_survival_model
+
+__all__ = ["PREPROCESSING_FILE", "SavedRun", "load_run", "preprocessing_payload"]
+
+#: The preprocessing file a horizontal run writes beside ``model.pt``.
+PREPROCESSING_FILE = "preprocessing.json"
+PREPROCESSING_FORMAT = 1
+MODEL_FILE = "model.pt"
+CONFIG_FILE = "config.json"
+
+
+def preprocessing_payload(
+    preprocessor: Preprocessor, *, cuts: np.ndarray, time_scale: Sequence[float], setup: str,
+    id_col: str = "",
+) -> dict[str, Any]:
+    """What :data:`PREPROCESSING_FILE` holds (JSON values); :func:`load_run` reads it back.
+
+    ``setup`` says how the federation agreed the preprocessing (exact, or differentially private:
+    noisy); ``id_col`` is the run's record ID column, used to label predictions.
+    """
+    return {
+        "format": PREPROCESSING_FORMAT,
+        "setup": setup,
+        "input_columns": list(preprocessor.columns),
+        "model_inputs": list(preprocessor.feature_names),
+        "id_col": id_col,
+        "preprocessor": preprocessor.to_dict(),
+        "cuts": [float(cut) for cut in cuts],
+        "time_scale": [float(value) for value in time_scale],
+    }
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A trained horizontal model with the preprocessing it was trained on.
+
+    Attributes
+    ----------
+    directory
+        The run's output directory.
+    model
+        The survival model (weights, time grid and, for Cox models, the federated baseline hazard).
+    preprocessor
+        The federation's agreed preprocessing of the raw input columns.
+    id_col
+        The run's ``data.id_col`` ("" when it had none): predictions are indexed by it when the
+        new records have that column.
+    """
+
+    directory: Path
+    model: SurvivalModel
+    preprocessor: Preprocessor
+    id_col: str = ""
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The raw columns a new record needs."""
+        return self.preprocessor.columns
+
+    @property
+    def times(self) -> np.ndarray:
+        """The times of the predicted survival curves (the run's time grid)."""
+        return self.model.cuts.copy()
+
+    def encode(self, records: pd.DataFrame | str | Path) -> np.ndarray:
+        """The model inputs ``x`` of raw ``records`` (a frame, or a CSV/Parquet file), as in training.
+
+        Raises
+        ------
+        models.data.DataValidationError
+            Naming every input column the records lack.
+        """
+        frame = read_frame(records) if isinstance(records, (str, Path)) else records
+        frame = frame.rename(columns=str)
+        require_columns(self.input_columns, list(frame.columns), source="new records")
+        return self.preprocessor.transform(_as_read(frame[list(self.input_columns)], self.preprocessor))
+
+    def predict_survival(self, records: pd.DataFrame | str | Path) -> pd.DataFrame:
+        """Survival curves of raw new records: one row per record, one column per time of :attr:`times`.
+
+        The rows keep the records' order and index (their ``id_col`` values where the run had an ID
+        column and the records carry it).
+        """
+        frame = read_frame(records) if isinstance(records, (str, Path)) else records
+        times, surv = self.model.predict_survival(self.encode(frame))
+        index = (pd.Index(frame[self.id_col], name=self.id_col) if self.id_col and self.id_col in frame.columns
+                 else frame.index)
+        return pd.DataFrame(surv, index=index, columns=pd.Index(times, name="time"))
+
+    def risk_score(self, records: pd.DataFrame | str | Path) -> np.ndarray:
+        """The model's risk score of raw new records (higher: earlier event), as used for the C-index."""
+        return self.model.risk_score(self.encode(records))
+
+
+def _as_read(frame: pd.DataFrame, preprocessor: Preprocessor) -> pd.DataFrame:
+    """Categorical columns as a CSV reader gives them: a whole-number float column (integers with a
+    missing value) becomes integers, so that level ``1`` is ``"1"`` as in training, not ``"1.0"``."""
+    columns = {}
+    for column in frame.columns:
+        series = frame[column]
+        if column in preprocessor.categories and pd.api.types.is_float_dtype(series):
+            values = series.dropna()
+            if bool(np.all(np.mod(values, 1) == 0)):
+                columns[column] = series.astype("Int64")
+    return frame.assign(**columns) if columns else frame
+
+
+def load_run(directory: str | Path) -> SavedRun:
+    """The trained model of a horizontal run's output directory, ready for :meth:`SavedRun.predict_survival`.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the directory holds no ``model.pt`` or no :data:`PREPROCESSING_FILE` (a run that did not finish).
+    ValueError
+        For a split-learning run (its encoders stay at the sites; see the module docstring).
+    """
+    directory = Path(directory)
+    model_path = directory / MODEL_FILE
+    if not model_path.is_file():
+        raise FileNotFoundError(f"{directory}: no {MODEL_FILE} (not a run directory, or the run did not finish)")
+    config_path = directory / CONFIG_FILE
+    if config_path.is_file() and json.loads(config_path.read_text(encoding="utf-8"))["resolved"]["strategy"] == "split":
+        raise ValueError(f"{directory}: a split-learning run: only the label holder's fusion head is saved and each "
+                         "modality's encoder stays at its site, so new records cannot be scored from this directory; "
+                         "load_run takes horizontal runs (hazard_mlp, cox_mlp, cox_time)")
+    saved = torch.load(model_path, weights_only=True)
+    spec_path = directory / PREPROCESSING_FILE
+    if not spec_path.is_file():
+        raise FileNotFoundError(f"{directory}: no {PREPROCESSING_FILE} beside {MODEL_FILE} (written by runs of this "
+                                "version on; an older run's preprocessing is not recorded)")
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    if spec.get("format") != PREPROCESSING_FORMAT:
+        raise ValueError(f"{spec_path}: format {spec.get('format')!r}, expected {PREPROCESSING_FORMAT}")
+    preprocessor = Preprocessor.from_dict(spec["preprocessor"])
+    model = _model(saved["config"], preprocessor, spec)
+    model.net.load_state_dict(saved["state_dict"])
+    if model.needs_baseline:
+        if saved.get("baseline") is None:
+            raise ValueError(f"{model_path}: a {saved['config']['model']['name']} model without its baseline hazard")
+        model.set_baseline(*(np.asarray(part, dtype=np.float64) for part in saved["baseline"]))
+    model.net.eval()
+    return SavedRun(directory, model, preprocessor, str(spec.get("id_col", "")))
+
+
+def _model(config: Mapping[str, Any], preprocessor: Preprocessor, spec: Mapping[str, Any]) -> SurvivalModel:
+    """The run's network, architecture from its configuration, grid and time scale from its preprocessing file."""
+    model = config["model"]
+    return build_survival_model(
+        model["name"], in_features=len(preprocessor.feature_names), cuts=np.asarray(spec["cuts"], dtype=np.float64),
+        hidden=None if model["hidden"] is None else tuple(model["hidden"]), dropout=model["dropout"],
+        activation=model["activation"], penalty=model["penalty"],
+        time_scale=(float(spec["time_scale"][0]), float(spec["time_scale"][1])), seed=int(config["seed"]),
+    )
