@@ -332,6 +332,12 @@ def _variant(status: Mapping[str, Any]) -> str:
     return str(status.get("variant", "") or "")
 
 
+def _data_name(data: Any) -> str | None:
+    """The data set of a summary's ``data`` entry: ``{"name": ..., "features": ...}``, or the bare name
+    that summaries saved before the run recorded its features hold."""
+    return data.get("name") if isinstance(data, Mapping) else data
+
+
 def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     privacy = summary.get("privacy") if isinstance(summary.get("privacy"), Mapping) else {}
     return {
@@ -348,7 +354,7 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
         "unit": privacy.get("unit", "none"),
         "accountant": privacy.get("accountant", "none"),
         "seed": summary.get("seed", status.get("seed")),
-        "data": summary["data"]["name"] if "data" in summary else status.get("data"),
+        "data": _data_name(summary.get("data")) or status.get("data"),
         "model": summary.get("model", status.get("model")),
         "rounds": summary.get("rounds", status.get("rounds")),
         "num_sites": summary.get("num_sites", status.get("num_sites")),
