@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
@@ -104,6 +105,7 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
                      "privacy.epsilon": "inf" if method == "no DP" else epsilon}
         summary = run_inprocess(overrides)
         worst = PrivacyLedger.read(Path(out) / "ledger.jsonl").worst()
+        error = _why_missing(summary, Path(out) / "metrics.jsonl")
 
     def number(value: float | None) -> float:  # summary.json and the ledger write NaN and no ε as null
         return math.nan if value is None else float(value)
@@ -115,8 +117,21 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
             ("epsilon_rdp", "epsilon"), ("epsilon_audited_formula", "epsilon_audited_formula"),
             ("epsilon_nominal", "epsilon_nominal"), ("noise_multiplier", "noise_multiplier"))},
         "wall_s": time.perf_counter() - started,
-        "error": summary.get("diverged", ""),
+        "error": error,
     }
+
+
+def _why_missing(summary: dict[str, Any], metrics_path: Path) -> str:
+    """Why the run's test metrics are missing ("" if none is): the ServerApp's own reason for a diverged
+    global model, else the last round's failures (e.g. every site's Breslow aggregates refused as not finite)."""
+    if summary.get("diverged"):
+        return summary["diverged"]
+    missing = [key for key in ("c_index", "ibs", "inbll") if summary["test"].get(key) is None]
+    if not missing:
+        return ""
+    last = json.loads(metrics_path.read_text(encoding="utf-8").splitlines()[-1])
+    reasons = sorted({f"{failure['phase']}: {' '.join(failure['reason'].split())}" for failure in last.get("failures", [])})
+    return f"no {', '.join(missing)}" + (f"; last round's failures: {'; '.join(reasons)}" if reasons else "")
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
