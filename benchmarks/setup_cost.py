@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -39,7 +40,7 @@ def _summary(values: list[float]) -> list[float]:
 
 def _run(overrides: dict[str, Any]) -> dict[str, float]:
     """One run: the pooled test C-index and IBS, and the worst site's ledger ε and noise multiplier."""
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
         summary = run_inprocess({**overrides, "output.dir": out})
         worst = PrivacyLedger.read(Path(out) / "ledger.jsonl").worst()
     test = {key: math.nan if summary["test"].get(key) is None else summary["test"][key]  # null: NaN, diverged
