@@ -621,7 +621,7 @@ def predict_split(
 
 
 class LocalSites:
-    """In-process transport: the sites are objects in this process (tests, benchmarks, reproductions).
+    """In-process transport: the sites are objects in this process (the protocol's tests, the split-epoch benchmark).
 
     Call it with training requests, or use :meth:`predict` for prediction requests.
     """
