@@ -5,7 +5,7 @@ Runs FedAvg once and each DP strategy (``dp_sgd``, ``bdp``, ``central_dp``, ``nb
 default experiment (5 IID sites, 20 rounds) through Flower's simulation engine, one after the
 other in this process, as ``simulations.sweep`` does. The same-run reference is the same 25 runs
 with the real ServerApp and ClientApp over the in-process grid
-(:func:`simulations.inprocess.run_inprocess`: no Ray, no serialisation), so
+(:func:`simulations.engine.run_inprocess`: no Ray, no serialisation), so
 ``ratio = flower_total_s / inprocess_total_s`` is what the simulation engine costs a sweep.
 Both give the same final model for every strategy but ``central_dp``, whose noise Flower draws
 unseeded; ``same_c_index`` says where the test C-indices agree.
@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulations.engine import ray_cluster, run_simulation  # noqa: E402
+from simulations.engine import ray_cluster, run_inprocess, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
-from simulations.inprocess import run_inprocess  # noqa: E402
 
 DP_STRATEGIES = ("dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
 

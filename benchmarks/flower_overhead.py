@@ -4,7 +4,9 @@ Both paths build the same data, model and initialisation (``flwr_app.task``), tr
 with the same seeds and the same number of local steps, evaluate every site on its own test part
 each round, and average with the same weights. The Flower path is the real ServerApp/ClientApp
 through the simulation engine (Ray); the bare path is a plain in-process Python loop
-(:func:`simulations.inprocess.run_federation` with ``evaluate_sites=True``). The Flower
+(:func:`bare_federation`, this benchmark's reference and nothing else: no messages, no checks of
+the replies, no ledger, no outputs; ``tests/test_bare_reference.py`` checks that it ends with the
+real apps' figures). The Flower
 path is timed twice: cold (the run starts Ray and shuts it down, as a single ``flwr run`` does)
 and on a Ray cluster started beforehand (:func:`simulations.engine.ray_cluster`, as a sweep runs
 its jobs; the cluster's start-up is reported on its own). The script prints one JSON object with
@@ -27,13 +29,82 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flwr_app import task  # noqa: E402
+from flwr_app.config import ExperimentConfig  # noqa: E402
+from models.data import FederatedDataset  # noqa: E402
+from models.survival import SurvivalModel  # noqa: E402
 from simulations.engine import ray_cluster, resolve, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
-from simulations.inprocess import run_federation  # noqa: E402
+from strategies.horizontal import WEIGHT_KEY, weighted_nanmean  # noqa: E402
+from strategies.mechanisms.registry import horizontal_mechanism  # noqa: E402
+
+
+def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
+    """``cfg``'s federation as a plain loop: the work of the ServerApp and ClientApp without Flower.
+
+    The same data, model and initialisation (:mod:`flwr_app.task`), every site's local training
+    with the same seeds and privacy mechanism, the weighted average in site order (Flower's own
+    ``aggregate_arrayrecords``), and after every round every site's evaluation of the global model
+    on its own test part (Cox models: with the federated Breslow baseline). Every site trains in
+    every round and there is no server-side evaluation (``federation.fraction_train = 1``,
+    ``evaluation.server_side = false``).
+
+    Returns
+    -------
+    dict
+        The last round's test-size-weighted mean of the sites' test metrics: the summary's
+        ``test`` of the same run through the apps.
+    """
+    if cfg.federation.fraction_train != 1.0 or cfg.server_evaluation:
+        raise ValueError("the bare loop trains every site in every round and evaluates at the sites only: "
+                         "set federation.fraction_train = 1 and evaluation.server_side = false")
+    mechanism = horizontal_mechanism(cfg.strategy)
+    if mechanism.server_side:
+        raise ValueError(f"the bare loop does not run strategy {cfg.strategy!r} (a server-side mechanism)")
+    dataset = task.load_federation(cfg)
+    model = task.build_model(cfg, dataset)
+    setups = task.federation_setup(cfg).setups
+    global_arrays = ArrayRecord(model.net.state_dict())
+    order = sorted(range(dataset.num_sites), key=lambda index: dataset.sites[index].name)
+    states: dict[int, dict | None] = dict.fromkeys(order)
+    site_metrics: dict[str, float] = {}
+    for server_round in range(1, cfg.federation.rounds + 1):
+        replies = []
+        for index in order:
+            site = dataset.sites[index]
+            model.net.load_state_dict(global_arrays.to_torch_state_dict())
+            update = mechanism.site_round(model, site.train, cfg, seed=task.round_seed(cfg.seed, server_round, index),
+                                          state=states[index], setup=setups[site.name])
+            states[index] = update.state
+            if update.contributes:
+                replies.append(RecordDict({"arrays": ArrayRecord(model.net.state_dict()), "metrics": MetricRecord(
+                    {WEIGHT_KEY: mechanism.aggregation_weight(setups[site.name])})}))
+        if replies:
+            global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
+        site_metrics = _evaluate_sites(model, global_arrays, dataset)
+    return site_metrics
+
+
+def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: FederatedDataset) -> dict[str, float]:
+    """Every site's metrics of the global model on its own test part, weighted by test size (as the ServerApp averages them)."""
+    model.net.load_state_dict(arrays.to_torch_state_dict())
+    if model.needs_baseline:  # the federated Breslow baseline: every site's (d_k, R_k), summed in site order
+        event_counts, risk_sums = None, None
+        for site in sorted(dataset.sites, key=lambda site: site.name):
+            counts, sums = (np.asarray(part, dtype=np.float64)
+                            for part in model.breslow_aggregates(site.train.x, site.train.time, site.train.event))
+            event_counts = counts if event_counts is None else event_counts + counts
+            risk_sums = sums if risk_sums is None else risk_sums + sums
+        model.set_baseline(event_counts, risk_sums)
+    return weighted_nanmean({site.name: {**task.evaluate(model, site.test), WEIGHT_KEY: len(site.test)}
+                             for site in dataset.sites})
 
 
 def main() -> None:
@@ -53,7 +124,7 @@ def main() -> None:
 
     _, cfg = resolve(overrides)
     started = time.perf_counter()
-    bare = run_federation(cfg, evaluate_sites=True)
+    bare = bare_federation(cfg)
     bare_s = time.perf_counter() - started
 
     def flower() -> tuple[float, dict, float]:
@@ -85,7 +156,7 @@ def main() -> None:
         "flower_round_after_the_first_s": round(round_s, 4),
         "bare_loop_wall_per_round_s": round(bare_s / overrides["federation.rounds"], 4),
         "target_ratio": 2.0,
-        "bare_sites_mean_c_index": bare["sites_mean"]["c_index"],
+        "bare_sites_mean_c_index": bare["c_index"],
         "flower_sites_mean_c_index": summary["test"].get("c_index"),
         "flower_shared_ray_sites_mean_c_index": shared["test"].get("c_index"),
     }, indent=2))

@@ -8,13 +8,12 @@ each) through Flower's simulation engine, for ``--rounds`` rounds. Reported per 
   the actors' imports, reported apart as ``first_round_s``);
 * ``peak_rss_gb``: the largest resident memory of this process and all its descendants (Ray's
   raylet, GCS and workers) together, sampled every 0.2 s;
-* the same-run reference ``bare_round_s``: one round of the same federation as a plain
-  in-process loop (:func:`simulations.inprocess.run_federation`; same data, model, seeds and
-  local steps, no messaging; every site evaluates the global model on its own test part after
-  every round, as in the Flower run; half the difference between 3 rounds and 1), so
-  ``overhead_ratio = round_s / bare_round_s``. The Flower round also evaluates the global model on
-  the pooled test split (``evaluation.server_side``) and the sites' time-dependent C-index, which
-  the bare round skips, so the ratio includes that evaluation.
+* the same-run reference ``inprocess_round_s``: one round of the same run with the same
+  ServerApp and ClientApp over the in-process grid (:func:`simulations.engine.run_inprocess`:
+  the same messages and work, the sites one after the other in this process, no Ray, no
+  serialisation; half the difference between 3 rounds and 1), so
+  ``overhead_ratio = round_s / inprocess_round_s`` is what the simulation engine costs a round.
+  (``benchmarks/flower_overhead.py`` measures the whole Flower path against a bare loop.)
 
 Prints one JSON object. Targets: 1000 sites, one round < 120 s and < 8 GB on 2 cores.
 
@@ -37,9 +36,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulations.engine import resolve, run_simulation  # noqa: E402
+from simulations.engine import run_inprocess, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
-from simulations.inprocess import run_federation  # noqa: E402
 
 
 class PeakMemory:
@@ -72,30 +70,32 @@ class PeakMemory:
         self._thread.join()
 
 
-def measure(num_sites: int, rounds: int, extra: dict) -> dict:
-    """One size: Flower round time and peak memory, and the bare loop's round time."""
-    overrides = {"data.name": "sim_cox", "federation.num_sites": num_sites, "federation.rounds": rounds,
-                 "baseline.centralized": False, "evaluation.server_side": True, **extra}
+def _wall_s(run, overrides: dict) -> tuple[float, list[float], dict]:
+    """Wall time, the elapsed time at the end of every round (metrics.jsonl) and the summary of one run."""
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        with PeakMemory() as memory:
-            summary = run_simulation({**overrides, "output.dir": out})
+        summary = run({**overrides, "output.dir": out})
         wall_s = time.perf_counter() - started
         elapsed = [json.loads(line)["elapsed_s"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return wall_s, elapsed, summary
+
+
+def measure(num_sites: int, rounds: int, extra: dict) -> dict:
+    """One size: Flower round time and peak memory, and the in-process grid's round time."""
+    overrides = {"data.name": "sim_cox", "federation.num_sites": num_sites, "federation.rounds": rounds,
+                 "baseline.centralized": False, "evaluation.server_side": True, **extra}
+    with PeakMemory() as memory:
+        wall_s, elapsed, summary = _wall_s(run_simulation, overrides)
     later = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
-    bare_s = {}
-    run_federation(resolve({**overrides, "federation.rounds": 1})[1], concordance_td=False)  # warm the data cache
-    for bare_rounds in (1, 3):  # the difference removes model building and the final evaluation
-        _, cfg = resolve({**overrides, "federation.rounds": bare_rounds})
-        started = time.perf_counter()
-        run_federation(cfg, concordance_td=False, evaluate_sites=True)
-        bare_s[bare_rounds] = time.perf_counter() - started
-    bare_round_s = (bare_s[3] - bare_s[1]) / 2
+    inprocess_s = {}
+    for inprocess_rounds in (1, 3):  # the difference removes the set-up and the final evaluation
+        inprocess_s[inprocess_rounds] = _wall_s(run_inprocess, {**overrides, "federation.rounds": inprocess_rounds})[0]
+    inprocess_round_s = (inprocess_s[3] - inprocess_s[1]) / 2
     round_s = sum(later) / len(later) if later else elapsed[0]
     return {
         "sites": num_sites, "rounds": rounds, "wall_s": wall_s, "first_round_s": elapsed[0], "round_s": round_s,
-        "peak_rss_gb": memory.peak_bytes / 2**30, "bare_round_s": bare_round_s,
-        "overhead_ratio": round_s / bare_round_s, "final_c_index": summary["test"].get("c_index"),
+        "peak_rss_gb": memory.peak_bytes / 2**30, "inprocess_round_s": inprocess_round_s,
+        "overhead_ratio": round_s / inprocess_round_s, "final_c_index": summary["test"].get("c_index"),
     }
 
 

@@ -5,10 +5,10 @@ The same federation (default: FLCHAIN, 5 IID sites, 20 rounds, the default hazar
 standardisation and time grid computed from the sites' data without noise, not covered by ε) and
 with the private set-up (``privacy.setup_noise`` = the default: those values are Gaussian releases
 composed in every site's accountant, so DP-SGD gets what is left of the same ε). Both spend the same
-target ε; the runs go through the in-process reference loop (:func:`simulations.inprocess.run_federation`,
-the ServerApp's steps without Flower). Prints one JSON object: per ε and set-up, the test C-index
-and IBS of the global model on the pooled test split (mean ± std over seeds), the worst site's
-ledger ε and DP-SGD noise multiplier.
+target ε; the runs go through the ServerApp and ClientApp over the in-process grid
+(:func:`simulations.engine.run_inprocess`). Prints one JSON object: per ε and set-up, the test
+C-index and IBS of the global model on the pooled test split (mean ± std over seeds), the worst
+site's ledger ε and DP-SGD noise multiplier.
 
 Usage::
 
@@ -18,20 +18,34 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import statistics
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulations.engine import resolve  # noqa: E402
+from simulations.engine import resolve, run_inprocess  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
-from simulations.inprocess import run_federation  # noqa: E402
+from strategies.accounting.ledger import PrivacyLedger  # noqa: E402
 
 
 def _summary(values: list[float]) -> list[float]:
     return [round(statistics.fmean(values), 4), round(statistics.stdev(values), 4) if len(values) > 1 else 0.0]
+
+
+def _run(overrides: dict[str, Any]) -> dict[str, float]:
+    """One run: the pooled test C-index and IBS, and the worst site's ledger ε and noise multiplier."""
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
+        summary = run_inprocess({**overrides, "output.dir": out})
+        worst = PrivacyLedger.read(Path(out) / "ledger.jsonl").worst()
+    test = {key: math.nan if summary["test"].get(key) is None else summary["test"][key]  # null: NaN, diverged
+            for key in ("c_index", "ibs")}
+    return {**test, "epsilon": worst.epsilon, "noise_multiplier": worst.noise_multiplier}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -46,14 +60,13 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"overrides": base, "setup_noise": default_noise, "metric": "pooled test split, mean ± std"}
     for epsilon in (float(e) for e in args.epsilons.split(",")):
         for label, noise in (("exact set-up (not covered)", 0.0), ("private set-up (covered)", default_noise)):
-            runs = [run_federation(resolve({**base, "privacy.epsilon": epsilon, "privacy.setup_noise": noise,
-                                            "seed": int(seed)})[1], concordance_td=False)
+            runs = [_run({**base, "privacy.epsilon": epsilon, "privacy.setup_noise": noise, "seed": int(seed)})
                     for seed in args.seeds.split(",")]
             result[f"epsilon {epsilon:g}, {label}"] = {
-                "c_index": _summary([run["test"]["c_index"] for run in runs]),
-                "ibs": _summary([run["test"]["ibs"] for run in runs]),
-                "ledger_epsilon": max(run["privacy"]["epsilon"] for run in runs),
-                "noise_multiplier": _summary([run["privacy"]["noise_multiplier"] for run in runs]),
+                "c_index": _summary([run["c_index"] for run in runs]),
+                "ibs": _summary([run["ibs"] for run in runs]),
+                "ledger_epsilon": max(run["epsilon"] for run in runs),
+                "noise_multiplier": _summary([run["noise_multiplier"] for run in runs]),
             }
             print(json.dumps({key: value for key, value in result.items() if key.startswith("epsilon")}), flush=True,
                   file=sys.stderr)

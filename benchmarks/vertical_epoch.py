@@ -40,8 +40,7 @@ from models.multimodal import build_multisurv  # noqa: E402
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, train_multisurv  # noqa: E402
 from simulations.engine import resolve, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
-from simulations.inprocess import LocalSplitTransport  # noqa: E402
-from strategies.split import run_split_training  # noqa: E402
+from strategies.split import LocalSites, SplitSite, run_split_training  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -79,10 +78,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     weight_decay=cfg.train.weight_decay, seed=cfg.seed,
                     similarity_weight=cfg.split.similarity_weight, on_epoch=central_epoch)
 
-    # split, in process
-    transport = LocalSplitTransport(cfg)
-    held = transport.hello()
-    transport.setup({name: vertical_task.site_config(cfg, name, label_info, 0.0) for name in held})
+    # split, the sites as objects in this process (the protocol's compute alone: no messages)
+    sites = [vertical_task.simulated_site(cfg, index) for index in range(len(table.modalities))]
+    transport = LocalSites({site.modality: SplitSite(vertical_task.site_config(cfg, site.modality, label_info, 0.0),
+                                                     site.features, site.categorical,
+                                                     noise_base_seed=site.noise_base_seed, source=site.source)
+                            for site in sites})
     server = vertical_task.server(cfg, tuple(table.modalities), label_info)
     split_epochs: list[float] = []
     mark[0] = time.perf_counter()
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         split_epochs.append(time.perf_counter() - mark[0])
         mark[0] = time.perf_counter()
 
-    history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
+    history = run_split_training(server, transport, epochs=cfg.federation.rounds,
                                  batch_size=cfg.train.batch_size, on_epoch=split_epoch)
     deviation = max(float((value - model.fusion_head.state_dict()[key]).abs().max())
                     for key, value in server.fusion_head.state_dict().items())

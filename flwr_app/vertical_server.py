@@ -5,9 +5,8 @@ site which modality and record IDs it holds, checks the alignment, sends each si
 configuration (the training IDs, the architecture, the embedding noise σ), trains the split model
 with one round trip per batch (:func:`strategies.split.run_split_training`), predicts the test
 records with ``split.mc_samples`` stochastic passes, and writes the run's outputs and privacy
-ledger. The transport is :class:`FlowerSplitTransport` (Flower messages through the grid) in a
-real run and :class:`simulations.inprocess.LocalSplitTransport` for in-process repetitions; both
-run the same steps, so their results are equal.
+ledger. The transport is :class:`FlowerSplitTransport`: Flower messages through the grid (Flower's
+simulation engine, the in-process grid of :mod:`simulations.engine`, or a deployment's SuperLink).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import collections
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -213,21 +212,13 @@ def _fmt(metrics: Mapping[str, float]) -> str:
     return "  ".join(f"{key} {value:.4f}" for key, value in metrics.items() if math.isfinite(value))
 
 
-#: ``audit(embeddings, present, train_ids)``: what a curious server computes from the embeddings it
-#: received in the last epoch (per modality, rows in ``train_ids`` order); returns figures for the summary.
-EmbeddingAudit = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray], np.ndarray], dict[str, Any]]
-
-
 def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunOutputs, *,
-                 table: VerticalTable | None = None, started: float | None = None,
-                 audit: EmbeddingAudit | None = None) -> dict[str, Any]:
+                 table: VerticalTable | None = None, started: float | None = None) -> dict[str, Any]:
     """Train and evaluate the split model over ``transport``; write and return the summary.
 
     ``table`` holds the labels (in simulation the whole data set, which also trains the
     centralised twin when ``baseline.centralized``; in a deployment the labels file
     ``data.labels_path`` only); default :func:`vertical_task.load_table`.
-    ``audit`` (simulation studies, e.g. the feature-reconstruction attack) sees the embeddings
-    the server received in the last epoch; its result is the summary's ``audit``.
     """
     started = time.perf_counter() if started is None else started
     torch.set_num_threads(cfg.train.num_threads)
@@ -271,11 +262,6 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         line = {"round": epoch + 1, "train": {"loss": info["loss"], **train}, "privacy": ledger.headline(),
                 "round_trips": transport.round_trips, "elapsed_s": time.perf_counter() - started}
         outputs.append_metrics(line)
-        if audit is not None and epoch + 1 == cfg.federation.rounds:
-            order = np.argsort(positions)
-            audit_result.update(audit({name: e[order] for name, e in info["embeddings"].items()},
-                                      {name: p[order] for name, p in info["present"].items()},
-                                      label_info.train_ids[positions[order]]))
         epsilon = line["privacy"]["epsilon"]
         print(f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
               f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None else ""),
@@ -283,7 +269,6 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         interrupt.raise_if_requested(epoch + 1, of=cfg.federation.rounds, directory=outputs.directory,
                                      resumable=False, unit="epoch")
 
-    audit_result: dict[str, Any] = {}
     try:
         history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
                                      batch_size=cfg.train.batch_size, on_epoch=on_epoch)
@@ -325,8 +310,6 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         "round_trips_per_batch": transport.round_trips / max(history.batches, 1),
         "train_loss": history.epoch_loss,
     }
-    if audit is not None:
-        summary["audit"] = audit_result
     torch.save({"fusion_head": server.fusion_head.state_dict(), "cuts": label_info.cuts, "config": cfg.as_dict(),
                 "modalities": modalities}, outputs.model_path)
     np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(label_info.test_ids, dtype=str),

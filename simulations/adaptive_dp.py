@@ -1,7 +1,7 @@
 """Reproduce the adaptive-DP Cox-MLP paper (Niu et al. 2025): NbAFL, LS-ADP, ROW-DP vs no DP.
 
-Runs every (method, ε, repetition) of a grid with :func:`simulations.inprocess.run_federation`
-(the Flower run's steps in one process; a test checks they agree), appends one row per run to
+Runs every (method, ε, repetition) of a grid with :func:`simulations.engine.run_inprocess` (the
+ServerApp and ClientApp over the in-process grid), appends one row per run to
 ``OUT/results.csv`` as soon as it finishes (a rerun skips the rows already there), and writes
 ``OUT/table.md`` (mean ± std per method and ε, the paper's figure beside ours, nominal and
 audited ε) and ``OUT/figure.png``.
@@ -17,11 +17,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
 import warnings
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 import numpy as np
@@ -91,28 +93,45 @@ LOWER_IS_BETTER = {"ibs", "inbll"}
 
 
 def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
-    """One federation; the row of results.csv."""
-    from simulations.engine import resolve
-    from simulations.inprocess import run_federation
+    """One federation; the row of results.csv (the worst site's ledger figures; NaN metrics if the model diverged)."""
+    from simulations.engine import run_inprocess
+    from strategies.accounting.ledger import PrivacyLedger
 
     method, epsilon, seed, shared = job
     warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverged model: reported as such
-    overrides = {**shared, **METHODS[method], "seed": seed, "baseline.centralized": False,
-                 "privacy.epsilon": "inf" if method == "no DP" else epsilon}
-    _, cfg = resolve(overrides)
     started = time.perf_counter()
-    result = run_federation(cfg, concordance_td=False)
-    privacy = result["privacy"] or {}
+    with TemporaryDirectory() as out:
+        overrides = {**shared, **METHODS[method], "seed": seed, "baseline.centralized": False, "output.dir": out,
+                     "privacy.epsilon": "inf" if method == "no DP" else epsilon}
+        summary = run_inprocess(overrides)
+        worst = PrivacyLedger.read(Path(out) / "ledger.jsonl").worst()
+        error = _why_missing(summary, Path(out) / "metrics.jsonl")
+
+    def number(value: float | None) -> float:  # summary.json and the ledger write NaN and no ε as null
+        return math.nan if value is None else float(value)
+
     return {
         "method": method, "epsilon_target": epsilon, "seed": seed,
-        **{key: result["test"].get(key, math.nan) for key in ("c_index", "ibs", "inbll")},
-        "epsilon_rdp": privacy.get("epsilon", math.nan),
-        "epsilon_audited_formula": privacy.get("epsilon_audited_formula", math.nan),
-        "epsilon_nominal": privacy.get("epsilon_nominal", math.nan),
-        "noise_multiplier": privacy.get("noise_multiplier", math.nan),
+        **{key: number(summary["test"].get(key)) for key in ("c_index", "ibs", "inbll")},
+        **{column: number(getattr(worst, key, None)) for column, key in (
+            ("epsilon_rdp", "epsilon"), ("epsilon_audited_formula", "epsilon_audited_formula"),
+            ("epsilon_nominal", "epsilon_nominal"), ("noise_multiplier", "noise_multiplier"))},
         "wall_s": time.perf_counter() - started,
-        "error": result["error"],
+        "error": error,
     }
+
+
+def _why_missing(summary: dict[str, Any], metrics_path: Path) -> str:
+    """Why the run's test metrics are missing ("" if none is): the ServerApp's own reason for a diverged
+    global model, else the last round's failures (e.g. every site's Breslow aggregates refused as not finite)."""
+    if summary.get("diverged"):
+        return summary["diverged"]
+    missing = [key for key in ("c_index", "ibs", "inbll") if summary["test"].get(key) is None]
+    if not missing:
+        return ""
+    last = json.loads(metrics_path.read_text(encoding="utf-8").splitlines()[-1])
+    reasons = sorted({f"{failure['phase']}: {' '.join(failure['reason'].split())}" for failure in last.get("failures", [])})
+    return f"no {', '.join(missing)}" + (f"; last round's failures: {'; '.join(reasons)}" if reasons else "")
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
 """Reproduce the shape of the BVFLMSP paper's Table 2: vertical (split) vs centralised C-index under embedding DP.
 
-Every (setting, ε, calibration, seed) runs the ServerApp's own vertical code in process
-(:func:`simulations.inprocess.run_vertical_inprocess`; a test checks it equals the Flower run),
-for ``--twin-seeds`` also its centralised twin, and a feature-reconstruction audit on the
-embeddings the server received in the last epoch (:func:`reconstruction_audit`). One row per run is appended to
+Every (setting, ε, calibration, seed) runs the ServerApp and ClientApp over the in-process grid
+(:func:`simulations.engine.run_inprocess`), for ``--twin-seeds`` also its centralised twin, and a
+feature-reconstruction audit on the embeddings the server received in the last epoch, as read from
+the sites' replies (:class:`ReleasedEmbeddings`, :func:`reconstruction_audit`). One row per run is appended to
 ``OUT/results.csv`` as soon as it finishes (a rerun skips the rows already there); ``OUT/table.md``
 holds mean ± std over seeds with every ε figure of the ledger (record-level RDP, per site, and the
 paper formula's claim) and ``OUT/figure.png`` C-index and reconstruction R² against ε.
@@ -23,7 +23,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -48,13 +47,49 @@ FIELDS = ("setting", "modalities", "epsilon_target", "calibration", "seed",
           "epsilon_site_max", "epsilon_paper", "r2", "round_trips_per_batch", "wall_s")
 
 
-def reconstruction_audit(cfg: Any, *, fraction: float = AUXILIARY_FRACTION, seed: int = 0):
+class ReleasedEmbeddings:
+    """An ``observe`` of :func:`simulations.engine.run_inprocess`: the embeddings the server received.
+
+    Each training round trip's reply (message ``train.split_step``) carries a site's embeddings of
+    the records its request named; the last ones kept per (modality, record) are those of the last
+    epoch, in which every training record is released once.
+    """
+
+    def __init__(self) -> None:
+        self.released: dict[str, dict[str, tuple[np.ndarray, bool]]] = {}
+
+    def __call__(self, message: Any, reply: Any) -> None:
+        from flwr_app import split_messages as wire
+
+        if message.metadata.message_type != wire.STEP or reply.has_error():
+            return
+        ids = wire.decode_request(message.content).forward_ids
+        if not ids:
+            return
+        modality, site_reply = wire.decode_reply(reply.content)
+        kept = self.released.setdefault(modality, {})
+        for row, record in enumerate(ids):
+            kept[record] = (site_reply.embeddings[row], bool(site_reply.present[row]))
+
+    def rows(self, modality: str, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Embeddings (len(ids), dim) and presence mask of ``modality`` for records ``ids``."""
+        kept = self.released.get(modality, {})
+        missing = [record for record in map(str, ids) if record not in kept]
+        if missing:
+            raise ValueError(f"the server received no embedding of modality {modality!r} for "
+                             f"{len(missing)} training record(s), e.g. {missing[0]!r}")
+        return (np.stack([kept[str(record)][0] for record in ids]),
+                np.array([kept[str(record)][1] for record in ids], dtype=bool))
+
+
+def reconstruction_audit(cfg: Any, received: ReleasedEmbeddings, *, fraction: float = AUXILIARY_FRACTION,
+                         seed: int = 0) -> dict[str, float]:
     """The paper's feature-reconstruction attack by a curious server, as an audit of a simulated run.
 
     The server knows the (preprocessed) features of a random ``fraction`` of the training records
     (an auxiliary public split), fits a ridge decoder from the embeddings it received for them in
-    the last epoch to those features, and reconstructs the other training records' features from
-    their embeddings; the result is the out-of-sample R² per modality
+    the last epoch (``received``) to those features, and reconstructs the other training records'
+    features from their embeddings; the result is the out-of-sample R² per modality
     (:func:`strategies.audits.reconstruction.reconstruction_attack`).
     """
     from flwr_app import vertical_task
@@ -62,29 +97,24 @@ def reconstruction_audit(cfg: Any, *, fraction: float = AUXILIARY_FRACTION, seed
     from strategies.audits.reconstruction import reconstruction_attack
 
     table = vertical_task.load_table(cfg)
-
-    def audit(embeddings: Mapping[str, np.ndarray], present: Mapping[str, np.ndarray],
-              train_ids: np.ndarray) -> dict[str, float]:
-        transforms = fit_transforms(table, train_ids)
-        inputs, _ = modality_inputs(table, train_ids, transforms)
-        order = np.random.default_rng(seed).permutation(len(train_ids))
-        auxiliary = np.zeros(len(train_ids), dtype=bool)
-        auxiliary[order[: int(round(fraction * len(train_ids)))]] = True
-        result = {}
-        for name, released in embeddings.items():
-            held = present[name]
-            features = inputs[name].numpy()
-            attack = reconstruction_attack(released[auxiliary & held], features[auxiliary & held],
-                                           released[~auxiliary & held], features[~auxiliary & held])
-            result[f"r2_{name}"] = attack.r2
-        return result
-
-    return audit
+    train_ids = vertical_task.labels(cfg, table).train_ids
+    transforms = fit_transforms(table, train_ids)
+    inputs, _ = modality_inputs(table, train_ids, transforms)
+    order = np.random.default_rng(seed).permutation(len(train_ids))
+    auxiliary = np.zeros(len(train_ids), dtype=bool)
+    auxiliary[order[: int(round(fraction * len(train_ids)))]] = True
+    result = {}
+    for name in vertical_task.modality_names(cfg, table):
+        released, held = received.rows(name, train_ids)
+        features = inputs[name].numpy()
+        attack = reconstruction_attack(released[auxiliary & held], features[auxiliary & held],
+                                       released[~auxiliary & held], features[~auxiliary & held])
+        result[f"r2_{name}"] = attack.r2
+    return result
 
 
 def _run(job: tuple[str, tuple[str, ...], float, str, int, bool, dict[str, Any]]) -> dict[str, Any]:
-    from simulations.engine import resolve
-    from simulations.inprocess import run_vertical_inprocess
+    from simulations.engine import resolve, run_inprocess
 
     setting, modalities, epsilon, calibration, seed, twin, shared = job
     warnings.simplefilter("ignore", RuntimeWarning)
@@ -95,23 +125,31 @@ def _run(job: tuple[str, tuple[str, ...], float, str, int, bool, dict[str, Any]]
                      "privacy.epsilon": "inf" if math.isinf(epsilon) else epsilon, "split.calibration": calibration,
                      "baseline.centralized": twin, "output.dir": out}
         _, cfg = resolve(overrides)
-        summary = run_vertical_inprocess(cfg, audit=reconstruction_audit(cfg, seed=seed))
+        received = ReleasedEmbeddings()
+        summary = run_inprocess(overrides, observe=received)
+    audit = reconstruction_audit(cfg, received, seed=seed)
     sites = summary["privacy_sites"].values()
-    central = summary.get("centralized", {"test": dict.fromkeys(METRICS, math.nan), "band_width": math.nan})
-    return {
+    central = summary.get("centralized", {"test": {}, "band_width": None})
+    return {  # summary.json writes NaN and inf as null: a missing metric is NaN, a missing ε unbounded
         "setting": setting, "modalities": "+".join(modalities), "epsilon_target": epsilon,
         "calibration": calibration, "seed": seed,
-        **{f"federated_{m}": summary["test"][m] for m in METRICS},
-        **{f"centralised_{m}": central["test"][m] for m in METRICS},
-        "federated_band_width": summary["band_width"], "centralised_band_width": central["band_width"],
+        **{f"federated_{m}": _number(summary["test"].get(m), math.nan) for m in METRICS},
+        **{f"centralised_{m}": _number(central["test"].get(m), math.nan) for m in METRICS},
+        "federated_band_width": _number(summary["band_width"], math.nan),
+        "centralised_band_width": _number(central["band_width"], math.nan),
         "noise_multiplier": summary["noise_multiplier"],
-        "epsilon_record": summary["privacy"]["epsilon"] if summary["privacy"]["epsilon"] is not None else math.inf,
-        "epsilon_site_max": max((site["epsilon"] for site in sites), default=math.inf),
-        "epsilon_paper": max((site["epsilon_paper"] for site in sites), default=math.inf),
-        "r2": ";".join(f"{key[3:]}={value:.4f}" for key, value in summary["audit"].items()),
+        "epsilon_record": _number(summary["privacy"]["epsilon"], math.inf),
+        "epsilon_site_max": max((_number(site["epsilon"], math.inf) for site in sites), default=math.inf),
+        "epsilon_paper": max((_number(site["epsilon_paper"], math.inf) for site in sites), default=math.inf),
+        "r2": ";".join(f"{key[3:]}={value:.4f}" for key, value in audit.items()),
         "round_trips_per_batch": summary["round_trips_per_batch"],
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _number(value: float | None, missing: float) -> float:
+    """A figure of summary.json, ``missing`` where it holds null."""
+    return missing if value is None else float(value)
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -1,11 +1,18 @@
-"""Run one experiment through Flower's simulation engine (Ray backend), from Python.
+"""Run one experiment: the ServerApp and ClientApp of ``pyproject.toml``, from Python. The one runner.
 
-``flwr run .`` and this module execute the same ``ServerApp``/``ClientApp`` (named in
-``pyproject.toml``) with the same fused run config (pyproject defaults + overrides). The only
-difference is who starts the simulation: ``flwr run`` goes through a SuperLink, this module calls
-Flower's simulation runtime in-process, as ``flwr-simulation`` does. ``flwr.simulation.
-run_simulation`` would pass an empty run config, so we call the runtime function it wraps
-(``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries the overrides.
+Two engines carry the same apps' messages, with the same fused run config (pyproject defaults +
+overrides, validated by :func:`resolve`) and the same outputs:
+
+* :func:`run_simulation`: Flower's simulation engine (Ray), as ``flwr run .`` (through a
+  SuperLink) and ``python -m simulations.run`` do: the sites run in parallel in their own
+  processes. ``flwr.simulation.run_simulation`` would pass an empty run config, so we call the
+  runtime function it wraps (``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries
+  the overrides.
+* :func:`run_inprocess`: the same ServerApp and ClientApp over :class:`InProcessGrid`, a Flower
+  ``Grid`` whose nodes are ClientApp calls in this process: no Ray start, no serialisation, one
+  site at a time. Tests and repetition-heavy reproductions use it; ``observe`` sees every message
+  and its reply (audits of what the server received), and ``node_configs`` runs a deployment's
+  sites, each reading its own file. Tests check that both engines give the same run.
 
 One more difference, for speed: Flower's simulation runtime looks for new messages to the
 virtual SuperNodes every 0.1 s (``vce_api.add_messages_to_queue``), which adds 50 ms on average
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -31,23 +39,34 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from queue import Queue
 from typing import Any
+from uuid import uuid4
 
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
 from flwr.common.config import get_fused_config_from_dir, get_project_config
-from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+from flwr.common.constant import (
+    NUM_PARTITIONS_KEY,
+    PARTITION_ID_KEY,
+    RUN_ID_NUM_BYTES,
+    SUPERLINK_NODE_ID,
+    TASK_ID_NUM_BYTES,
+    ErrorCode,
+)
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+from flwr.serverapp import Grid
 from flwr.simulation.run_simulation import _run_simulation
 from flwr.supercore.constant import NOOP_FEDERATION_ID
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from flwr_app import interrupt, runlog, task, vertical_task
+from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 from strategies.mechanisms.registry import get_mechanism
@@ -272,6 +291,29 @@ def resolve(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentCon
     return fused, parse_run_config(fused)
 
 
+def _prepare(overrides: Mapping[str, Any], runner: str) -> tuple[dict[str, Any], ExperimentConfig, RunOutputs]:
+    """The fused and parsed run config of ``overrides``, and the run's outputs (checked before anything runs).
+
+    Raises
+    ------
+    ConfigError
+        For a bad run config, no ``output.dir`` (nor ``resume.from``) to read the summary from, or an
+        ``output.dir`` that holds another run.
+    """
+    fused, cfg = resolve(overrides)
+    if not cfg.output_dir and not cfg.resume_from:
+        raise ConfigError(f"{runner} needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
+    return fused, cfg, RunOutputs.create(cfg)  # refuses a directory that holds another run
+
+
+def _num_sites(cfg: ExperimentConfig) -> int:
+    """Simulated sites of ``cfg``: one per modality for split learning, else the data set's sites (for a
+    natural partition the number of groups, known only once the data are loaded)."""
+    if get_mechanism(cfg.strategy).vertical:
+        return len(vertical_task.load_table(cfg).modalities)
+    return task.load_federation(cfg).num_sites
+
+
 def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, verbose: bool = False) -> dict[str, Any]:
     """Run one experiment and return its ``summary.json``.
 
@@ -293,10 +335,7 @@ def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, 
     flwr_app.interrupt.Interrupted
         When a second signal stopped it at once.
     """
-    fused, cfg = resolve(overrides)
-    if not cfg.output_dir and not cfg.resume_from:
-        raise ConfigError("run_simulation needs 'output.dir' (or 'resume.from') so that it can read the run's summary")
-    outputs = RunOutputs.create(cfg)  # refuses a directory that holds another run before anything starts
+    fused, cfg, outputs = _prepare(overrides, "run_simulation")
     with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), _ray_processes_ended():
         with interrupt.at_once_allowed():
             _simulate(overrides, fused, cfg, outputs, cpus_per_site=cpus_per_site, verbose=verbose)
@@ -310,12 +349,8 @@ def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: Experime
     Unless ``verbose``, the runtime's log (its warnings and errors: e.g. every failed message of a
     site, with its traceback) goes to the run's ``run.log`` only.
     """
-    vertical = get_mechanism(cfg.strategy).vertical
-    if vertical:
-        num_sites = len(vertical_task.load_table(cfg).modalities)
-    else:
-        num_sites = task.load_federation(cfg).num_sites
-    if not vertical and num_sites < cfg.federation.min_sites:
+    num_sites = _num_sites(cfg)
+    if not get_mechanism(cfg.strategy).vertical and num_sites < cfg.federation.min_sites:
         raise ConfigError(
             f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
         )
@@ -356,3 +391,126 @@ def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: Experime
             )
     finally:
         flwr_logger.setLevel(level)
+
+
+#: The run ID of every :func:`run_inprocess` run (one run per grid).
+INPROCESS_RUN_ID = 1
+
+
+class InProcessGrid(Grid):
+    """A Flower ``Grid`` whose nodes are calls of ``client_app`` in this process (simulated sites).
+
+    Node ``i + 1`` is partition ``i`` (node config ``partition-id``, ``num-partitions``) with its
+    own ``context.state``, which, as in Flower's simulation engine, changes only when the ClientApp
+    returns; a ClientApp that raises gives an error reply (worded as Flower's) and leaves the node
+    state as it was. Messages run one at a time in the order given, each in a thread that is
+    waited for up to ``timeout`` seconds (the real sites run in parallel, each within the round's
+    timeout); a ClientApp that has not returned by then gives no reply and keeps running in its
+    daemon thread, as a hung site would.
+
+    ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
+    need what the server received, e.g. the sites' updates or embeddings; tests of what a site was
+    sent). ``node_configs`` replaces the simulated partitions with the given node configs (a
+    deployment's ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1`` getting
+    ``node_configs[i]``.
+    """
+
+    def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
+                 observe: Callable[[Message, Message], None] | None = None,
+                 node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
+        self.app = app
+        self.observe = observe
+        self._run = Run.create_empty(run_id=INPROCESS_RUN_ID)
+        if node_configs is None:
+            node_configs = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_nodes} for index in range(num_nodes)]
+        elif len(node_configs) != num_nodes:
+            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
+        self.contexts = {
+            node: Context(run_id=INPROCESS_RUN_ID, node_id=node, node_config=dict(config), state=RecordDict(),
+                          run_config=dict(run_config))
+            for node, config in enumerate(node_configs, start=1)
+        }
+        self.replies: dict[str, Message] = {}
+        self.timeout: float | None = None
+        self.observer_error: Exception | None = None
+        self._lock = threading.Lock()
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def _deliver(self, message: Message) -> None:
+        """Run the node's ClientApp on ``message``; keep its reply (or error) and, on success, its node state."""
+        node = message.metadata.dst_node_id
+        stored = self.contexts[node]
+        context = Context(run_id=stored.run_id, node_id=node, node_config=stored.node_config,
+                          state=copy.deepcopy(stored.state), run_config=stored.run_config)
+        try:
+            reply = self.app(message, context)
+            with self._lock:
+                stored.state = context.state
+        except Exception as err:  # as Flower's simulation engine: every exception becomes an error reply
+            wrapped = ClientAppException(str(err))
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"),
+                            reply_to=message)
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        if self.observe is not None:
+            try:
+                self.observe(message, reply)
+            except Exception as err:  # an observer's bug must fail the run, not leave the server waiting
+                self.observer_error = err
+        with self._lock:
+            self.replies[message.metadata.message_id] = reply
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver each message in turn, waiting up to :attr:`timeout` seconds for its ClientApp."""
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id not in self.contexts:
+                raise ValueError(f"no node {message.metadata.dst_node_id} in this in-process federation")
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            worker = threading.Thread(target=self._deliver, args=(message,), daemon=True)
+            worker.start()
+            worker.join(self.timeout)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        with self._lock:
+            return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        self.timeout = timeout
+        replies = self.pull_messages(self.push_messages(messages))
+        if self.observer_error is not None:
+            raise RuntimeError(f"the observer of InProcessGrid raised: {self.observer_error!r}") from self.observer_error
+        return replies
+
+
+def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,
+                  node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Run one experiment with the ServerApp and ClientApp over :class:`InProcessGrid`; return its summary.
+
+    Any strategy, horizontal or split. The run config is fused and validated as
+    :func:`run_simulation` does, with one node per site (split: per modality), or one per entry of
+    ``node_configs`` (a deployment's sites, each reading its own file). ``observe`` and
+    ``node_configs`` are passed to :class:`InProcessGrid`. Whatever the ServerApp raises (a failed
+    run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates.
+    """
+    fused, cfg, outputs = _prepare(overrides, "run_inprocess")
+    num_nodes = len(node_configs) if node_configs is not None else _num_sites(cfg)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe, node_configs=node_configs)
+    server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
+                                 state=RecordDict(), run_config=fused))
+    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))

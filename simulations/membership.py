@@ -1,7 +1,7 @@
 """Membership-inference audit of every horizontal strategy: the server's loss-threshold attack vs the DP ceiling.
 
 For every (strategy, ε, seed) the federation runs through the ServerApp and ClientApp themselves
-(:func:`simulations.inprocess.run_inprocess`). The server then attacks, per site,
+(:func:`simulations.engine.run_inprocess`). The server then attacks, per site,
 
 * the final **global** model, and
 * the site's **update** in the last round (the weights the site sent, as the server received them),
@@ -87,8 +87,7 @@ def _audit(job: tuple[str, float, int, dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
 
     from flwr_app import task
-    from simulations.engine import resolve
-    from simulations.inprocess import run_inprocess
+    from simulations.engine import resolve, run_inprocess
     from strategies.audits.membership import (
         loss_threshold_attack,
         max_advantage,

@@ -570,9 +570,7 @@ def run_split_training(
     ``server.seed``). ``on_epoch(epoch, info)`` is called once the epoch's last gradient has been
     applied, with ``info`` holding ``loss`` (mean over the epoch), ``logits`` and ``positions``
     (the server's predictions for every training record as it trained on them, for a running
-    training C-index at no privacy cost), ``embeddings`` and ``present`` (what each site released
-    for those records, in ``positions`` order: what a curious server holds) and ``privacy`` (each
-    site's report).
+    training C-index at no privacy cost) and ``privacy`` (each site's report).
     """
     schedule = [(epoch, batch) for epoch in range(epochs)
                 for batch in epoch_batches(server.num_train, batch_size=batch_size, seed=server.seed, epoch=epoch)]
@@ -587,17 +585,12 @@ def run_split_training(
                         for name in server.modalities})
     history.round_trips = 1
     total, logits_seen, positions_seen = 0.0, [], []
-    received: dict[str, list[np.ndarray]] = {name: [] for name in server.modalities}
-    received_present: dict[str, list[np.ndarray]] = {name: [] for name in server.modalities}
     for step, (epoch, batch) in enumerate(schedule):
         loss, logits, gradients = server.step(step, batch, {name: reply.embeddings for name, reply in replies.items()},
                                               {name: reply.present for name, reply in replies.items()})
         total += loss * batch.numel()
         logits_seen.append(logits)
         positions_seen.append(batch)
-        for name, reply in replies.items():
-            received[name].append(reply.embeddings)
-            received_present[name].append(reply.present)
         following = schedule[step + 1][1] if step + 1 < len(schedule) else None
         replies = exchange({
             name: SiteRequest(backward_ids=ids(batch), backward_step=step, gradient=gradients[name],
@@ -610,12 +603,8 @@ def run_split_training(
             history.epoch_loss.append(total / server.num_train)
             if on_epoch is not None:
                 on_epoch(epoch, {"loss": history.epoch_loss[-1], "logits": torch.cat(logits_seen),
-                                 "positions": torch.cat(positions_seen), "privacy": history.privacy,
-                                 "embeddings": {name: np.concatenate(parts) for name, parts in received.items()},
-                                 "present": {name: np.concatenate(parts) for name, parts in received_present.items()}})
+                                 "positions": torch.cat(positions_seen), "privacy": history.privacy})
             total, logits_seen, positions_seen = 0.0, [], []
-            received = {name: [] for name in server.modalities}
-            received_present = {name: [] for name in server.modalities}
     return history
 
 
@@ -632,7 +621,7 @@ def predict_split(
 
 
 class LocalSites:
-    """In-process transport: the sites are objects in this process (tests, benchmarks, reproductions).
+    """In-process transport: the sites are objects in this process (the protocol's tests, the split-epoch benchmark).
 
     Call it with training requests, or use :meth:`predict` for prediction requests.
     """

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.data.datasets import load_flchain
-from simulations.inprocess import run_inprocess
+from simulations.engine import run_inprocess
 
 RUN = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death", "strategy.name": "fedavg",
        "federation.num_sites": 4, "federation.min_sites": 2, "federation.rounds": 2,

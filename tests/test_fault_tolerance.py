@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from flwr_app.config import ConfigError
-from simulations.engine import resolve, run_simulation
-from simulations.inprocess import run_inprocess
+from simulations.engine import resolve, run_inprocess, run_simulation
 from strategies.horizontal import TooFewSitesError
 from strategies.mechanisms.embedding_dp import embedding_epsilon
 from strategies.split import SplitSiteError

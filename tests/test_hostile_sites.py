@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from simulations.inprocess import run_inprocess
+from simulations.engine import run_inprocess
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 3, "baseline.centralized": False,
          "debug.fail_site": "site-1", "debug.fail_round": 1}

@@ -23,8 +23,7 @@ import torch
 
 from flwr_app import interrupt
 from flwr_app.config import PROJECT_ROOT
-from simulations.engine import resolve
-from simulations.inprocess import run_inprocess, run_vertical_inprocess
+from simulations.engine import run_inprocess
 from strategies.mechanisms.embedding_dp import embedding_epsilon
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 3, "baseline.centralized": False}
@@ -94,7 +93,7 @@ def test_a_split_run_stops_between_epochs_with_its_ledger_counting_what_was_sent
             "split.mc_samples": 4, "privacy.epsilon": 8.0, "output.dir": str(tmp_path)}
     interrupt.request(signal.SIGINT)  # already before the first epoch: the run stops after it
     with pytest.raises(interrupt.StopRequested, match="after epoch 1 of 3.*cannot be resumed") as stopped:
-        run_vertical_inprocess(resolve(tiny)[1])
+        run_inprocess(tiny)
     assert stopped.value.completed == 1
     assert [line["round"] for line in _read_jsonl(tmp_path / "metrics.jsonl")] == [1]
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()

@@ -14,8 +14,7 @@ import pytest
 from flwr.app import RecordDict
 
 from models.data.datasets import load_flchain
-from simulations.engine import resolve
-from simulations.inprocess import run_inprocess
+from simulations.engine import resolve, run_inprocess
 from strategies.mechanisms.registry import MECHANISMS, get_mechanism
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False}

@@ -15,8 +15,7 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 
 from flwr_app import task
-from simulations.engine import resolve
-from simulations.inprocess import run_inprocess
+from simulations.engine import resolve, run_inprocess
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
 from strategies.mechanisms.dp_sgd import poisson_schedule
 from strategies.mechanisms.registry import get_mechanism

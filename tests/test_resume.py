@@ -15,7 +15,7 @@ import torch
 
 from flwr_app.config import ConfigError
 from flwr_app.server_app import RunStopped
-from simulations.inprocess import run_inprocess
+from simulations.engine import run_inprocess
 from strategies.horizontal import RESUMED_PRIVACY_STATE, SITE_KEY
 
 SMALL = {"federation.num_sites": 3, "baseline.centralized": False, "evaluation.server_side": True}

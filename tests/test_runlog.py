@@ -15,8 +15,7 @@ import pytest
 from flwr_app import runlog
 from flwr_app.config import ConfigError
 from flwr_app.outputs import RunOutputs
-from simulations.engine import resolve
-from simulations.inprocess import run_inprocess
+from simulations.engine import resolve, run_inprocess
 from simulations.run import describe_failure
 from strategies.horizontal import TooFewSitesError
 

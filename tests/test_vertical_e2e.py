@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from simulations.engine import resolve, run_simulation
-from simulations.inprocess import run_vertical_inprocess
+from simulations.engine import run_inprocess, run_simulation
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +21,10 @@ RUN = {
 
 def test_flower_split_run_equals_the_in_process_run(tmp_path):
     flower = run_simulation({**RUN, "output.dir": str(tmp_path / "flower")})
-    _, cfg = resolve({**RUN, "output.dir": str(tmp_path / "local")})
-    local = run_vertical_inprocess(cfg)
-    # one message per site per batch, plus the last gradient, through real Flower messages
+    local = run_inprocess({**RUN, "output.dir": str(tmp_path / "local")})
+    # one message per site per batch, plus the last gradient, through real Flower messages (Ray or in process)
     assert flower["round_trips"] == flower["batches"] + 1 and flower["batches"] == local["batches"]
+    assert local["round_trips"] == flower["round_trips"]
     # each site restored its encoder, optimiser and counts from context.state at every message: same run
     assert flower["test"] == pytest.approx(local["test"], rel=1e-6, abs=1e-9)
     assert flower["privacy"]["epsilon"] == pytest.approx(local["privacy"]["epsilon"], rel=1e-12)

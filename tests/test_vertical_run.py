@@ -1,4 +1,5 @@
-"""A vertical run (strategy split) end to end in process: outputs, ledger, calibration, alignment errors."""
+"""A vertical run (strategy split) end to end in process (the real apps over the in-process grid): outputs,
+ledger, calibration, alignment errors."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from flwr_app.outputs import RunOutputs
 from flwr_app.vertical_server import run_vertical
 from strategies.mechanisms.embedding_dp import RECORD_LEVEL, EmbeddingDP
 from models.data.vertical import VerticalAlignmentError
-from simulations.engine import resolve
-from simulations.inprocess import LocalSplitTransport, run_vertical_inprocess
+from simulations.engine import resolve, run_inprocess
 from strategies.mechanisms.embedding_dp import embedding_epsilon
 from strategies.split import PredictRequest, SiteConfig, SiteReply, SiteRequest, SplitSiteError
 
@@ -28,15 +28,19 @@ TINY = {
 }
 
 
+def _overrides(tmp_path, **overrides):
+    return {**TINY, "output.dir": str(tmp_path), **overrides}
+
+
 def _config(tmp_path, **overrides):
-    return resolve({**TINY, "output.dir": str(tmp_path), **overrides})[1]
+    return resolve(_overrides(tmp_path, **overrides))[1]
 
 
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("split_dp")
-    cfg = _config(out, **{"privacy.epsilon": 8.0})
-    return out, cfg, run_vertical_inprocess(cfg)
+    overrides = _overrides(out, **{"privacy.epsilon": 8.0})
+    return out, resolve(overrides)[1], run_inprocess(overrides)
 
 
 def test_outputs_ledger_and_round_trips(dp_run):
@@ -75,8 +79,9 @@ def test_record_level_epsilon_composes_every_sites_releases_and_meets_the_target
 
 
 def test_paper_calibration_reports_its_claim_beside_the_rdp_epsilon(tmp_path):
-    cfg = _config(tmp_path, **{"privacy.epsilon": 8.0, "split.calibration": "paper", "baseline.centralized": False})
-    summary = run_vertical_inprocess(cfg)
+    overrides = _overrides(tmp_path, **{"privacy.epsilon": 8.0, "split.calibration": "paper",
+                                        "baseline.centralized": False})
+    cfg, summary = resolve(overrides)[1], run_inprocess(overrides)
     n_train = len(vertical_task.labels(cfg, vertical_task.load_table(cfg)).train_ids)
     assert n_train == 240  # 300 records, 20 % held out
     paper_sigma = 2 * (64 / n_train) * math.sqrt(2 * math.ceil(n_train / 64) * math.log(1e5)) / 8.0
@@ -86,17 +91,19 @@ def test_paper_calibration_reports_its_claim_beside_the_rdp_epsilon(tmp_path):
 
 
 def test_without_privacy_the_ledger_says_so(tmp_path):
-    summary = run_vertical_inprocess(_config(tmp_path, **{"baseline.centralized": False, "federation.rounds": 1}))
+    summary = run_inprocess(_overrides(tmp_path, **{"baseline.centralized": False, "federation.rounds": 1}))
     assert summary["privacy"]["epsilon"] is None and summary["noise_multiplier"] == 0.0
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert {entry["mechanism"] for entry in ledger} == {"none"}
 
 
-class _Transport(LocalSplitTransport):
-    """A local transport whose sites report other IDs or modalities than the label holder expects."""
+class _Transport:
+    """A transport whose sites report other IDs or modalities than the label holder expects (the run stops
+    at the answers to its first message)."""
 
-    def __init__(self, cfg, held):
-        super().__init__(cfg)
+    round_trips = 0
+
+    def __init__(self, held):
         self.held = held
 
     def hello(self):
@@ -109,11 +116,11 @@ def test_misaligned_ids_and_missing_sites_stop_with_the_site_named(tmp_path):
     ids = [str(i) for i in table.ids]
     outputs = RunOutputs.create(cfg)
     with pytest.raises(VerticalAlignmentError, match="site 'b': 1 record IDs are not in the label holder's cohort"):
-        run_vertical(cfg, _Transport(cfg, {"a": ids, "b": ids + ["stranger"], "c": ids}), outputs)
+        run_vertical(cfg, _Transport({"a": ids, "b": ids + ["stranger"], "c": ids}), outputs)
     with pytest.raises(SplitSiteError, match=r"no site holds \['c'\]"):
-        run_vertical(cfg, _Transport(cfg, {"a": ids, "b": ids}), outputs)
+        run_vertical(cfg, _Transport({"a": ids, "b": ids}), outputs)
     with pytest.raises(SplitSiteError, match="unexpected sites \\['d'\\]"):
-        run_vertical(cfg, _Transport(cfg, {"a": ids, "b": ids, "c": ids, "d": ids}), outputs)
+        run_vertical(cfg, _Transport({"a": ids, "b": ids, "c": ids, "d": ids}), outputs)
 
 
 def test_deployed_site_reads_its_modality_file(tmp_path):

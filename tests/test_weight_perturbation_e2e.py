@@ -1,4 +1,4 @@
-"""NbAFL / LS-ADP / ROW-DP end to end: Flower simulation, ledger, in-process reproduction, config."""
+"""NbAFL / LS-ADP / ROW-DP end to end: Flower simulation, ledger, the same run in process, config."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from flwr_app.config import ConfigError
-from simulations.engine import resolve, run_simulation
-from simulations.inprocess import run_federation
+from simulations.engine import resolve, run_inprocess, run_simulation
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
 from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
@@ -101,26 +100,26 @@ def test_ls_adp_flower_run_writes_an_honest_ledger(ls_adp_run):
     assert all(len(line["sites"]) == SITES and not line["failures"] for line in rounds)
 
 
-def _assert_inprocess_reproduces(out, overrides, summary):
-    _, cfg = resolve(overrides)  # the very overrides the Flower run used
-    result = run_federation(cfg)
-    flower = torch.load(out / "model.pt", weights_only=False)["state_dict"]
-    assert sorted(flower) == sorted(result["state_dict"])
+def _assert_inprocess_reproduces(out, overrides, summary, tmp_path):
+    """The same overrides through the in-process grid: the same model, ledger and figures as through Ray."""
+    local = run_inprocess({**overrides, "output.dir": str(tmp_path)})
+    flower, inprocess = (torch.load(path / "model.pt", weights_only=False)["state_dict"] for path in (out, tmp_path))
+    assert sorted(flower) == sorted(inprocess)
     for key, value in flower.items():
-        assert value.shape == result["state_dict"][key].shape
-        assert float((value - result["state_dict"][key]).abs().max()) < 1e-6, key
-    assert result["privacy"]["epsilon"] == pytest.approx(summary["privacy"]["epsilon"], rel=0, abs=1e-12)
-    assert result["privacy"]["epsilon_nominal"] == summary["privacy"]["epsilon_nominal"]
-    assert result["test"]["c_index"] == pytest.approx(summary["test"]["c_index"], abs=1e-6)
+        assert value.shape == inprocess[key].shape
+        assert float((value - inprocess[key]).abs().max()) < 1e-6, key
+    assert _read_jsonl(tmp_path / "ledger.jsonl") == _read_jsonl(out / "ledger.jsonl")
+    assert local["privacy"] == summary["privacy"]
+    assert local["test"]["c_index"] == pytest.approx(summary["test"]["c_index"], abs=1e-6)
 
 
 @pytest.mark.slow
-def test_inprocess_engine_reproduces_the_ls_adp_flower_run(ls_adp_run):
-    _assert_inprocess_reproduces(*ls_adp_run)
+def test_inprocess_engine_reproduces_the_ls_adp_flower_run(ls_adp_run, tmp_path):
+    _assert_inprocess_reproduces(*ls_adp_run, tmp_path)
 
 
 @pytest.mark.slow
-def test_row_dp_exact_spends_at_most_the_target_and_is_reproduced_in_process(row_dp_exact_run):
+def test_row_dp_exact_spends_at_most_the_target_and_is_reproduced_in_process(row_dp_exact_run, tmp_path):
     out, overrides, summary = row_dp_exact_run
     ledger = _read_jsonl(out / "ledger.jsonl")
     assert len(ledger) == SITES * ROUNDS
@@ -135,7 +134,7 @@ def test_row_dp_exact_spends_at_most_the_target_and_is_reproduced_in_process(row
         assert entries[-1]["epsilon"] == pytest.approx(EPSILON, abs=1e-3)
         assert any("allocation 'exact'" in line for line in entries[-1]["assumptions"])
     assert summary["privacy"]["epsilon"] <= EPSILON
-    _assert_inprocess_reproduces(out, overrides, summary)
+    _assert_inprocess_reproduces(out, overrides, summary, tmp_path)
 
 
 # --------------------------------------------------------------------------------------------

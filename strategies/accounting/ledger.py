@@ -59,15 +59,19 @@ class PrivacyLedger:
         are dropped from the file too (rewritten atomically): the resumed run runs those rounds
         again with the same seeds and records them again.
         """
-        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-        entries = [LedgerEntry(**{**fields, "assumptions": tuple(fields["assumptions"]),
-                                  "prior": tuple(tuple(entry) for entry in fields.get("prior", ()))})
-                   for fields in map(json.loads, lines)]
-        kept = [entry for entry in entries if entry.round <= last_round]
+        kept = [entry for entry in cls.read(path).entries if entry.round <= last_round]
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(asdict(entry)) + "\n" for entry in kept), encoding="utf-8")
         tmp.replace(path)
         return cls(path, kept)
+
+    @classmethod
+    def read(cls, path: Path) -> PrivacyLedger:
+        """The entries of the ledger file at ``path`` (none if there is no file), not to be continued."""
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        return cls(None, [LedgerEntry(**{**fields, "assumptions": tuple(fields["assumptions"]),
+                                         "prior": tuple(tuple(entry) for entry in fields.get("prior", ()))})
+                          for fields in map(json.loads, lines)])
 
     def record(self, entry: LedgerEntry) -> None:
         """Append ``entry`` (and flush it to disk at once, so a crash loses nothing)."""
@@ -81,14 +85,10 @@ class PrivacyLedger:
 
         Returns ``{"epsilon": None, ...}`` when no entry carries an ε (no DP mechanism ran).
         """
-        latest: dict[str, LedgerEntry] = {}
-        for entry in self.entries:
-            if entry.site not in latest or entry.round >= latest[entry.site].round:
-                latest[entry.site] = entry
-        if not latest:
+        latest = self._latest()
+        worst = self.worst()
+        if worst is None:
             return {"epsilon": None, "delta": None, "unit": "none", "accountant": "none", "site": None}
-        unbounded = [entry for entry in latest.values() if entry.epsilon is None]
-        worst = unbounded[0] if unbounded else max(latest.values(), key=lambda entry: entry.epsilon)
         headline = {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
                     "accountant": worst.accountant, "site": worst.site}
         for key in ("epsilon_classical", "epsilon_nominal", "epsilon_audited_formula"):
@@ -96,3 +96,19 @@ class PrivacyLedger:
             if values:
                 headline[key] = max(values)  # the worst site
         return headline
+
+    def worst(self) -> LedgerEntry | None:
+        """The latest entry of the site that spent most (the first with no ε bound, if any); ``None`` if empty."""
+        latest = self._latest()
+        if not latest:
+            return None
+        unbounded = [entry for entry in latest.values() if entry.epsilon is None]
+        return unbounded[0] if unbounded else max(latest.values(), key=lambda entry: entry.epsilon)
+
+    def _latest(self) -> dict[str, LedgerEntry]:
+        """Every site's entry of its latest round."""
+        latest: dict[str, LedgerEntry] = {}
+        for entry in self.entries:
+            if entry.site not in latest or entry.round >= latest[entry.site].round:
+                latest[entry.site] = entry
+        return latest

@@ -1,11 +1,11 @@
-"""The bare in-process loop (the benchmarks' reference) does the work of the real apps and gets their figures."""
+"""The Flower-overhead benchmark's bare loop does the work of the real apps and gets their figures."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulations.engine import resolve
-from simulations.inprocess import run_federation, run_inprocess
+from benchmarks.flower_overhead import bare_federation
+from simulations.engine import resolve, run_inprocess
 
 
 @pytest.mark.parametrize("model", ["hazard_mlp", "cox_mlp"])
@@ -14,6 +14,11 @@ def test_the_bare_loop_evaluates_every_site_as_the_client_app_does(model, tmp_pa
                  "evaluation.server_side": False, "baseline.centralized": False}
     summary = run_inprocess({**overrides, "output.dir": str(tmp_path)})
     assert summary["test_source"] == "weighted mean of the sites' own test metrics"
-    bare = run_federation(resolve(overrides)[1], evaluate_sites=True)
+    bare = bare_federation(resolve(overrides)[1])
     for key in ("c_index", "c_index_td", "ibs", "inbll"):
-        assert bare["sites_mean"][key] == pytest.approx(summary["test"][key], rel=0, abs=1e-9), key
+        assert bare[key] == pytest.approx(summary["test"][key], rel=0, abs=1e-9), key
+
+
+def test_the_bare_loop_refuses_what_it_does_not_do():
+    with pytest.raises(ValueError, match="evaluation.server_side = false"):
+        bare_federation(resolve({"evaluation.server_side": True})[1])
