@@ -14,8 +14,7 @@ from models.data import ColumnRoles, DataValidationError, build_federated_datase
 from models.data.vertical import read_modality_file
 from models.metrics import UNDEFINED_REASONS, evaluate_survival
 from models.predict import PREPROCESSING_FILE
-from simulations.engine import resolve
-from simulations.inprocess import run_inprocess
+from simulations.engine import resolve, run_inprocess
 
 
 def cohort(n: int = 1200, seed: int = 0) -> pd.DataFrame:
