@@ -197,11 +197,6 @@ def test_readme_commands_run_as_written(readme_run):
 
 @pytest.mark.slow
 def test_readme_python_example_predicts_survival_curves(readme_run, monkeypatch):
-    try:
-        import fedsurv  # noqa: F401
-    except ImportError:
-        pytest.skip("fedsurv (load_run, issue 16 item 5) is not in this checkout yet: the lead removes this skip "
-                    "when it lands")
     checkout, results = readme_run
     assert all(result.returncode == 0 for result, _ in results.values())
     (block,) = code_blocks(readme_text(), "python")
