@@ -3,7 +3,7 @@
 Same model (FSL-BDP architecture: Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T, SELU), same data
 (FLCHAIN-like synthetic, 19 features), same batch (128 records), Adam, one CPU thread, measured
 in one run after a warm-up, the variants interleaved block by block. DP variants (backends of
-:func:`strategies.mechanisms.dp_sgd_step`): ``ghost`` (exact per-sample norms of the Linear
+:func:`strategies.mechanisms.dp_sgd_training.dp_sgd_step`): ``ghost`` (exact per-sample norms of the Linear
 layers, clipped sum by matrix products), ``torch_func`` (per-sample gradients by ``vmap``) and
 ``opacus`` (``GradSampleModule``, reused across steps as ``train_epochs_dp`` does), and, for
 comparison, opacus' own ghost clipping (``GradSampleModuleFastGradientClipping``: per-sample norms
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.survival import build_survival_model, make_time_grid
 from strategies.accounting.bayesian_dp import BayesianAccountant  # noqa: E402
-from strategies.mechanisms.bdp import account_step  # noqa: E402
-from strategies.mechanisms.dp_sgd import DEFAULT_BACKEND, clipped_sum_ghost, dp_sgd_step
+from strategies.mechanisms.bdp_training import account_step  # noqa: E402
+from strategies.mechanisms.dp_sgd_training import DEFAULT_BACKEND, clipped_sum_ghost, dp_sgd_step
 
 
 def _time_per_call(step: Callable[[], object], *, warmup: int, repeats: int, rounds: int) -> dict[str, float]:

@@ -64,7 +64,8 @@ from models.bayesian import kl_divergence, seeded
 from models.data.vertical import ModalityTransform, fit_modality_transform
 from models.multimodal import HEAD_SEED_NAME, FusionHead, build_encoder, bvflmsp_loss, part_seed
 from models.multimodal_training import PREDICT_SALT, EmbeddingHook, epoch_batches
-from strategies.mechanisms.embedding_dp import clip_embeddings, embedding_epsilon, privatize_embeddings
+from strategies.mechanisms.embedding_dp import embedding_epsilon
+from strategies.mechanisms.embedding_noise import clip_embeddings, privatize_embeddings
 
 __all__ = [
     "NOISE_SALT",

@@ -1,12 +1,16 @@
 """Argument checks shared by the accountants and the privacy mechanisms.
 
-Each returns the value converted to its plain Python type, or raises with the argument's name.
+Each check returns the value converted to its plain Python type, or raises with the argument's
+name. :func:`is_tensor` lets the pure functions take numpy arrays or torch tensors without
+importing torch.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,3 +53,9 @@ def check_choice(value: str, options: Sequence[str], name: str) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
     return value
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.Tensor``, without importing torch (no tensor exists before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)

@@ -28,11 +28,11 @@ from strategies.mechanisms.adaptive_dp import (
     nbafl_sensitivity,
     nbafl_uplink_noise_std,
     noise_std_from_budgets,
-    perturbed_layer_metrics,
     row_dp_budgets,
     row_dp_importance,
     split_clip_norm,
 )
+from strategies.mechanisms.weight_release import perturbed_layer_metrics
 
 # The paper's simulation setting: δ = 1e-5, C = 1, m = 1000, L = 50, ε = 0.6.
 NBAFL = {"delta": 1e-5, "clip_norm": 1.0, "min_site_records": 1000, "exposures": 50}

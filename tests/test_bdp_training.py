@@ -7,8 +7,9 @@ import pytest
 from models.survival import build_survival_model, make_time_grid
 from strategies.accounting import bayesian_dp
 from strategies.accounting.rdp import epsilon_from_history
-from strategies.mechanisms import bdp
-from strategies.mechanisms.bdp import MIN_RECORDS, train_epochs_bdp
+from strategies.mechanisms import bdp_training
+from strategies.mechanisms.bdp import GAMMA_STEP, MIN_RECORDS
+from strategies.mechanisms.bdp_training import train_epochs_bdp
 from strategies.mechanisms.dp_sgd import poisson_schedule
 
 
@@ -72,7 +73,7 @@ def test_a_site_calibrates_filters_and_accounts_under_max_of_left_and_right(monk
     less), and every committed step cost is the UCB of max(c_L, c_R) over that step's distances."""
     model, x, time, event = site(400)
     rounds, target, beta = 2, 1.0, 1e-5
-    pilot = bdp.pilot_distances(model, x, time, event, clip_norm=1.0, seed=0, adjacency="add-remove")
+    pilot = bdp_training.pilot_distances(model, x, time, event, clip_norm=1.0, seed=0, adjacency="add-remove")
     calls, commits = [], []
     real_step_costs, real_commit = bayesian_dp.step_costs, bayesian_dp.BayesianAccountant.commit
 
@@ -84,7 +85,7 @@ def test_a_site_calibrates_filters_and_accounts_under_max_of_left_and_right(monk
         commits.append((np.asarray(costs).copy(), calls[-1]))
         return real_commit(self, costs, **kwargs)
 
-    monkeypatch.setattr(bdp, "step_costs", recording_step_costs)
+    monkeypatch.setattr(bdp_training, "step_costs", recording_step_costs)
     monkeypatch.setattr(bayesian_dp, "step_costs", recording_step_costs)
     monkeypatch.setattr(bayesian_dp.BayesianAccountant, "commit", recording_commit)
     metrics, state = run(model, x, time, event, None, target=target, round_seed=0, rounds=rounds)
@@ -97,7 +98,7 @@ def test_a_site_calibrates_filters_and_accounts_under_max_of_left_and_right(monk
     assert target - 1e-3 <= projected <= target
     left = [bayesian_dp.ucb_cost(
         bayesian_dp.log_binomial_cost(order, pilot, sample_rate=q, noise_std=sigma, side="left"),
-        total_steps=total, gamma_step=bdp.GAMMA_STEP) for order in bayesian_dp.DEFAULT_ORDERS]
+        total_steps=total, gamma_step=GAMMA_STEP) for order in bayesian_dp.DEFAULT_ORDERS]
     assert bayesian_dp.epsilon_mu(total * np.asarray(left), bayesian_dp.DEFAULT_ORDERS, beta=beta) < 0.9 * target
 
     assert len(commits) >= steps - 1
@@ -106,7 +107,7 @@ def test_a_site_calibrates_filters_and_accounts_under_max_of_left_and_right(monk
         for row, order in enumerate(bayesian_dp.DEFAULT_ORDERS):
             per_distance = {side: bayesian_dp.log_binomial_cost(order, distances, sample_rate=q, noise_std=sigma,
                                                                 side=side) for side in ("left", "right")}
-            ucb = {side: bayesian_dp.ucb_cost(values, total_steps=total, gamma_step=bdp.GAMMA_STEP)
+            ucb = {side: bayesian_dp.ucb_cost(values, total_steps=total, gamma_step=GAMMA_STEP)
                    for side, values in {**per_distance,
                                         "max": np.maximum(per_distance["left"], per_distance["right"])}.items()}
             assert costs[row] == pytest.approx(ucb["max"], rel=1e-12)

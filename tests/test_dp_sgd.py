@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from models.survival import build_survival_model, make_time_grid
-from strategies.mechanisms import (
+from strategies.mechanisms.dp_sgd_training import (
     DecomposabilityError,
     clip_per_sample,
     clipped_sum_ghost,

@@ -9,13 +9,8 @@ import torch
 
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
-from strategies.mechanisms.embedding_dp import (
-    calibrate_embedding_noise,
-    clip_embeddings,
-    embedding_epsilon,
-    paper_embedding_noise,
-    privatize_embeddings,
-)
+from strategies.mechanisms.embedding_dp import calibrate_embedding_noise, embedding_epsilon, paper_embedding_noise
+from strategies.mechanisms.embedding_noise import clip_embeddings, privatize_embeddings
 
 
 def test_rows_are_clipped_to_the_norm_and_short_rows_kept() -> None:

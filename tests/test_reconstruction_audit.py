@@ -13,7 +13,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from strategies.audits.reconstruction import reconstruction_attack
-from strategies.mechanisms.embedding_dp import privatize_embeddings
+from strategies.mechanisms.embedding_noise import privatize_embeddings
 
 
 def _encoded(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

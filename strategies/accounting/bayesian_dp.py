@@ -69,11 +69,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from scipy.special import gammaln, xlog1py, xlogy
 from scipy.stats import t as student_t
 
-from strategies.validation import check_choice, check_count, check_positive, check_probability, check_sample_rate
+from strategies.validation import (
+    check_choice,
+    check_count,
+    check_positive,
+    check_probability,
+    check_sample_rate,
+    is_tensor,
+)
 
 #: Default grid of orders λ (Rényi order α = λ + 1).
 DEFAULT_ORDERS: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
@@ -129,7 +135,7 @@ def check_adjacency(adjacency: str) -> str:
 
 def _as_distances(distances: Any) -> np.ndarray:
     array = np.asarray(
-        distances.detach().cpu().double().numpy() if _is_tensor(distances) else distances,
+        distances.detach().cpu().double().numpy() if is_tensor(distances) else distances,
         dtype=np.float64,
     ).reshape(-1)
     if array.size == 0:
@@ -137,10 +143,6 @@ def _as_distances(distances: Any) -> np.ndarray:
     if not np.all(np.isfinite(array)) or np.any(array < 0.0):
         raise ValueError("distances must be finite and >= 0")
     return array
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,9 +168,11 @@ def pairwise_distances(clipped_grads: Any) -> np.ndarray:
     ----------
     Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020, §4.
     """
+    import torch  # the gradients' own library, imported where distances are computed (at a site)
+
     # Computed in the gradients' own precision (float32 from training: a distance of norms <= 2C
     # carries a relative error ~1e-7), returned as float64.
-    array = clipped_grads.detach().cpu() if _is_tensor(clipped_grads) else torch.as_tensor(np.asarray(clipped_grads))
+    array = clipped_grads.detach().cpu() if is_tensor(clipped_grads) else torch.as_tensor(np.asarray(clipped_grads))
     if array.ndim < 2:
         raise ValueError(f"clipped_grads must have shape (M, P), got {tuple(array.shape)}")
     array = array.reshape(array.shape[0], -1)
@@ -202,7 +206,9 @@ def neighbour_distances(clipped_grads: Any, *, adjacency: str) -> np.ndarray:
     """
     if check_adjacency(adjacency) == "replace-one":
         return pairwise_distances(clipped_grads)
-    array = clipped_grads.detach().cpu() if _is_tensor(clipped_grads) else torch.as_tensor(np.asarray(clipped_grads))
+    import torch  # as in pairwise_distances
+
+    array = clipped_grads.detach().cpu() if is_tensor(clipped_grads) else torch.as_tensor(np.asarray(clipped_grads))
     if array.ndim < 2 or array.shape[0] < 1:
         raise ValueError(f"clipped_grads must have shape (M, P) with M >= 1, got {tuple(array.shape)}")
     norms = torch.linalg.vector_norm(array.reshape(array.shape[0], -1), dim=1).double().numpy()
@@ -217,14 +223,14 @@ def distances_from_gram(gram: Any, *, adjacency: str) -> np.ndarray:
     ``"add-remove"``: ``sqrt(G_ii)``; ``"replace-one"``: ``sqrt(G_ii + G_jj − 2 G_ij)`` for
     ``i < j`` in row-major order (that of :func:`pairwise_distances`). Lets DP-SGD hand over the
     M×M inner products it can compute from its per-layer factors instead of M per-sample
-    gradients (:meth:`strategies.mechanisms.dp_sgd.GhostPerSample.gram`). Pass a float64 Gram
+    gradients (:meth:`strategies.mechanisms.dp_sgd_training.GhostPerSample.gram`). Pass a float64 Gram
     matrix: the replace-one form subtracts nearly equal numbers for nearby gradients.
 
     References
     ----------
     Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020, §4.
     """
-    matrix = gram.detach().cpu().double().numpy() if _is_tensor(gram) else np.asarray(gram, dtype=np.float64)
+    matrix = gram.detach().cpu().double().numpy() if is_tensor(gram) else np.asarray(gram, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] < 1:
         raise ValueError(f"gram must be a square (M, M) matrix, got shape {matrix.shape}")
     if not np.all(np.isfinite(matrix)):
@@ -303,9 +309,9 @@ def log_binomial_cost(
     sample_rate = check_sample_rate(sample_rate)
     noise_std = check_positive(noise_std, "noise_std")
     side = check_choice(side, COST_SIDES, "side")
-    scalar = np.ndim(distance) == 0 and not _is_tensor(distance)
+    scalar = np.ndim(distance) == 0 and not is_tensor(distance)
     d = np.asarray(
-        distance.detach().cpu().double().numpy() if _is_tensor(distance) else distance,
+        distance.detach().cpu().double().numpy() if is_tensor(distance) else distance,
         dtype=np.float64,
     )
     if not np.all(np.isfinite(d)) or np.any(d < 0.0):

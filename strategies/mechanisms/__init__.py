@@ -6,39 +6,13 @@ assumptions, release manifest): :mod:`~strategies.mechanisms.none` (``fedavg``),
 :mod:`~strategies.mechanisms.dp_sgd`, :mod:`~strategies.mechanisms.bdp`,
 :mod:`~strategies.mechanisms.central_dp`, :mod:`~strategies.mechanisms.nbafl` (``nbafl``,
 ``ls_adp``, ``row_dp``) and :mod:`~strategies.mechanisms.embedding_dp` (``split``). The pure
-mathematics lives beside each object in its module (and in :mod:`strategies.accounting`);
-:mod:`~strategies.mechanisms.setup_statistics` releases a federation's set-up with DP. This
-package re-exports the DP-SGD functions.
+mathematics lives beside each object in its module (and in :mod:`strategies.accounting`); these
+modules import no torch, opacus or Flower, so parsing a run configuration (which runs the
+mechanism's checks) stays light. The site's numerics live in sibling modules imported only where
+they run: :mod:`~strategies.mechanisms.dp_sgd_training` (per-sample gradients, clipping, noise,
+the DP-SGD loop), :mod:`~strategies.mechanisms.bdp_training` (the Bayesian accountant's budget
+filter around that loop), :mod:`~strategies.mechanisms.weight_release` (NbAFL / LS-ADP / ROW-DP
+weight perturbation) and :mod:`~strategies.mechanisms.embedding_noise` (split learning's
+embedding clip and noise). :mod:`~strategies.mechanisms.setup_statistics` releases a
+federation's set-up with DP.
 """
-
-from strategies.mechanisms.dp_sgd import (
-    DEFAULT_BACKEND,
-    DecomposabilityError,
-    clip_per_sample,
-    clipped_sum_ghost,
-    dp_sgd_step,
-    flatten_per_sample,
-    hazard_per_sample_loss_fn,
-    noisy_sum,
-    per_sample_gradients,
-    per_sample_gradients_opacus,
-    poisson_batches,
-    poisson_schedule,
-    train_epochs_dp,
-)
-
-__all__ = [
-    "DEFAULT_BACKEND",
-    "DecomposabilityError",
-    "clip_per_sample",
-    "clipped_sum_ghost",
-    "dp_sgd_step",
-    "flatten_per_sample",
-    "hazard_per_sample_loss_fn",
-    "noisy_sum",
-    "per_sample_gradients",
-    "per_sample_gradients_opacus",
-    "poisson_batches",
-    "poisson_schedule",
-    "train_epochs_dp",
-]

@@ -1,6 +1,9 @@
 r"""NbAFL noise and the adaptive budget allocations LS-ADP and ROW-DP.
 
-Pure functions only (numpy / torch, no Flower imports); the strategy layer calls them.
+Pure functions only (numpy; they take numpy arrays or torch tensors but import neither torch nor
+Flower); the strategy layer calls them. LS-ADP's trial perturbation of a network's layers
+(:func:`~strategies.mechanisms.weight_release.perturbed_layer_metrics`) is torch code and lives
+with the site's release in :mod:`strategies.mechanisms.weight_release`.
 
 NbAFL (Wei et al. 2020)
 -----------------------
@@ -52,16 +55,14 @@ analysis", IEEE TIFS 15:3454–3469, 2020 (NbAFL).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, epsilon_gaussian_rounds
 from strategies.config import DISPERSION_MEASURES  # the schema's choices of privacy.dispersion
-from strategies.validation import check_choice, check_count, check_positive, check_probability
+from strategies.validation import check_choice, check_count, check_positive, check_probability, is_tensor
 
 __all__ = [
     "AUDIT_RDP_ORDERS",
@@ -79,8 +80,6 @@ __all__ = [
     "nbafl_sensitivity",
     "nbafl_uplink_noise_std",
     "noise_std_from_budgets",
-    "parameterised_layers",
-    "perturbed_layer_metrics",
     "row_dp_budgets",
     "row_dp_importance",
     "split_clip_norm",
@@ -101,10 +100,10 @@ AUDIT_RDP_ORDERS: tuple[float, ...] = tuple(DEFAULT_RDP_ORDERS) + tuple(
 
 def _to_numpy(values: Any) -> np.ndarray:
     """float64 numpy copy of an array, a tensor, or a sequence of equal-shape arrays/tensors."""
-    if isinstance(values, torch.Tensor):
+    if is_tensor(values):
         return values.detach().cpu().double().numpy()
-    if isinstance(values, (list, tuple)) and values and isinstance(values[0], torch.Tensor):
-        return torch.stack([v.detach().cpu().double() for v in values]).numpy()
+    if isinstance(values, (list, tuple)) and values and is_tensor(values[0]):
+        return np.stack([v.detach().cpu().double().numpy() for v in values])
     return np.array(values, dtype=np.float64)
 
 
@@ -319,18 +318,18 @@ def clip_update(arrays: Sequence[Any], clip_norm: float) -> tuple[list[Any], flo
     clip_norm = check_positive(clip_norm, "clip_norm")
     squared = 0.0
     for array in arrays:
-        if isinstance(array, torch.Tensor):
-            squared += float(torch.sum(array.detach().double() ** 2))
+        if is_tensor(array):
+            squared += float((array.detach().double() ** 2).sum())
         else:
             squared += float(np.sum(np.asarray(array, dtype=np.float64) ** 2))
     norm = math.sqrt(squared)
     if not math.isfinite(norm):
         raise ValueError("arrays must be finite")
     if norm <= clip_norm:
-        clipped = [a.clone() if isinstance(a, torch.Tensor) else np.array(a, copy=True) for a in arrays]
+        clipped = [a.clone() if is_tensor(a) else np.array(a, copy=True) for a in arrays]
         return clipped, norm
     scale = clip_norm / norm
-    clipped = [a * scale if isinstance(a, torch.Tensor) else np.asarray(a) * scale for a in arrays]
+    clipped = [a * scale if is_tensor(a) else np.asarray(a) * scale for a in arrays]
     return clipped, norm
 
 
@@ -347,7 +346,8 @@ def layer_sensitivity_importance(baseline_metric: float, perturbed_metrics: Sequ
     baseline_metric : float
         ``p``, the evaluation metric of the unperturbed local model.
     perturbed_metrics : sequence of float
-        ``p_i``, the metric with only layer ``i`` perturbed (:func:`perturbed_layer_metrics`).
+        ``p_i``, the metric with only layer ``i`` perturbed
+        (:func:`~strategies.mechanisms.weight_release.perturbed_layer_metrics`).
 
     Returns
     -------
@@ -373,77 +373,6 @@ def layer_sensitivity_importance(baseline_metric: float, perturbed_metrics: Sequ
     if total == 0.0:
         return np.full(perturbed.size, 1.0 / perturbed.size)
     return changes / total
-
-
-def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules that directly own parameters, in ``named_modules`` order."""
-    return [
-        (name, module)
-        for name, module in model.named_modules()
-        if next(module.parameters(recurse=False), None) is not None
-    ]
-
-
-def perturbed_layer_metrics(
-    model: nn.Module,
-    evaluate: Callable[[nn.Module], float],
-    *,
-    noise_std: float,
-    generator: torch.Generator | None = None,
-) -> tuple[float, list[float], list[str]]:
-    r"""Metric of the model with one layer at a time perturbed (LS-ADP's ``p`` and ``p_i``).
-
-    A *layer* is every module that directly owns parameters (e.g. an ``nn.Linear``: weight and
-    bias), in ``model.named_modules()`` order. For layer ``i``: ``w_i ← w_i + x_i`` with
-    ``x_i ~ N(0, noise_std² I)`` drawn independently per weight, all other weights unchanged;
-    ``p_i = evaluate(model)``; then ``w_i`` is restored exactly (also if ``evaluate`` raises).
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The locally trained model; its parameters are modified temporarily, in place.
-    evaluate : callable
-        ``evaluate(model) -> float``, e.g. a validation loss or C-index on the site's data. It
-        is responsible for ``model.eval()`` and ``torch.no_grad`` if it needs them (this
-        function runs it under ``torch.no_grad()``).
-    noise_std : float
-        Std of the perturbation (the paper uses NbAFL's ``σ_U``).
-    generator : torch.Generator, optional
-        Source of the noise (on the parameters' device); torch's global generator if omitted.
-
-    Returns
-    -------
-    baseline : float
-        ``p``, the metric of the unperturbed model.
-    perturbed : list of float
-        ``p_i``, one per layer.
-    names : list of str
-        The layers' module names (``""`` if the model itself owns parameters).
-
-    References
-    ----------
-    Niu et al., Mathematics 2025, §3.1, eqs. (9)–(11) ("LS-ADP / ROW-DP",
-    doi:10.3390/math13071096).
-    """
-    noise_std = check_positive(noise_std, "noise_std")
-    layers = parameterised_layers(model)
-    if not layers:
-        raise ValueError("model has no parameters")
-    with torch.no_grad():
-        baseline = float(evaluate(model))
-        perturbed: list[float] = []
-        for _, layer in layers:
-            params = list(layer.parameters(recurse=False))
-            saved = [p.detach().clone() for p in params]
-            try:
-                for p in params:
-                    noise = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device)
-                    p.add_(noise * noise_std)
-                perturbed.append(float(evaluate(model)))
-            finally:
-                for p, original in zip(params, saved, strict=True):
-                    p.copy_(original)
-    return baseline, perturbed, [name for name, _ in layers]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Bayesian-DP training at one site (FSL-BDP): the DP-SGD update under a Bayesian accountant.
 
-The update is exactly :func:`strategies.mechanisms.dp_sgd.train_epochs_dp` (per-record clipping
+The update is exactly :func:`strategies.mechanisms.dp_sgd_training.train_epochs_dp` (per-record clipping
 to ``C``, Gaussian noise ``N(0, σ²C²)`` on the sum, Poisson sampling at ``q``). What changes is
 the accounting (:class:`strategies.accounting.bayesian_dp.BayesianAccountant`): before each step
 the per-record clipped gradients of the batch give neighbour distances (every record's norm
@@ -17,6 +17,10 @@ as the accountant and the budget filter; that calibration is data-dependent and 
 accounted (the ledger says so). Sites with fewer than ``MIN_RECORDS`` records fall back to
 classical DP-SGD (too few records for the estimate).
 
+This module holds the mechanism object and its constants and imports no torch; the site's
+training loop is :mod:`strategies.mechanisms.bdp_training`, imported by
+:meth:`BayesianDP.site_round`.
+
 References
 ----------
 Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020,
@@ -27,24 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from models.survival import SurvivalModel
-from strategies.accounting.bayesian_dp import (
-    DEFAULT_ORDERS,
-    BayesianAccountant,
-    calibrate_noise_for_bdp,
-    classical_noise_multiplier,
-    distances_from_gram,
-    epsilon_mu,
-    gaussian_release_costs,
-    step_costs,
-)
+from strategies.accounting.bayesian_dp import DEFAULT_ORDERS, classical_noise_multiplier, epsilon_mu, gaussian_release_costs
 from strategies.accounting.ledger import LedgerEntry
-from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_from_history
+from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ExperimentConfig
 from strategies.mechanisms.base import (
     Manifest,
@@ -56,201 +47,17 @@ from strategies.mechanisms.base import (
     setup_sentence,
     update_release,
 )
-from strategies.mechanisms.dp_sgd import (
-    PerSampleView,
-    clipped_sum_ghost,
-    poisson_schedule,
-    require_decomposable_loss,
-    train_epochs_dp,
-)
+from strategies.mechanisms.dp_sgd import poisson_schedule, require_decomposable_loss
+
+if TYPE_CHECKING:  # the site's model type, for type checkers only
+    from models.survival import SurvivalModel
+
+__all__ = ["GAMMA_STEP", "MIN_RECORDS", "PAIR_RECORDS", "PILOT_RECORDS", "BayesianDP"]
 
 MIN_RECORDS = 100
 PAIR_RECORDS = 16  # replace-one: records per step whose pairwise distances estimate the step's cost
 PILOT_RECORDS = 64
 GAMMA_STEP = 1e-12
-
-
-class BudgetExhausted(Exception):
-    """Raised inside the training loop, before a step that would overspend."""
-
-
-def account_step(
-    accountant: BayesianAccountant, per_sample: PerSampleView, *, sample_rate: float, noise_std: float,
-    total_steps: int, target_epsilon_mu: float, beta: float, fallback_distances: np.ndarray | None = None,
-) -> np.ndarray:
-    """Budget filter and accounting of one step, before it is taken.
-
-    The neighbour distances under ``accountant.adjacency`` of the (randomly sampled) batch's
-    records estimate the step's cost: under add/remove the clipped-gradient norms of every
-    record of the batch (free: DP-SGD computes them anyway), under replace-one the pairwise
-    distances of the first ``PAIR_RECORDS`` records, from the Gram matrix of their clipped
-    gradients (:func:`distances_from_gram`). If adding the step's cost (:func:`step_costs`: the
-    UCB over the distances of ``max(c_L, c_R)``) would take ``ε_μ`` past ``target_epsilon_mu``,
-    :class:`BudgetExhausted` is raised and nothing is accounted; else the cost is committed. The
-    same happens once ``total_steps`` steps are accounted: the UCB's Hölder horizon ``T`` would be
-    too short for another one (a site run for more rounds than it was calibrated for). A batch of
-    fewer than two records gives no variance estimate: the previous step's distances
-    (``fallback_distances``) stand in.
-
-    Returns
-    -------
-    The distances used (to stand in for a later batch without pairs).
-    """
-    if accountant.spent_steps >= total_steps:
-        raise BudgetExhausted(f"the UCB horizon of {total_steps} steps is spent")
-    if per_sample.clipped_norms().shape[0] >= 2:
-        # the batch is a random sample of the site's records
-        if accountant.adjacency == "add-remove":
-            distances = per_sample.clipped_norms().double().numpy()
-        else:
-            distances = distances_from_gram(per_sample.gram(PAIR_RECORDS), adjacency="replace-one")
-    elif fallback_distances is not None:
-        distances = fallback_distances
-    else:
-        raise BudgetExhausted("fewer than two records in the first batch: no distance estimate to account it")
-    costs = step_costs(distances, orders=accountant.orders, sample_rate=sample_rate, noise_std=noise_std,
-                       total_steps=total_steps, gamma_step=GAMMA_STEP)
-    if accountant.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
-        raise BudgetExhausted
-    accountant.commit(costs, total_steps=total_steps, gamma_step=GAMMA_STEP)
-    return distances
-
-
-def pilot_distances(model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
-                    clip_norm: float, seed: int, adjacency: str) -> np.ndarray:
-    """Neighbour distances of the clipped per-record gradients of ``PILOT_RECORDS`` random records."""
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(x), size=min(PILOT_RECORDS, len(x)), replace=False)
-    _, _, _, per_sample = clipped_sum_ghost(
-        model, torch.from_numpy(x[idx]), torch.from_numpy(time[idx]), torch.from_numpy(event[idx]),
-        clip_norm=clip_norm,
-    )
-    return distances_from_gram(per_sample.gram(), adjacency=adjacency)
-
-
-def train_epochs_bdp(
-    model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
-    epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
-    clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
-    adjacency: str = "add-remove", num_records: float | None = None,
-    prior: Sequence[tuple[float, float, int]] = (),
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
-
-    Parameters
-    ----------
-    target_epsilon_mu, beta
-        Budget ``ε_μ`` and the β of ``δ_μ = β + γ``.
-    rounds
-        Rounds the site takes part in: σ is calibrated for ``rounds × steps per round`` steps.
-    state
-        ``None`` before the first round, else the state returned by the previous round.
-    adjacency
-        ``"add-remove"`` or ``"replace-one"``: the neighbours of both ε_μ and the classical ε.
-    num_records
-        The record count the schedule (``q``, steps) and the small-site fallback are computed from
-        (default ``len(x)``): in a federation, the count the site agreed at set-up.
-    prior
-        The site's releases before training as accountant history (``(noise multiplier, 1.0, 1)``
-        per Gaussian set-up release under ``adjacency``): both accountants start with them
-        (:func:`~strategies.accounting.bayesian_dp.gaussian_release_costs` for ε_μ) and σ is
-        calibrated for what is left of the budget.
-
-    Returns
-    -------
-    metrics
-        ``train_loss``, ``epsilon_mu``, ``epsilon`` (classical RDP ε of the same σ, q, steps at
-        δ = β under the same adjacency), ``noise_multiplier``, ``sample_rate``, ``clip_norm``,
-        ``steps`` (cumulative), ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
-        is too small and ran classical DP-SGD instead).
-    state
-        JSON-serialisable state for the next round.
-    """
-    n = len(x) if num_records is None else num_records
-    sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
-    total_steps = steps * rounds
-    state = dict(state or {})
-    fallback = n < MIN_RECORDS
-    prior = tuple(entry for entry in prior if math.isfinite(entry[0]))
-    prior_costs = gaussian_release_costs([noise for noise, _, _ in prior])
-    if "noise_multiplier" not in state:
-        if fallback:
-            # σ whose classical ε under this adjacency meets the target (σ/2 is what is accounted
-            # under replace-one, see classical_noise_multiplier)
-            scale = 1.0 / classical_noise_multiplier(1.0, adjacency=adjacency)
-            state["noise_multiplier"] = scale * calibrate_noise_multiplier(
-                target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps,
-                prior=prior)
-        else:
-            state["noise_multiplier"] = calibrate_noise_for_bdp(
-                target_epsilon_mu=target_epsilon_mu, beta=beta,
-                distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed,
-                                                adjacency=adjacency),
-                sample_rate=sample_rate, steps=total_steps, clip_norm=clip_norm, gamma_step=GAMMA_STEP,
-                prior_costs=prior_costs,
-            )
-    noise_multiplier = float(state["noise_multiplier"])
-    bayes = (BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state
-             else BayesianAccountant(adjacency=adjacency, prior_costs=prior_costs))
-    if bayes.adjacency != adjacency:
-        raise ValueError(f"the site's accountant is {bayes.adjacency}, the run asks for {adjacency}")
-    if "classical" in state:
-        classical = SiteAccountant.from_state_dict(state["classical"])
-    else:
-        classical = SiteAccountant()
-        for noise, rate, count in prior:
-            classical.step(noise_multiplier=noise, sample_rate=rate, num_steps=count)
-    prior_steps = sum(count for _, _, count in prior)
-    stopped = bool(state.get("stopped", False))
-    loss = float("nan")
-    if not stopped:
-        taken = 0
-        last_distances: list[np.ndarray] = []
-
-        def account(per_sample: PerSampleView) -> None:
-            nonlocal taken
-            if not fallback:
-                last_distances[:] = [account_step(
-                    bayes, per_sample, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
-                    total_steps=total_steps, target_epsilon_mu=target_epsilon_mu, beta=beta,
-                    fallback_distances=last_distances[-1] if last_distances else None,
-                )]
-            taken += 1
-
-        try:
-            stats = train_epochs_dp(
-                model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account, num_records=n,
-            )
-            loss = float(stats["loss"])
-            # empty Poisson batches release noise only; account them like the last step
-            untracked = int(stats["num_steps"]) - taken
-            if untracked > 0 and not fallback and last_distances:
-                bayes.step(distances=last_distances[-1], sample_rate=sample_rate,
-                           noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
-                           gamma_step=GAMMA_STEP, num_steps=untracked)
-            taken = int(stats["num_steps"])
-        except BudgetExhausted:
-            stopped = True
-        if taken:
-            classical.step(noise_multiplier=classical_noise_multiplier(noise_multiplier, adjacency=adjacency),
-                           sample_rate=sample_rate, num_steps=taken)
-    spent = bool(classical.spent_steps)  # any step, or a release before training
-    epsilon = classical.epsilon(beta) if spent else 0.0
-    metrics = {
-        "train_loss": loss,
-        "epsilon_mu": epsilon if fallback else bayes.epsilon(beta) if spent else 0.0,
-        "epsilon": epsilon,
-        "noise_multiplier": noise_multiplier,
-        "sample_rate": sample_rate,
-        "clip_norm": clip_norm,
-        "steps": classical.spent_steps - prior_steps,
-        "stopped": float(stopped),
-        "fallback": float(fallback),
-    }
-    state.update(bayes=bayes.state_dict(), classical=classical.state_dict(), stopped=stopped,
-                 steps=classical.spent_steps - prior_steps)
-    return metrics, state
 
 
 # --------------------------------------------------------------------------- the mechanism object
@@ -259,8 +66,8 @@ def train_epochs_bdp(
 class BayesianDP(HorizontalMechanism):
     r"""Bayesian DP at every site (strategy ``bdp``, FSL-BDP): DP-SGD's update, Bayesian accountant.
 
-    Each round a site runs :func:`train_epochs_bdp` with budget ``ε_μ = privacy.epsilon`` and
-    ``β = privacy.delta``, neighbours per ``privacy.adjacency``. ε_μ is estimated from the site's
+    Each round a site runs :func:`~strategies.mechanisms.bdp_training.train_epochs_bdp` with budget
+    ``ε_μ = privacy.epsilon`` and ``β = privacy.delta``, neighbours per ``privacy.adjacency``. ε_μ is estimated from the site's
     own clipped-gradient distances, so the server cannot recompute it: it checks that the
     reported ε_μ lies between the accountant's floor and the budget, and recomputes the classical
     (worst-case) ε of the reported noise, sampling rate and steps.
@@ -278,6 +85,8 @@ class BayesianDP(HorizontalMechanism):
 
     def site_round(self, model: SurvivalModel, data: Any, cfg: ExperimentConfig, *, seed: int,
                    state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
+        from strategies.mechanisms.bdp_training import train_epochs_bdp  # torch: only where a site trains
+
         train, privacy = cfg.train, cfg.privacy
         previous_steps = int(state["steps"]) if state else 0
         metrics, new_state = train_epochs_bdp(

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
-
-from models.training import train_epochs
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import calibrate_noise_multiplier, epsilon_from_history
 from strategies.config import ConfigError, ExperimentConfig
@@ -38,6 +35,9 @@ from strategies.mechanisms.base import (
     uncovered_sentence,
     update_release,
 )
+
+if TYPE_CHECKING:  # Flower's strategy type, for type checkers only
+    from flwr.serverapp.strategy import Strategy
 
 __all__ = ["CentralDP", "central_noise_multiplier", "central_epsilon"]
 
@@ -82,12 +82,16 @@ class CentralDP(HorizontalMechanism):
 
     def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
                    setup: SiteSetUp) -> SiteUpdate:
+        from models.training import train_epochs  # torch: only where a site trains
+
         train = cfg.train
         train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
                      lr=train.lr, weight_decay=train.weight_decay, seed=seed)
         return SiteUpdate({})
 
     def wrap_strategy(self, strategy: Strategy, cfg: ExperimentConfig, *, num_sites: int) -> Strategy:
+        from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping  # only where the server runs
+
         return DifferentialPrivacyServerSideFixedClipping(
             strategy, noise_multiplier=self.noise_multiplier(cfg), clipping_norm=cfg.privacy.clip_norm,
             num_sampled_clients=num_sites)

@@ -1,7 +1,9 @@
 r"""Differentially private embeddings for vertical split learning (BVFLMSP).
 
 Each site clips every record's embedding to L2 norm ``C`` and adds ``N(0, σ²C²)`` to each
-coordinate before sending it to the server (:func:`privatize_embeddings`).
+coordinate before sending it to the server
+(:func:`strategies.mechanisms.embedding_noise.privatize_embeddings`, the site's torch code; this
+module, the mechanism object and its calibration, imports no torch).
 
 What one record's release is: the server chooses the batches and knows which IDs exist, so a
 record's *features* are what is protected. Replacing them moves its clipped embedding by at most
@@ -31,8 +33,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import torch
-
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ConfigError, ExperimentConfig
@@ -46,64 +46,12 @@ __all__ = [
     "RECORD_LEVEL",
     "EmbeddingDP",
     "calibrate_embedding_noise",
-    "clip_embeddings",
     "embedding_epsilon",
     "paper_embedding_noise",
-    "privatize_embeddings",
 ]
 
 #: Neighbouring data sets for an embedding release, with the sensitivity in units of ``C``.
 EMBEDDING_ADJACENCIES: dict[str, float] = {"replace-one": 2.0, "add-remove": 1.0}
-
-
-def clip_embeddings(embeddings: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    r"""Scale each row to L2 norm at most ``C``: ``e_i ← e_i · min(1, C/||e_i||)``.
-
-    Parameters
-    ----------
-    embeddings : torch.Tensor, shape (n, d)
-    clip_norm : float
-        ``C`` > 0.
-
-    Returns
-    -------
-    torch.Tensor
-        A new tensor (differentiable: the gradient flows through the scaling, as it does at the
-        site in split learning).
-    """
-    clip_norm = check_positive(clip_norm, "clip_norm")
-    if embeddings.ndim != 2:
-        raise ValueError(f"embeddings must have shape (n, d), got {tuple(embeddings.shape)}")
-    norms = torch.linalg.vector_norm(embeddings, dim=1, keepdim=True)
-    return embeddings * torch.clamp(clip_norm / norms.clamp_min(1e-12), max=1.0)
-
-
-def privatize_embeddings(
-    embeddings: torch.Tensor, *, clip_norm: float, noise_multiplier: float, generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Clip each record's embedding to ``C`` and add ``N(0, (σC)²)`` to every coordinate.
-
-    Parameters
-    ----------
-    embeddings : torch.Tensor, shape (n, d)
-    clip_norm : float
-        ``C``.
-    noise_multiplier : float
-        ``σ`` ≥ 0 (0: clipping only, no privacy).
-    generator : torch.Generator, optional
-        Source of the noise (torch's global generator if omitted).
-
-    Returns
-    -------
-    torch.Tensor, shape (n, d)
-    """
-    if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
-        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier}")
-    clipped = clip_embeddings(embeddings, clip_norm)
-    if noise_multiplier == 0:
-        return clipped
-    noise = torch.randn(clipped.shape, generator=generator, dtype=clipped.dtype, device=clipped.device)
-    return clipped + noise * (noise_multiplier * clip_norm)
 
 
 def embedding_epsilon(*, noise_multiplier: float, epochs: int, delta: float, adjacency: str = "replace-one") -> float:

@@ -1,10 +1,13 @@
-r"""Weight perturbation at a site before upload: NbAFL, LS-ADP and ROW-DP.
+r"""Weight perturbation at a site before upload: NbAFL, LS-ADP and ROW-DP (the mechanism objects).
 
-:func:`release_weights` is what a site runs after its local training in the strategies
-``nbafl``, ``ls_adp`` and ``row_dp``. It clips the trained weights, computes the importances
+:class:`WeightPerturbation` is the mechanism of the strategies ``nbafl``, ``ls_adp`` and
+``row_dp``: checks, accounting, ledger entry, assumptions, manifest, and the noise calibration
+(:func:`calibrate_gaussian_noise_multiplier`); this module imports no torch. What a site runs after
+its local training is :func:`strategies.mechanisms.weight_release.release_weights` (imported by
+:meth:`WeightPerturbation.site_round`): it clips the trained weights, computes the importances
 (LS-ADP: layer sensitivity; ROW-DP: dispersion × magnitude in one random layer), turns them into
 noise standard deviations and perturbs the weights in place. The pure formulas live in
-:mod:`strategies.mechanisms.adaptive_dp`; this module only strings them together.
+:mod:`strategies.mechanisms.adaptive_dp`.
 
 Two allocations (``allocation``):
 
@@ -43,18 +46,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
-from models.training import train_epochs
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
+from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
 from strategies.mechanisms.base import (
     Manifest,
     HorizontalMechanism,
@@ -64,89 +64,17 @@ from strategies.mechanisms.base import (
     record_level_closing,
     update_release,
 )
-from strategies.mechanisms.adaptive_dp import (
-    AUDIT_RDP_ORDERS,
-    DISPERSION_MEASURES,
-    clip_update,
-    exact_budget_noise_stds,
-    gaussian_constant,
-    joint_noise_multiplier,
-    layer_sensitivity_importance,
-    ls_adp_budgets,
-    nbafl_sensitivity,
-    nbafl_uplink_noise_std,
-    noise_std_from_budgets,
-    parameterised_layers,
-    perturbed_layer_metrics,
-    row_dp_budgets,
-    row_dp_importance,
-)
 from strategies.validation import check_choice, check_count, check_positive, check_probability
 
 __all__ = [
     "ALLOCATIONS",
     "WEIGHT_PERTURBATION",
-    "Release",
     "WeightPerturbation",
     "calibrate_gaussian_noise_multiplier",
-    "layer_parameters",
-    "release_weights",
-    "select_layer",
 ]
 
 #: The strategies that perturb weights before upload.
 WEIGHT_PERTURBATION: tuple[str, ...] = ("nbafl", "ls_adp", "row_dp")
-
-
-@dataclass(frozen=True)
-class Release:
-    """What one upload spent and how (one site, one round).
-
-    Attributes
-    ----------
-    weight_norm : float
-        L2 norm of the trained weights before clipping.
-    noise_min, noise_max : float
-        Smallest and largest per-weight noise std (``inf`` for a unit not released).
-    epsilon_nominal : float
-        The paper's ε of the whole training: the mean budget (= the target, for both allocations).
-    epsilon_audited_formula : float
-        The paper's formula ``c·L/z`` at this release's effective noise multiplier ``z``: what
-        ``L`` such releases would spend by the formula (linear composition; proved for ε < 1).
-    epsilon_rdp : float
-        What ``L`` such releases spend by Gaussian RDP at ``z`` (``"exact"``: the target).
-    noise_multiplier : float
-        ``z``, the effective noise multiplier of the release relative to ``Δs_U``:
-        ``min σ / Δs_U`` for ``"paper"`` (one clip bounds the whole update, so the least noised
-        unit sets the guarantee), the joint multiplier ``1/sqrt(Σ Δ_u²/s_u²)`` for ``"exact"``.
-    importance : tuple of float
-        LS-ADP: the layers' ``V`` (after ``uniform_mix``); empty for NbAFL and ROW-DP.
-    selected_layer : int
-        ROW-DP's layer index; -1 otherwise.
-    """
-
-    weight_norm: float
-    noise_min: float
-    noise_max: float
-    epsilon_nominal: float
-    epsilon_audited_formula: float
-    epsilon_rdp: float
-    noise_multiplier: float
-    importance: tuple[float, ...]
-    selected_layer: int
-
-
-def layer_parameters(net: nn.Module) -> list[list[nn.Parameter]]:
-    """The parameters of each layer (module owning parameters), in ``named_modules`` order."""
-    return [list(module.parameters(recurse=False)) for _, module in parameterised_layers(net)]
-
-
-def select_layer(net: nn.Module, generator: torch.Generator) -> int:
-    """ROW-DP's randomly selected layer: uniform over the layers of ``net``."""
-    count = len(parameterised_layers(net))
-    if count == 0:
-        raise ValueError("model has no parameters")
-    return int(torch.randint(count, (1,), generator=generator).item())
 
 
 def calibrate_gaussian_noise_multiplier(*, epsilon: float, delta: float, releases: int) -> float:
@@ -182,212 +110,6 @@ def calibrate_gaussian_noise_multiplier(*, epsilon: float, delta: float, release
     return high
 
 
-def _clip_per_unit(units: Sequence[torch.Tensor], clip_norms: np.ndarray) -> None:
-    """Scale each unit (a flat view of weights) in place to L2 norm at most its ``C_u``."""
-    for values, bound in zip(units, clip_norms, strict=True):
-        norm = float(torch.linalg.vector_norm(values.double()))
-        if norm > bound:
-            values.mul_(bound / norm)
-
-
-def release_weights(
-    net: nn.Module,
-    *,
-    method: str,
-    allocation: str,
-    epsilon: float,
-    delta: float,
-    clip_norm: float,
-    min_site_records: int,
-    exposures: int,
-    generator: torch.Generator,
-    public_state: dict[str, torch.Tensor],
-    evaluate: Callable[[nn.Module], float] | None = None,
-    iterates: torch.Tensor | None = None,
-    selected_layer: int = -1,
-    dispersion_measure: str = "var",
-    uniform_mix: float = 0.0,
-) -> Release:
-    r"""Clip and perturb ``net``'s weights in place for upload (NbAFL / LS-ADP / ROW-DP).
-
-    Parameters
-    ----------
-    net : torch.nn.Module
-        The locally trained network; its parameters are replaced by the released values. It
-        must have no buffers (e.g. BatchNorm statistics), which no noise would cover.
-    method : {"nbafl", "ls_adp", "row_dp"}
-    allocation : {"paper", "exact"}
-        See the module docstring.
-    epsilon, delta : float
-        The target: the paper's average budget ε of the whole training, and δ.
-    clip_norm : float
-        ``C``, the L2 bound of all weights together.
-    min_site_records : int
-        ``m``, the smallest site's number of training records.
-    exposures : int
-        ``L``, the most uploads a site makes (the number of rounds when every site trains in
-        every round).
-    generator : torch.Generator
-        Source of all noise (LS-ADP's trial perturbations included).
-    public_state : dict
-        The global model the site started from (``net.state_dict()`` keys): released instead
-        of the local value for a unit whose budget is 0.
-    evaluate : callable, optional
-        LS-ADP only: ``evaluate(net) -> float`` (the site's metric ``p``, e.g. its loss).
-    iterates : torch.Tensor, optional
-        ROW-DP only: shape ``(m, size)``, the selected layer's flattened weights after each
-        local step (the last row is the final weights before clipping).
-    selected_layer : int
-        ROW-DP only: index of the selected layer (:func:`select_layer`).
-    dispersion_measure : {"var", "std", "range", "iqr", "mae"}
-        ROW-DP's ``f``.
-    uniform_mix : float
-        λ in [0, 1]: importance mixed with the uniform one (0 = the paper's rule).
-
-    Returns
-    -------
-    Release
-
-    References
-    ----------
-    Niu et al., Mathematics 2025, Algorithm 2 and §3.1–3.2 ("LS-ADP / ROW-DP",
-    doi:10.3390/math13071096); Wei et al. 2020 IEEE TIFS, Algorithm 1 (NbAFL).
-    """
-    method = check_choice(method, WEIGHT_PERTURBATION, "method")
-    allocation = check_choice(allocation, ALLOCATIONS, "allocation")
-    dispersion_measure = check_choice(dispersion_measure, DISPERSION_MEASURES, "dispersion_measure")
-    if next(net.buffers(), None) is not None:
-        raise ValueError("weight perturbation covers parameters only; this network has buffers (e.g. BatchNorm "
-                         "running statistics), which would be released without noise")
-    layers = layer_parameters(net)
-    if not layers:
-        raise ValueError("model has no parameters")
-    privacy = {"delta": delta, "clip_norm": clip_norm, "min_site_records": min_site_records, "exposures": exposures}
-    uniform_noise = nbafl_uplink_noise_std(epsilon=epsilon, **privacy)
-    sizes = [sum(p.numel() for p in params) for params in layers]
-    total_size = sum(sizes)
-
-    with torch.no_grad():
-        flat = [torch.cat([p.detach().reshape(-1) for p in params]).double() for params in layers]
-        weight_norm = math.sqrt(sum(float(values.square().sum()) for values in flat))
-        if allocation == "paper":
-            flat, _ = clip_update(flat, clip_norm)
-        else:  # each unit to its own C_u; ROW-DP's per-weight units of the selected layer come later
-            _clip_per_unit(flat, clip_norm * np.sqrt(np.asarray(sizes, dtype=np.float64) / total_size))
-        _write_layers(layers, flat)
-
-        # Per-weight budgets by the paper's rule (mean over the units allocated over = ε).
-        importance: tuple[float, ...] = ()
-        if method == "nbafl":
-            budgets = [np.full(size, epsilon) for size in sizes]
-        elif method == "ls_adp":
-            if evaluate is None:
-                raise ValueError("ls_adp needs evaluate(net) -> metric")
-            baseline, perturbed, _ = perturbed_layer_metrics(net, evaluate, noise_std=uniform_noise,
-                                                             generator=generator)
-            weights = layer_sensitivity_importance(baseline, perturbed)
-            layer_budgets = ls_adp_budgets(weights, epsilon=epsilon, uniform_mix=uniform_mix)
-            importance = tuple(float(v) for v in layer_budgets / (epsilon * len(sizes)))
-            budgets = [np.full(size, budget) for size, budget in zip(sizes, layer_budgets, strict=True)]
-        else:
-            if iterates is None or not 0 <= selected_layer < len(sizes):
-                raise ValueError("row_dp needs the selected layer's iterates and its index")
-            if iterates.ndim != 2 or iterates.shape[1] != sizes[selected_layer]:
-                raise ValueError(f"iterates must have shape (m, {sizes[selected_layer]}), got {tuple(iterates.shape)}")
-            weights = row_dp_importance(iterates, dispersion_measure)
-            budgets = row_dp_budgets(sizes, selected_layer, weights, epsilon=epsilon, uniform_mix=uniform_mix)
-            if allocation == "exact":  # one unit per weight: each clipped to C_u = C/sqrt(P)
-                bound = clip_norm / math.sqrt(total_size)
-                flat[selected_layer] = flat[selected_layer].clamp(-bound, bound)
-                _write_layers(layers, flat)
-
-        if allocation == "paper":
-            stds = [noise_std_from_budgets(b, **privacy) for b in budgets]
-            smallest = float(min(s.min() for s in stds))
-            effective = smallest / nbafl_sensitivity(clip_norm=clip_norm, min_site_records=min_site_records)
-        else:
-            stds, effective = _exact_stds(budgets, sizes, selected_layer if method == "row_dp" else -1,
-                                          epsilon=epsilon, clip_norm=clip_norm,
-                                          min_site_records=min_site_records, delta=delta, exposures=exposures)
-
-        public = _public_layers(net, public_state)
-        released = []
-        for values, noise_std, start in zip(flat, stds, public, strict=True):
-            noise_std_t = torch.as_tensor(noise_std, dtype=torch.float64).reshape(-1)
-            finite = torch.isfinite(noise_std_t)
-            noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
-            released.append(torch.where(finite, values + noise * torch.where(finite, noise_std_t, 0.0), start))
-        _write_layers(layers, released)
-    all_stds = np.concatenate([np.asarray(s, dtype=np.float64).reshape(-1) for s in stds])
-    return Release(
-        weight_norm=weight_norm, noise_min=float(all_stds.min()), noise_max=float(all_stds.max()),
-        epsilon_nominal=epsilon,
-        epsilon_audited_formula=0.0 if math.isinf(effective) else gaussian_constant(delta) * exposures / effective,
-        epsilon_rdp=0.0 if math.isinf(effective) else epsilon_gaussian_rounds(
-            noise_multiplier=effective, rounds=exposures, delta=delta, orders=list(AUDIT_RDP_ORDERS)),
-        noise_multiplier=float(effective), importance=importance,
-        selected_layer=selected_layer if method == "row_dp" else -1,
-    )
-
-
-def _exact_stds(
-    budgets: list[np.ndarray], sizes: list[int], selected_layer: int, *, epsilon: float, clip_norm: float,
-    min_site_records: int, delta: float, exposures: int,
-) -> tuple[list[np.ndarray], float]:
-    """Per-weight noise of the exact-budget allocation and its joint noise multiplier.
-
-    Units: every layer, except that the selected layer of ROW-DP is split into one unit per
-    weight (the caller clips each unit to its ``C_u``). ``V_u`` = the unit's share of the paper's budgets (``Σ V_u = 1``),
-    ``Δ_u = 2C_u/m`` with ``C_u = C·sqrt(size_u/P)``, and ``s_u = z·Δ_u/sqrt(V_u)``.
-    """
-    total_size = sum(sizes)
-    total_budget = float(sum(b.sum() for b in budgets))
-    layer_of, shares, counts = [], [], []
-    for index, layer_budgets in enumerate(budgets):
-        if index == selected_layer:
-            layer_of += [index] * layer_budgets.size
-            shares.append(layer_budgets / total_budget)
-            counts.append(np.ones(layer_budgets.size))
-        else:
-            layer_of.append(index)
-            shares.append(np.array([layer_budgets.sum() / total_budget]))
-            counts.append(np.array([float(layer_budgets.size)]))
-    share = np.concatenate(shares)
-    sensitivity = 2.0 * clip_norm * np.sqrt(np.concatenate(counts) / total_size) / min_site_records
-    z = calibrate_gaussian_noise_multiplier(epsilon=epsilon, delta=delta, releases=exposures)
-    unit_noise = np.full(share.shape, math.inf)
-    positive = share > 0.0
-    # Units with a zero share are not released (they send the public global value); the others'
-    # shares still sum to 1.
-    unit_noise[positive] = exact_budget_noise_stds(share[positive], sensitivity[positive], noise_multiplier=z)
-    layer_index = np.asarray(layer_of)
-    stds = [unit_noise[layer_index == index] if index == selected_layer
-            else np.full(size, unit_noise[layer_index == index][0]) for index, size in enumerate(sizes)]
-    return stds, joint_noise_multiplier(sensitivity, unit_noise)
-
-
-def _public_layers(net: nn.Module, public_state: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The global model's values of each layer, flattened like :func:`layer_parameters`."""
-    names = {id(p): name for name, p in net.named_parameters()}
-    result = []
-    for params in layer_parameters(net):
-        missing = [names[id(p)] for p in params if names[id(p)] not in public_state]
-        if missing:
-            raise ValueError(f"public_state lacks {missing}")
-        result.append(torch.cat([public_state[names[id(p)]].detach().reshape(-1) for p in params]).double())
-    return result
-
-
-def _write_layers(layers: list[list[nn.Parameter]], flat: list[torch.Tensor]) -> None:
-    """Copy flat per-layer values back into the parameters."""
-    for params, values in zip(layers, flat, strict=True):
-        offset = 0
-        for p in params:
-            count = p.numel()
-            p.copy_(values[offset:offset + count].reshape(p.shape).to(p.dtype))
-            offset += count
-
-
 # --------------------------------------------------------------------------- the mechanism objects
 
 
@@ -401,7 +123,8 @@ class WeightPerturbation(HorizontalMechanism):
     r"""NbAFL, LS-ADP or ROW-DP (strategies ``nbafl``, ``ls_adp``, ``row_dp``): perturb the weights before upload.
 
     Each round a site trains as plain FedAvg does (ROW-DP also records the selected layer's
-    weights after every step), then :func:`release_weights` clips and perturbs its weights.
+    weights after every step), then :func:`~strategies.mechanisms.weight_release.release_weights` clips and perturbs its
+    weights.
     ``m`` of the sensitivity ``2C/m`` is ``privacy.min_site_records`` or, if 0, the smallest
     record count agreed at set-up; ``L`` (exposures) is ``federation.rounds``. The privacy spent
     so far composes each round's release, a Gaussian mechanism of noise multiplier ``z_r``
@@ -437,6 +160,11 @@ class WeightPerturbation(HorizontalMechanism):
 
     def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
                    setup: SiteSetUp) -> SiteUpdate:
+        import torch  # the site's numerics: imported only where a site trains
+
+        from models.training import train_epochs
+        from strategies.mechanisms.weight_release import layer_parameters, release_weights, select_layer
+
         privacy, train = cfg.privacy, cfg.train
         public_state = {key: value.detach().clone() for key, value in model.net.state_dict().items()}
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
@@ -457,7 +185,7 @@ class WeightPerturbation(HorizontalMechanism):
             time_t = torch.as_tensor(np.asarray(data.time, dtype=np.float64))
             event_t = torch.as_tensor(np.asarray(data.event, dtype=np.float32))
 
-            def site_loss(net: nn.Module) -> float:
+            def site_loss(net: torch.nn.Module) -> float:
                 net.eval()
                 return float(model.loss(x_t, time_t, event_t, generator=torch.Generator().manual_seed(seed)))
 

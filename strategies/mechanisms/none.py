@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from models.training import train_epochs
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, Manifest, ReleasedValue, SiteSetUp, SiteUpdate, update_release
@@ -30,6 +29,8 @@ class NoPrivacy(HorizontalMechanism):
 
     def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
                    setup: SiteSetUp) -> SiteUpdate:
+        from models.training import train_epochs  # torch: only where a site trains
+
         train = cfg.train
         stats = train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs,
                              batch_size=train.batch_size, lr=train.lr, weight_decay=train.weight_decay, seed=seed)

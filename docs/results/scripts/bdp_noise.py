@@ -16,7 +16,7 @@ from models.training import train_epochs
 from simulations.engine import resolve
 from strategies.accounting.bayesian_dp import calibrate_noise_for_bdp
 from strategies.accounting.rdp import calibrate_noise_multiplier
-from strategies.mechanisms.bdp import pilot_distances
+from strategies.mechanisms.bdp_training import pilot_distances
 from strategies.mechanisms.dp_sgd import poisson_schedule
 
 _, cfg = resolve({"data.name": "sba", "federation.partition": "region"})

@@ -1,0 +1,221 @@
+"""Bayesian-DP training at one site (FSL-BDP): the site's numerics of strategy ``bdp``.
+
+:func:`train_epochs_bdp` runs :func:`strategies.mechanisms.dp_sgd_training.train_epochs_dp` with
+the Bayesian accountant's budget filter (:func:`account_step`) before every step, σ calibrated
+once from a pilot estimate of the site's gradient distances (:func:`pilot_distances`). The
+mechanism object, its constants and what it means are :mod:`strategies.mechanisms.bdp`
+(torch-free); its ``site_round`` imports this module.
+
+References
+----------
+Triastcyn & Faltings, "Bayesian Differential Privacy for Machine Learning", ICML 2020,
+Theorems 2–3; FSL-BDP (arXiv:2601.11134), Algorithms 1–2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.survival import SurvivalModel
+from strategies.accounting.bayesian_dp import (
+    BayesianAccountant,
+    calibrate_noise_for_bdp,
+    classical_noise_multiplier,
+    distances_from_gram,
+    gaussian_release_costs,
+    step_costs,
+)
+from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
+from strategies.mechanisms.bdp import GAMMA_STEP, MIN_RECORDS, PAIR_RECORDS, PILOT_RECORDS
+from strategies.mechanisms.dp_sgd import poisson_schedule
+from strategies.mechanisms.dp_sgd_training import PerSampleView, clipped_sum_ghost, train_epochs_dp
+
+__all__ = ["BudgetExhausted", "account_step", "pilot_distances", "train_epochs_bdp"]
+
+
+class BudgetExhausted(Exception):
+    """Raised inside the training loop, before a step that would overspend."""
+
+
+def account_step(
+    accountant: BayesianAccountant, per_sample: PerSampleView, *, sample_rate: float, noise_std: float,
+    total_steps: int, target_epsilon_mu: float, beta: float, fallback_distances: np.ndarray | None = None,
+) -> np.ndarray:
+    """Budget filter and accounting of one step, before it is taken.
+
+    The neighbour distances under ``accountant.adjacency`` of the (randomly sampled) batch's
+    records estimate the step's cost: under add/remove the clipped-gradient norms of every
+    record of the batch (free: DP-SGD computes them anyway), under replace-one the pairwise
+    distances of the first ``PAIR_RECORDS`` records, from the Gram matrix of their clipped
+    gradients (:func:`distances_from_gram`). If adding the step's cost (:func:`step_costs`: the
+    UCB over the distances of ``max(c_L, c_R)``) would take ``ε_μ`` past ``target_epsilon_mu``,
+    :class:`BudgetExhausted` is raised and nothing is accounted; else the cost is committed. The
+    same happens once ``total_steps`` steps are accounted: the UCB's Hölder horizon ``T`` would be
+    too short for another one (a site run for more rounds than it was calibrated for). A batch of
+    fewer than two records gives no variance estimate: the previous step's distances
+    (``fallback_distances``) stand in.
+
+    Returns
+    -------
+    The distances used (to stand in for a later batch without pairs).
+    """
+    if accountant.spent_steps >= total_steps:
+        raise BudgetExhausted(f"the UCB horizon of {total_steps} steps is spent")
+    if per_sample.clipped_norms().shape[0] >= 2:
+        # the batch is a random sample of the site's records
+        if accountant.adjacency == "add-remove":
+            distances = per_sample.clipped_norms().double().numpy()
+        else:
+            distances = distances_from_gram(per_sample.gram(PAIR_RECORDS), adjacency="replace-one")
+    elif fallback_distances is not None:
+        distances = fallback_distances
+    else:
+        raise BudgetExhausted("fewer than two records in the first batch: no distance estimate to account it")
+    costs = step_costs(distances, orders=accountant.orders, sample_rate=sample_rate, noise_std=noise_std,
+                       total_steps=total_steps, gamma_step=GAMMA_STEP)
+    if accountant.would_exceed(target_epsilon_mu=target_epsilon_mu, beta=beta, next_costs=costs):
+        raise BudgetExhausted
+    accountant.commit(costs, total_steps=total_steps, gamma_step=GAMMA_STEP)
+    return distances
+
+
+def pilot_distances(model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
+                    clip_norm: float, seed: int, adjacency: str) -> np.ndarray:
+    """Neighbour distances of the clipped per-record gradients of ``PILOT_RECORDS`` random records."""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(x), size=min(PILOT_RECORDS, len(x)), replace=False)
+    _, _, _, per_sample = clipped_sum_ghost(
+        model, torch.from_numpy(x[idx]), torch.from_numpy(time[idx]), torch.from_numpy(event[idx]),
+        clip_norm=clip_norm,
+    )
+    return distances_from_gram(per_sample.gram(), adjacency=adjacency)
+
+
+def train_epochs_bdp(
+    model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *,
+    epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
+    clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
+    adjacency: str = "add-remove", num_records: float | None = None,
+    prior: Sequence[tuple[float, float, int]] = (),
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
+
+    Parameters
+    ----------
+    target_epsilon_mu, beta
+        Budget ``ε_μ`` and the β of ``δ_μ = β + γ``.
+    rounds
+        Rounds the site takes part in: σ is calibrated for ``rounds × steps per round`` steps.
+    state
+        ``None`` before the first round, else the state returned by the previous round.
+    adjacency
+        ``"add-remove"`` or ``"replace-one"``: the neighbours of both ε_μ and the classical ε.
+    num_records
+        The record count the schedule (``q``, steps) and the small-site fallback are computed from
+        (default ``len(x)``): in a federation, the count the site agreed at set-up.
+    prior
+        The site's releases before training as accountant history (``(noise multiplier, 1.0, 1)``
+        per Gaussian set-up release under ``adjacency``): both accountants start with them
+        (:func:`~strategies.accounting.bayesian_dp.gaussian_release_costs` for ε_μ) and σ is
+        calibrated for what is left of the budget.
+
+    Returns
+    -------
+    metrics
+        ``train_loss``, ``epsilon_mu``, ``epsilon`` (classical RDP ε of the same σ, q, steps at
+        δ = β under the same adjacency), ``noise_multiplier``, ``sample_rate``, ``clip_norm``,
+        ``steps`` (cumulative), ``stopped`` (1 once the budget filter stopped the site) and ``fallback`` (1 when the site
+        is too small and ran classical DP-SGD instead).
+    state
+        JSON-serialisable state for the next round.
+    """
+    n = len(x) if num_records is None else num_records
+    sample_rate, steps = poisson_schedule(n, batch_size=batch_size, epochs=epochs)
+    total_steps = steps * rounds
+    state = dict(state or {})
+    fallback = n < MIN_RECORDS
+    prior = tuple(entry for entry in prior if math.isfinite(entry[0]))
+    prior_costs = gaussian_release_costs([noise for noise, _, _ in prior])
+    if "noise_multiplier" not in state:
+        if fallback:
+            # σ whose classical ε under this adjacency meets the target (σ/2 is what is accounted
+            # under replace-one, see classical_noise_multiplier)
+            scale = 1.0 / classical_noise_multiplier(1.0, adjacency=adjacency)
+            state["noise_multiplier"] = scale * calibrate_noise_multiplier(
+                target_epsilon=target_epsilon_mu, target_delta=beta, sample_rate=sample_rate, steps=total_steps,
+                prior=prior)
+        else:
+            state["noise_multiplier"] = calibrate_noise_for_bdp(
+                target_epsilon_mu=target_epsilon_mu, beta=beta,
+                distances_pilot=pilot_distances(model, x, time, event, clip_norm=clip_norm, seed=seed,
+                                                adjacency=adjacency),
+                sample_rate=sample_rate, steps=total_steps, clip_norm=clip_norm, gamma_step=GAMMA_STEP,
+                prior_costs=prior_costs,
+            )
+    noise_multiplier = float(state["noise_multiplier"])
+    bayes = (BayesianAccountant.from_state_dict(state["bayes"]) if "bayes" in state
+             else BayesianAccountant(adjacency=adjacency, prior_costs=prior_costs))
+    if bayes.adjacency != adjacency:
+        raise ValueError(f"the site's accountant is {bayes.adjacency}, the run asks for {adjacency}")
+    if "classical" in state:
+        classical = SiteAccountant.from_state_dict(state["classical"])
+    else:
+        classical = SiteAccountant()
+        for noise, rate, count in prior:
+            classical.step(noise_multiplier=noise, sample_rate=rate, num_steps=count)
+    prior_steps = sum(count for _, _, count in prior)
+    stopped = bool(state.get("stopped", False))
+    loss = float("nan")
+    if not stopped:
+        taken = 0
+        last_distances: list[np.ndarray] = []
+
+        def account(per_sample: PerSampleView) -> None:
+            nonlocal taken
+            if not fallback:
+                last_distances[:] = [account_step(
+                    bayes, per_sample, sample_rate=sample_rate, noise_std=noise_multiplier * clip_norm,
+                    total_steps=total_steps, target_epsilon_mu=target_epsilon_mu, beta=beta,
+                    fallback_distances=last_distances[-1] if last_distances else None,
+                )]
+            taken += 1
+
+        try:
+            stats = train_epochs_dp(
+                model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account, num_records=n,
+            )
+            loss = float(stats["loss"])
+            # empty Poisson batches release noise only; account them like the last step
+            untracked = int(stats["num_steps"]) - taken
+            if untracked > 0 and not fallback and last_distances:
+                bayes.step(distances=last_distances[-1], sample_rate=sample_rate,
+                           noise_std=noise_multiplier * clip_norm, total_steps=total_steps,
+                           gamma_step=GAMMA_STEP, num_steps=untracked)
+            taken = int(stats["num_steps"])
+        except BudgetExhausted:
+            stopped = True
+        if taken:
+            classical.step(noise_multiplier=classical_noise_multiplier(noise_multiplier, adjacency=adjacency),
+                           sample_rate=sample_rate, num_steps=taken)
+    spent = bool(classical.spent_steps)  # any step, or a release before training
+    epsilon = classical.epsilon(beta) if spent else 0.0
+    metrics = {
+        "train_loss": loss,
+        "epsilon_mu": epsilon if fallback else bayes.epsilon(beta) if spent else 0.0,
+        "epsilon": epsilon,
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": sample_rate,
+        "clip_norm": clip_norm,
+        "steps": classical.spent_steps - prior_steps,
+        "stopped": float(stopped),
+        "fallback": float(fallback),
+    }
+    state.update(bayes=bayes.state_dict(), classical=classical.state_dict(), stopped=stopped,
+                 steps=classical.spent_steps - prior_steps)
+    return metrics, state
