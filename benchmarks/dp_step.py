@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models.survival import build_survival_model, make_time_grid
+from models.survival import build_survival_model
+from models.time_grid import make_time_grid
 from strategies.accounting.bayesian_dp import BayesianAccountant  # noqa: E402
 from strategies.mechanisms.bdp_training import account_step  # noqa: E402
 from strategies.mechanisms.dp_sgd_training import DEFAULT_BACKEND, clipped_sum_ghost, dp_sgd_step

@@ -66,7 +66,7 @@ from models.data import Preprocessor, SurvivalArrays, load_table  # noqa: E402
 from models.data.dictionary import DataDictionary  # noqa: E402
 from models.data.federated import SPLIT_STREAM, assign_sites  # noqa: E402
 from models.data.partition import stratified_split  # noqa: E402
-from models.survival import make_time_grid  # noqa: E402
+from models.time_grid import make_time_grid  # noqa: E402
 from models.training import train_epochs  # noqa: E402
 from simulations.engine import resolve  # noqa: E402
 from strategies.accounting.rdp import calibrate_noise_multiplier, epsilon_from_history  # noqa: E402

@@ -43,7 +43,7 @@ from models.data.dictionary import DataDictionary
 from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
-from models.survival import time_grid_from_histograms, time_histogram
+from models.time_grid import time_grid_from_histograms, time_histogram
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.mechanisms.setup_statistics import (

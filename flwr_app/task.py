@@ -31,7 +31,8 @@ from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival, undefined_reasons
 from models.predict import preprocessing_payload
-from models.survival import SurvivalModel, build_survival_model, make_time_grid
+from models.survival import SurvivalModel, build_survival_model
+from models.time_grid import make_time_grid
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism

@@ -28,7 +28,7 @@ from models.data.vertical import (
 )
 from models.multimodal import HEAD_SEED_NAME, FusionHead, part_seed
 from models.multimodal_training import discretised_labels
-from models.survival import make_time_grid
+from models.time_grid import make_time_grid
 from strategies.split import SiteConfig, SplitServer
 
 __all__ = [

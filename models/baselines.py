@@ -70,7 +70,8 @@ from models.multimodal_training import (
     predict_multisurv,
     train_multisurv,
 )
-from models.survival import HazardMLP, SurvivalModel, build_survival_model, discretise, make_time_grid
+from models.survival import HazardMLP, SurvivalModel, build_survival_model, discretise
+from models.time_grid import make_time_grid
 from models.training import train_epochs
 
 __all__ = [

@@ -21,7 +21,6 @@ No BatchNorm by default: it breaks per-sample gradients (DP-SGD) and FedAvg of r
 from __future__ import annotations
 
 import math
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from models.losses import (
     logistic_hazard_nll,
     sample_risk_set_controls,
 )
+from models.time_grid import check_time_event
 
 __all__ = [
     "CoxMLP",
@@ -49,11 +49,7 @@ __all__ = [
     "SurvivalModel",
     "build_survival_model",
     "discretise",
-    "make_time_grid",
     "restricted_mean_survival_time",
-    "time_grid_from_counts",
-    "time_grid_from_histograms",
-    "time_histogram",
 ]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -62,169 +58,9 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "elu": nn.ELU,
     "tanh": nn.Tanh,
 }
-_SCHEMES = ("quantiles", "equidistant")
 
 
-# --------------------------------------------------------------------------- time grid
-
-
-def _kaplan_meier(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""Kaplan-Meier :math:`\hat S(t) = \prod_{t_i \le t} (1 - d_i / n_i)` at the unique times,
-    with :math:`(0, 1)` prepended when every time is positive (as pycox ``kaplan_meier``)."""
-    unique_time, inverse = np.unique(time, return_inverse=True)
-    deaths = np.bincount(inverse, weights=event, minlength=unique_time.size)
-    leaving = np.bincount(inverse, minlength=unique_time.size)
-    return _kaplan_meier_counts(unique_time, deaths, leaving)
-
-
-def _kaplan_meier_counts(
-    points: np.ndarray, deaths: np.ndarray, leaving: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_kaplan_meier` of records given as ``deaths`` events and ``leaving`` records in all
-    at each of the increasing time ``points`` (counts may be fractional)."""
-    at_risk = np.cumsum(leaving[::-1])[::-1]  # records at or after each point (>= deaths there, also in floats)
-    with np.errstate(divide="ignore"):
-        surv = np.exp(np.cumsum(np.log(1.0 - deaths / at_risk)))
-    if points[0] > 0:
-        points = np.concatenate(([0.0], points))
-        surv = np.concatenate(([1.0], surv))
-    return points, surv
-
-
-def _check_time_event(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    time = np.asarray(time, dtype=np.float64)
-    event = np.asarray(event)
-    if time.ndim != 1 or event.shape != time.shape or time.size == 0:
-        raise ValueError(
-            f"time and event must be non-empty 1-D arrays of equal length, got {time.shape}, {event.shape}"
-        )
-    if not np.all(np.isfinite(time)) or np.any(time < 0):
-        raise ValueError("time must be finite and non-negative")
-    if not np.all(np.isin(event, (0, 1))):
-        raise ValueError("event must contain only 0/1")
-    return time, event.astype(np.float64)
-
-
-def make_time_grid(
-    time: np.ndarray, event: np.ndarray, *, num_durations: int, scheme: str = "quantiles"
-) -> np.ndarray:
-    r"""Cut points :math:`\tau_0 = 0 < \tau_1 < \dots < \tau_{T-1} = \max_i T_i`.
-
-    ``"equidistant"``: :math:`\tau_j = j \max_i T_i / (T-1)`.
-    ``"quantiles"``: equally spaced levels :math:`s_j` of the Kaplan-Meier curve
-    :math:`\hat S` between its minimum and 1; :math:`\tau_j` is the first time at which
-    :math:`\hat S \le s_j` (so the intervals hold roughly equal numbers of events);
-    duplicates are dropped (with a warning) and :math:`\tau_0` is set to 0.
-    Identical to pycox ``LabTransDiscreteTime(num_durations, scheme).fit(time, event).cuts``.
-
-    Parameters
-    ----------
-    time, event : ndarray, shape (n,)
-        Training times (non-negative) and event indicators.
-    num_durations : int
-        Number of cut points :math:`T \ge 2` (the hazard net's output size).
-    scheme : {"quantiles", "equidistant"}
-
-    Returns
-    -------
-    ndarray of float64, shape (T,) (fewer for "quantiles" when levels coincide)
-
-    References
-    ----------
-    Kvamme & Borgan (2019), arXiv:1910.06724, Sec. 4 (pycox ``make_cuts``).
-    """
-    time, event = _check_time_event(time, event)
-    if scheme not in _SCHEMES:
-        raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
-    if num_durations < 2:
-        raise ValueError(f"num_durations must be >= 2, got {num_durations}")
-    if scheme == "equidistant":
-        cuts = np.linspace(0.0, time.max(), num_durations)
-        if np.any(np.diff(cuts) == 0):
-            raise ValueError("equidistant cuts are not unique: all times are 0")
-        return cuts
-    return _quantile_cuts(*_kaplan_meier(time, event), num_durations)
-
-
-def _quantile_cuts(km_time: np.ndarray, km_surv: np.ndarray, num_durations: int) -> np.ndarray:
-    """The ``"quantiles"`` cut points of :func:`make_time_grid` from a Kaplan-Meier curve."""
-    levels = np.linspace(km_surv.min(), km_surv.max(), num_durations)
-    first_below = np.searchsorted(km_surv[::-1], levels)[::-1]
-    cuts = np.unique(km_time[::-1][first_below])
-    if cuts.size != num_durations:
-        warnings.warn(
-            f"quantile cuts are not unique: continuing with {cuts.size} cuts instead of {num_durations}",
-            stacklevel=3,
-        )
-    cuts[0] = 0.0
-    return cuts
-
-
-def time_histogram(time: np.ndarray, event: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Events and censorings per interval of ``edges`` (the last interval includes its right edge).
-
-    A deployed site's contribution to :func:`time_grid_from_histograms`: counts only, no time.
-    """
-    time, event = _check_time_event(time, event)
-    events, _ = np.histogram(time[event == 1], bins=edges)
-    censored, _ = np.histogram(time[event == 0], bins=edges)
-    return events, censored
-
-
-def time_grid_from_histograms(
-    edges: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int, scheme: str = "quantiles",
-) -> np.ndarray:
-    """:func:`make_time_grid` of the records summarised by the summed :func:`time_histogram` counts.
-
-    Each record is placed at the right edge of its interval, so the grid is that of the pooled
-    times rounded up to the histogram's resolution (``edges[-1]``, the largest time, is exact);
-    with ``"equidistant"`` it equals :func:`make_time_grid` of the pooled times.
-    """
-    edges = np.asarray(edges, dtype=np.float64)
-    return time_grid_from_counts(edges[1:], events, censored, num_durations=num_durations, scheme=scheme)
-
-
-def time_grid_from_counts(
-    points: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int, scheme: str = "quantiles",
-) -> np.ndarray:
-    """:func:`make_time_grid` of records given as counts of events and censorings at time points.
-
-    ``events[j]`` events and ``censored[j]`` censorings happen at ``points[j]``; counts may be
-    fractional (e.g. denoised noisy counts), the Kaplan-Meier curve weighs them as they are. With
-    integer counts the result is :func:`make_time_grid` of the records the counts stand for;
-    ``"equidistant"`` ends at the last point holding a record.
-
-    Parameters
-    ----------
-    points : ndarray, shape (m,)
-        Strictly increasing, non-negative times.
-    events, censored : ndarray, shape (m,)
-        Non-negative counts; at least one positive.
-    num_durations, scheme
-        As in :func:`make_time_grid`.
-    """
-    points = np.asarray(points, dtype=np.float64)
-    events = np.asarray(events, dtype=np.float64)
-    censored = np.asarray(censored, dtype=np.float64)
-    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
-        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
-                         f"{events.shape}, {censored.shape}")
-    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
-        raise ValueError("points must be finite, non-negative and strictly increasing")
-    counts = events + censored
-    if not (np.all(np.isfinite(counts)) and np.all(events >= 0) and np.all(censored >= 0) and counts.sum() > 0):
-        raise ValueError("events and censored must be finite, non-negative counts, not all zero")
-    if scheme not in _SCHEMES:
-        raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
-    if num_durations < 2:
-        raise ValueError(f"num_durations must be >= 2, got {num_durations}")
-    held = counts > 0
-    points, events, counts = points[held], events[held], counts[held]
-    if scheme == "equidistant":
-        if points[-1] == 0:
-            raise ValueError("equidistant cuts are not unique: all times are 0")
-        return np.linspace(0.0, points[-1], num_durations)
-    return _quantile_cuts(*_kaplan_meier_counts(points, events, counts), num_durations)
+# --------------------------------------------------------------------------- discretisation
 
 
 def _discretise_tensor(time: Tensor, event: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
@@ -250,7 +86,7 @@ def discretise(
     time, event : ndarray, shape (n,)
         Times (:math:`\ge \tau_0`) and event indicators.
     cuts : ndarray, shape (T,)
-        Strictly increasing cut points (:func:`make_time_grid`).
+        Strictly increasing cut points (:func:`models.time_grid.make_time_grid`).
 
     Returns
     -------
@@ -261,7 +97,7 @@ def discretise(
     ----------
     Kvamme & Borgan (2019), arXiv:1910.06724, Sec. 4 (pycox ``IdxDiscUnknownC``).
     """
-    time, event = _check_time_event(time, event)
+    time, event = check_time_event(time, event)
     cuts = _check_cuts(cuts)
     if np.any(time < cuts[0]):
         raise ValueError(f"every time must be >= the first cut point {cuts[0]}")
@@ -704,7 +540,7 @@ def build_survival_model(
         Number of input features.
     cuts : ndarray, shape (K,)
         Time grid: hazard intervals (``hazard_mlp``, output size K) or the shared Breslow grid
-        (Cox kinds). From :func:`make_time_grid`, or any strictly increasing grid.
+        (Cox kinds). From :func:`models.time_grid.make_time_grid`, or any strictly increasing grid.
     hidden, dropout, activation : optional
         Network overrides; None keeps the kind's default (see :class:`HazardMLP`,
         :class:`CoxMLP`, :class:`CoxTimeNet`).

@@ -63,7 +63,7 @@ from models.multimodal_training import (
     predict_multisurv,
     train_multisurv,
 )
-from models.survival import make_time_grid
+from models.time_grid import make_time_grid
 from models.uncertainty import (
     compare_bands,
     mask_modality,

@@ -19,7 +19,8 @@ from models.baselines import (
     fit_evaluate,
 )
 from models.data.vertical import VerticalTable, simulate_multimodal, split_train_test
-from models.survival import HazardMLP, make_time_grid
+from models.survival import HazardMLP
+from models.time_grid import make_time_grid
 from simulations import table1
 
 #: Small nets and few epochs: every model runs in about a second.

@@ -4,7 +4,8 @@ of calibration, filter and accountant."""
 import numpy as np
 import pytest
 
-from models.survival import build_survival_model, make_time_grid
+from models.survival import build_survival_model
+from models.time_grid import make_time_grid
 from strategies.accounting import bayesian_dp
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.mechanisms import bdp_training

@@ -44,7 +44,8 @@ def test_parsing_imports_neither_torch_nor_flower():
     """The schema and every strategy's mechanism checks run without torch, opacus, Flower or pandas.
 
     One fresh interpreter parses a valid run config of every strategy with the apps' parser (the
-    schema, then the mechanism's own checks from the registry) and lists what got imported.
+    schema, then the mechanism's own checks from the registry) and lists what got imported; the
+    DP set-up's module is torch-free too.
     """
     flats = {name: _option_overrides("strategy", name)[1] for name in STRATEGIES}
     code = ("import json, sys\n"
@@ -54,10 +55,12 @@ def test_parsing_imports_neither_torch_nor_flower():
             "assert cfg.model.num_durations == 100 and cfg.data.feature_cols == ('age', 'sex')\n"
             "for name, flat in json.loads(sys.argv[1]).items():\n"
             "    assert parse_run_config(flat).strategy == name, name\n"
-            "print(sorted(name for name in ('torch', 'flwr', 'opacus', 'pandas') if name in sys.modules))\n")
+            "print(sorted(name for name in ('torch', 'flwr', 'opacus', 'pandas') if name in sys.modules))\n"
+            "import strategies.mechanisms.setup_statistics  # the DP set-up's planning: numpy and pandas\n"
+            "print(sorted(name for name in ('torch', 'flwr', 'opacus') if name in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(flats)], cwd=PROJECT_ROOT, capture_output=True,
                          text=True, check=False)
-    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout.split() == ["[]", "[]"], out.stdout + out.stderr
 
 
 def test_the_schema_names_the_registry_strategies_with_their_kind_and_adjacency():

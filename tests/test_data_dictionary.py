@@ -12,7 +12,7 @@ import pytest
 from models.data import Preprocessor
 from models.data.dictionary import DataDictionary, DataDictionaryError
 from models.data.validate import DataValidationError
-from models.survival import make_time_grid, time_grid_from_counts
+from models.time_grid import make_time_grid, time_grid_from_counts
 
 GOOD = {
     "numeric": {"age": [50, 105], "creatinine": [0, 15.5]},

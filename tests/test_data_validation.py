@@ -225,7 +225,7 @@ def test_labels_file_of_a_vertical_deployment_names_file_column_and_rows(tmp_pat
 
 def test_deployed_preprocessing_from_summed_site_statistics_equals_the_pooled_fit() -> None:
     from models.data import FeatureStatistics, Preprocessor
-    from models.survival import make_time_grid, time_grid_from_histograms, time_histogram
+    from models.time_grid import make_time_grid, time_grid_from_histograms, time_histogram
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"age": rng.normal(60, 10, 90), "sex": rng.choice(["F", "M"], 90)})

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.survival import build_survival_model, make_time_grid
+from models.survival import build_survival_model
+from models.time_grid import make_time_grid
 from strategies.mechanisms.dp_sgd_training import (
     DecomposabilityError,
     clip_per_sample,

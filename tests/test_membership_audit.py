@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu, norm
 
-from models.survival import build_survival_model, make_time_grid
+from models.survival import build_survival_model
+from models.time_grid import make_time_grid
 from strategies.audits.membership import (
     loss_threshold_attack,
     max_accuracy,

@@ -29,7 +29,10 @@ from models.multimodal import (
     survival_band,
 )
 from models.multimodal_training import predict_multisurv
-from models.survival import discretise, make_time_grid
+from models.survival import discretise
+
+# --------------------------------------------------------------------------- encoders
+from models.time_grid import make_time_grid
 
 # --------------------------------------------------------------------------- encoders
 

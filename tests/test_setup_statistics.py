@@ -14,7 +14,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from models.data import Preprocessor
 from models.data.dictionary import DataDictionary
-from models.survival import make_time_grid, time_grid_from_histograms, time_histogram
+from models.time_grid import make_time_grid, time_grid_from_histograms, time_histogram
 from strategies.mechanisms import setup_statistics as setup
 from strategies.mechanisms.setup_statistics import (
     AgreedRanges,

@@ -21,7 +21,7 @@ from models.multimodal_training import (
     predict_multisurv,
     train_multisurv,
 )
-from models.survival import make_time_grid
+from models.time_grid import make_time_grid
 from strategies.mechanisms.embedding_dp import embedding_epsilon
 from strategies.split import (
     LocalSites,

@@ -10,12 +10,8 @@ from sksurv.datasets import load_flchain
 from sksurv.metrics import concordance_index_censored
 from torch import nn
 
-from models.survival import (
-    build_survival_model,
-    discretise,
-    make_time_grid,
-    restricted_mean_survival_time,
-)
+from models.survival import build_survival_model, discretise, restricted_mean_survival_time
+from models.time_grid import make_time_grid
 from models.training import train_epochs
 
 

@@ -52,7 +52,7 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
 4. :func:`shared_setup` at the server, on the sums: the :class:`~models.data.Preprocessor`
    (a public range scales its column to ``[-1, 1]``; a private one clips to it and standardises
    with the noisy mean and standard deviation), the time grid (Kaplan-Meier quantiles of the
-   denoised time histogram, :func:`models.survival.time_grid_from_counts`) and the time scale
+   denoised time histogram, :func:`models.time_grid.time_grid_from_counts`) and the time scale
    (mean and standard deviation of the denoised histogram).
 
 Sensitivities (L2, one record of the site) and noise
@@ -130,7 +130,7 @@ from scipy.optimize import isotonic_regression
 
 from models.data.dictionary import DataDictionary
 from models.data.preprocess import RELATIVE_VARIANCE_FLOOR, Preprocessor, category_keys, is_numeric_feature
-from models.survival import time_grid_from_counts
+from models.time_grid import time_grid_from_counts
 
 __all__ = [
     "ADJACENCIES",
