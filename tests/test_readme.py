@@ -107,10 +107,12 @@ def _copy_checkout(destination: Path) -> Path:
 def _environment_without_venv() -> dict:
     """The caller's environment with no activated virtual environment: no VIRTUAL_ENV, and no venv's
     bin/ on PATH (the README's commands must not need one)."""
-    # nor the variables of a make that runs this suite (`make test ARGS="-m slow"` would hand its ARGS to
-    # the README's `make demo` through MAKEFLAGS, as if the user had typed them)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "FLWR_HOME", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    # nor the variables of a make that runs this suite: `make test ARGS="-m slow"` exports ARGS (and
+    # MAKEFLAGS) to its recipe, and the README's `make demo` would read them as if the user had typed them
+    makefile = (PROJECT_ROOT / "Makefile").read_text(encoding="utf-8")
+    make_variables = set(re.findall(r"\$\(([A-Z_]+)\)", makefile)) | {"MAKEFLAGS", "MFLAGS", "MAKELEVEL",
+                                                                     "MAKEOVERRIDES"}
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "FLWR_HOME", *make_variables}}
     path = [p for p in env.get("PATH", "").split(os.pathsep)
             if p and not (Path(p) / "activate").exists() and Path(p).resolve() != (VENV / "bin").resolve()]
     env["PATH"] = os.pathsep.join(path)
