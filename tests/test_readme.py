@@ -112,7 +112,9 @@ def _environment_without_venv() -> dict:
     makefile = (PROJECT_ROOT / "Makefile").read_text(encoding="utf-8")
     make_variables = set(re.findall(r"\$\(([A-Z_]+)\)", makefile)) | {"MAKEFLAGS", "MFLAGS", "MAKELEVEL",
                                                                      "MAKEOVERRIDES"}
-    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "FLWR_HOME", *make_variables}}
+    # and no PYTHONPATH: Ray, started by an earlier test of this process, puts the checkout on it
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"VIRTUAL_ENV", "FLWR_HOME", "PYTHONPATH", *make_variables} and not k.startswith("RAY_")}
     path = [p for p in env.get("PATH", "").split(os.pathsep)
             if p and not (Path(p) / "activate").exists() and Path(p).resolve() != (VENV / "bin").resolve()]
     env["PATH"] = os.pathsep.join(path)
@@ -180,8 +182,9 @@ def test_readme_commands_run_as_written(readme_run):
             assert "fedsurv-0.1.0" in installed, result.stdout[-2000:]
             assert all(p.startswith(("fedsurv-", "setuptools-", "pip-", "wheel-")) for p in installed), installed
             where = subprocess.run([str(venv / "bin" / "python"), "-c", "import models; print(models.__file__)"],
-                                   cwd=venv, capture_output=True, text=True, timeout=120)
-            assert where.stdout.strip().startswith(str(checkout)), where.stdout + where.stderr
+                                   cwd=venv, env=_environment_without_venv(), capture_output=True, text=True,
+                                   timeout=120)
+            assert where.stdout.startswith(str(checkout)), where.stdout + where.stderr
         elif command.startswith("make demo") or command.startswith("make flwr RUN_CONFIG"):
             named = _output_dir(command)
             summaries = ([checkout / named / "summary.json"] if named else
