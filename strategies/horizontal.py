@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from logging import WARNING
 from typing import Any
@@ -273,6 +273,26 @@ class SurvivalFedAvg(FedAvg):
             return site, f"the reply claims to come from site {claimed!r}, but node {node} is site {site!r}"
         return site, ""
 
+    def _accepted_metrics(
+        self, server_round: int, phase: str, replies: Iterable[Message],
+        check: Callable[[str, MetricRecord], str],
+    ) -> Iterator[tuple[Message, str, int, MetricRecord]]:
+        """``(reply, site, node, metric record)`` of each reply of ``phase`` that passes the identity check,
+        carries exactly one metric record and passes ``check(site, record)`` (a reason, "" if none); every
+        other reply but the error replies becomes a named failure of the round."""
+        for message in replies:
+            if message.has_error():
+                continue
+            node = message.metadata.src_node_id
+            site, reason = self._identity(message)
+            metrics = _metric_record(message)
+            if not reason:
+                reason = "the reply must carry exactly one metric record" if metrics is None else check(site, metrics)
+            if reason:
+                self._fail(server_round, phase, node, reason)
+                continue
+            yield message, site, node, metrics
+
     # ------------------------------------------------------------------ failures
 
     def record_failures(
@@ -472,20 +492,11 @@ class SurvivalFedAvg(FedAvg):
         """
         record = self._record(server_round)
         checked: dict[str, tuple[int, dict[str, float]]] = {}
-        for message in replies:
-            if message.has_error():
-                continue
-            node = message.metadata.src_node_id
-            site, reason = self._identity(message)
-            metrics_record = _metric_record(message)
-            if not reason:
-                metrics = _numbers(metrics_record) if metrics_record is not None else {}
-                reason = ("the reply must carry exactly one metric record" if metrics_record is None else
-                          check_evaluation(metrics, max_records=self.held_out_bound.get(site, 0.0)))
-            if reason:
-                self._fail(server_round, "evaluate", node, reason)
-                continue
-            checked[site] = (node, {key: float(value) for key, value in metrics.items()})
+        accepted = self._accepted_metrics(
+            server_round, "evaluate", replies,
+            lambda site, metrics: check_evaluation(_numbers(metrics), max_records=self.held_out_bound.get(site, 0.0)))
+        for message, site, node, metrics in accepted:
+            checked[site] = (node, {key: float(value) for key, value in _numbers(metrics).items()})
             record.evaluate_undefined[site] = _undefined(message, checked[site][1])
         suspects = suspect_evaluations({site: metrics for site, (_, metrics) in checked.items()})
         for site, (node, metrics) in sorted(checked.items()):
@@ -513,19 +524,11 @@ class SurvivalFedAvg(FedAvg):
         replies = grid.send_and_receive(messages, timeout=self.timeout)
         event_counts: np.ndarray | None = None
         risk_sums: np.ndarray | None = None
-        for message in self.record_failures(server_round, "breslow", messages, replies):
-            if message.has_error():
-                continue
-            node = message.metadata.src_node_id
-            site, reason = self._identity(message)
-            metrics = _metric_record(message)
-            if not reason:
-                reason = ("the reply must carry exactly one metric record" if metrics is None else
-                          check_breslow(metrics.get("event_counts"), metrics.get("risk_sums"),
-                                        grid_size=self.grid_size, max_records=self.setups[site].count))
-            if reason:
-                self._fail(server_round, "breslow", node, reason)
-                continue
+        accepted = self._accepted_metrics(
+            server_round, "breslow", self.record_failures(server_round, "breslow", messages, replies),
+            lambda site, metrics: check_breslow(metrics.get("event_counts"), metrics.get("risk_sums"),
+                                                grid_size=self.grid_size, max_records=self.setups[site].count))
+        for _, _, _, metrics in accepted:
             site_events = np.asarray(metrics["event_counts"], dtype=np.float64)
             site_risk = np.asarray(metrics["risk_sums"], dtype=np.float64)
             event_counts = site_events if event_counts is None else event_counts + site_events
