@@ -1,0 +1,151 @@
+"""The measured trade-offs of docs/when-to-use-what.md: runs through the apps, and their tables.
+
+``python -m benchmarks.tradeoffs run PLAN --out rows.jsonl``   run every configuration of a plan (resumable:
+configurations already in ``rows.jsonl`` are skipped)
+``python -m benchmarks.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
+
+Every run is a whole federation through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`,
+Flower's Message API in one process) with the project's defaults except what the plan sets. A row keeps the
+final global model's test (and SBA out-of-time) metrics on the pooled test split, the headline ε of the
+ledger (the largest over sites, never an average) and the centralised baseline (the same mechanism on the
+pooled data; not private, a simulation reference). Hyperparameters are the defaults; nothing here is tuned
+on test data.
+
+Plans
+-----
+``main``: SBA (4 census regions) and FLCHAIN (5 sites): fedavg, and dp_sgd at ε = 1, 2, 10, seeds 0-4.
+``old_recipe``: FLCHAIN dp_sgd at ε = 1, 10 with the defaults before the DP recipe (lr 0.003, batch 128,
+1 local epoch, clip 1), seeds 0-4.
+``site_size``: FLCHAIN with 20 sites (a quarter of the records each), fedavg and dp_sgd at ε = 1, seeds 0-2.
+``central_dp_sites``: the simulated Cox data (35,000 training records) over 10, 100 and 1000 sites, fedavg
+and central_dp at ε = 1, 10 rounds, seeds 0-2.
+``distributed``: SBA over the 40 states with at least 100 loans and over the 4 regions, distributed_dp at
+ε = 1, seeds 0-4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import math
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SEEDS5 = range(5)
+OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0}
+SBA_REGIONS = {"data.name": "sba", "federation.partition": "region"}
+SBA_STATES = {"data.name": "sba", "federation.partition": "State", "federation.min_site_records": 100}
+
+
+def _plans() -> dict[str, list[dict[str, Any]]]:
+    main: list[dict[str, Any]] = []
+    for seed in SEEDS5:
+        main += [{**SBA_REGIONS, "strategy.name": "fedavg", "seed": seed},
+                 {"data.name": "flchain", "strategy.name": "fedavg", "seed": seed}]
+    for epsilon in (1, 10, 2):
+        for seed in SEEDS5:
+            main += [{**SBA_REGIONS, "strategy.name": "dp_sgd", "privacy.epsilon": epsilon, "seed": seed},
+                     {"data.name": "flchain", "strategy.name": "dp_sgd", "privacy.epsilon": epsilon, "seed": seed}]
+    old = [{"data.name": "flchain", "strategy.name": "dp_sgd", "privacy.epsilon": epsilon, "seed": seed,
+            "baseline.centralized": False, **OLD_RECIPE} for epsilon in (1, 10) for seed in SEEDS5]
+    size = [{"data.name": "flchain", "federation.num_sites": 20, "strategy.name": strategy, "seed": seed,
+             "baseline.centralized": False, **({"privacy.epsilon": 1} if strategy == "dp_sgd" else {})}
+            for seed in range(3) for strategy in ("dp_sgd", "fedavg")]
+    central = [{"data.name": "sim_cox", "federation.num_sites": sites, "strategy.name": strategy, "seed": seed,
+                "federation.rounds": 10, "baseline.centralized": False, "federation.min_sites": 2,
+                **({"privacy.epsilon": 1} if strategy == "central_dp" else {})}
+               for sites in (10, 100, 1000) for seed in range(3) for strategy in ("fedavg", "central_dp")]
+    distributed = [{**partition, "strategy.name": "distributed_dp", "privacy.epsilon": 1, "seed": seed}
+                   for partition in (SBA_STATES, SBA_REGIONS) for seed in SEEDS5]
+    return {"main": main, "old_recipe": old, "site_size": size, "central_dp_sites": central,
+            "distributed": distributed}
+
+
+PLANS = _plans()
+
+
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
+    """Run each configuration not yet in ``out``; append one JSON row per run (an error is a row too)."""
+    from simulations.engine import run_inprocess
+
+    done = {_key(json.loads(line)["config"]) for line in out.read_text().splitlines()} if out.exists() else set()
+    for config in plan:
+        if _key(config) in done:
+            continue
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as directory:
+            run_dir = Path(directory) / hashlib.sha1(_key(config).encode()).hexdigest()[:12]
+            try:
+                summary = run_inprocess({**config, "output.dir": str(run_dir)})
+                row = {"config": config, "test": summary["test"], "oot": summary.get("oot"),
+                       "epsilon": summary["privacy"].get("epsilon"), "centralized": summary.get("centralized")}
+            except Exception as err:  # a failed run is a row, and the plan goes on
+                row = {"config": config, "error": f"{type(err).__name__}: {err}"[:500]}
+        row["wall_s"] = round(time.perf_counter() - started, 1)
+        with out.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, default=float) + "\n")
+        print(_key(config), row.get("error") or {k: round(v, 4) for k, v in row["test"].items()}, flush=True)
+
+
+def _setting(config: dict[str, Any]) -> tuple:
+    sites = (config.get("federation.partition") or f"{config.get('federation.num_sites', 5)} iid")
+    recipe = "old recipe" if "train.lr" in config else ""
+    return (config["data.name"], sites, config["strategy.name"], config.get("privacy.epsilon", math.inf), recipe)
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def table(rows: Iterable[dict[str, Any]]) -> str:
+    """Mean ± std (sample std) over seeds per setting; the centralised DP baseline beside each DP setting."""
+    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    for row in rows:
+        groups[_setting(row["config"])].append(row)
+    lines = ["| data | sites | strategy | target ε | seeds | test C | test IBS | ε (max over seeds) | "
+             "centralised, same mechanism: C | IBS |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (data, sites, strategy, epsilon, recipe), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        ok = [row for row in members if "error" not in row]
+        central = [row["centralized"]["test"] for row in ok if isinstance(row.get("centralized"), dict)
+                   and "test" in row["centralized"]]
+        epsilons = [row["epsilon"] for row in ok if row.get("epsilon") is not None]
+        name = f"{strategy} ({recipe})" if recipe else strategy
+        lines.append(
+            f"| {data} | {sites} | {name} | {'–' if math.isinf(epsilon) else f'{epsilon:g}'} | {len(ok)}"
+            f"{f' ({len(members) - len(ok)} failed)' if len(ok) < len(members) else ''} | "
+            f"{_mean_std([row['test']['c_index'] for row in ok])} | {_mean_std([row['test']['ibs'] for row in ok])} | "
+            f"{f'{max(epsilons):.3f}' if epsilons else '–'} | {_mean_std([c['c_index'] for c in central])} | "
+            f"{_mean_std([c['ibs'] for c in central])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    runner = sub.add_parser("run", help="run a plan")
+    runner.add_argument("plan", choices=sorted(PLANS))
+    runner.add_argument("--out", type=Path, required=True)
+    tables = sub.add_parser("table", help="Markdown table of saved rows")
+    tables.add_argument("rows", type=Path, nargs="+")
+    args = parser.parse_args()
+    if args.command == "run":
+        run(PLANS[args.plan], args.out)
+    else:
+        print(table(json.loads(line) for path in args.rows for line in path.read_text().splitlines() if line))
+
+
+if __name__ == "__main__":
+    main()
