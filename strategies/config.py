@@ -116,6 +116,9 @@ STRATEGIES: Mapping[str, Strategy] = {
     "fedavg": Strategy("FedAvg without differential privacy", vertical=False, adjacency="add-remove"),
     "dp_sgd": Strategy("record-level DP-SGD at every site (hazard_mlp)", vertical=False, adjacency="add-remove"),
     "bdp": Strategy("Bayesian DP (FSL-BDP) at every site (hazard_mlp)", vertical=False, adjacency="add-remove"),
+    "distributed_dp": Strategy("record-level DP on the union: one noisy gradient step per round, discrete Gaussian "
+                               "noise split across the sites, summed through SecAgg+ (hazard_mlp)", vertical=False,
+                               adjacency="add-remove"),
     "central_dp": Strategy("Flower's client-level DP at the server (a whole site is protected)", vertical=False,
                            adjacency="add-remove"),
     "nbafl": Strategy("NbAFL (Wei et al. 2020): weights clipped and perturbed before upload", vertical=False,
@@ -323,6 +326,14 @@ class PrivacyConfig:
     setup_noise: float = setting(10.0, "dp_sgd/bdp: noise multiplier of the set-up releases (counts, ranges, "
                                        "moments, time histogram); 0 = exact set-up (not covered by epsilon)",
                                  bounds=NON_NEGATIVE)
+    max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
+                                   "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",
+                                bounds=NON_NEGATIVE)
+    colluding_sites: int = setting(0, "distributed_dp: sites that may collude with the server (their own noise is "
+                                      "not counted)", bounds=NON_NEGATIVE)
+    modulus_bits: int = setting(48, "distributed_dp: secure aggregation works modulo 2^bits; the quantisation scale "
+                                    "is the largest that keeps wrap-around below 1e-9 per round",
+                                bounds=Bounds(16.0, 62.0, low_closed=True, high_closed=True))
 
     @property
     def enabled(self) -> bool:
