@@ -30,11 +30,15 @@ from strategies.horizontal import (
     UNDEFINED_KEY,
     WEIGHT_KEY,
 )
+from strategies import secure_aggregation as secagg
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
 PRIVACY_STATE = "privacy.state"
+#: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
+SECAGG_STATE = "secagg.state"
+SECAGG_ROUND = "secagg.round"
 app.query("split_hello")(vertical_client.hello)
 app.train("split_setup")(vertical_client.setup)
 app.train("split_step")(vertical_client.step)
@@ -175,3 +179,62 @@ def breslow(message: Message, context: Context) -> Message:
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
     metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
     return _reply(message, _content(site, metrics), cfg, site, server_round, "breslow")
+
+
+# ------------------------------------------------------------------ secure aggregation (strategies with a secure sum)
+
+
+def _secagg_reply(message: Message, values: dict) -> Message:
+    return Message(content=RecordDict({secagg.RECORD: ConfigRecord(values)}), reply_to=message)
+
+
+@app.query("secagg_setup")
+def secagg_setup(message: Message, context: Context) -> Message:
+    """Stage 0: fresh key pairs; the round's public figures (sites selected, their agreed records) are kept."""
+    record = message.content[secagg.RECORD]
+    state, keys = secagg.site_setup(context.node_id, record)
+    context.state[SECAGG_STATE] = state.to_record()
+    context.state[SECAGG_ROUND] = ConfigRecord({"parties": int(record["parties"]), "records": float(record["records"])})
+    return _secagg_reply(message, keys)
+
+
+@app.query("secagg_share_keys")
+def secagg_share_keys(message: Message, context: Context) -> Message:
+    """Stage 1: the mask seed and secret key shared among the neighbours, each share encrypted to its holder."""
+    state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
+    keys = {int(node): (pair[0], pair[1]) for node, pair in message.content[secagg.RECORD].items()}
+    values = secagg.site_share_keys(state, keys)
+    context.state[SECAGG_STATE] = state.to_record()
+    return _secagg_reply(message, values)
+
+
+@app.query("secagg_masked")
+def secagg_masked(message: Message, context: Context) -> Message:
+    """Stage 2: the site's contribution of the round (its mechanism's), masked; this is the site's training reply."""
+    site, index = _site(context)
+    config = message.content["config"]
+    server_round = int(config["server-round"])
+    cfg, model = _model(context, message)
+    inject_failure(cfg, site=site.name, server_round=server_round, message="train")
+    torch.set_num_threads(cfg.train.num_threads)
+    mechanism = horizontal_mechanism(cfg.strategy)
+    public = context.state.config_records[SECAGG_ROUND]
+    plan = mechanism.plan(cfg, parties=int(public["parties"]), records=float(public["records"]),
+                          dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
+    vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
+    state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
+    record = message.content[secagg.RECORD]
+    masked = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
+    context.state[SECAGG_STATE] = state.to_record()
+    content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked), secagg.RECORD: ConfigRecord({})})
+    return _reply(message, content, cfg, site, server_round, "train")
+
+
+@app.query("secagg_unmask")
+def secagg_unmask(message: Message, context: Context) -> Message:
+    """Stage 3: shares of the surviving neighbours' mask seeds and of the dropped neighbours' secret keys."""
+    state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
+    record = message.content[secagg.RECORD]
+    values = secagg.site_unmask(state, record["survivors"], record["dropped"])
+    context.state[SECAGG_STATE] = state.to_record()
+    return _secagg_reply(message, values)

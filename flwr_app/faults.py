@@ -24,6 +24,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from strategies.config import HOSTILE_MODES, ExperimentConfig
+from strategies.secure_aggregation import MASKED_ARRAY
 
 __all__ = ["HOSTILE_MODES", "InjectedFailure", "inject_failure", "tamper"]
 
@@ -72,9 +73,17 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
     trying to take the model over); ``forged_epsilon``: the reported epsilon 1e-9;
     ``spoofed_name``: the reply names another site; ``forged_metrics``: C-index 0.99 and IBS 0
     in the evaluation reply; ``poisoned_update``: every weight times -10, nothing else changed.
+    A secure-aggregation site's masked vector (its training reply) becomes NaN (``nan_weights``) or
+    one coordinate short (``wrong_shape``).
     """
     mode = cfg.debug.fail_mode
     if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg, site, server_round):
+        return content
+    if MASKED_ARRAY in content.array_records and mode in ("nan_weights", "wrong_shape"):
+        # a secure-aggregation reply: a non-integer vector, or one coordinate short
+        masked = content[MASKED_ARRAY][MASKED_ARRAY].numpy()
+        masked = np.full(masked.shape, np.nan) if mode == "nan_weights" else masked[:-1].copy()
+        content[MASKED_ARRAY] = ArrayRecord({MASKED_ARRAY: Array(masked)})
         return content
     if mode in ("nan_weights", "wrong_shape", "inflated_count", "poisoned_update"):
         arrays = {key: array.numpy() for key, array in content["arrays"].items()}

@@ -92,9 +92,16 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
                                     "privacy.clip_norm": 5.0}
 
 
+#: The recipe of distributed_dp (one full-batch step on the union per round), chosen on a validation split of the
+#: SBA training records (``docs/privacy-methods.md``, "Distributed DP over secure aggregation").
+DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"train.lr": 0.01, "privacy.clip_norm": 1.0}
+
+
 def _recipe_auto(key: str) -> str:
-    """The ``auto`` text of a training key: the recipe's value and the default's."""
-    return f"dp_sgd and bdp: {DP_SGD_RECIPE[key]:g}; otherwise {TRAINING_DEFAULTS[key]:g}"
+    """The ``auto`` text of a training key: the recipes' values and the default's."""
+    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE))
+    return "; ".join([f"{names}: {recipe[key]:g}" for names, recipe in recipes if key in recipe]
+                     + [f"otherwise {TRAINING_DEFAULTS[key]:g}"])
 
 
 #: ``data.name`` options (the loaders in :mod:`models.data`; a test keeps the names equal to theirs).
@@ -135,6 +142,9 @@ STRATEGIES: Mapping[str, Strategy] = {
                        recipe=DP_SGD_RECIPE),
     "bdp": Strategy("Bayesian DP (FSL-BDP) at every site (hazard_mlp)", vertical=False, adjacency="add-remove",
                     recipe=DP_SGD_RECIPE),
+    "distributed_dp": Strategy("record-level DP on the union: one noisy gradient step per round, discrete Gaussian "
+                               "noise split across the sites, summed through SecAgg+ (hazard_mlp)", vertical=False,
+                               adjacency="add-remove", recipe=DISTRIBUTED_DP_RECIPE),
     "central_dp": Strategy("Flower's client-level DP at the server (a whole site is protected)", vertical=False,
                            adjacency="add-remove"),
     "nbafl": Strategy("NbAFL (Wei et al. 2020): weights clipped and perturbed before upload", vertical=False,
@@ -345,6 +355,14 @@ class PrivacyConfig:
     setup_noise: float = setting(10.0, "dp_sgd/bdp: noise multiplier of the set-up releases (counts, ranges, "
                                        "moments, time histogram); 0 = exact set-up (not covered by epsilon)",
                                  bounds=NON_NEGATIVE)
+    max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
+                                   "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",
+                                bounds=NON_NEGATIVE)
+    colluding_sites: int = setting(0, "distributed_dp: sites that may collude with the server (their own noise is "
+                                      "not counted)", bounds=NON_NEGATIVE)
+    modulus_bits: int = setting(48, "distributed_dp: secure aggregation works modulo 2^bits; the quantisation scale "
+                                    "is the largest that keeps wrap-around below 1e-9 per round",
+                                bounds=Bounds(16.0, 62.0, low_closed=True, high_closed=True))
 
     @property
     def enabled(self) -> bool:

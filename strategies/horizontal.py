@@ -40,7 +40,7 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Strategy
 from flwr.supercore import log
@@ -222,6 +222,8 @@ class SurvivalFedAvg(FedAvg):
         self.baseline: tuple[np.ndarray, np.ndarray] | None = None
         self.node_sites: dict[int, str] = {}
         self.global_arrays: ArrayRecord | None = None
+        #: A secure-sum mechanism's server optimiser state (kept at the server between rounds).
+        self.server_state: dict[str, Any] | None = None
         self.held_out_bound = {name: _held_out_bound(setup.count, cfg.data.test_fraction)
                                for name, setup in self.setups.items()}
 
@@ -335,6 +337,10 @@ class SurvivalFedAvg(FedAvg):
             record = self._record(server_round)
             self.global_arrays = arrays
             messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
+            if self.mechanism.secure_sum:
+                arrays = self.secure_round(grid, server_round, arrays, messages)
+                self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
+                continue
             if site_states:
                 messages = [self._with_own_state(message, site_states) for message in messages]
             replies = self.record_failures(server_round, "train", messages,
@@ -353,16 +359,72 @@ class SurvivalFedAvg(FedAvg):
                                     f"minimum {self.min_train_nodes}: the round was not aggregated")
             elif aggregated is not None:
                 arrays = aggregated
-            messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
-            replies = self.record_failures(server_round, "evaluate", messages,
-                                           grid.send_and_receive(messages, timeout=self.timeout))
-            outer.aggregate_evaluate(server_round, replies)
-            end_of_round(server_round, arrays)
-            if record.shortfall:
-                raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
-                                       + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
-                                                   for f in record.failures))
+            self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
         return arrays
+
+    def _evaluate_and_close(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy,
+                            end_of_round: Callable[[int, ArrayRecord], None]) -> None:
+        """A round's evaluation, then ``end_of_round``; :class:`TooFewSitesError` if the round was not aggregated."""
+        record = self._record(server_round)
+        messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+        replies = self.record_failures(server_round, "evaluate", messages,
+                                       grid.send_and_receive(messages, timeout=self.timeout))
+        outer.aggregate_evaluate(server_round, replies)
+        end_of_round(server_round, arrays)
+        if record.shortfall:
+            raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
+                                   + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
+                                               for f in record.failures))
+
+    def secure_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, messages: list[Message]) -> ArrayRecord:
+        """A round of a mechanism with a secure sum: the sites selected by ``messages`` send their integer vectors
+        through SecAgg+ (:class:`strategies.secure_aggregation.SecureSum`); the server unmasks only their sum and
+        takes the mechanism's step. Returns the new global model (the old one when the round is not aggregated).
+
+        Every site asked for its vector counts as having released it (the round's plan is its report);
+        a round with more than ``privacy.max_dropouts`` drop-outs is not unmasked (its shortfall).
+        """
+        from strategies.secure_aggregation import SecureSum, protocol_parameters
+
+        record = self._record(server_round)
+        contents = {m.metadata.dst_node_id: m.content for m in messages if m.metadata.dst_node_id in self.node_sites}
+        nodes = sorted(contents)
+        sites = {node: self.node_sites[node] for node in nodes}
+        current = {key: array.numpy() for key, array in arrays.items()}
+        dim = sum(array.size for array in current.values())
+        records = sum(self.setups[site].count for site in sites.values())
+        plan = self.mechanism.plan(self.cfg, parties=len(nodes), records=records, dim=dim,
+                                   setup=self.setups[sites[nodes[0]]])
+        privacy = self.cfg.privacy
+        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
+                                                    colluding=privacy.colluding_sites)
+        secure = SecureSum(modulus=plan.modulus, num_shares=num_shares, threshold=threshold, dimension=dim,
+                           timeout=self.timeout, shuffle_seed=self.cfg.seed * 100_003 + server_round)
+        result = secure.run(grid, nodes, setup={"parties": len(nodes), "records": float(records)},
+                            masked_content=lambda node: RecordDict(dict(contents[node].items())),
+                            group=str(server_round), min_included=len(nodes) - privacy.max_dropouts)
+        for node in result.sent:
+            record.released[sites[node]] = plan.report()
+        for stage, node, reason in result.failures:
+            self._fail(server_round, stage.removeprefix("query."), node, reason)
+        if result.total is None:
+            record.shortfall = f"secure aggregation did not complete: {result.shortfall}; the round was not aggregated"
+            return arrays
+        from strategies.secure_aggregation import centred
+
+        count = sum(self.setups[sites[node]].count for node in result.included)
+        new, self.server_state, reason = self.mechanism.server_step(
+            current, centred(result.total, plan.modulus), plan, count=count, lr=self.cfg.train.lr,
+            state=self.server_state)
+        if reason:
+            record.failures.append(failure("secagg_sum", "the sum of " + ", ".join(sites[n] for n in result.included),
+                                           0, reason))
+            record.shortfall = f"{reason}; the round was not aggregated"
+            return arrays
+        for node in result.included:
+            record.train_sites[sites[node]] = plan.report()
+        assert new is not None
+        return ArrayRecord({key: Array(value) for key, value in new.items()})
 
     def _with_own_state(self, message: Message, site_states: Mapping[str, str]) -> Message:
         """``message`` with its destination site's own saved privacy state added to its config (if it has one)."""

@@ -26,6 +26,7 @@ RUNS = {
     "central_dp": {"strategy.name": "central_dp", "privacy.epsilon": 2.0},
     "nbafl cox": {"strategy.name": "nbafl", "privacy.epsilon": 2.0, "model.name": "cox_mlp"},
     "ls_adp": {"strategy.name": "ls_adp", "privacy.epsilon": 2.0},
+    "distributed_dp": {"strategy.name": "distributed_dp", "privacy.epsilon": 2.0},
     "row_dp": {"strategy.name": "row_dp", "privacy.epsilon": 2.0},
     "split": {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
               "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,

@@ -359,10 +359,16 @@ class HorizontalMechanism(Mechanism):
         True when the run's set-up statistics (record counts, clip ranges and standardisation,
         time grid) are released with DP and composed with training
         (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_noise``).
+    secure_sum
+        True when the sites send integer vectors through secure aggregation and the server sees
+        only their sum (:mod:`strategies.secure_aggregation`); the mechanism then provides
+        ``plan``, the site's ``contribution`` and the server's ``server_step`` instead of a
+        training round.
     """
 
     pooled_baseline: bool = False
     server_side: bool = False
+    secure_sum: bool = False
     private_setup: bool = False
 
     def check(self, cfg: ExperimentConfig) -> None:

@@ -15,6 +15,7 @@ from strategies.config import ConfigError
 from strategies.mechanisms.base import HorizontalMechanism, Mechanism
 from strategies.mechanisms.bdp import BayesianDP
 from strategies.mechanisms.central_dp import CentralDP
+from strategies.mechanisms.distributed_dp import DistributedDP
 from strategies.mechanisms.dp_sgd import DPSGD
 from strategies.mechanisms.embedding_dp import EmbeddingDP
 from strategies.mechanisms.nbafl import WeightPerturbation
@@ -24,7 +25,7 @@ __all__ = ["MECHANISMS", "STRATEGIES", "get_mechanism", "horizontal_mechanism"]
 
 #: ``strategy.name`` -> its mechanism.
 MECHANISMS: Mapping[str, Mechanism] = MappingProxyType({mechanism.name: mechanism for mechanism in (
-    NoPrivacy(), DPSGD(), BayesianDP(), CentralDP(), WeightPerturbation("nbafl"), WeightPerturbation("ls_adp"),
+    NoPrivacy(), DPSGD(), BayesianDP(), DistributedDP(), CentralDP(), WeightPerturbation("nbafl"), WeightPerturbation("ls_adp"),
     WeightPerturbation("row_dp"), EmbeddingDP(),
 )})
 #: Every strategy name, in the registry's order.

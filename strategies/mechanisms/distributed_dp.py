@@ -1,0 +1,307 @@
+r"""Distributed DP over secure aggregation (strategy ``distributed_dp``): one DP-SGD step on the union per round.
+
+Round structure: every round is **one full-batch noisy gradient step on the union of the selected
+sites' training records, at the global model** (sampling rate 1: no amplification is claimed).
+Each site
+
+1. computes every training record's gradient of the hazard model's loss at the global model, clips
+   it to :math:`C` (``privacy.clip_norm``), scales it by :math:`\gamma` and rounds it coordinate-wise
+   to integers, so one record's integer contribution has L2 norm at most
+   :math:`\Delta = \gamma C + \sqrt d / 2` (:math:`\lVert \mathrm{round}(v) \rVert \le \lVert v \rVert +
+   \lVert \mathrm{round}(v) - v \rVert`);
+2. adds discrete Gaussian noise :math:`N_{\mathbb Z}(0, s^2)` per coordinate with
+   :math:`s^2 = (z\Delta)^2 / (k - D - t)`, ``k`` the sites selected this round, ``D`` the tolerated
+   drop-outs (``privacy.max_dropouts``), ``t`` the colluding sites (``privacy.colluding_sites``);
+3. sends the integer vector masked by SecAgg+ (:mod:`strategies.secure_aggregation`).
+
+The server unmasks only the sum (it refuses to unmask when fewer than ``k - D`` vectors came),
+divides it by :math:`\gamma` and by the agreed record count of the included sites, and takes one
+Adam step with learning rate ``train.lr`` (its optimiser state stays at the server:
+post-processing). Any ``k - D - t`` honest survivors' noise sums to variance at least
+:math:`(z\Delta)^2`; accounting (:mod:`strategies.accounting.distributed_dp`): the distributed
+discrete Gaussian of Kairouz, Liu & Steinke (2021), Proposition 14, with ``k - D - t`` parties,
+composed over rounds by RDP. Modular wrap-around: the server sees the sum mod :math:`M` (post-
+processing of the integer sum); :math:`\gamma` is the largest scale for which wrap-around has
+probability at most :data:`WRAP_PROBABILITY` per round (:func:`round_plan`).
+
+Why one step per round: the released sum is then exactly the noisy clipped gradient sum of DP-SGD
+on the union with :math:`q = 1`, so its sensitivity is one record's clipped gradient whichever site
+holds it; several local steps would make a site's later gradients depend on its own earlier noise
+and records, and the sum would no longer be one Gaussian-mechanism release.
+
+No torch here: the site's numerics and the server's step are
+:mod:`strategies.mechanisms.distributed_dp_training`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from strategies.accounting.distributed_dp import ddg_epsilon, l1_bound
+from strategies.accounting.ledger import LedgerEntry
+from strategies.config import ConfigError, ExperimentConfig
+from strategies.mechanisms.base import (
+    HorizontalMechanism,
+    Manifest,
+    ReleasedValue,
+    SiteSetUp,
+    SiteUpdate,
+    record_level_closing,
+    setup_sentence,
+)
+from strategies.mechanisms.dp_sgd import require_decomposable_loss
+
+__all__ = ["DistributedDP", "RoundPlan", "WRAP_PROBABILITY", "round_plan"]
+
+#: The largest probability that a round's integer sum wraps around the modulus (the choice of gamma).
+WRAP_PROBABILITY = 1e-9
+#: The record count the wrap-around bound allows for: this many times the agreed count, plus :data:`RECORD_SLACK`
+#: (the agreed count is noisy under a private set-up).
+RECORD_MARGIN = 2.0
+RECORD_SLACK = 1000.0
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The public parameters of one round (the same at every site and at the server).
+
+    ``parties``: sites selected (k); ``honest``: k - D - t, the parties the accountant counts;
+    ``records``: the agreed training-record count of the selected sites; ``dim``: model size d;
+    ``modulus``: M; ``gamma``: the scale; ``l2``/``l1``: one record's sensitivity of the integer sum
+    (Δ and its L1 bound); ``noise_multiplier``: z; ``local_sigma``: s.
+    """
+
+    parties: int
+    honest: int
+    records: float
+    dim: int
+    modulus: int
+    gamma: float
+    l2: float
+    l1: float
+    noise_multiplier: float
+    local_sigma: float
+
+    @property
+    def record_bound(self) -> float:
+        """The record count the wrap-around bound allows for."""
+        return RECORD_MARGIN * self.records + RECORD_SLACK
+
+    @property
+    def coordinate_bound(self) -> float:
+        """Every coordinate of an honest round's integer sum is below this in absolute value, but with
+        probability :data:`WRAP_PROBABILITY` (data part plus the noise's sub-Gaussian tail)."""
+        return self.record_bound * (self.l2 - math.sqrt(self.dim) / 2 + 0.5) + _tail(self) * self.l2
+
+    @property
+    def norm_bound(self) -> float:
+        """An honest round's integer sum has L2 norm below this, but with probability :data:`WRAP_PROBABILITY`:
+        at most ``record_bound`` records of norm Delta, plus noise below ``tail * Delta`` in every coordinate."""
+        return self.record_bound * self.l2 + math.sqrt(self.dim) * _tail(self) * self.l2
+
+    def report(self) -> dict[str, float]:
+        """The figures the ledger recomputes ε from (the server records them for every site that was asked)."""
+        return {key: float(value) for key, value in asdict(self).items()}
+
+
+def _tail_factor(z: float, parties: int, honest: int, dim: int) -> float:
+    r"""c with :math:`P(\max_j |\text{noise}_j| > c\Delta) \le` :data:`WRAP_PROBABILITY`: the sum of at most
+    ``parties`` :math:`N_{\mathbb Z}(0, s^2)` is :math:`k s^2`-sub-Gaussian (Canonne et al. 2020), union over d."""
+    return z * math.sqrt(parties / honest) * math.sqrt(2.0 * math.log(2.0 * dim / WRAP_PROBABILITY))
+
+
+def _tail(plan: RoundPlan) -> float:
+    return _tail_factor(plan.noise_multiplier, plan.parties, plan.honest, plan.dim)
+
+
+def _scale(z: float, *, parties: int, honest: int, records: float, dim: int, modulus: int, clip: float) -> float:
+    """The largest gamma with n_max (gamma C + 1/2) + c (gamma C + sqrt(d)/2) < M/2 - 1."""
+    n_max = RECORD_MARGIN * records + RECORD_SLACK
+    c = _tail_factor(z, parties, honest, dim)
+    return (modulus / 2 - 1 - n_max / 2 - c * math.sqrt(dim) / 2) / (clip * (n_max + c))
+
+
+def _plan(z: float, *, parties: int, honest: int, records: float, dim: int, modulus: int, clip: float) -> RoundPlan:
+    gamma = _scale(z, parties=parties, honest=honest, records=records, dim=dim, modulus=modulus, clip=clip)
+    l2 = gamma * clip + math.sqrt(dim) / 2
+    return RoundPlan(parties=parties, honest=honest, records=float(records), dim=dim, modulus=modulus, gamma=gamma,
+                     l2=l2, l1=l1_bound(l2, dim), noise_multiplier=z, local_sigma=z * l2 / math.sqrt(honest))
+
+
+@functools.lru_cache(maxsize=256)
+def round_plan(*, epsilon: float, delta: float, rounds: int, parties: int, max_dropouts: int, colluding: int,
+               records: float, dim: int, modulus_bits: int, clip: float,
+               prior: tuple[tuple[float, float, int], ...] = ()) -> RoundPlan:
+    """The round's plan, z calibrated so that ``rounds`` such rounds after ``prior`` spend ``(epsilon, delta)``.
+
+    Raises ``ValueError`` when ``parties - max_dropouts - colluding < 1`` or when the modulus leaves no
+    room (gamma C below sqrt(d): quantisation would dominate the sensitivity).
+    """
+    honest = parties - max_dropouts - colluding
+    if honest < 1:
+        raise ValueError(f"{parties} selected sites leave {honest} honest survivors with {max_dropouts} drop-outs "
+                         f"and {colluding} colluding sites")
+    modulus = 2 ** modulus_bits
+
+    def plan(z: float) -> RoundPlan:
+        return _plan(z, parties=parties, honest=honest, records=records, dim=dim, modulus=modulus, clip=clip)
+
+    def spent(z: float) -> float:
+        p = plan(z)
+        return ddg_epsilon(releases=[_release(p)] * rounds, delta=delta, prior=prior)
+
+    low, high = 1e-3, 1e5
+    if spent(high) > epsilon:
+        raise ValueError(f"no noise multiplier up to {high:g} reaches epsilon {epsilon:g} in {rounds} rounds")
+    for _ in range(80):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if spent(mid) <= epsilon else (mid, high)
+        if high / low < 1 + 1e-6:
+            break
+    result = plan(high)
+    if result.gamma * clip < math.sqrt(dim):
+        raise ValueError(f"a modulus of 2^{modulus_bits} leaves gamma*C = {result.gamma * clip:.3g} below sqrt(d) = "
+                         f"{math.sqrt(dim):.3g}: rounding would dominate the sensitivity")
+    return result
+
+
+def _release(plan: RoundPlan) -> tuple[float, float, float, int, int]:
+    return (plan.l2, plan.l1, plan.local_sigma, plan.honest, plan.dim)
+
+
+class DistributedDP(HorizontalMechanism):
+    """Record-level DP on the union of the sites, noise split across them, summed through SecAgg+."""
+
+    name = "distributed_dp"
+    unit = "record"
+    adjacencies = ("add-remove",)
+    private_setup = True
+    secure_sum = True
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        super().check(cfg)
+        require_decomposable_loss(self.name, cfg)
+        sites = cfg.federation.num_sites
+        selected = max(1, round(cfg.federation.fraction_train * sites)) if sites else 0
+        if selected and selected - cfg.privacy.max_dropouts - cfg.privacy.colluding_sites < 1:
+            raise ConfigError(
+                f"run config: strategy 'distributed_dp' with about {selected} sites per round cannot tolerate "
+                f"privacy.max_dropouts = {cfg.privacy.max_dropouts} and privacy.colluding_sites = "
+                f"{cfg.privacy.colluding_sites}: k - privacy.max_dropouts - privacy.colluding_sites must be >= 1")
+        if cfg.federation.aggregation != "fedavg":
+            raise ConfigError(f"run config: federation.aggregation = {cfg.federation.aggregation!r}: strategy "
+                              "'distributed_dp' gives the server only the sum, so no robust aggregator can run")
+        if cfg.resume_from:
+            raise ConfigError("run config: 'resume.from' is not offered for strategy 'distributed_dp' (the server's "
+                              "optimiser state is not in the checkpoint)")
+
+    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp) -> RoundPlan:
+        """This round's public parameters (ConfigError naming the keys when they cannot be met)."""
+        try:
+            return round_plan(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, rounds=cfg.federation.rounds,
+                              parties=parties, max_dropouts=cfg.privacy.max_dropouts,
+                              colluding=cfg.privacy.colluding_sites, records=float(records), dim=dim,
+                              modulus_bits=cfg.privacy.modulus_bits, clip=cfg.privacy.clip_norm,
+                              prior=tuple(setup.prior))
+        except ValueError as err:
+            raise ConfigError(f"run config: strategy 'distributed_dp' (privacy.max_dropouts, privacy.colluding_sites, "
+                              f"privacy.modulus_bits): {err}") from err
+
+    def contribution(self, model: Any, data: Any, cfg: ExperimentConfig, plan: RoundPlan, *, seed: int) -> np.ndarray:
+        """The site's integer vector of the round (its rounded clipped gradient sum plus its noise share)."""
+        from strategies.mechanisms.distributed_dp_training import site_contribution  # torch: only where a site trains
+
+        return site_contribution(model, data, plan, clip_norm=cfg.privacy.clip_norm, seed=seed)
+
+    def server_step(self, arrays: Mapping[str, np.ndarray], total: np.ndarray, plan: RoundPlan, *, count: float,
+                    lr: float, state: dict[str, Any] | None) -> tuple[dict[str, np.ndarray] | None, dict[str, Any], str]:
+        """The server's step from the unmasked sum (centred integers): ``(new arrays, optimiser state, "")``, or
+        ``(None, state, reason)`` when the sum's norm is implausible for an honest round.
+
+        The gradient estimate is ``total / (gamma * count)``, ``count`` the agreed record count of the
+        sites whose vectors are in the sum; Adam (Kingma & Ba 2015; betas 0.9, 0.999, eps 1e-8) with
+        learning rate ``lr``, its moments kept at the server.
+        """
+        norm = float(np.linalg.norm(total.astype(np.float64)))
+        if not norm <= plan.norm_bound:
+            return None, state or {}, (f"the unmasked sum has L2 norm {norm:.4g}, above {plan.norm_bound:.4g}, the most "
+                                       "an honest round reaches (a site sent a vector outside the protocol, or shares "
+                                       "that did not combine)")
+        gradient = total.astype(np.float64) / (plan.gamma * count)
+        state = dict(state or {"step": 0, "m": np.zeros(plan.dim), "v": np.zeros(plan.dim)})
+        beta1, beta2, eps = 0.9, 0.999, 1e-8
+        step = int(state["step"]) + 1
+        m = beta1 * state["m"] + (1 - beta1) * gradient
+        v = beta2 * state["v"] + (1 - beta2) * gradient ** 2
+        update = lr * (m / (1 - beta1 ** step)) / (np.sqrt(v / (1 - beta2 ** step)) + eps)
+        new, offset = {}, 0
+        for key, array in arrays.items():
+            size = array.size
+            new[key] = (array.astype(np.float64) - update[offset:offset + size].reshape(array.shape)).astype(array.dtype)
+            offset += size
+        return new, {"step": step, "m": m, "v": v}, ""
+
+    def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
+                   setup: SiteSetUp) -> SiteUpdate:
+        raise RuntimeError("strategy 'distributed_dp' sites answer the secure-aggregation messages, not 'train'")
+
+    def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
+                     reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
+        plans = [report for report in reports if report is not None]
+        releases = [(p["l2"], p["l1"], p["local_sigma"], int(p["honest"]), int(p["dim"])) for p in plans]
+        epsilon = ddg_epsilon(releases=releases, delta=cfg.privacy.delta, prior=tuple(setup.prior))
+        last = plans[-1] if plans else {}
+        return LedgerEntry(
+            round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
+            accountant="distributed discrete Gaussian (Kairouz et al. 2021, Prop. 14), RDP", epsilon=epsilon,
+            delta=cfg.privacy.delta, noise_multiplier=last.get("noise_multiplier"), clip_norm=cfg.privacy.clip_norm,
+            sample_rate=1.0, steps=len(releases), assumptions=self.assumptions(cfg), prior=tuple(setup.prior),
+        )
+
+    def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        d, t = cfg.privacy.max_dropouts, cfg.privacy.colluding_sites
+        return (
+            "record-level DP on the union of the sites (add/remove one record): each round is one full-batch "
+            "gradient step at the global model over every selected site's training records (sampling rate 1, no "
+            "amplification claimed)",
+            "each record's gradient is clipped to clip_norm, scaled by gamma and rounded coordinate-wise to integers: "
+            "one record changes the integer sum by at most Delta = gamma*clip_norm + sqrt(d)/2 in L2 norm "
+            "(quantisation bound) and min(Delta^2, sqrt(d)*Delta) in L1 norm",
+            f"noise split: with k sites selected, each adds discrete Gaussian noise N_Z(0, s^2) per coordinate, "
+            f"s^2 = (noise_multiplier*Delta)^2/(k - D - t), D = {d} tolerated drop-outs, t = {t} colluding sites "
+            "(who know their own noise): any k - D - t honest survivors' noise has variance >= "
+            "(noise_multiplier*Delta)^2; a round in which more than D sites drop out is not unmasked",
+            "threat model: honest-but-curious server that follows the protocol; up to t sites collude with it; "
+            "the server sees only the sum of the masked vectors (SecAgg+ masks from Flower's primitives: pairwise "
+            "ECDH masks and a private mask per site, Shamir shares with threshold above t)",
+            f"modular wrap-around: the server sees the integer sum mod 2^{cfg.privacy.modulus_bits} (post-processing); "
+            f"gamma is chosen so that a coordinate wraps with probability <= {WRAP_PROBABILITY:g} per round (the data "
+            "part is at most n_max*(gamma*C + 1/2), the noise sum is sub-Gaussian)",
+            "epsilon computed by the server with Kairouz, Liu & Steinke (2021), Prop. 14 (k - D - t parties), composed "
+            "by RDP over the rounds in which the site was asked for its vector, converted at delta as for DP-SGD",
+            setup_sentence(cfg, self.uses_private_setup(cfg)),
+            "the server divides the sum by gamma and the agreed record count and takes one Adam step (lr = train.lr): "
+            "post-processing",
+            *record_level_closing(cfg, self.manifest(cfg)),
+        )
+
+    def manifest(self, cfg: ExperimentConfig) -> Manifest:
+        keys = "one-time public keys, encrypted Shamir shares and the shares revealed in unmasking"
+        no_info = ("drawn fresh from the site's random source for this round, not computed from any record: carry "
+                   "no information about the records")
+        return self._manifest(cfg, [
+            ReleasedValue("masked vector", "the site's rounded clipped gradient sum plus its discrete Gaussian noise "
+                          "share, masked by SecAgg+ (uniform-looking mod M alone)", "secure aggregation", True,
+                          "the server learns only the sum of the survivors' vectors (SecAgg+, honest-but-curious "
+                          "server, up to t colluding sites): covered by the distributed discrete Gaussian accountant "
+                          "on the union", ("query.secagg_masked/masked.masked",)),
+            ReleasedValue("secure-aggregation keys", keys, "secure aggregation", True, no_info,
+                          ("query.secagg_setup/secagg.*", "query.secagg_share_keys/secagg.*",
+                           "query.secagg_unmask/secagg.*")),
+        ])

@@ -1,0 +1,475 @@
+"""Secure aggregation (SecAgg+) of integer vectors on Flower's Message API, from Flower's own primitives.
+
+The server learns the sum modulo ``M`` of the vectors of the sites that completed the protocol,
+and nothing else about any one of them (honest-but-curious server, up to ``t`` colluding sites,
+see below). Four stages, each one round trip of query messages, as in Flower's
+``SecAggPlusWorkflow`` / ``secaggplus_mod`` (Bell et al., CCS 2020; Bonawitz et al., CCS 2017):
+
+0. **setup** (:data:`SETUP`): each site makes two key pairs (``flwr.supercore.primitives.asymmetric``)
+   and sends the public keys;
+1. **share keys** (:data:`SHARE_KEYS`): the server forwards to each site its neighbours' public keys;
+   the site draws its private-mask seed ``b``, Shamir-shares ``b`` and its first secret key
+   (``flwr.common.secure_aggregation.crypto.shamir``) among its neighbours, each share encrypted to
+   its recipient (ECDH + Fernet, ``symmetric_encryption``), and sends the ciphertexts;
+2. **masked vector** (:data:`MASKED`): the server forwards the ciphertexts; the site computes its
+   integer vector ``x`` (the caller's function) and sends ``y = x + PRG(b) + sum_v ±PRG(s_uv) mod M``
+   (``secaggplus_utils.pseudo_rand_gen``; ``s_uv`` the ECDH key it shares with neighbour ``v``);
+3. **unmask** (:data:`UNMASK`): the server names the surviving and the dropped neighbours; each site
+   returns its shares of the survivors' ``b`` and of the dropped sites' first secret keys. With at
+   least ``threshold`` shares each, the server removes every survivor's private mask and the
+   pairwise masks the survivors share with dropped sites; the pairwise masks between survivors
+   cancel in the sum.
+
+Neighbours: as in Flower's workflow, the selected sites are shuffled onto a ring and each site's
+neighbours are the ``num_shares`` sites of the window around it (itself included); with
+``num_shares = k`` every site is every site's neighbour. The ring-window graph with half-width
+``h`` has vertex connectivity ``2h``, so removing ``D`` drop-outs and ``t`` colluding sites with
+``D + t < 2h`` leaves the honest survivors connected: their pairwise masks only cancel in their
+total, and the server with ``t`` colluders learns nothing but that total. A secret needs
+``threshold > t`` shares, and ``threshold <= num_shares - D`` so that ``D`` drop-outs still leave
+enough. :func:`protocol_parameters` picks both.
+
+What Flower's building blocks are: ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
+from a 32-byte key; that is Flower's mask generator, used here unchanged (no cryptography is
+written here), and the documentation lists it among the assumptions.
+
+Site side: pure functions of a :class:`SiteState` (kept in the node state between stages) and the
+message's values. Server side: :class:`SecureSum` runs the four stages over a ``Grid``. No
+``flwr_app`` imports.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    pseudo_rand_gen,
+    share_keys_plaintext_concat,
+    share_keys_plaintext_separate,
+)
+from flwr.serverapp import Grid
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
+
+__all__ = [
+    "MASKED",
+    "SETUP",
+    "SHARE_KEYS",
+    "STAGES",
+    "UNMASK",
+    "SecureSum",
+    "SecureSumResult",
+    "SiteState",
+    "centred",
+    "masked_reply",
+    "protocol_parameters",
+    "site_mask",
+    "site_setup",
+    "site_share_keys",
+    "site_unmask",
+]
+
+SETUP = "query.secagg_setup"
+SHARE_KEYS = "query.secagg_share_keys"
+MASKED = "query.secagg_masked"
+UNMASK = "query.secagg_unmask"
+STAGES = (SETUP, SHARE_KEYS, MASKED, UNMASK)
+#: The record carrying the protocol's values in every message and reply.
+RECORD = "secagg"
+#: The array record of the masked vector in a :data:`MASKED` reply.
+MASKED_ARRAY = "masked"
+
+
+def protocol_parameters(selected: int, *, max_dropouts: int, colluding: int) -> tuple[int, int]:
+    """``(num_shares, threshold)`` for ``selected`` sites, ``max_dropouts`` drop-outs and ``colluding`` sites.
+
+    ``num_shares = min(k, 2(D + t) + 3)`` (a ring window of half-width ``D + t + 1``, connectivity
+    ``2(D + t) + 2 > D + t``) and ``threshold = num_shares - D``, which exceeds ``t`` whenever
+    ``k - D - t >= 1``.
+    """
+    if selected - max_dropouts - colluding < 1 or selected < 2:
+        raise ValueError(f"secure aggregation of {selected} sites cannot tolerate {max_dropouts} drop-outs and "
+                         f"{colluding} colluding sites (needs k - D - t >= 1 and k >= 2)")
+    num_shares = min(selected, 2 * (max_dropouts + colluding) + 3)
+    return num_shares, num_shares - max_dropouts
+
+
+def centred(total: np.ndarray, modulus: int) -> np.ndarray:
+    """The representative of ``total`` mod ``modulus`` in ``[-M/2, M/2)`` (int64)."""
+    total = np.mod(total.astype(np.int64), modulus)
+    return np.where(total >= modulus // 2, total - modulus, total)
+
+
+# ---------------------------------------------------------------------------------------------- the site
+
+
+@dataclass
+class SiteState:
+    """A site's SecAgg+ state between stages (a ConfigRecord in its node state: :meth:`to_record`)."""
+
+    node: int = 0
+    stage: str = ""
+    modulus: int = 0
+    num_shares: int = 0
+    threshold: int = 0
+    sk1: bytes = b""
+    pk1: bytes = b""
+    sk2: bytes = b""
+    pk2: bytes = b""
+    seed: bytes = b""
+    public_keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    seed_shares: dict[int, bytes] = field(default_factory=dict)
+    sk1_shares: dict[int, bytes] = field(default_factory=dict)
+
+    def to_record(self) -> ConfigRecord:
+        nodes = sorted(self.public_keys)
+        return ConfigRecord({
+            "node": self.node, "stage": self.stage, "modulus": self.modulus, "num_shares": self.num_shares,
+            "threshold": self.threshold, "sk1": self.sk1, "pk1": self.pk1, "sk2": self.sk2, "pk2": self.pk2,
+            "seed": self.seed, "keys.nodes": nodes, "keys.pk1": [self.public_keys[n][0] for n in nodes],
+            "keys.pk2": [self.public_keys[n][1] for n in nodes],
+            "seed_shares.nodes": sorted(self.seed_shares), "seed_shares": [self.seed_shares[n] for n in sorted(self.seed_shares)],
+            "sk1_shares.nodes": sorted(self.sk1_shares), "sk1_shares": [self.sk1_shares[n] for n in sorted(self.sk1_shares)],
+        })
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> SiteState:
+        def pairs(nodes: str, values: str) -> dict[int, bytes]:
+            return dict(zip((int(n) for n in record.get(nodes, [])), record.get(values, []), strict=True))
+
+        return cls(
+            node=int(record["node"]), stage=str(record["stage"]), modulus=int(record["modulus"]),
+            num_shares=int(record["num_shares"]), threshold=int(record["threshold"]), sk1=record["sk1"],
+            pk1=record["pk1"], sk2=record["sk2"], pk2=record["pk2"], seed=record["seed"],
+            public_keys={int(n): (a, b) for n, a, b in zip(record.get("keys.nodes", []), record.get("keys.pk1", []),
+                                                           record.get("keys.pk2", []), strict=True)},
+            seed_shares=pairs("seed_shares.nodes", "seed_shares"), sk1_shares=pairs("sk1_shares.nodes", "sk1_shares"),
+        )
+
+
+def _expect(state: SiteState, stage: str) -> None:
+    order = {SETUP: SHARE_KEYS, SHARE_KEYS: MASKED, MASKED: UNMASK}
+    if order.get(state.stage) != stage:
+        raise ValueError(f"secure aggregation: a {stage} message after stage {state.stage or 'none'}")
+
+
+def site_setup(node: int, config: Mapping[str, Any]) -> tuple[SiteState, dict[str, bytes]]:
+    """Stage 0: two fresh key pairs; returns the state and ``{"pk1", "pk2"}`` to send."""
+    modulus, num_shares, threshold = (int(config[key]) for key in ("modulus", "num_shares", "threshold"))
+    if modulus < 2 or modulus & (modulus - 1) or not 1 <= threshold <= num_shares:
+        raise ValueError(f"secure aggregation: bad parameters modulus={modulus}, num_shares={num_shares}, "
+                         f"threshold={threshold}")
+    sk1, pk1 = generate_key_pairs()
+    sk2, pk2 = generate_key_pairs()
+    state = SiteState(node=node, stage=SETUP, modulus=modulus, num_shares=num_shares, threshold=threshold,
+                      sk1=private_key_to_bytes(sk1), pk1=public_key_to_bytes(pk1),
+                      sk2=private_key_to_bytes(sk2), pk2=public_key_to_bytes(pk2))
+    return state, {"pk1": state.pk1, "pk2": state.pk2}
+
+
+def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, bytes]]) -> dict[str, list]:
+    """Stage 1: share the mask seed and the first secret key among the neighbours, each share encrypted to it.
+
+    ``public_keys``: neighbour node -> ``(pk1, pk2)``, this site included. Returns
+    ``{"destinations", "ciphertexts"}``.
+    """
+    _expect(state, SHARE_KEYS)
+    if len(public_keys) < state.threshold:
+        raise ValueError(f"secure aggregation: {len(public_keys)} neighbours, fewer than the threshold "
+                         f"{state.threshold}")
+    if public_keys.get(state.node) != (state.pk1, state.pk2):
+        raise ValueError("secure aggregation: the server did not forward this site's own public keys unchanged")
+    flat = [key for pair in public_keys.values() for key in pair]
+    if len(set(flat)) != len(flat):
+        raise ValueError("secure aggregation: two neighbours have the same public key")
+    state.public_keys = dict(public_keys)
+    state.seed = os.urandom(32)
+    seed_shares = create_shares(state.seed, state.threshold, len(public_keys))
+    sk1_shares = create_shares(state.sk1, state.threshold, len(public_keys))
+    destinations, ciphertexts = [], []
+    for index, (node, (_, pk2)) in enumerate(sorted(public_keys.items())):
+        if node == state.node:
+            state.seed_shares[node], state.sk1_shares[node] = seed_shares[index], sk1_shares[index]
+            continue
+        key = generate_shared_key(bytes_to_private_key(state.sk2), bytes_to_public_key(pk2))
+        plaintext = share_keys_plaintext_concat(state.node, node, seed_shares[index], sk1_shares[index])
+        destinations.append(node)
+        ciphertexts.append(encrypt(key, plaintext))
+    state.stage = SHARE_KEYS
+    return {"destinations": destinations, "ciphertexts": ciphertexts}
+
+
+def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[bytes], vector: np.ndarray) -> np.ndarray:
+    """Stage 2: store the shares the neighbours sent; return ``vector`` masked, mod M (int64)."""
+    _expect(state, MASKED)
+    vector = np.asarray(vector)
+    if vector.ndim != 1 or vector.dtype != np.int64:
+        raise ValueError("secure aggregation: the vector to mask must be a flat int64 array")
+    neighbours = []
+    for source, ciphertext in zip(sources, ciphertexts, strict=True):
+        source = int(source)
+        if source not in state.public_keys or source == state.node:
+            raise ValueError(f"secure aggregation: a share from node {source}, which is not a neighbour")
+        key = generate_shared_key(bytes_to_private_key(state.sk2), bytes_to_public_key(state.public_keys[source][1]))
+        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(decrypt(key, ciphertext))
+        if sender != source or receiver != state.node:
+            raise ValueError(f"secure aggregation: a share claims to be from {sender} to {receiver}, but came from "
+                             f"{source} to {state.node}")
+        state.seed_shares[source], state.sk1_shares[source] = seed_share, sk1_share
+        neighbours.append(source)
+    if len(neighbours) + 1 < state.threshold:
+        raise ValueError(f"secure aggregation: shares from {len(neighbours)} neighbours, fewer than the threshold "
+                         f"{state.threshold} with this site")
+    shape = [vector.shape]
+    masked = vector + pseudo_rand_gen(state.seed, state.modulus, shape)[0]
+    for node in neighbours:
+        key = generate_shared_key(bytes_to_private_key(state.sk1), bytes_to_public_key(state.public_keys[node][0]))
+        mask = pseudo_rand_gen(key, state.modulus, shape)[0]
+        masked = masked + mask if state.node > node else masked - mask
+    state.stage = MASKED
+    return np.mod(masked, state.modulus).astype(np.int64)
+
+
+def site_unmask(state: SiteState, survivors: Iterable[int], dropped: Iterable[int]) -> dict[str, list]:
+    """Stage 3: the shares of the survivors' mask seeds and of the dropped sites' first secret keys.
+
+    A site never reveals both shares of one node (a node named both surviving and dropped is
+    refused).
+    """
+    _expect(state, UNMASK)
+    survivors, dropped = [int(n) for n in survivors], [int(n) for n in dropped]
+    if set(survivors) & set(dropped):
+        raise ValueError("secure aggregation: a node named both surviving and dropped")
+    if len(survivors) < state.threshold:
+        raise ValueError(f"secure aggregation: {len(survivors)} surviving neighbours, fewer than the threshold "
+                         f"{state.threshold}")
+    unknown = [n for n in survivors if n not in state.seed_shares] + [n for n in dropped if n not in state.sk1_shares]
+    if unknown:
+        raise ValueError(f"secure aggregation: no share of node(s) {unknown}")
+    state.stage = UNMASK
+    return {"nodes": survivors + dropped,
+            "shares": [state.seed_shares[n] for n in survivors] + [state.sk1_shares[n] for n in dropped]}
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+
+@dataclass
+class SecureSumResult:
+    """What one run of the protocol gave the server.
+
+    ``total``: the sum mod M of the included sites' vectors (``None`` when the protocol failed);
+    ``included``: their nodes; ``sent``: every node that was asked for its vector (it may have
+    computed and sent it); ``failures``: ``(stage, node, reason)``; ``shortfall``: why no sum.
+    """
+
+    total: np.ndarray | None = None
+    included: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    failures: list[tuple[str, int, str]] = field(default_factory=list)
+    shortfall: str = ""
+
+
+class SecureSum:
+    """The server's side of SecAgg+ for one sum, over a Flower ``Grid``.
+
+    Parameters
+    ----------
+    modulus, num_shares, threshold
+        ``M`` (a power of two at most 2^62) and the Shamir parameters (:func:`protocol_parameters`).
+    dimension
+        The length of every site's vector.
+    timeout
+        Seconds to wait for the replies of each stage.
+    shuffle_seed
+        Seeds the ring order of the sites (reproducible simulations).
+    """
+
+    def __init__(self, *, modulus: int, num_shares: int, threshold: int, dimension: int, timeout: float,
+                 shuffle_seed: int) -> None:
+        if modulus < 2 or modulus & (modulus - 1) or modulus > 2 ** 62:
+            raise ValueError(f"modulus must be a power of two in [2, 2^62], got {modulus}")
+        self.modulus, self.num_shares, self.threshold = modulus, num_shares, threshold
+        self.dimension, self.timeout, self.shuffle_seed = dimension, timeout, shuffle_seed
+
+    def _exchange(self, grid: Grid, stage: str, contents: Mapping[int, RecordDict], result: SecureSumResult,
+                  group: str) -> dict[int, Message]:
+        messages = [Message(content=content, dst_node_id=node, message_type=stage, group_id=group)
+                    for node, content in sorted(contents.items())]
+        replies = {reply.metadata.src_node_id: reply for reply in grid.send_and_receive(messages, timeout=self.timeout)}
+        answered: dict[int, Message] = {}
+        for node in sorted(contents):
+            reply = replies.get(node)
+            if reply is None:
+                result.failures.append((stage, node, f"no reply within {self.timeout:g} s"))
+            elif reply.has_error():
+                result.failures.append((stage, node, f"the site failed: {reply.error.reason}"))
+            elif RECORD not in reply.content.config_records:
+                result.failures.append((stage, node, f"the reply carries no '{RECORD}' record"))
+            else:
+                answered[node] = reply
+        return answered
+
+    def _refuse(self, result: SecureSumResult, stage: str, node: int, reason: str) -> None:
+        result.failures.append((stage, node, reason))
+
+    def run(self, grid: Grid, nodes: Iterable[int], *, setup: Mapping[str, Any],
+            masked_content: Callable[[int], RecordDict], group: str, min_included: int = 1) -> SecureSumResult:
+        """Sum the vectors of ``nodes``; ``masked_content(node)`` is the rest of a site's stage-2 message
+        (e.g. the global model), ``setup`` the public values every site gets at stage 0. The sum is not
+        unmasked when fewer than ``min_included`` vectors were accepted."""
+        result = SecureSumResult()
+        nodes = sorted(nodes)
+        ring = list(nodes)
+        random.Random(self.shuffle_seed).shuffle(ring)
+        half = self.num_shares // 2
+        neighbours = {node: {ring[(index + offset) % len(ring)] for offset in range(-half, self.num_shares - half)}
+                      for index, node in enumerate(ring)}
+        protocol = {"modulus": self.modulus, "num_shares": self.num_shares, "threshold": self.threshold}
+
+        # stage 0: public keys
+        replies = self._exchange(grid, SETUP, {node: RecordDict({RECORD: ConfigRecord({**setup, **protocol})})
+                                               for node in nodes}, result, group)
+        keys: dict[int, tuple[bytes, bytes]] = {}
+        for node, reply in replies.items():
+            record = reply.content.config_records[RECORD]
+            pk1, pk2 = record.get("pk1"), record.get("pk2")
+            if not isinstance(pk1, bytes) or not isinstance(pk2, bytes) or not pk1 or not pk2:
+                self._refuse(result, SETUP, node, "the reply must carry two public keys (bytes)")
+            else:
+                keys[node] = (pk1, pk2)
+        if not self._enough(result, neighbours, set(keys), "after the key set-up"):
+            return result
+
+        # stage 1: encrypted shares
+        replies = self._exchange(grid, SHARE_KEYS, {
+            node: RecordDict({RECORD: ConfigRecord({str(n): list(keys[n]) for n in sorted(neighbours[node] & set(keys))})})
+            for node in keys}, result, group)
+        forwarded: dict[int, list[tuple[int, bytes]]] = {node: [] for node in replies}
+        for node, reply in replies.items():
+            record = reply.content.config_records[RECORD]
+            destinations, ciphertexts = record.get("destinations", []), record.get("ciphertexts", [])
+            if (not isinstance(destinations, list) or not isinstance(ciphertexts, list)
+                    or len(destinations) != len(ciphertexts)
+                    or any(type(d) is not int or d not in neighbours[node] for d in destinations)
+                    or any(not isinstance(c, bytes) for c in ciphertexts)):
+                self._refuse(result, SHARE_KEYS, node, "the reply must list neighbours and one ciphertext (bytes) "
+                                                       "for each")
+                forwarded.pop(node)
+                continue
+        shared = set(forwarded)
+        for node, reply in replies.items():
+            if node not in shared:
+                continue
+            record = reply.content.config_records[RECORD]
+            for destination, ciphertext in zip(record["destinations"], record["ciphertexts"], strict=True):
+                if destination in shared:
+                    forwarded[destination].append((node, ciphertext))
+        if not self._enough(result, neighbours, shared, "after the key sharing"):
+            return result
+
+        # stage 2: masked vectors
+        contents = {}
+        for node in sorted(shared):
+            content = masked_content(node)
+            content[RECORD] = ConfigRecord({"sources": [s for s, _ in forwarded[node]],
+                                            "ciphertexts": [c for _, c in forwarded[node]]})
+            contents[node] = content
+        result.sent = sorted(contents)
+        replies = self._exchange(grid, MASKED, contents, result, group)
+        total = np.zeros(self.dimension, dtype=np.int64)
+        included: set[int] = set()
+        for node, reply in sorted(replies.items()):
+            vector, reason = self._masked_vector(reply)
+            if reason:
+                self._refuse(result, MASKED, node, reason)
+                continue
+            total = np.mod(total + vector, self.modulus)
+            included.add(node)
+        dropped = shared - included
+        if len(included) < min_included:
+            result.shortfall = (f"{len(included)} of {len(nodes)} sites' masked vectors were accepted, fewer than "
+                                f"{min_included}: more drop-outs than tolerated, so the sum is not unmasked (the "
+                                "survivors' noise would not meet epsilon)")
+            return result
+        if not self._enough(result, neighbours, included, "after the masked vectors"):
+            return result
+
+        # stage 3: unmasking
+        replies = self._exchange(grid, UNMASK, {
+            node: RecordDict({RECORD: ConfigRecord({"survivors": sorted(neighbours[node] & included),
+                                                    "dropped": sorted(neighbours[node] & dropped)})})
+            for node in sorted(included)}, result, group)
+        shares: dict[int, list[bytes]] = {node: [] for node in included | dropped}
+        for node, reply in replies.items():
+            record = reply.content.config_records[RECORD]
+            owners, values = record.get("nodes", []), record.get("shares", [])
+            allowed = neighbours[node] & (included | dropped)
+            if (not isinstance(owners, list) or not isinstance(values, list) or len(owners) != len(values)
+                    or any(type(o) is not int or o not in allowed for o in owners)
+                    or any(not isinstance(v, bytes) for v in values)):
+                self._refuse(result, UNMASK, node, "the reply must list neighbours and one share (bytes) for each")
+                continue
+            for owner, value in zip(owners, values, strict=True):
+                shares[owner].append(value)
+        for node in sorted(included | dropped):
+            if len(shares[node]) < self.threshold:
+                result.shortfall = (f"only {len(shares[node])} shares of node {node}'s "
+                                    f"{'mask seed' if node in included else 'secret key'} came back, fewer than the "
+                                    f"threshold {self.threshold}: the sum cannot be unmasked")
+                return result
+            try:
+                secret = combine_shares(shares[node])
+                if node in included:
+                    total = np.mod(total - pseudo_rand_gen(secret, self.modulus, [total.shape])[0], self.modulus)
+                    continue
+                for other in sorted(neighbours[node] & included):
+                    key = generate_shared_key(bytes_to_private_key(secret), bytes_to_public_key(keys[other][0]))
+                    mask = pseudo_rand_gen(key, self.modulus, [total.shape])[0]
+                    total = np.mod(total + mask if node > other else total - mask, self.modulus)
+            except ValueError as err:
+                result.shortfall = f"node {node}'s shares do not combine into a valid secret ({err}): no sum"
+                return result
+        result.total, result.included = total, sorted(included)
+        return result
+
+    def _masked_vector(self, reply: Message) -> tuple[np.ndarray | None, str]:
+        records = reply.content.array_records
+        if MASKED_ARRAY not in records or list(records[MASKED_ARRAY].keys()) != [MASKED_ARRAY]:
+            return None, f"the reply must carry the masked vector as the one array '{MASKED_ARRAY}'"
+        vector = records[MASKED_ARRAY][MASKED_ARRAY].numpy()
+        if vector.dtype != np.int64:
+            return None, f"the masked vector must be int64, got {vector.dtype}"
+        if vector.shape != (self.dimension,):
+            return None, f"the masked vector has shape {vector.shape}, not ({self.dimension},)"
+        if vector.min(initial=0) < 0 or vector.max(initial=0) >= self.modulus:
+            return None, f"the masked vector has values outside [0, {self.modulus})"
+        return vector, ""
+
+    def _enough(self, result: SecureSumResult, neighbours: Mapping[int, set[int]], alive: set[int], when: str) -> bool:
+        """Whether every live site still has ``threshold`` live neighbours (else: the round's shortfall)."""
+        short = sorted(node for node in alive if len(neighbours[node] & alive) < self.threshold)
+        if not alive or short:
+            result.shortfall = (f"{when}, {len(alive)} sites remain and site node(s) {short} have fewer than "
+                                f"{self.threshold} live neighbours: the sum cannot be completed (more drop-outs than "
+                                "tolerated)") if alive else f"{when}, no site remains"
+            return False
+        return True
+
+
+def masked_reply(vector: np.ndarray) -> ArrayRecord:
+    """The array record carrying a masked vector in a :data:`MASKED` reply."""
+    return ArrayRecord({MASKED_ARRAY: Array(np.ascontiguousarray(vector, dtype=np.int64))})

@@ -1,0 +1,274 @@
+"""distributed_dp: SecAgg+ on the Message API, the discrete Gaussian, the accountant, and whole runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from simulations.engine import resolve, run_inprocess
+from strategies import secure_aggregation as secagg
+from strategies.accounting.distributed_dp import ddg_epsilon, ddg_rdp, ddg_rho, ddg_tau, l1_bound
+from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
+from strategies.config import ConfigError
+from strategies.horizontal import TooFewSitesError
+from strategies.mechanisms.discrete_gaussian import discrete_gaussian_moments, sample_discrete_gaussian
+from strategies.mechanisms.distributed_dp import DistributedDP, round_plan
+
+# ---------------------------------------------------------------------------------------------- the protocol
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Messages built outside a run need the identity the in-process runner sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from simulations.engine import INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+
+
+class SiteGrid:
+    """A grid whose nodes run the site-side stage functions directly; ``drop`` = {node: stage it vanishes at}."""
+
+    def __init__(self, vectors: dict[int, np.ndarray], drop: dict[int, str] | None = None) -> None:
+        self.vectors, self.drop = vectors, drop or {}
+        self.states: dict[int, secagg.SiteState] = {}
+        self.masked: dict[int, np.ndarray] = {}
+
+    def get_node_ids(self):
+        return sorted(self.vectors)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for message in messages:
+            node, stage = message.metadata.dst_node_id, message.metadata.message_type
+            if self.drop.get(node) == stage:
+                continue
+            record = message.content[secagg.RECORD]
+            if stage == secagg.SETUP:
+                self.states[node], values = secagg.site_setup(node, record)
+            elif stage == secagg.SHARE_KEYS:
+                values = secagg.site_share_keys(self.states[node], {int(n): tuple(v) for n, v in record.items()})
+            elif stage == secagg.MASKED:
+                self.masked[node] = secagg.site_mask(self.states[node], record["sources"], record["ciphertexts"],
+                                                     self.vectors[node])
+                content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(self.masked[node]),
+                                      secagg.RECORD: ConfigRecord({})})
+                replies.append(Message(content=content, reply_to=message))
+                continue
+            else:
+                values = secagg.site_unmask(self.states[node], record["survivors"], record["dropped"])
+            replies.append(Message(content=RecordDict({secagg.RECORD: ConfigRecord(values)}), reply_to=message))
+        return replies
+
+
+def _secure_sum(vectors, *, drop=None, max_dropouts=1, modulus=2 ** 40, min_included=1):
+    num_shares, threshold = secagg.protocol_parameters(len(vectors), max_dropouts=max_dropouts, colluding=0)
+    grid = SiteGrid(vectors, drop)
+    secure = secagg.SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold,
+                              dimension=len(next(iter(vectors.values()))), timeout=10.0, shuffle_seed=3)
+    result = secure.run(grid, sorted(vectors), setup={}, masked_content=lambda node: RecordDict(), group="1",
+                        min_included=min_included)
+    return result, grid
+
+
+def _vectors(sites: int, dim: int, seed: int = 0) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {node: rng.integers(-10 ** 9, 10 ** 9, size=dim, dtype=np.int64) for node in range(1, sites + 1)}
+
+
+@pytest.mark.parametrize("sites", [3, 9])
+def test_the_unmasked_sum_is_the_plain_integer_sum(sites):
+    vectors = _vectors(sites, 500)
+    result, _ = _secure_sum(vectors)
+    assert not result.failures and result.included == sorted(vectors)
+    assert np.array_equal(secagg.centred(result.total, 2 ** 40), sum(vectors.values()))
+
+
+@pytest.mark.parametrize("stage", [secagg.MASKED, secagg.UNMASK])
+def test_a_site_that_drops_out_is_handled_the_secagg_plus_way(stage):
+    vectors = _vectors(9, 300, seed=1)
+    result, _ = _secure_sum(vectors, drop={4: stage})
+    expected = sum(v for node, v in vectors.items() if node != 4 or stage == secagg.UNMASK)
+    assert [f[1] for f in result.failures] == [4]
+    assert np.array_equal(secagg.centred(result.total, 2 ** 40), expected)
+
+
+def test_more_drop_outs_than_tolerated_are_not_unmasked():
+    vectors = _vectors(5, 50, seed=2)
+    result, _ = _secure_sum(vectors, drop={2: secagg.MASKED, 3: secagg.MASKED}, min_included=4)
+    assert result.total is None and "more drop-outs than tolerated" in result.shortfall
+
+
+def test_a_masked_vector_alone_carries_nothing_about_the_site_vector():
+    dim, modulus = 200_000, 2 ** 40
+    vectors = _vectors(3, dim, seed=4)
+    vectors[1] = np.arange(dim, dtype=np.int64) * 1000  # a strongly structured update
+    result, grid = _secure_sum(vectors, modulus=modulus)
+    masked = grid.masked[1].astype(np.float64)
+    assert abs(np.corrcoef(masked, vectors[1].astype(np.float64))[0, 1]) < 0.01
+    counts = np.histogram(masked / modulus, bins=20, range=(0.0, 1.0))[0]  # uniform mod M: chi-square, 19 df
+    expected = dim / 20
+    assert ((counts - expected) ** 2 / expected).sum() < 60.0
+    assert np.array_equal(secagg.centred(result.total, modulus), sum(vectors.values()))
+
+
+def test_protocol_parameters_need_an_honest_survivor():
+    assert secagg.protocol_parameters(40, max_dropouts=1, colluding=0) == (5, 4)
+    assert secagg.protocol_parameters(3, max_dropouts=1, colluding=0) == (3, 2)
+    with pytest.raises(ValueError, match="k - D - t"):
+        secagg.protocol_parameters(3, max_dropouts=2, colluding=1)
+
+
+# ---------------------------------------------------------------------------------------------- the noise
+
+
+@pytest.mark.parametrize("sigma2", [0.3, 2.0, 50.0, 4.0e6])
+def test_the_discrete_gaussian_has_the_exact_mean_and_variance(sigma2):
+    draws = sample_discrete_gaussian(np.random.default_rng(7), sigma2, 200_000).astype(np.float64)
+    mean, variance = discrete_gaussian_moments(sigma2)
+    assert mean == pytest.approx(0.0, abs=1e-12)
+    assert variance < sigma2 + 1e-9  # the discrete Gaussian's variance is below sigma^2
+    standard_error = math.sqrt(variance / draws.size)
+    assert abs(draws.mean() - mean) < 5 * standard_error
+    assert abs(draws.var() - variance) < 5 * variance * math.sqrt(2.0 / draws.size) + 1e-9
+    assert np.all(draws == np.round(draws))
+
+
+# ---------------------------------------------------------------------------------------------- the accountant
+
+
+def _dp_accounting_epsilon(event, count, delta=1e-5):
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    accountant = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_RDP_ORDERS))
+    accountant.compose(event, count)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize(("local_sigma", "parties", "rounds"), [(2.0e6, 4, 20), (40.0, 3, 5), (0.8, 5, 3)])
+def test_epsilon_equals_dp_accountings_for_the_mechanism_on_the_union(local_sigma, parties, rounds):
+    import dp_accounting
+
+    l2, dim = 3.0 * local_sigma, 1000
+    l1 = l1_bound(l2, dim)
+    rho = ddg_rho(l2_sensitivity=l2, l1_sensitivity=l1, local_sigma=local_sigma, num_parties=parties, dim=dim)
+    ours = ddg_epsilon(releases=[(l2, l1, local_sigma, parties, dim)] * rounds, delta=1e-5)
+    theirs = _dp_accounting_epsilon(dp_accounting.dp_event.ZCDpEvent(rho), rounds)
+    # Prop. 14's first branch can only lower the RDP curve below the zCDP branches
+    assert ours <= theirs * (1 + 1e-9)
+    if ddg_tau(local_sigma, parties) * dim < 1e-12:  # tau -> 0: exactly the Gaussian mechanism on the union
+        assert ours == pytest.approx(theirs, rel=1e-9)
+        gaussian = dp_accounting.dp_event.GaussianDpEvent(math.sqrt(parties) * local_sigma / l2)
+        assert ours == pytest.approx(_dp_accounting_epsilon(gaussian, rounds), rel=1e-9)
+        assert rho == pytest.approx(l2 ** 2 / (2 * parties * local_sigma ** 2), rel=1e-12)
+
+
+def test_the_rdp_is_the_minimum_of_the_three_branches_and_tau_follows_the_paper():
+    s, n, d, l2 = 0.7, 4, 50, 2.0
+    tau = 10 * sum(math.exp(-2 * math.pi ** 2 * s ** 2 * k / (k + 1)) for k in range(1, n))
+    assert ddg_tau(s, n) == pytest.approx(tau, rel=1e-15)
+    a, l1 = np.array([2.0, 8.0, 32.0]), l1_bound(l2, d)
+    x, y = l2 / (math.sqrt(n) * s), l1 / (math.sqrt(n) * s)
+    branches = np.stack([a / 2 * x ** 2 + tau * d, a / 2 * (x ** 2 + 2 * y * tau + tau ** 2 * d),
+                         a / 2 * (x + math.sqrt(d) * tau) ** 2])
+    assert np.allclose(ddg_rdp(a, l2_sensitivity=l2, l1_sensitivity=l1, local_sigma=s, num_parties=n, dim=d),
+                       branches.min(0), rtol=1e-14)
+
+
+def test_the_plan_keeps_the_wrap_around_bound_and_meets_epsilon():
+    plan = round_plan(epsilon=1.0, delta=1e-5, rounds=20, parties=5, max_dropouts=1, colluding=0, records=6000.0,
+                      dim=17_000, modulus_bits=48, clip=1.0)
+    assert plan.honest == 4 and plan.local_sigma == pytest.approx(plan.noise_multiplier * plan.l2 / 2)
+    assert plan.coordinate_bound < 2 ** 47
+    assert plan.l2 == pytest.approx(plan.gamma + math.sqrt(17_000) / 2)
+    spent = ddg_epsilon(releases=[(plan.l2, plan.l1, plan.local_sigma, plan.honest, plan.dim)] * 20, delta=1e-5)
+    assert 0.999 < spent <= 1.0
+
+
+def test_one_records_rounded_contribution_is_within_the_quantisation_bound():
+    from strategies.mechanisms.distributed_dp_training import rounded_gradient_sum
+    from models.survival import build_survival_model
+
+    rng = np.random.default_rng(0)
+    model = build_survival_model("hazard_mlp", in_features=6, cuts=np.linspace(0.0, 10.0, 8), hidden=(16, 8),
+                                 dropout=0.0, activation="relu", penalty=0.0, time_scale=(5.0, 2.0))
+    x, time, event = rng.normal(size=(40, 6)) * 5, rng.uniform(0.1, 10.0, 40), rng.integers(0, 2, 40)
+    dim = sum(p.numel() for p in model.net.parameters())
+    gamma, clip = 1e4, 0.5
+    for i in range(3):
+        one = rounded_gradient_sum(model, x[i:i + 1], time[i:i + 1], event[i:i + 1], clip_norm=clip, gamma=gamma,
+                                   seed=0)
+        assert np.linalg.norm(one) <= gamma * clip + math.sqrt(dim) / 2
+    total = rounded_gradient_sum(model, x, time, event, clip_norm=clip, gamma=gamma, seed=0)
+    exact = sum(rounded_gradient_sum(model, x[i:i + 1], time[i:i + 1], event[i:i + 1], clip_norm=clip, gamma=gamma,
+                                     seed=0) for i in range(40))
+    assert np.array_equal(total, exact)  # rounded record by record, then summed
+
+
+# ---------------------------------------------------------------------------------------------- whole runs
+
+RUN = {"strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "data.name": "flchain", "federation.rounds": 2,
+       "federation.num_sites": 4, "baseline.centralized": False}
+
+
+def test_a_run_finishes_and_the_server_sum_is_the_sites_noisy_sum(tmp_path, monkeypatch):
+    sums, contributions = [], []
+    run_secure = secagg.SecureSum.run
+    contribution = DistributedDP.contribution
+
+    def recorded_run(self, *args, **kwargs):
+        result = run_secure(self, *args, **kwargs)
+        sums.append(secagg.centred(result.total, self.modulus))
+        return result
+
+    def recorded_contribution(self, *args, **kwargs):
+        vector = contribution(self, *args, **kwargs)
+        contributions.append(vector)
+        return vector
+
+    monkeypatch.setattr(secagg.SecureSum, "run", recorded_run)
+    monkeypatch.setattr(DistributedDP, "contribution", recorded_contribution)
+    summary = run_inprocess({**RUN, "output.dir": str(tmp_path / "out")})
+    assert len(sums) == 2 and len(contributions) == 8
+    assert np.array_equal(sums[0], sum(contributions[:4])) and np.array_equal(sums[1], sum(contributions[4:]))
+    assert 0.5 < summary["test"]["c_index"] <= 1.0
+    assert summary["privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    ledger = [json.loads(line) for line in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 8 and {e["mechanism"] for e in ledger} == {"distributed_dp"}
+    last = ledger[-1]
+    assert last["steps"] == 2 and last["sample_rate"] == 1.0 and last["adjacency"] == "add-remove"
+    text = " ".join(last["assumptions"])
+    for phrase in ("on the union", "noise split", "D = 1", "t = 0", "honest-but-curious", "SecAgg+",
+                   "quantisation bound", "wrap-around"):
+        assert phrase in text, phrase
+
+
+@pytest.mark.parametrize("mode", ["wrong_shape", "nan_weights", "raise"])
+def test_a_hostile_or_failing_site_is_a_named_drop_out(tmp_path, mode):
+    summary = run_inprocess({**RUN, "federation.rounds": 1, "debug.fail_site": "site-1", "debug.fail_mode": mode,
+                             "output.dir": str(tmp_path / "out")})
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    failures = lines[-1]["failures"]
+    assert [(f["site"], f["phase"]) for f in failures] == [("site-1", "secagg_masked")]
+    assert "not_aggregated" not in lines[-1] and summary["test"]["c_index"] > 0.5
+
+
+def test_more_drop_outs_than_tolerated_stop_the_round_and_keep_its_spend(tmp_path):
+    with pytest.raises(TooFewSitesError, match="more drop-outs than tolerated"):
+        run_inprocess({**RUN, "federation.rounds": 1, "privacy.max_dropouts": 0, "debug.fail_site": "site-1",
+                       "output.dir": str(tmp_path / "out")})
+    ledger = [json.loads(line) for line in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 4 and all(entry["epsilon"] > 0 for entry in ledger)
+
+
+def test_configs_without_an_honest_survivor_are_refused():
+    with pytest.raises(ConfigError, match="privacy.max_dropouts.*privacy.colluding_sites"):
+        resolve({**RUN, "federation.num_sites": 3, "privacy.max_dropouts": 2, "privacy.colluding_sites": 1})
+    with pytest.raises(ConfigError, match="hazard_mlp"):
+        resolve({**RUN, "model.name": "cox_mlp"})
+
