@@ -85,6 +85,7 @@ class Strategy:
 #: them (the values non-private training was always run with).
 TRAINING_DEFAULTS: Mapping[str, Any] = {
     "train.local_epochs": 1, "train.batch_size": 128, "train.lr": 0.003, "privacy.clip_norm": 1.0,
+    "federation.rounds": 20,
 }
 #: The DP-SGD recipe of dp_sgd and bdp: chosen on validation splits of public data sets that no result reports
 #: (METABRIC, GBSG, WHAS; ``docs/privacy-methods.md``, "The DP training recipe").
@@ -94,7 +95,7 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
 
 #: The recipe of distributed_dp (one full-batch step on the union per round), chosen on a validation split of the
 #: SBA training records (``docs/privacy-methods.md``, "Distributed DP over secure aggregation").
-DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"train.lr": 0.01, "privacy.clip_norm": 1.0}
+DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr": 0.02, "privacy.clip_norm": 1.0}
 
 
 def _recipe_auto(key: str) -> str:
@@ -310,7 +311,8 @@ class FederationConfig:
     """Sites, rounds and how records are partitioned among sites."""
 
     num_sites: int = setting(5, "number of sites for iid and dirichlet partitions", bounds=POSITIVE)
-    rounds: int = setting(20, "FedAvg rounds (split: epochs)", bounds=POSITIVE)
+    rounds: int = setting(AUTO, "FedAvg rounds (distributed_dp: gradient steps on the union; split: epochs)",
+                          bounds=POSITIVE, auto=_recipe_auto("federation.rounds"))
     partition: str = setting("iid", "iid, dirichlet (event x time-quartile skew), or a column name for a natural "
                                     "partition (region, State, ...)")
     dirichlet_alpha: float = setting(0.5, "concentration of the Dirichlet partition (smaller = more skewed)",
