@@ -246,6 +246,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     description = (f"{len(survival.node_sites)} sites' own files" if cfg.data.deployed else
                    f"{len(survival.node_sites)} sites, partition '{cfg.federation.partition}'")
     description += f", {len(left_out)} left out" if left_out else ""
+    if cfg.federation.server_optimizer != "fedavg":
+        description += f", server optimiser {cfg.federation.server_optimizer}"
     strategy: Strategy = mechanism.wrap_strategy(survival, cfg, num_sites=num_sites)
     resumed = _resume(cfg, outputs, survival) if cfg.resume_from else None
     ledger = resumed.ledger if resumed else PrivacyLedger(outputs.ledger_path)
