@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("overrides", nargs="*", help="run-config overrides key=value")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (a round after the first is timed)")
     overrides: dict = {
         "strategy.name": "dp_sgd",
         "privacy.epsilon": 10.0,
@@ -88,6 +90,7 @@ def main() -> None:
         lines = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
         ledger = [json.loads(line) for line in (Path(out) / "ledger.jsonl").read_text().splitlines()]
     elapsed = [line["elapsed_s"] for line in lines]
+    tenth = max(len(elapsed) // 10, 1)
     steps = {entry["steps"] for entry in ledger if entry["round"] == args.rounds}
     if cfg.strategy == "dp_sgd" and steps != {args.rounds}:
         raise SystemExit(f"expected one DP-SGD step per site and round ({args.rounds} in all), the ledger says {steps}")
@@ -102,6 +105,9 @@ def main() -> None:
         "flower_s_per_round": round(flower_s / args.rounds, 5),
         "ratio_flower_over_bare": round(flower_s / bare_s, 3),
         "flower_s_per_round_after_the_first": round((elapsed[-1] - elapsed[0]) / max(len(elapsed) - 1, 1), 5),
+        # a round's cost grows with the rounds before it where something is O(rounds) per round (e.g. the checkpoint)
+        "flower_s_per_round_first_tenth": round((elapsed[tenth] - elapsed[0]) / tenth, 5),
+        "flower_s_per_round_last_tenth": round((elapsed[-1] - elapsed[-1 - tenth]) / tenth, 5),
         "bare_loop_wall_s": round(bare_s, 2),
         "flower_wall_s": round(flower_s, 2),
         "epsilon": summary["privacy"]["epsilon"],
