@@ -165,6 +165,16 @@ def test_under_central_dp_the_optimizer_steps_on_the_noised_mean(tmp_path, monke
     _assert_close(sent[2], ClosedForm("fedadam").step(1, global_arrays, aggregate))
 
 
+def test_with_a_robust_aggregator_the_optimizer_steps_on_the_robust_aggregate(tmp_path):
+    """federation.aggregation = median with fedadagrad: the new global model is Adagrad's step given the
+    coordinate-wise median of the sites' updates (Flower's FedMedian), not given their mean."""
+    _, sent, replies, _ = _run(tmp_path, {**SMALL, "federation.aggregation": "median",
+                                          "federation.server_optimizer": "fedadagrad"})
+    median = {key: np.median(np.stack([arrays[key] for arrays, _ in replies[1].values()]), axis=0)
+              for key in sent[1]}
+    _assert_close(sent[2], ClosedForm("fedadagrad").step(1, sent[1], median))
+
+
 @pytest.mark.parametrize("strategy", ["dp_sgd", "central_dp"])
 def test_the_ledger_is_the_same_with_every_optimizer(strategy, tmp_path):
     """Post-processing: the sites' privacy figures and every ledger entry are those of the run with fedavg."""
