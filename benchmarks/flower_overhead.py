@@ -54,7 +54,8 @@ def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
     ``aggregate_arrayrecords``), and after every round every site's evaluation of the global model
     on its own test part (Cox models: with the federated Breslow baseline). Every site trains in
     every round and there is no server-side evaluation (``federation.fraction_train = 1``,
-    ``evaluation.server_side = false``).
+    ``evaluation.server_side = false``) and the mean is the new global model (``federation.server_optimizer =
+    fedavg``).
 
     Returns
     -------
@@ -65,6 +66,9 @@ def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
     if cfg.federation.fraction_train != 1.0 or cfg.server_evaluation:
         raise ValueError("the bare loop trains every site in every round and evaluates at the sites only: "
                          "set federation.fraction_train = 1 and evaluation.server_side = false")
+    if cfg.federation.server_optimizer != "fedavg":
+        raise ValueError(f"the bare loop takes the weighted mean as the new global model: set "
+                         f"federation.server_optimizer = 'fedavg' (not {cfg.federation.server_optimizer!r})")
     mechanism = horizontal_mechanism(cfg.strategy)
     if mechanism.server_side:
         raise ValueError(f"the bare loop does not run strategy {cfg.strategy!r} (a server-side mechanism)")

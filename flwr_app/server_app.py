@@ -46,6 +46,7 @@ from strategies.accounting.ledger import PrivacyLedger
 from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, site_metrics, weighted_nanmean
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
+from strategies.server_optimizers import make_server_optimizer
 
 app = ServerApp()
 CHECKPOINT_FORMAT = 1
@@ -233,6 +234,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         aggregator=make_aggregator(cfg.federation.aggregation, trim_fraction=cfg.federation.trim_fraction,
                                    malicious=cfg.federation.max_malicious, weighted_by_key="num-examples",
                                    **fedavg_kwargs),
+        server_optimizer=make_server_optimizer(cfg.federation),
         **fedavg_kwargs,
     )
     if node_sites:
@@ -244,6 +246,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     description = (f"{len(survival.node_sites)} sites' own files" if cfg.data.deployed else
                    f"{len(survival.node_sites)} sites, partition '{cfg.federation.partition}'")
     description += f", {len(left_out)} left out" if left_out else ""
+    if cfg.federation.server_optimizer != "fedavg":
+        description += f", server optimiser {cfg.federation.server_optimizer}"
     strategy: Strategy = mechanism.wrap_strategy(survival, cfg, num_sites=num_sites)
     resumed = _resume(cfg, outputs, survival) if cfg.resume_from else None
     ledger = resumed.ledger if resumed else PrivacyLedger(outputs.ledger_path)

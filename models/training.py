@@ -12,7 +12,39 @@ import torch
 
 from models.survival import SurvivalModel
 
-__all__ = ["train_epochs"]
+__all__ = ["ProximalTerm", "train_epochs"]
+
+
+class ProximalTerm:
+    r"""FedProx's proximal term :math:`\frac{\mu}{2}\lVert w - w_0\rVert_2^2` around the weights :math:`w_0` of ``net``
+    when it is created (a site: the global model it was sent).
+
+    :meth:`add_gradient` adds its gradient :math:`\mu (w - w_0)` to every parameter's ``.grad``
+    before an optimiser step. It needs no record: under DP-SGD it is added to the privatised
+    gradient, as post-processing. ``mu = 0`` adds nothing.
+
+    References
+    ----------
+    Li et al. (2020), "Federated optimization in heterogeneous networks", MLSys (FedProx).
+    """
+
+    def __init__(self, net: torch.nn.Module, mu: float) -> None:
+        if not mu >= 0:
+            raise ValueError(f"proximal mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+        self.anchor = [p.detach().clone() for p in net.parameters()] if self.mu > 0 else []
+
+    @torch.no_grad()
+    def add_gradient(self, net: torch.nn.Module) -> None:
+        """Add ``mu (w - w_0)`` to the gradient of each of ``net``'s parameters (setting it where it is None)."""
+        if self.mu == 0:
+            return
+        for param, anchor in zip(net.parameters(), self.anchor, strict=True):
+            pull = (param - anchor) * self.mu
+            if param.grad is None:
+                param.grad = pull
+            else:
+                param.grad.add_(pull)
 
 
 def train_epochs(
@@ -27,6 +59,7 @@ def train_epochs(
     weight_decay: float = 0.0,
     seed: int,
     on_step: Callable[[], None] | None = None,
+    proximal_mu: float = 0.0,
 ) -> dict[str, float]:
     """Train ``model.net`` in place with Adam on shuffled mini-batches of ``model.loss``.
 
@@ -51,6 +84,9 @@ def train_epochs(
     on_step : callable, optional
         Called with no arguments after every optimiser step (e.g. to record the weights'
         iterates, as ROW-DP does).
+    proximal_mu : float, default 0
+        FedProx: adds (mu/2) ||w - w_0||^2 (``w_0``: the weights at the call) to the objective
+        (:class:`ProximalTerm`); the returned loss is the data loss only.
 
     Returns
     -------
@@ -73,6 +109,7 @@ def train_epochs(
         raise ValueError(f"invalid epochs={epochs}, batch_size={batch_size}, lr={lr}, weight_decay={weight_decay}")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
+    proximal = ProximalTerm(model.net, proximal_mu)
     model.net.train()
     num_steps = 0
     epoch_loss = float("nan")
@@ -84,6 +121,7 @@ def train_epochs(
                 optimizer.zero_grad(set_to_none=True)
                 loss = model.loss(x_t[batch], time_t[batch], event_t[batch], generator=generator)
                 loss.backward()
+                proximal.add_gradient(model.net)
                 optimizer.step()
                 if on_step is not None:
                     on_step()

@@ -247,6 +247,13 @@ def benchmarks_section(results: Path, out: Path) -> str:
             round_s, bare_round_s = overhead["flower_round_after_the_first_s"], overhead["bare_loop_wall_per_round_s"]
             lines.append(f"| the same, one round after the first (on a running Ray cluster) | {round_s:.3f} s | bare loop "
                          f"{bare_round_s:.3f} s (its wall time / rounds) | {round_s / bare_round_s:.2f} | – |")
+    if steps := load("one_step_rounds"):
+        lines.append(f"| {steps['rounds']} rounds of one {steps['overrides']['strategy.name']} step per site, "
+                     f"{steps['sites']} sites, through Flower in process | {steps['flower_s_per_round']:.4f} s per round "
+                     f"({steps['flower_s_per_round_first_tenth']:.3f} s in the first tenth of the rounds, "
+                     f"{steps['flower_s_per_round_last_tenth']:.3f} s in the last) | "
+                     f"bare loop {steps['bare_loop_s_per_round']:.4f} s per round | "
+                     f"{steps['ratio_flower_over_bare']:.2f} | – |")
     if step := load("dp_step"):
         dp_ms = step[f"dp_{step['default_backend']}_step_ms"]
         lines.append(f"| DP-SGD step ({step['default_backend']} clipping), hazard MLP, batch {step['batch_size']} | "

@@ -172,6 +172,34 @@ HORIZONTAL_MODELS = tuple(name for name, model in MODELS.items() if not model.ve
 VERTICAL_MODELS = tuple(name for name, model in MODELS.items() if model.vertical)
 #: Robust aggregators offered (``federation.aggregation``), all Flower's own (:mod:`strategies.horizontal`).
 AGGREGATIONS: tuple[str, ...] = ("fedavg", "trimmed_mean", "median", "krum")
+
+
+@dataclass(frozen=True)
+class ServerOptimizerOption:
+    """A ``federation.server_optimizer`` option: Flower's strategy that turns a round's aggregate into the new model.
+
+    ``flower_class`` names the strategy of :mod:`flwr.serverapp.strategy` ("" for the aggregate as it
+    is); ``lr`` and ``momentum`` name its constructor's parameters that ``federation.server_lr`` and
+    ``federation.server_momentum`` set ("" where it has none); ``momentum_default`` replaces Flower's
+    default momentum (``None``: Flower's).
+    """
+
+    help: str
+    flower_class: str = ""
+    lr: str = ""
+    momentum: str = ""
+    momentum_default: float | None = None
+
+
+#: ``federation.server_optimizer`` -> Flower's server optimiser (:mod:`strategies.server_optimizers` builds it).
+SERVER_OPTIMIZERS: Mapping[str, ServerOptimizerOption] = {
+    "fedavg": ServerOptimizerOption("the aggregate is the new global model"),
+    "fedadam": ServerOptimizerOption("Adam on the pseudo-gradient (aggregate - global model)", "FedAdam", "eta", "beta_1"),
+    "fedyogi": ServerOptimizerOption("Yogi on the pseudo-gradient", "FedYogi", "eta", "beta_1"),
+    "fedadagrad": ServerOptimizerOption("Adagrad on the pseudo-gradient", "FedAdagrad", "eta"),
+    "fedavgm": ServerOptimizerOption("SGD with heavy-ball momentum on the pseudo-gradient", "FedAvgM",
+                               "server_learning_rate", "server_momentum", momentum_default=0.9),
+}
 #: Budget allocations of the weight-perturbation strategies: the paper's nominal rule, or the exact-budget variant.
 ALLOCATIONS: tuple[str, ...] = ("paper", "exact")
 #: Dispersion measures of ROW-DP (:func:`strategies.mechanisms.adaptive_dp.dispersion`).
@@ -304,6 +332,9 @@ class TrainConfig:
     lr: float = setting(AUTO, "Adam learning rate", bounds=POSITIVE, auto=_recipe_auto("train.lr"))
     weight_decay: float = setting(1e-4, "Adam weight decay", bounds=NON_NEGATIVE)
     num_threads: int = setting(1, "torch threads per site process", bounds=POSITIVE)
+    proximal_mu: float = setting(0.0, "FedProx: mu of the proximal term (mu/2)||w - w_global||^2 added to each site's "
+                                      "local objective (0 = none); dp_sgd/bdp add its gradient, which needs no "
+                                      "record, to the privatised gradient", bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
@@ -330,6 +361,16 @@ class FederationConfig:
                                    bounds=Bounds(0.0, 0.5, low_closed=True))
     max_malicious: int = setting(1, "krum: sites it tolerates (needs more than 2 x max_malicious + 2 sites in a "
                                     "round)", bounds=NON_NEGATIVE)
+    server_optimizer: str = setting("fedavg", "Flower's server optimiser applied to each round's aggregate (after "
+                                              "central_dp's noise and any robust aggregator): fedavg (none), fedadam, "
+                                              "fedyogi, fedadagrad, fedavgm", choices=tuple(SERVER_OPTIMIZERS))
+    server_lr: float | None = setting(AUTO, "server learning rate of fedadam, fedyogi, fedadagrad (Flower's eta) "
+                                            "and fedavgm", bounds=POSITIVE,
+                                      auto="Flower's default: fedadam 0.1, fedyogi 0.01, fedadagrad 0.1, fedavgm 1.0")
+    server_momentum: float | None = setting(AUTO, "momentum of fedadam and fedyogi (Flower's beta_1) and fedavgm",
+                                            bounds=Bounds(0.0, 1.0, low_closed=True),
+                                            auto="fedadam and fedyogi: Flower's 0.9; fedavgm: 0.9 (Flower's 0.0 "
+                                                 "would make it fedavg)")
 
 
 @dataclass(frozen=True)
@@ -611,6 +652,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     hints = typing.get_type_hints(ExperimentConfig)
     cfg = ExperimentConfig(**top, **{group: hints[group](**items) for group, items in groups.items()})
     _check_pairing(cfg)
+    _check_server_optimizer(cfg)
     _check_faults(cfg)
     if cfg.data.deployed:
         _check_deployment(cfg)
@@ -656,6 +698,25 @@ def _check_pairing(cfg: ExperimentConfig) -> None:
     if cfg.data.name == "csv" and not cfg.data.path:
         raise ConfigError("run config: data.name='csv' needs 'data.path' (and 'data.time_col', 'data.event_col' "
                           "unless the columns are called 'time' and 'event')")
+
+
+def _check_server_optimizer(cfg: ExperimentConfig) -> None:
+    """The server optimiser and FedProx are for horizontal runs; its learning rate and momentum only where it has them."""
+    federation = cfg.federation
+    if STRATEGIES[cfg.strategy].vertical:
+        if federation.server_optimizer != "fedavg" or cfg.train.proximal_mu > 0:
+            raise ConfigError(f"run config: 'federation.server_optimizer' = {federation.server_optimizer!r} and "
+                              f"'train.proximal_mu' = {cfg.train.proximal_mu:g} apply to horizontal runs only; "
+                              f"strategy {cfg.strategy!r} trains by split learning (use fedavg and 0)")
+    option = SERVER_OPTIMIZERS[federation.server_optimizer]
+    for key, value, parameter in (("server_lr", federation.server_lr, option.lr),
+                                  ("server_momentum", federation.server_momentum, option.momentum)):
+        if value is not None and not parameter:
+            takers = ", ".join(name for name, other in SERVER_OPTIMIZERS.items()
+                               if (other.lr if key == "server_lr" else other.momentum))
+            raise ConfigError(f"run config: 'federation.{key}' = {value:g} does not apply to "
+                              f"federation.server_optimizer = {federation.server_optimizer!r} (only to {takers}); "
+                              f"leave it at {AUTO!r}")
 
 
 def _check_faults(cfg: ExperimentConfig) -> None:

@@ -22,7 +22,10 @@ models and an untrusted federation need:
   the sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums
   them, and sends the baseline to the sites with the evaluation message;
 * an optional robust aggregator (Flower's ``FedTrimmedAvg``, ``FedMedian`` or ``Krum``) in place
-  of the weighted mean.
+  of the weighted mean;
+* an optional server optimiser (Flower's ``FedAdam``, ``FedYogi``, ``FedAdagrad`` or ``FedAvgM``,
+  :mod:`strategies.server_optimizers`) that turns the round's released aggregate (after any
+  server-side DP noise) into the new global model.
 
 Its :meth:`SurvivalFedAvg.run_rounds` replaces Flower's ``Strategy.start``: it can begin at any
 round (a run resumed from a checkpoint), records every error reply, missing reply and refused
@@ -48,6 +51,7 @@ from flwr.supercore import log
 from models.metrics import UNDEFINED_REASONS
 from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
+from strategies.server_optimizers import ServerOptimizer
 from strategies.replies import check_arrays, check_breslow, check_count, check_evaluation, suspect_evaluations
 
 SITE_KEY = "site"
@@ -201,6 +205,10 @@ class SurvivalFedAvg(FedAvg):
     aggregator
         A Flower strategy whose ``aggregate_train`` combines the accepted updates instead of the
         weighted mean (:func:`make_aggregator`).
+    server_optimizer
+        Flower's server optimiser that :meth:`run_rounds` applies to each round's aggregate
+        (:func:`strategies.server_optimizers.make_server_optimizer`); ``None``: the aggregate is the
+        new global model.
     **fedavg_kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
         ``min_train_nodes``, ...). ``min_train_nodes`` is also the fewest accepted updates
@@ -209,7 +217,8 @@ class SurvivalFedAvg(FedAvg):
 
     def __init__(self, *, mechanism: HorizontalMechanism, cfg: ExperimentConfig, setups: Mapping[str, SiteSetUp],
                  needs_baseline: bool, grid_size: int = 0, timeout: float = 3600.0,
-                 aggregator: Strategy | None = None, **fedavg_kwargs: Any) -> None:
+                 aggregator: Strategy | None = None, server_optimizer: ServerOptimizer | None = None,
+                 **fedavg_kwargs: Any) -> None:
         super().__init__(weighted_by_key=WEIGHT_KEY, **fedavg_kwargs)
         self.mechanism = mechanism
         self.cfg = cfg
@@ -218,6 +227,7 @@ class SurvivalFedAvg(FedAvg):
         self.grid_size = grid_size
         self.timeout = timeout
         self.aggregator = aggregator
+        self.server_optimizer = server_optimizer
         self.rounds: dict[int, RoundRecord] = {}
         self.baseline: tuple[np.ndarray, np.ndarray] | None = None
         self.node_sites: dict[int, str] = {}
@@ -320,8 +330,9 @@ class SurvivalFedAvg(FedAvg):
         """Rounds ``first_round`` to ``last_round`` from the global model ``arrays``; return the final model.
 
         Each round: train (the accepted replies aggregated by ``outer``, a wrapper such as Flower's
-        central-DP strategy around this one, or this strategy), Breslow query and evaluation, then
-        ``end_of_round(round, global arrays)``. A site that fails, does not answer within
+        central-DP strategy around this one, or this strategy; then, with a server optimiser, its
+        step from the round's global model given that aggregate: post-processing of what ``outer``
+        released), Breslow query and evaluation, then ``end_of_round(round, global arrays)``. A site that fails, does not answer within
         ``timeout`` or sends a reply the server refuses is recorded in the round's ``failures``
         and the round goes on without it. If fewer than ``min_train_nodes`` updates were accepted,
         the round is not aggregated (the global model stays as it was; the sites that trained have
@@ -338,7 +349,8 @@ class SurvivalFedAvg(FedAvg):
             self.global_arrays = arrays
             messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
             if self.mechanism.secure_sum:
-                arrays = self.secure_round(grid, server_round, arrays, messages)
+                released = self.secure_round(grid, server_round, arrays, messages)
+                arrays = arrays if released is arrays else self._step(server_round, arrays, released)
                 self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
                 continue
             if site_states:
@@ -358,9 +370,14 @@ class SurvivalFedAvg(FedAvg):
                 record.shortfall = (f"{len(accepted)} of {len(messages)} sites' updates accepted, fewer than the "
                                     f"minimum {self.min_train_nodes}: the round was not aggregated")
             elif aggregated is not None:
-                arrays = aggregated
+                arrays = self._step(server_round, arrays, aggregated)
             self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
         return arrays
+
+    def _step(self, server_round: int, arrays: ArrayRecord, aggregated: ArrayRecord) -> ArrayRecord:
+        """The round's new global model: what the round released, or the server optimiser's step toward it."""
+        return aggregated if self.server_optimizer is None else self.server_optimizer.step(server_round, arrays,
+                                                                                          aggregated)
 
     def _evaluate_and_close(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy,
                             end_of_round: Callable[[int, ArrayRecord], None]) -> None:
@@ -603,9 +620,11 @@ class SurvivalFedAvg(FedAvg):
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to continue: each round's records and the last Breslow baseline (plain Python)."""
+        """What a checkpoint needs to continue: each round's records, the last Breslow baseline (plain Python) and
+        the server optimiser's state (tensors; ``None`` without one)."""
         return {"rounds": {server_round: asdict(record) for server_round, record in self.rounds.items()},
-                "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline]}
+                "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline],
+                "server_optimizer": None if self.server_optimizer is None else self.server_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
@@ -613,6 +632,8 @@ class SurvivalFedAvg(FedAvg):
         baseline = state["baseline"]
         self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
                                                        np.asarray(baseline[1], dtype=np.float64))
+        if self.server_optimizer is not None:
+            self.server_optimizer.load_state_dict(state["server_optimizer"])
 
 
 def _held_out_bound(count: float, test_fraction: float) -> float:

@@ -22,3 +22,6 @@ def test_the_bare_loop_evaluates_every_site_as_the_client_app_does(model, tmp_pa
 def test_the_bare_loop_refuses_what_it_does_not_do():
     with pytest.raises(ValueError, match="evaluation.server_side = false"):
         bare_federation(resolve({"evaluation.server_side": True})[1])
+    with pytest.raises(ValueError, match="federation.server_optimizer = 'fedavg'"):
+        bare_federation(resolve({"evaluation.server_side": False,
+                                 "federation.server_optimizer": "fedadam"})[1])

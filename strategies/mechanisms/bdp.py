@@ -93,7 +93,7 @@ class BayesianDP(HorizontalMechanism):
             model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
             lr=train.lr, weight_decay=train.weight_decay, seed=seed, clip_norm=privacy.clip_norm,
             target_epsilon_mu=privacy.epsilon, beta=privacy.delta, rounds=cfg.federation.rounds, state=state,
-            adjacency=privacy.adjacency, num_records=setup.count, prior=setup.prior,
+            adjacency=privacy.adjacency, num_records=setup.count, prior=setup.prior, proximal_mu=train.proximal_mu,
         )
         report = {key: float(metrics[key]) for key in self.report_keys(cfg)}
         return SiteUpdate(report, new_state, contributes=int(new_state["steps"]) > previous_steps)

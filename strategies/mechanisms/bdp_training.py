@@ -101,7 +101,7 @@ def train_epochs_bdp(
     epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int,
     clip_norm: float, target_epsilon_mu: float, beta: float, rounds: int, state: dict[str, Any] | None,
     adjacency: str = "add-remove", num_records: float | None = None,
-    prior: Sequence[tuple[float, float, int]] = (),
+    prior: Sequence[tuple[float, float, int]] = (), proximal_mu: float = 0.0,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """One round of Bayesian-DP training at a site; ``state`` carries σ and both accountants.
 
@@ -123,6 +123,9 @@ def train_epochs_bdp(
         per Gaussian set-up release under ``adjacency``): both accountants start with them
         (:func:`~strategies.accounting.bayesian_dp.gaussian_release_costs` for ε_μ) and σ is
         calibrated for what is left of the budget.
+    proximal_mu
+        FedProx's mu (:func:`~strategies.mechanisms.dp_sgd_training.train_epochs_dp`): its gradient is
+        added to the privatised gradient; neither the distances nor the accounting see it.
 
     Returns
     -------
@@ -189,6 +192,7 @@ def train_epochs_bdp(
             stats = train_epochs_dp(
                 model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                 seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, on_step=account, num_records=n,
+                proximal_mu=proximal_mu,
             )
             loss = float(stats["loss"])
             # empty Poisson batches release noise only; account them like the last step

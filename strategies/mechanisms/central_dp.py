@@ -86,7 +86,7 @@ class CentralDP(HorizontalMechanism):
 
         train = cfg.train
         train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
-                     lr=train.lr, weight_decay=train.weight_decay, seed=seed)
+                     lr=train.lr, weight_decay=train.weight_decay, seed=seed, proximal_mu=train.proximal_mu)
         return SiteUpdate({})
 
     def wrap_strategy(self, strategy: Strategy, cfg: ExperimentConfig, *, num_sites: int) -> Strategy:

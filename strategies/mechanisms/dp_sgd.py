@@ -140,7 +140,7 @@ class DPSGD(HorizontalMechanism):
         stats = train_epochs_dp(
             model, data.x, data.time, data.event, epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size,
             lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=seed, noise_multiplier=sigma,
-            clip_norm=cfg.privacy.clip_norm, num_records=setup.count,
+            clip_norm=cfg.privacy.clip_norm, num_records=setup.count, proximal_mu=cfg.train.proximal_mu,
         )
         if state and "accountant" in state:
             accountant = SiteAccountant.from_state_dict(state["accountant"])

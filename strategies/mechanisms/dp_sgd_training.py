@@ -46,6 +46,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from models.losses import logistic_hazard_nll
 from models.survival import HazardMLP, HazardModel, SurvivalModel
+from models.training import ProximalTerm
 from strategies.mechanisms.dp_sgd import poisson_schedule
 from strategies.validation import check_positive, check_sample_rate
 
@@ -602,6 +603,7 @@ def dp_sgd_step(
     backend: Backend = DEFAULT_BACKEND,
     grad_sample_module: nn.Module | None = None,
     on_step: Callable[[PerSampleView], None] | None = None,
+    proximal: ProximalTerm | None = None,
 ) -> dict[str, float]:
     r"""One DP-SGD update of ``model.net`` on a (Poisson-sampled) batch.
 
@@ -610,8 +612,8 @@ def dp_sgd_step(
         \theta.\mathrm{grad} = \frac{1}{q n}\Big(\sum_{i \in B} \bar g_i + \mathcal N(0, \sigma^2 C^2 I)\Big),
         \qquad \bar g_i = g_i \min(1, C / \lVert g_i \rVert_2),
 
-    then ``optimizer.step()``. The divisor is the expected batch size :math:`qn`, never the
-    realised :math:`|B|`.
+    (plus FedProx's :math:`\mu(\theta - \theta_0)` with ``proximal``), then ``optimizer.step()``. The
+    divisor is the expected batch size :math:`qn`, never the realised :math:`|B|`.
 
     Parameters
     ----------
@@ -639,6 +641,9 @@ def dp_sgd_step(
         Called, before the noise is added, with the batch's clipped per-sample gradients as a
         :class:`PerSampleView` (norms, Gram matrix, gradients), from which the Bayesian
         accountant takes its neighbour distances. Not called for an empty batch.
+    proximal : ProximalTerm, optional
+        FedProx's proximal term: its gradient, a function of the weights only (no record), is
+        added to the privatised gradient; post-processing, the accounting is unchanged.
 
     Returns
     -------
@@ -679,6 +684,8 @@ def dp_sgd_step(
     for name, p in model.net.named_parameters():
         if name in summed:
             p.grad = (summed[name] / expected_batch_size).to(p.dtype)
+    if proximal is not None:
+        proximal.add_gradient(model.net)
     optimizer.step()
     return {
         "batch_size": float(x.shape[0]),
@@ -706,6 +713,7 @@ def train_epochs_dp(
     backend: Backend = DEFAULT_BACKEND,
     on_step: Callable[[PerSampleView], None] | None = None,
     num_records: float | None = None,
+    proximal_mu: float = 0.0,
 ) -> dict[str, float]:
     r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place).
 
@@ -744,6 +752,9 @@ def train_epochs_dp(
         divisor :math:`qn` are functions of released (or public) values only, not of the exact
         size of the data. Poisson sampling still draws each of the ``len(x)`` records with
         probability :math:`q`.
+    proximal_mu : float, default 0
+        FedProx's :math:`\mu`, around the weights at the call (:class:`models.training.ProximalTerm`):
+        its gradient is added to each step's privatised gradient.
 
     Returns
     -------
@@ -787,6 +798,7 @@ def train_epochs_dp(
 
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
+    proximal = ProximalTerm(model.net, proximal_mu)
     model.net.train()
     gsm = None
     if backend == "opacus":
@@ -804,7 +816,7 @@ def train_epochs_dp(
                     model, optimizer, x_t[batch], time_t[batch], event_t[batch],
                     noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                     expected_batch_size=expected_batch_size, generator=generator,
-                    backend=backend, grad_sample_module=gsm, on_step=on_step,
+                    backend=backend, grad_sample_module=gsm, on_step=on_step, proximal=proximal,
                 )
                 seen += stats["batch_size"]
                 clipped += stats["num_clipped"]

@@ -178,7 +178,8 @@ class WeightPerturbation(HorizontalMechanism):
                 iterates.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
 
         train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
-                     lr=train.lr, weight_decay=train.weight_decay, seed=seed, on_step=on_step)
+                     lr=train.lr, weight_decay=train.weight_decay, seed=seed, on_step=on_step,
+                     proximal_mu=train.proximal_mu)
         site_loss = None
         if self.name == "ls_adp":  # LS-ADP's metric p: the model's loss on the site's training part (eval mode)
             x_t = torch.as_tensor(np.asarray(data.x, dtype=np.float32))

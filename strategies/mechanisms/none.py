@@ -33,7 +33,8 @@ class NoPrivacy(HorizontalMechanism):
 
         train = cfg.train
         stats = train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs,
-                             batch_size=train.batch_size, lr=train.lr, weight_decay=train.weight_decay, seed=seed)
+                             batch_size=train.batch_size, lr=train.lr, weight_decay=train.weight_decay, seed=seed,
+                             proximal_mu=train.proximal_mu)
         return SiteUpdate({"train_loss": float(stats["loss"])})
 
     def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
