@@ -19,6 +19,7 @@ Plans
 ``site_size``: FLCHAIN with 20 sites (a quarter of the records each), fedavg and dp_sgd at ε = 1, seeds 0-2.
 ``central_dp_sites``: the simulated Cox data (35,000 training records) over 10, 100 and 1000 sites, fedavg
 and central_dp at ε = 1, 10 rounds, seeds 0-2 (1000 sites: seed 0; a round takes minutes on 2 cores).
+``states``: SBA over the 40 states with at least 100 loans, dp_sgd at ε = 1, seeds 0-2.
 ``distributed``: SBA over the 40 states with at least 100 loans and over the 4 regions, distributed_dp at
 ε = 1, seeds 0-4.
 """
@@ -63,7 +64,9 @@ def _plans() -> dict[str, list[dict[str, Any]]]:
                for strategy in ("fedavg", "central_dp")]
     distributed = [{**partition, "strategy.name": "distributed_dp", "privacy.epsilon": 1, "seed": seed}
                    for partition in (SBA_STATES, SBA_REGIONS) for seed in SEEDS5]
-    return {"main": main, "old_recipe": old, "site_size": size, "central_dp_sites": central,
+    states = [{**SBA_STATES, "strategy.name": "dp_sgd", "privacy.epsilon": 1, "seed": seed,
+               "baseline.centralized": False} for seed in range(3)]
+    return {"main": main, "states": states, "old_recipe": old, "site_size": size, "central_dp_sites": central,
             "distributed": distributed}
 
 
