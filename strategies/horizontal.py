@@ -229,6 +229,7 @@ class SurvivalFedAvg(FedAvg):
         self.aggregator = aggregator
         self.server_optimizer = server_optimizer
         self.rounds: dict[int, RoundRecord] = {}
+        self._final_rounds: dict[int, dict[str, Any]] = {}  # state_dict's conversion of the rounds before the latest
         self.baseline: tuple[np.ndarray, np.ndarray] | None = None
         self.node_sites: dict[int, str] = {}
         self.global_arrays: ArrayRecord | None = None
@@ -622,13 +623,20 @@ class SurvivalFedAvg(FedAvg):
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue: each round's records, the last Breslow baseline (plain Python) and
         the server optimiser's state (tensors; ``None`` without one)."""
-        return {"rounds": {server_round: asdict(record) for server_round, record in self.rounds.items()},
+        latest = max(self.rounds, default=0)
+        for server_round, record in self.rounds.items():  # a round before the latest is final: converted once
+            if server_round != latest and server_round not in self._final_rounds:
+                self._final_rounds[server_round] = asdict(record)
+        rounds = {server_round: self._final_rounds[server_round] if server_round != latest else asdict(record)
+                  for server_round, record in self.rounds.items()}
+        return {"rounds": rounds,
                 "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline],
                 "server_optimizer": None if self.server_optimizer is None else self.server_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.rounds = {int(server_round): RoundRecord(**record) for server_round, record in state["rounds"].items()}
+        self._final_rounds = {}
         baseline = state["baseline"]
         self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
                                                        np.asarray(baseline[1], dtype=np.float64))
