@@ -115,23 +115,30 @@ def _mean_std(values: list[float]) -> str:
 
 
 def table(rows: Iterable[dict[str, Any]]) -> str:
-    """Mean ± std (sample std) over seeds per setting; the centralised DP baseline beside each DP setting."""
+    """Mean ± std (sample std) over seeds per setting, with the centralised baseline beside it.
+
+    The baseline trains on the pooled training records with the run's mechanism when that is per-record DP-SGD
+    (``dp_sgd``, ``bdp``: "DP at the same ε"), and without DP otherwise ("no DP").
+    """
     groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
     for row in rows:
         groups[_setting(row["config"])].append(row)
     lines = ["| data | sites | strategy | target ε | seeds | test C | test IBS | ε (max over seeds) | "
-             "centralised, same mechanism: C | IBS |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "centralised baseline | its C | its IBS |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (data, sites, strategy, epsilon, recipe), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
         ok = [row for row in members if "error" not in row]
-        central = [row["centralized"]["test"] for row in ok if isinstance(row.get("centralized"), dict)
-                   and "test" in row["centralized"]]
+        baselines = [row["centralized"] for row in ok if isinstance(row.get("centralized"), dict)
+                     and "test" in row["centralized"]]
+        central = [baseline["test"] for baseline in baselines]
+        kind = ("DP, same ε" if baselines and isinstance(baselines[0].get("privacy"), dict) else
+                "no DP" if baselines else "–")
         epsilons = [row["epsilon"] for row in ok if row.get("epsilon") is not None]
         name = f"{strategy} ({recipe})" if recipe else strategy
         lines.append(
             f"| {data} | {sites} | {name} | {'–' if math.isinf(epsilon) else f'{epsilon:g}'} | {len(ok)}"
             f"{f' ({len(members) - len(ok)} failed)' if len(ok) < len(members) else ''} | "
             f"{_mean_std([row['test']['c_index'] for row in ok])} | {_mean_std([row['test']['ibs'] for row in ok])} | "
-            f"{f'{max(epsilons):.3f}' if epsilons else '–'} | {_mean_std([c['c_index'] for c in central])} | "
+            f"{f'{max(epsilons):.3f}' if epsilons else '–'} | {kind} | {_mean_std([c['c_index'] for c in central])} | "
             f"{_mean_std([c['ibs'] for c in central])} |")
     return "\n".join(lines)
 
