@@ -286,7 +286,29 @@ def benchmarks_section(results: Path, out: Path) -> str:
     return "\n".join(lines)
 
 
+def tradeoffs_section(results: Path, out: Path) -> str:
+    """The DP recipe and distributed DP at 5 seeds: the README's table, a figure, and every setting measured."""
+    from simulations import tradeoffs
+
+    folder = results / "tradeoffs"
+    rows = tradeoffs.load_rows(folder, "main", "distributed")
+    figure = folder / "privacy_utility.png"
+    tradeoffs.plot_against_epsilon(rows, figure)
+    everything = tradeoffs.load_rows(folder, "main", "old_recipe", "distributed", "states", "site_size",
+                                     "central_dp_sites")
+    return "\n".join([
+        "Test C-index and integrated Brier score (IBS) of the final global model (pooled test split), 20 rounds "
+        "(distributed_dp: 60), hazard MLP, mean ± std over 5 seeds, with the defaults (the DP recipes); ε is the "
+        "ledger's, the worst site's:", "", tradeoffs.headline(rows), "",
+        f"![Test C-index and IBS of dp_sgd against ε, FLCHAIN and SBA]({figure.relative_to(out.parent).as_posix()})",
+        "", "Every setting measured (what each means and what it shows: "
+        f"{_link(out.parent / 'when-to-use-what.md', out, 'when-to-use-what.md')}):", "",
+        tradeoffs.table(everything), "",
+        f"Source: {_link(folder, out)} (`python -m simulations.tradeoffs run PLAN --out ROWS`)."])
+
+
 SECTIONS: tuple[tuple[str, Callable[[Path, Path], str]], ...] = (
+    ("Private training with the DP recipe and distributed DP", tradeoffs_section),
     ("Horizontal strategies on FLCHAIN", flchain_sweep),
     ("NbAFL, LS-ADP and ROW-DP (adaptive-DP Cox-MLP paper)", adaptive_dp_section),
     ("FSL-BDP: Bayesian vs classical DP on SBA loans", fsl_bdp_section),

@@ -1,8 +1,8 @@
 """The measured trade-offs of docs/when-to-use-what.md: runs through the apps, and their tables.
 
-``python -m benchmarks.tradeoffs run PLAN --out rows.jsonl``   run every configuration of a plan (resumable:
+``python -m simulations.tradeoffs run PLAN --out rows.jsonl``   run every configuration of a plan (resumable:
 configurations already in ``rows.jsonl`` are skipped)
-``python -m benchmarks.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
+``python -m simulations.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
 
 Every run is a whole federation through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`,
 Flower's Message API in one process) with the project's defaults except what the plan sets. A row keeps the
@@ -141,6 +141,74 @@ def table(rows: Iterable[dict[str, Any]]) -> str:
             f"{f'{max(epsilons):.3f}' if epsilons else '–'} | {kind} | {_mean_std([c['c_index'] for c in central])} | "
             f"{_mean_std([c['ibs'] for c in central])} |")
     return "\n".join(lines)
+
+
+def load_rows(folder: Path, *names: str) -> list[dict[str, Any]]:
+    """The saved rows of the named plans (``folder/<name>.jsonl``)."""
+    return [json.loads(line) for name in names for line in (folder / f"{name}.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+#: The README's headline rows: (federation label, data set, partition or site count, strategy label, filter).
+HEADLINE: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("FLCHAIN, 5 sites", {"data.name": "flchain", "strategy.name": "fedavg"}, "fedavg (no DP)"),
+    ("FLCHAIN, 5 sites", {"data.name": "flchain", "strategy.name": "dp_sgd", "privacy.epsilon": 1}, "dp_sgd"),
+    ("FLCHAIN, 5 sites", {"data.name": "flchain", "strategy.name": "dp_sgd", "privacy.epsilon": 10}, "dp_sgd"),
+    ("SBA loans, 4 regions", {**SBA_REGIONS, "strategy.name": "fedavg"}, "fedavg (no DP)"),
+    ("SBA loans, 4 regions", {**SBA_REGIONS, "strategy.name": "dp_sgd", "privacy.epsilon": 1}, "dp_sgd"),
+    ("SBA loans, 4 regions", {**SBA_REGIONS, "strategy.name": "distributed_dp", "privacy.epsilon": 1},
+     "distributed_dp (60 rounds)"),
+    ("SBA loans, 40 states", {**SBA_STATES, "strategy.name": "distributed_dp", "privacy.epsilon": 1},
+     "distributed_dp (60 rounds)"),
+)
+
+
+def headline(rows: list[dict[str, Any]]) -> str:
+    """The README's table: C and IBS (mean ± std over seeds) and the largest ε of a few settings."""
+    lines = ["| federation | strategy | ε | C | IBS |", "| --- | --- | --- | --- | --- |"]
+    for label, match, strategy in HEADLINE:
+        members = [row for row in rows if "error" not in row and not any(key.startswith("train.") for key in
+                                                                          row["config"])
+                   and all(row["config"].get(key) == value for key, value in match.items())
+                   and (match.get("federation.partition") or row["config"].get("federation.partition") is None)]
+        epsilons = [row["epsilon"] for row in members if row.get("epsilon") is not None]
+        lines.append(f"| {label} | {strategy} | {f'{max(epsilons):.3f}' if epsilons else '–'} | "
+                     f"{_mean_std([row['test']['c_index'] for row in members])} | "
+                     f"{_mean_std([row['test']['ibs'] for row in members])} |")
+    return "\n".join(lines)
+
+
+def plot_against_epsilon(rows: list[dict[str, Any]], path: Path) -> None:
+    """Test C and IBS of dp_sgd against ε (mean ± std over seeds), no-DP FedAvg as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = (("FLCHAIN, 5 sites", {"data.name": "flchain"}), ("SBA, 4 regions", SBA_REGIONS))
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for (label, match), colour in zip(sets, ("tab:blue", "tab:orange")):
+        chosen = [row for row in rows if "error" not in row and all(row["config"].get(k) == v for k, v in match.items())
+                  and not any(key.startswith("train.") for key in row["config"])
+                  and row["config"].get("federation.num_sites") is None]
+        for axis, metric in zip(axes, ("c_index", "ibs")):
+            points = sorted({row["config"]["privacy.epsilon"] for row in chosen
+                             if row["config"]["strategy.name"] == "dp_sgd"})
+            values = [[row["test"][metric] for row in chosen if row["config"]["strategy.name"] == "dp_sgd"
+                       and row["config"]["privacy.epsilon"] == eps] for eps in points]
+            axis.errorbar(points, [sum(v) / len(v) for v in values],
+                          yerr=[(sum((x - sum(v) / len(v)) ** 2 for x in v) / max(len(v) - 1, 1)) ** 0.5
+                                for v in values], marker="o", color=colour, capsize=3, label=f"{label}: dp_sgd")
+            plain = [row["test"][metric] for row in chosen if row["config"]["strategy.name"] == "fedavg"]
+            axis.axhline(sum(plain) / len(plain), color=colour, linestyle="--", label=f"{label}: fedavg, no DP")
+    for axis, name in zip(axes, ("test C-index", "test IBS")):
+        axis.set_xscale("log")
+        axis.set_xlabel("ε (record level, δ = 1e-5)")
+        axis.set_ylabel(name)
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main() -> None:
