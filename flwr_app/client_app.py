@@ -11,6 +11,7 @@ Message handling only: decode the global model, call the training / evaluation c
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from strategies.horizontal import (
     WEIGHT_KEY,
 )
 from strategies import secure_aggregation as secagg
-from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
 from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
@@ -115,16 +116,23 @@ def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp
     return task.federation_setup(cfg).setups[site.name]
 
 
-@app.train()
-def train(message: Message, context: Context) -> Message:
-    """One round of the run's mechanism on the site's training part, starting from the global model."""
+def _training_message(message: Message, context: Context) -> tuple[SiteData, int, int, ExperimentConfig, Any,
+                                                                  HorizontalMechanism]:
+    """What a training message (plain or secure) starts with: the site, the round, the run config and the global
+    model, the injected failure of a simulation test, the thread count and the run's mechanism."""
     site, index = _site(context)
-    config = message.content["config"]
-    server_round = int(config["server-round"])
+    server_round = int(message.content["config"]["server-round"])
     cfg, model = _model(context, message)
     inject_failure(cfg, site=site.name, server_round=server_round, message="train")
     torch.set_num_threads(cfg.train.num_threads)
-    mechanism = horizontal_mechanism(cfg.strategy)
+    return site, index, server_round, cfg, model, horizontal_mechanism(cfg.strategy)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """One round of the run's mechanism on the site's training part, starting from the global model."""
+    site, index, server_round, cfg, model, mechanism = _training_message(message, context)
+    config = message.content["config"]
     setup = _setup(cfg, context, site)
     previous = _privacy_state(context, config)
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
@@ -211,13 +219,7 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 @app.query("secagg_masked")
 def secagg_masked(message: Message, context: Context) -> Message:
     """Stage 2: the site's contribution of the round (its mechanism's), masked; this is the site's training reply."""
-    site, index = _site(context)
-    config = message.content["config"]
-    server_round = int(config["server-round"])
-    cfg, model = _model(context, message)
-    inject_failure(cfg, site=site.name, server_round=server_round, message="train")
-    torch.set_num_threads(cfg.train.num_threads)
-    mechanism = horizontal_mechanism(cfg.strategy)
+    site, index, server_round, cfg, model, mechanism = _training_message(message, context)
     public = context.state.config_records[SECAGG_ROUND]
     plan = mechanism.plan(cfg, parties=int(public["parties"]), records=float(public["records"]),
                           dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
