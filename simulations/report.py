@@ -254,6 +254,12 @@ def benchmarks_section(results: Path, out: Path) -> str:
                      f"{steps['flower_s_per_round_last_tenth']:.3f} s in the last) | "
                      f"bare loop {steps['bare_loop_s_per_round']:.4f} s per round | "
                      f"{steps['ratio_flower_over_bare']:.2f} | – |")
+    if secure := load("secure_aggregation"):
+        for run in secure["runs"]:
+            lines.append(f"| distributed_dp round (SecAgg+, {run['sites']} FLCHAIN sites, in process) | "
+                         f"{run['secure_round_s']:.3f} s ({run['protocol_s']:.3f} s of protocol) | plain FedAvg round "
+                         f"{run['plain_round_s']:.3f} s | {run['ratio']:.2f} | "
+                         + (f"≤ {secure['target_ratio_at_40_sites']:g} |" if run["sites"] == 40 else "– |"))
     if step := load("dp_step"):
         dp_ms = step[f"dp_{step['default_backend']}_step_ms"]
         lines.append(f"| DP-SGD step ({step['default_backend']} clipping), hazard MLP, batch {step['batch_size']} | "
