@@ -279,3 +279,20 @@ def test_every_hydra_group_file_is_generated():
     generated = set(hydra_files())
     on_disk = {str(path.relative_to(CONF)) for path in CONF.rglob("*.yaml")}
     assert on_disk - generated == {"sweep.yaml", "hydra/job_logging/console.yaml"}
+
+
+def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_value_wins():
+    from strategies.config import DISTRIBUTED_DP_RECIPE, DP_SGD_RECIPE, TRAINING_DEFAULTS
+
+    def training(cfg):
+        return {"train.local_epochs": cfg.train.local_epochs, "train.batch_size": cfg.train.batch_size,
+                "train.lr": cfg.train.lr, "privacy.clip_norm": cfg.privacy.clip_norm,
+                "federation.rounds": cfg.federation.rounds}
+
+    assert training(parse_flat({"strategy.name": "fedavg"})) == dict(TRAINING_DEFAULTS)
+    for strategy in ("dp_sgd", "bdp"):
+        assert training(parse_flat({"strategy.name": strategy})) == {**TRAINING_DEFAULTS, **DP_SGD_RECIPE}
+    assert training(parse_flat({"strategy.name": "distributed_dp"})) == {**TRAINING_DEFAULTS, **DISTRIBUTED_DP_RECIPE}
+    assert DP_SGD_RECIPE["train.lr"] != 0.005 and TRAINING_DEFAULTS["train.lr"] != 0.005
+    explicit = parse_flat({"strategy.name": "dp_sgd", "train.lr": 0.005, "privacy.clip_norm": "auto"})
+    assert explicit.train.lr == 0.005 and explicit.privacy.clip_norm == DP_SGD_RECIPE["privacy.clip_norm"]
