@@ -233,7 +233,7 @@ def design_matrix(transform: ModalityTransform, frame: pd.DataFrame, *, source: 
     blocks, names = [], []
     for j, (column, levels) in enumerate(zip(transform.categorical, transform.levels, strict=True)):
         blocks.append(coded[:, [j]] == np.arange(1, len(levels), dtype=np.float32))
-        names += [f"{column}={level:g}" for level in levels[1:]]
+        names += [f"{column}={level}" if isinstance(level, str) else f"{column}={level:g}" for level in levels[1:]]
     x = np.concatenate([*blocks, coded[:, k:]], axis=1).astype(np.float32)
     return x, names + list(transform.continuous)
 

@@ -12,6 +12,7 @@ from sksurv.linear_model import CoxPHSurvivalAnalysis
 from sksurv.metrics import concordance_index_censored
 from sksurv.util import Surv
 
+from models.baselines import design_matrix
 from models.data import DataValidationError
 from models.data.vertical import (
     METABRIC_MODALITIES,
@@ -125,6 +126,20 @@ def test_modality_transform_codes_categories_and_standardises_on_training_rows()
         transform.transform(new.drop(columns="er"), source="clinical.csv")
     constant = fit_modality_transform(pd.DataFrame({"x": [2.0, 2.0]}))
     assert constant.scale.tolist() == [1.0] and constant.input_shape == ((), 1)
+
+
+def test_a_text_column_is_a_categorical_whose_levels_are_its_strings() -> None:
+    train = pd.DataFrame({"histology": ["ductal", "lobular", "ductal", None], "age": [40.0, 50.0, 60.0, 70.0]})
+    transform = fit_modality_transform(train)  # not named categorical: its text makes it one
+    assert transform.categorical == ("histology",) and transform.continuous == ("age",)
+    assert transform.levels == (("ductal", "lobular"),) and transform.input_shape == ((3,), 1)
+    new = pd.DataFrame({"histology": ["lobular", "mucinous", None, "ductal"], "age": [40.0, 50.0, 60.0, 70.0]})
+    assert transform.transform(new)[:, 0].tolist() == [1, 2, 2, 0]  # unseen and missing -> code 2
+    x, names = design_matrix(transform, new, source="site")
+    assert names == ["histology=lobular", "age"] and x[:, 0].tolist() == [1, 0, 0, 0]
+    numeric = fit_modality_transform(pd.DataFrame({"grade": [1.0, 2.0]}), categorical=["grade"])
+    with pytest.raises(ValueError, match=r"site 'b': column 'grade': 1 non-numeric values \(records \[1\]\)"):
+        numeric.transform(pd.DataFrame({"grade": [1.0, "high"]}), source="site 'b'")
 
 
 def test_label_holder_split_is_stratified_disjoint_and_reproducible() -> None:

@@ -346,7 +346,8 @@ class ModalityTransform:
     """A site's preprocessing of its modality, fitted on the training records it holds.
 
     Categorical columns become integer codes ``0 .. L-1`` of the levels seen in training, with
-    code ``L`` for a missing or unseen value; continuous columns are standardised with the
+    code ``L`` for a missing or unseen value. Levels are numbers, or strings for a column that
+    holds text (such a column is categorical whether or not it was named so); continuous columns are standardised with the
     training mean and standard deviation (1 if constant), and a missing value becomes 0 (the
     mean). :meth:`transform` lays the codes first, then the continuous columns: the input
     convention of :class:`models.multimodal.BayesianClinicalNet` (:class:`BayesianFC` when there
@@ -355,15 +356,15 @@ class ModalityTransform:
     Attributes
     ----------
     categorical, continuous : tuple of str
-    levels : tuple of tuple of float
-        Training levels of each categorical column.
+    levels : tuple of tuple of float or str
+        Training levels of each categorical column (strings for a text column).
     mean, scale : numpy.ndarray
         Of the continuous columns.
     """
 
     categorical: tuple[str, ...]
     continuous: tuple[str, ...]
-    levels: tuple[tuple[float, ...], ...]
+    levels: tuple[tuple[float, ...] | tuple[str, ...], ...]
     mean: np.ndarray
     scale: np.ndarray
 
@@ -383,15 +384,19 @@ class ModalityTransform:
         Raises ``ValueError`` naming ``source`` and the column when a column is missing or holds
         non-numeric values.
         """
-        values = _numeric(frame, self.categorical + self.continuous, source)
         k = len(self.categorical)
-        out = np.empty(values.shape, dtype=np.float32)
-        for j, levels in enumerate(self.levels):
-            codes = np.searchsorted(np.asarray(levels), values[:, j])
-            known = (codes < len(levels)) & np.isin(values[:, j], levels)
-            out[:, j] = np.where(known, codes, len(levels))
-        continuous = (values[:, k:] - self.mean) / self.scale
-        out[:, k:] = np.nan_to_num(continuous, nan=0.0)
+        values = _numeric(frame, self.continuous, source)
+        out = np.empty((len(frame), k + len(self.continuous)), dtype=np.float32)
+        for j, (column, levels) in enumerate(zip(self.categorical, self.levels, strict=True)):
+            if column not in frame.columns:
+                raise ValueError(f"{source}: missing columns {[column]}; columns present: {list(frame.columns)[:10]}")
+            if levels and isinstance(levels[0], str):
+                keys = frame[column].astype("string")
+            else:
+                keys = pd.Series(_numeric(frame, (column,), source)[:, 0], index=frame.index)
+            codes = keys.map({level: code for code, level in enumerate(levels)})
+            out[:, j] = codes.astype("float64").fillna(len(levels)).to_numpy()
+        out[:, k:] = np.nan_to_num((values - self.mean) / self.scale, nan=0.0)
         return out
 
 
@@ -410,6 +415,20 @@ def _numeric(frame: pd.DataFrame, columns: Sequence[str], source: str) -> np.nda
     return out
 
 
+def _is_text(series: pd.Series) -> bool:
+    """A column holding text: some non-empty value is not a number."""
+    present = series.dropna()
+    return bool(len(present)) and bool(pd.to_numeric(present, errors="coerce").isna().any())
+
+
+def _levels(series: pd.Series, text: bool, source: str) -> tuple[float, ...] | tuple[str, ...]:
+    """The sorted training levels of a categorical column (strings for a text column)."""
+    if text:
+        return tuple(sorted(str(value) for value in series.dropna().astype("string").unique()))
+    values = _numeric(series.to_frame(), (series.name,), source)[:, 0]
+    return tuple(float(v) for v in np.unique(values[~np.isnan(values)]))
+
+
 def fit_modality_transform(
     frame: pd.DataFrame, *, categorical: Sequence[str] = (), source: str = "modality",
 ) -> ModalityTransform:
@@ -420,7 +439,8 @@ def fit_modality_transform(
     frame : pandas.DataFrame
         Training records (rows) of the modality's columns.
     categorical : sequence of str
-        Columns to encode as categories; every other column is continuous.
+        Columns to encode as categories; so is every column that holds text (a non-numeric value,
+        such as ``"ductal"``); every other column is continuous.
     source : str
         Name of the file or site, for error messages.
     """
@@ -429,14 +449,14 @@ def fit_modality_transform(
     unknown = [column for column in categorical if column not in frame.columns]
     if unknown:
         raise ValueError(f"{source}: categorical columns {unknown} are not in the data")
-    categorical = tuple(categorical)
+    text = tuple(column for column in frame.columns if column not in categorical and _is_text(frame[column]))
+    categorical = tuple(categorical) + text
     continuous = tuple(column for column in frame.columns if column not in categorical)
-    values = _numeric(frame, categorical + continuous, source)
-    k = len(categorical)
-    levels = tuple(tuple(float(v) for v in np.unique(values[:, j][~np.isnan(values[:, j])])) for j in range(k))
+    levels = tuple(_levels(frame[column], column in text, source) for column in categorical)
+    values = _numeric(frame, continuous, source)
     with np.errstate(all="ignore"):
-        mean = np.nanmean(values[:, k:], axis=0) if continuous else np.empty(0)
-        scale = np.nanstd(values[:, k:], axis=0) if continuous else np.empty(0)
+        mean = np.nanmean(values, axis=0) if continuous else np.empty(0)
+        scale = np.nanstd(values, axis=0) if continuous else np.empty(0)
     mean = np.nan_to_num(mean, nan=0.0)
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
     return ModalityTransform(categorical=categorical, continuous=continuous, levels=levels, mean=mean, scale=scale)
