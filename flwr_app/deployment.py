@@ -46,6 +46,7 @@ from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.registry import horizontal_mechanism
+from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
     AgreedRanges,
     MomentRelease,
@@ -96,7 +97,7 @@ def _ask(
     for reply in grid.send_and_receive(messages, timeout=timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            failed[node] = reply.error.reason
+            failed[node] = error_message(reply.error.reason)
         else:
             answered[node] = _read(reply)
     failed.update({node: f"no reply to {message_type} within {timeout:.0f} s"

@@ -36,7 +36,7 @@ from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
-from strategies.replies import check_embeddings
+from strategies.replies import check_embeddings, error_message
 from strategies.split import (
     PredictRequest,
     SiteConfig,
@@ -99,7 +99,7 @@ class FlowerSplitTransport:
             node = reply.metadata.src_node_id
             if reply.has_error():
                 raise SplitSiteError(f"site {names.get(node, '?')!r} (node {node}) failed on {message_type}: "
-                                     f"{reply.error.reason}")
+                                     f"{error_message(reply.error.reason)}")
             received[node] = reply.content
         silent = [f"{names.get(node, '?')!r} (node {node})" for node in contents if node not in received]
         if silent:

@@ -52,7 +52,14 @@ from models.metrics import UNDEFINED_REASONS
 from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
 from strategies.server_optimizers import ServerOptimizer
-from strategies.replies import check_arrays, check_breslow, check_count, check_evaluation, suspect_evaluations
+from strategies.replies import (
+    check_arrays,
+    check_breslow,
+    check_count,
+    check_evaluation,
+    error_message,
+    suspect_evaluations,
+)
 
 SITE_KEY = "site"
 WEIGHT_KEY = "num-examples"
@@ -263,7 +270,7 @@ class SurvivalFedAvg(FedAvg):
             node = reply.metadata.src_node_id
             name = None if reply.has_error() else _claimed_name(reply)
             if reply.has_error():
-                left_out[node] = f"failed to say which site it is: {reply.error.reason}"
+                left_out[node] = f"failed to say which site it is: {error_message(reply.error.reason)}"
             elif name is None or name not in self.setups:
                 left_out[node] = f"claims to be {name!r}, which is not a site of this federation"
             elif name in self.node_sites.values():
@@ -315,7 +322,7 @@ class SurvivalFedAvg(FedAvg):
         replies = sorted(replies, key=lambda message: message.metadata.src_node_id)
         for message in replies:
             if message.has_error():
-                self._fail(server_round, phase, message.metadata.src_node_id, message.error.reason)
+                self._fail(server_round, phase, message.metadata.src_node_id, error_message(message.error.reason))
         answered = {message.metadata.src_node_id for message in replies}
         for node in sorted({message.metadata.dst_node_id for message in messages} - answered):
             self._fail(server_round, phase, node, f"no reply within {self.timeout:g} s")

@@ -14,11 +14,13 @@ round and goes on without the reply.
   and count no more events than the site has records.
 * :func:`check_embeddings`: a split-learning site's embeddings have the requested shape and finite
   values, and its presence mask one boolean per requested record.
+* :func:`error_message`: the site's own message inside the reason of an error reply.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from statistics import median
 
@@ -26,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "METRIC_RANGES",
+    "error_message",
     "check_arrays",
     "check_breslow",
     "check_embeddings",
@@ -187,3 +190,19 @@ def check_embeddings(embeddings: np.ndarray, present: np.ndarray, *, rows: int, 
     if present.shape != (rows,) or present.dtype != np.bool_:
         return f"the presence mask must be {rows} booleans, got {present.dtype} of shape {present.shape}"
     return ""
+
+
+#: How Flower words the reason of an error reply from a ClientApp that raised (``f"{type(err)}:<'{err}'>"``, the
+#: exception a ``ClientAppException`` whose text starts "Exception ClientAppException occurred. Message: ").
+_FLOWER_REASON = re.compile(r"^<class '[\w.]+'>:<'\s*(?:Exception \w+ occurred\. Message: )?(?P<message>.*)'>$", re.S)
+
+
+def error_message(reason: str) -> str:
+    """The message a site's code raised, without Flower's wrapping of it (any other reason as it is).
+
+    >>> error_message("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\\nException "
+    ...               "ClientAppException occurred. Message: clinical.csv: column 'grade': 2 non-numeric values'>")
+    "clinical.csv: column 'grade': 2 non-numeric values"
+    """
+    match = _FLOWER_REASON.match(reason.strip())
+    return match.group("message").strip() if match else reason
