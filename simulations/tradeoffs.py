@@ -106,12 +106,24 @@ def _setting(config: dict[str, Any]) -> tuple:
     return (config["data.name"], sites, config["strategy.name"], config.get("privacy.epsilon", math.inf), recipe)
 
 
+def _moments(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+
+
 def _mean_std(values: list[float]) -> str:
     if not values:
         return "–"
-    mean = sum(values) / len(values)
-    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    mean, std = _moments(values)
     return f"{mean:.3f} ± {std:.3f}"
+
+
+def _default_run(row: dict[str, Any], match: dict[str, Any]) -> bool:
+    """A run that finished, with the defaults' training keys, whose configuration has every value of ``match``."""
+    config = row["config"]
+    return ("error" not in row and not any(key.startswith("train.") for key in config)
+            and all(config.get(key) == value for key, value in match.items()))
 
 
 def table(rows: Iterable[dict[str, Any]]) -> str:
@@ -167,9 +179,7 @@ def headline(rows: list[dict[str, Any]]) -> str:
     """The README's table: C and IBS (mean ± std over seeds) and the largest ε of a few settings."""
     lines = ["| federation | strategy | ε | C | IBS |", "| --- | --- | --- | --- | --- |"]
     for label, match, strategy in HEADLINE:
-        members = [row for row in rows if "error" not in row and not any(key.startswith("train.") for key in
-                                                                          row["config"])
-                   and all(row["config"].get(key) == value for key, value in match.items())
+        members = [row for row in rows if _default_run(row, match)
                    and (match.get("federation.partition") or row["config"].get("federation.partition") is None)]
         epsilons = [row["epsilon"] for row in members if row.get("epsilon") is not None]
         lines.append(f"| {label} | {strategy} | {f'{max(epsilons):.3f}' if epsilons else '–'} | "
@@ -188,19 +198,16 @@ def plot_against_epsilon(rows: list[dict[str, Any]], path: Path) -> None:
     sets = (("FLCHAIN, 5 sites", {"data.name": "flchain"}), ("SBA, 4 regions", SBA_REGIONS))
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for (label, match), colour in zip(sets, ("tab:blue", "tab:orange")):
-        chosen = [row for row in rows if "error" not in row and all(row["config"].get(k) == v for k, v in match.items())
-                  and not any(key.startswith("train.") for key in row["config"])
-                  and row["config"].get("federation.num_sites") is None]
+        chosen = [row for row in rows if _default_run(row, match) and row["config"].get("federation.num_sites") is None]
         for axis, metric in zip(axes, ("c_index", "ibs")):
             points = sorted({row["config"]["privacy.epsilon"] for row in chosen
                              if row["config"]["strategy.name"] == "dp_sgd"})
             values = [[row["test"][metric] for row in chosen if row["config"]["strategy.name"] == "dp_sgd"
                        and row["config"]["privacy.epsilon"] == eps] for eps in points]
-            axis.errorbar(points, [sum(v) / len(v) for v in values],
-                          yerr=[(sum((x - sum(v) / len(v)) ** 2 for x in v) / max(len(v) - 1, 1)) ** 0.5
-                                for v in values], marker="o", color=colour, capsize=3, label=f"{label}: dp_sgd")
+            means, stds = zip(*(_moments(v) for v in values))
+            axis.errorbar(points, means, yerr=stds, marker="o", color=colour, capsize=3, label=f"{label}: dp_sgd")
             plain = [row["test"][metric] for row in chosen if row["config"]["strategy.name"] == "fedavg"]
-            axis.axhline(sum(plain) / len(plain), color=colour, linestyle="--", label=f"{label}: fedavg, no DP")
+            axis.axhline(_moments(plain)[0], color=colour, linestyle="--", label=f"{label}: fedavg, no DP")
     for axis, name in zip(axes, ("test C-index", "test IBS")):
         axis.set_xscale("log")
         axis.set_xlabel("ε (record level, δ = 1e-5)")

@@ -409,7 +409,7 @@ class SurvivalFedAvg(FedAvg):
         Every site asked for its vector counts as having released it (the round's plan is its report);
         a round with more than ``privacy.max_dropouts`` drop-outs is not unmasked (its shortfall).
         """
-        from strategies.secure_aggregation import SecureSum, protocol_parameters
+        from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
 
         record = self._record(server_round)
         contents = {m.metadata.dst_node_id: m.content for m in messages if m.metadata.dst_node_id in self.node_sites}
@@ -435,8 +435,6 @@ class SurvivalFedAvg(FedAvg):
         if result.total is None:
             record.shortfall = f"secure aggregation did not complete: {result.shortfall}; the round was not aggregated"
             return arrays
-        from strategies.secure_aggregation import centred
-
         count = sum(self.setups[sites[node]].count for node in result.included)
         new, self.server_state, reason = self.mechanism.server_step(
             current, centred(result.total, plan.modulus), plan, count=count, lr=self.cfg.train.lr,
