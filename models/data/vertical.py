@@ -159,7 +159,8 @@ class VerticalTable:
         )
 
 
-def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[str]]) -> np.ndarray:
+def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[str]], *,
+                     party: str = "site") -> np.ndarray:
     """Check the sites' record IDs against the label holder's; return which records each site has.
 
     Parameters
@@ -168,6 +169,9 @@ def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[s
         The server's record IDs (unique), in training order.
     site_ids : mapping of site (modality) name to sequence of str
         The IDs each site holds.
+    party : str
+        What the errors call a holder of ``site_ids`` (a site; a modality file in
+        :func:`load_vertical_files`).
 
     Returns
     -------
@@ -189,19 +193,19 @@ def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[s
     for column, (site, ids) in enumerate(site_ids.items()):
         held = pd.Index([str(value) for value in ids])
         if held.has_duplicates:
-            raise VerticalAlignmentError(f"site {site!r}: duplicate record IDs {_examples(held[held.duplicated()])}")
+            raise VerticalAlignmentError(f"{party} {site!r}: duplicate record IDs {_examples(held[held.duplicated()])}")
         unknown = held.difference(labels)
         if len(unknown):
             raise VerticalAlignmentError(
-                f"site {site!r}: {len(unknown)} record IDs are not in the label holder's cohort, e.g. "
-                f"{_examples(unknown)} (the IDs must be the same pseudonyms at every site)"
+                f"{party} {site!r}: {len(unknown)} record IDs are not in the label holder's cohort, e.g. "
+                f"{_examples(unknown)} (the IDs must be the same pseudonyms at every {party})"
             )
         present[:, column] = labels.isin(held)
         if not present[:, column].any():
-            raise VerticalAlignmentError(f"site {site!r} holds none of the label holder's {len(labels)} records")
+            raise VerticalAlignmentError(f"{party} {site!r} holds none of the label holder's {len(labels)} records")
     orphans = labels[~present.any(axis=1)]
     if len(orphans):
-        raise VerticalAlignmentError(f"{len(orphans)} labelled records are held by no site, e.g. {_examples(orphans)}")
+        raise VerticalAlignmentError(f"{len(orphans)} labelled records are held by no {party}, e.g. {_examples(orphans)}")
     return present
 
 
@@ -625,7 +629,8 @@ def load_vertical_files(files: VerticalFiles) -> VerticalTable:
             raise DataValidationError(f"{err}: data.categorical_cols lists numeric codes (a column holding "
                                       "text is categorical without it)") from None
     try:
-        align_modalities(labels.ids, {paths[name]: frame.index for name, frame in features.items()})
+        align_modalities(labels.ids, {paths[name]: frame.index for name, frame in features.items()},
+                         party="modality file")
     except VerticalAlignmentError as err:
         raise DataValidationError(f"{err} (labels: {files.labels}, data.id_col {files.id_column!r})") from None
     return VerticalTable(
