@@ -171,3 +171,24 @@ def test_keys_of_the_files_are_checked_and_named(tmp_path):
     overrides = {**TINY, **write_files(tmp_path), "output.dir": str(tmp_path / "out")}
     with pytest.raises(DataValidationError, match=r"data.categorical_cols names \['stage_'\], which no modality file"):
         vertical_task.load_table(resolve({**overrides, "data.categorical_cols": "grade,stage_"})[1])
+
+
+def test_metabric_written_to_files_runs_as_the_built_in_metabric(tmp_path):
+    """The same records, IDs and categorical columns from files give the built-in data set's run, figure for figure."""
+    from models.data.vertical import METABRIC_CATEGORICAL, load_metabric_vertical
+
+    table = load_metabric_vertical()
+    pd.DataFrame({"id": table.ids, "time": table.time, "event": table.event}).to_csv(tmp_path / "labels.csv",
+                                                                                     index=False)
+    for name, frame in table.modalities.items():
+        frame.rename_axis("id").reset_index().to_csv(tmp_path / f"{name}.csv", index=False)
+    run = {key: value for key, value in TINY.items() if not key.startswith("data.")}
+    run["federation.rounds"] = 1
+    built_in = run_inprocess({**run, "data.name": "metabric", "output.dir": str(tmp_path / "built_in")})
+    files = run_inprocess({
+        **run, "data.name": "vertical_files", "data.labels_path": str(tmp_path / "labels.csv"),
+        "data.modality_paths": f"{tmp_path / 'genomic.csv'},{tmp_path / 'clinical.csv'}",
+        "data.categorical_cols": ",".join(METABRIC_CATEGORICAL["clinical"]), "output.dir": str(tmp_path / "files")})
+    assert files["modalities"] == built_in["modalities"] == ["genomic", "clinical"]
+    assert files["test"] == pytest.approx(built_in["test"], rel=1e-9, abs=1e-12)
+    assert files["centralized"]["test"] == pytest.approx(built_in["centralized"]["test"], rel=1e-9, abs=1e-12)
