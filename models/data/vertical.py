@@ -54,8 +54,8 @@ __all__ = [
     "METABRIC_CATEGORICAL",
     "METABRIC_MODALITIES",
     "VERTICAL_DATASETS",
-    "ModalityTransform",
     "VERTICAL_FILES",
+    "ModalityTransform",
     "VerticalAlignmentError",
     "VerticalFiles",
     "VerticalTable",
@@ -597,9 +597,10 @@ def load_vertical_files(files: VerticalFiles) -> VerticalTable:
     (:func:`align_modalities`): a record a modality file lacks is a missing modality (all
     values missing, masked in the fusion), an ID a modality file holds that the labels file lacks
     is an error. Every error is a :class:`~models.data.validate.DataValidationError` of one line
-    naming the file, the column and the rows or records: besides those of the readers, a
-    ``categorical`` or ``drop_cols`` column that no modality file has, and a ``categorical``
-    column holding text values beside numbers.
+    naming the file (or key), the column and the rows or records: besides those of the readers, a
+    ``categorical`` or ``drop_cols`` column that no modality file has, a ``categorical`` column
+    holding text (as a site refuses it), and a modality file holding the labels' time or event
+    column.
     """
     labels = read_labels_file(files.labels, id_column=files.id_column, time_col=files.time_col,
                               event_col=files.event_col)
