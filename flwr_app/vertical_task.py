@@ -11,6 +11,7 @@ import functools
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,8 @@ from flwr_app.config import ConfigError, ExperimentConfig
 from models.bayesian import seeded
 from models.data.files import resolve_data_dir
 from models.data.vertical import (
+    VERTICAL_FILES,
+    VerticalFiles,
     VerticalTable,
     load_vertical,
     read_labels_file,
@@ -43,13 +46,34 @@ __all__ = [
     "simulation_noise_seed",
     "site_config",
     "site_from_node_config",
+    "vertical_files",
 ]
 
 
 @functools.lru_cache(maxsize=4)
-def _table(name: str, data_dir: str, records: int, modalities: tuple[str, ...]) -> VerticalTable:
-    table = load_vertical(name, data_dir=data_dir, n=records)
+def _table(name: str, data_dir: str, records: int, modalities: tuple[str, ...], files: VerticalFiles | None,
+           stamps: tuple[tuple[int, int], ...]) -> VerticalTable:
+    """``stamps`` (each file's modification time and size) makes a changed file a new entry."""
+    table = load_vertical(name, data_dir=data_dir, n=records, files=files)
     return table.select(modalities) if modalities else table
+
+
+def vertical_files(cfg: ExperimentConfig) -> VerticalFiles | None:
+    """The user's files of ``data.name = "vertical_files"`` (``None`` for the other data sets)."""
+    if cfg.data.name != VERTICAL_FILES:
+        return None
+    return VerticalFiles(labels=cfg.data.labels_path, modalities=tuple(cfg.data.modality_files.items()),
+                         id_column=record_id_column(cfg), time_col=cfg.data.time_col or "time",
+                         event_col=cfg.data.event_col or "event", categorical=cfg.data.categorical_cols,
+                         drop_cols=cfg.data.drop_cols)
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        status = Path(path).stat()
+    except OSError:
+        return (0, -1)  # the reader names the missing file
+    return (status.st_mtime_ns, status.st_size)
 
 
 def load_table(cfg: ExperimentConfig) -> VerticalTable:
@@ -57,16 +81,20 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
 
     In simulation the label holder reads the labels from it, and each simulated site its modality.
     The synthetic data set is drawn with seed 0 (it is a data set, not part of the run's randomness).
-    In a deployment (``data.name = "site_files"``) it is the label holder's file ``data.labels_path``
-    (columns ``data.id_col``, ``data.time_col`` and ``data.event_col``; "" = ``id``, ``time``,
-    ``event``), without modalities: the sites hold them.
+    ``data.name = "vertical_files"`` reads the user's labels file and modality files
+    (:func:`models.data.vertical.load_vertical_files`, with the readers of a deployment); a file
+    changed since it was read is read again. In a deployment (``data.name = "site_files"``) it is
+    the label holder's file ``data.labels_path`` (columns ``data.id_col``, ``data.time_col`` and
+    ``data.event_col``; "" = ``id``, ``time``, ``event``), without modalities: the sites hold them.
 
     Raises
     ------
     ConfigError
         For ``data.split_col`` (a split run splits the label holder's IDs at random,
-        ``data.test_fraction``), and for ``data.id_col`` or ``data.drop_cols`` in a simulation (its
-        data sets have no files to name columns of).
+        ``data.test_fraction``), and for ``data.id_col`` or ``data.drop_cols`` with a built-in data set
+        (it has no files to name columns of).
+    models.data.DataValidationError
+        For a file that cannot be used, naming the file, the column and the rows.
     """
     if cfg.data.split_col:
         raise ConfigError("run config: data.split_col is for horizontal runs; split learning splits the label "
@@ -74,10 +102,13 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
     if cfg.data.deployed:
         return read_labels_file(cfg.data.labels_path, id_column=record_id_column(cfg),
                                 time_col=cfg.data.time_col or "time", event_col=cfg.data.event_col or "event")
-    if cfg.data.id_col or cfg.data.drop_cols:
-        raise ConfigError(f"run config: data.id_col and data.drop_cols name columns of a vertical deployment's files "
-                          f"(data.name = site_files); the simulated data set {cfg.data.name!r} has none")
-    return _table(cfg.data.name, str(resolve_data_dir(cfg.data.dir)), cfg.data.synthetic_records, cfg.split.modalities)
+    files = vertical_files(cfg)
+    if files is None and (cfg.data.id_col or cfg.data.drop_cols):
+        raise ConfigError(f"run config: data.id_col and data.drop_cols name columns of vertical files (data.name = "
+                          f"{VERTICAL_FILES} or site_files); the built-in data set {cfg.data.name!r} has none")
+    stamps = tuple(_stamp(path) for path in (files.labels, *dict(files.modalities).values())) if files else ()
+    return _table(cfg.data.name, str(resolve_data_dir(cfg.data.dir)), cfg.data.synthetic_records, cfg.split.modalities,
+                  files, stamps)
 
 
 def record_id_column(cfg: ExperimentConfig) -> str:
@@ -165,7 +196,7 @@ def simulated_site(cfg: ExperimentConfig, partition_id: int) -> SiteData:
     return SiteData(modality=modality, features=table.modalities[modality],
                     categorical=table.categorical.get(modality, ()),
                     noise_base_seed=simulation_noise_seed(cfg),
-                    source=f"{cfg.data.name} modality {modality!r}")
+                    source=table.sources.get(modality, f"{cfg.data.name} modality {modality!r}"))
 
 
 def simulation_noise_seed(cfg: ExperimentConfig) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from models.baselines import METRICS, MODELS, UNIMODAL_MODELS, BaselineSettings, fit_evaluate
-from models.data.vertical import VERTICAL_DATASETS, VerticalTable, load_vertical, split_train_test
+from models.data.vertical import BUILT_IN_VERTICAL, VerticalTable, load_vertical, split_train_test
 from simulations.results_file import append_runs
 
 #: The paper's Table 1 (TCGA, one 80:10:10 split, no spread): C-index per model and modalities.
@@ -233,7 +233,7 @@ def _settings_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, choices=VERTICAL_DATASETS)
+    parser.add_argument("--data", required=True, choices=BUILT_IN_VERTICAL)
     parser.add_argument("--data-dir", default="",
                         help="folder of metabric.csv (default: $FEDSURV_DATA_DIR, else the bundled copy)")
     parser.add_argument("--seeds", default="0,1,2,3,4")

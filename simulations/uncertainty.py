@@ -47,7 +47,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from models.data.vertical import (
-    VERTICAL_DATASETS,
+    BUILT_IN_VERTICAL,
     ModalityTransform,
     VerticalTable,
     load_vertical,
@@ -349,7 +349,7 @@ def run(settings: Settings, seeds: Sequence[int], out: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", choices=VERTICAL_DATASETS, default="synthetic_multimodal")
+    parser.add_argument("--data", choices=BUILT_IN_VERTICAL, default="synthetic_multimodal")
     parser.add_argument("--data-dir", default="",
                         help="folder of metabric.csv (default: $FEDSURV_DATA_DIR, else the bundled copy)")
     parser.add_argument("--out", type=Path, required=True, help="results go to OUT/<data>/")

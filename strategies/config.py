@@ -34,6 +34,9 @@ from typing import Any
 #: ``data.name`` of a deployment: every site reads its own file (node config ``data-path``); in a
 #: vertical run the label holder reads ``data.labels_path``.
 DEPLOYED_DATA = "site_files"
+#: ``data.name`` of a user's own vertical data in simulation: a labels file (``data.labels_path``) and one file per
+#: modality (``data.modality_paths``), as a vertical deployment's parties hold them.
+VERTICAL_FILES = "vertical_files"
 #: How every output labels a centralised baseline: it trains again on the federation's records, pooled at one place.
 CENTRALIZED_LABEL = "not private, simulation reference"
 #: The value of a key whose default is the chosen group option's (or the model kind's).
@@ -121,6 +124,9 @@ DATA_SETS: Mapping[str, DataSet] = {
                              horizontal=False, vertical=True),
     "synthetic_multimodal": DataSet("three simulated modalities (a, b, c) whose hazard needs all three",
                                     horizontal=False, vertical=True),
+    VERTICAL_FILES: DataSet("your own vertical data: one CSV or Parquet file per modality (data.modality_paths) and "
+                            "a labels file (data.labels_path), joined on data.id_col; one simulated site per modality",
+                            horizontal=False, vertical=True),
     DEPLOYED_DATA: DataSet("a deployment: every site reads its own file (node config data-path)", vertical=True),
 }
 #: ``model.name`` options (the networks of :mod:`models.survival` and :mod:`models.multimodal`).
@@ -291,8 +297,16 @@ class DataConfig:
     oot_start: str = setting("", 'SBA: approvals on/after this date form the out-of-time set; "" = SBA\'s '
                                  "2005-01-01")
     synthetic_records: int = setting(3000, "synthetic_multimodal: number of records", bounds=POSITIVE)
-    labels_path: str = setting("", "vertical deployment (data.name = site_files, strategy split): the label holder's "
-                                   "CSV or Parquet file of id, time and event")
+    labels_path: str = setting("", "strategy split with data.name = vertical_files or site_files (a deployment): the "
+                                   "label holder's CSV or Parquet file of id, time and event (data.id_col, "
+                                   "data.time_col, data.event_col)")
+    modality_paths: tuple[str, ...] = setting(
+        "", "vertical_files: one CSV or Parquet file per modality, each holding the ID column and that modality's "
+            "features: modality=path (clinical=/abs/clin.csv), or a path whose file name names the modality "
+            "(/abs/clinical.csv)")
+    categorical_cols: tuple[str, ...] = setting("", "vertical_files: numeric columns to encode as categories, in "
+                                                    "whichever modality file holds them (a column holding text is "
+                                                    "categorical without it)")
     dictionary: str = setting("", "a public data dictionary (JSON or YAML: numeric ranges, category levels, a time "
                                   "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp takes "
                                   "as public, at no privacy cost")
@@ -301,6 +315,20 @@ class DataConfig:
     def deployed(self) -> bool:
         """True when the sites read their own files (``data.name = "site_files"``): a deployment."""
         return self.name == DEPLOYED_DATA
+
+    @property
+    def modality_files(self) -> dict[str, str]:
+        """``data.modality_paths`` as ``{modality: path}``, in their order (checked by :func:`parse_flat`)."""
+        return dict(modality_path(item) for item in self.modality_paths)
+
+
+def modality_path(item: str) -> tuple[str, str]:
+    """``"clinical=/abs/clin.csv"`` -> ``("clinical", "/abs/clin.csv")``; ``"/abs/clinical.csv"`` -> ``("clinical",
+    "/abs/clinical.csv")`` (the file name up to its first dot names the modality)."""
+    if "=" in item:
+        name, path = item.split("=", 1)
+        return name.strip(), path.strip()
+    return re.split(r"[/\\]", item)[-1].split(".")[0], item
 
 
 @dataclass(frozen=True)
@@ -654,6 +682,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     _check_pairing(cfg)
     _check_server_optimizer(cfg)
     _check_faults(cfg)
+    _check_vertical_files(cfg)
     if cfg.data.deployed:
         _check_deployment(cfg)
     return cfg
@@ -735,6 +764,39 @@ def _check_faults(cfg: ExperimentConfig) -> None:
     if debug.fail_site and debug.fail_message != "train":
         raise ConfigError(f"run config: a split run's sites answer training round trips only; "
                           f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
+
+
+def _check_vertical_files(cfg: ExperimentConfig) -> None:
+    """``vertical_files`` names a labels file and its modality files; the keys of those files belong to it (and
+    ``data.labels_path`` to a vertical deployment)."""
+    data = cfg.data
+    if data.name != VERTICAL_FILES:
+        stray = [key for key, value in (("data.modality_paths", data.modality_paths),
+                                        ("data.categorical_cols", data.categorical_cols),
+                                        ("data.labels_path", "" if data.deployed else data.labels_path)) if value]
+        if stray:
+            raise ConfigError(f"run config: {', '.join(repr(key) for key in stray)} name(s) the files of "
+                              f"data.name = {VERTICAL_FILES!r} (data.labels_path also those of a vertical deployment, "
+                              f"{DEPLOYED_DATA!r}); data.name = {data.name!r} has none")
+        return
+    if not data.labels_path or not data.modality_paths:
+        raise ConfigError(f"run config: data.name = {VERTICAL_FILES!r} needs 'data.labels_path' (the labels file of "
+                          "id, time and event) and 'data.modality_paths' (one file per modality, e.g. "
+                          "'clinical=/abs/clin.csv,genomic=/abs/gen.parquet')")
+    pairs = [modality_path(item) for item in data.modality_paths]
+    for item, (name, path) in zip(data.modality_paths, pairs, strict=True):
+        if not name or not path or not re.fullmatch(r"[\w.-]+", name):
+            raise ConfigError(f"run config: 'data.modality_paths' item {item!r} is not modality=path (a modality "
+                              "name of letters, digits, '_', '-' or '.', and a file)")
+    names = [name for name, _ in pairs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"run config: 'data.modality_paths' names modality {repeated} more than once: one file per "
+                          "modality (name them modality=path)")
+    unknown = [name for name in cfg.split.modalities if name not in names]
+    if unknown:
+        raise ConfigError(f"run config: 'split.modalities' names {unknown}, which 'data.modality_paths' does not "
+                          f"({', '.join(names)})")
 
 
 def _check_deployment(cfg: ExperimentConfig) -> None:

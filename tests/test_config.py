@@ -98,6 +98,9 @@ def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
     if group == "data" and option == "csv":
         hydra.append("data.path=/x.csv")
         flat["data.path"] = "/x.csv"
+    if group == "data" and option == "vertical_files":  # Hydra reads name=path items in a quoted string
+        hydra += ["data.labels_path=/l.csv", 'data.modality_paths="clinical=/c.csv,/d/genomic.parquet"']
+        flat.update({"data.labels_path": "/l.csv", "data.modality_paths": "clinical=/c.csv,/d/genomic.parquet"})
     if group == "strategy" and option not in ("fedavg", "split"):
         hydra.append("privacy=dp")
         flat["privacy.epsilon"] = 1.0

@@ -178,5 +178,5 @@ def test_read_modality_file_errors_name_file_and_column(tmp_path) -> None:
         read_modality_file(dup)
     with pytest.raises(ValueError, match=r"genes.csv: no ID column 'patient'"):
         read_modality_file(good, id_column="patient")
-    with pytest.raises(FileNotFoundError, match="missing.csv"):
+    with pytest.raises(DataValidationError, match="missing.csv: modality file not found"):
         read_modality_file(tmp_path / "missing.csv")

@@ -13,7 +13,10 @@ Data sets:
 * scikit-survival's ``load_breast_cancer``: 76 gene-expression columns | clinical (age, ER,
   grade, size);
 * :func:`simulate_multimodal`: three modalities whose true log-hazard is the sum of one score per
-  modality, so that no pair of modalities recovers the risk ordering of all three.
+  modality, so that no pair of modalities recovers the risk ordering of all three;
+* ``vertical_files``, a user's own files (:class:`VerticalFiles`, :func:`load_vertical_files`): one
+  CSV or Parquet file per modality and a labels file, joined on the ID column, read by the same
+  readers as a deployment's sites and label holder.
 
 :func:`load_vertical` picks one by name. :func:`split_train_test` is the label holder's
 train/test split of the record IDs (stratified by event); :class:`ModalityTransform` is a site's
@@ -39,28 +42,41 @@ import pandas as pd
 from models.data.datasets import read_frame
 from models.data.files import data_file
 from models.data.partition import stratified_split
-from models.data.validate import DataValidationError, identifier_problems, validate_survival_frame
+from models.data.validate import (
+    DataValidationError,
+    describe_rows,
+    identifier_problems,
+    validate_survival_frame,
+)
 
 __all__ = [
+    "BUILT_IN_VERTICAL",
     "METABRIC_CATEGORICAL",
     "METABRIC_MODALITIES",
     "VERTICAL_DATASETS",
+    "VERTICAL_FILES",
     "ModalityTransform",
     "VerticalAlignmentError",
+    "VerticalFiles",
     "VerticalTable",
     "align_modalities",
     "fit_modality_transform",
     "load_breast_cancer_vertical",
     "load_metabric_vertical",
     "load_vertical",
+    "load_vertical_files",
     "read_labels_file",
     "read_modality_file",
     "simulate_multimodal",
     "split_train_test",
 ]
 
+#: ``data.name`` of a user's own vertical files (:class:`VerticalFiles`).
+VERTICAL_FILES = "vertical_files"
+#: The vertical data sets that need no file of the user's (the reproductions run on them).
+BUILT_IN_VERTICAL = ("metabric", "breast_cancer", "synthetic_multimodal")
 #: Vertical data sets by ``data.name``.
-VERTICAL_DATASETS = ("metabric", "breast_cancer", "synthetic_multimodal")
+VERTICAL_DATASETS = (*BUILT_IN_VERTICAL, VERTICAL_FILES)
 
 #: METABRIC's modalities (DeepSurv's preparation: MKI67, EGFR, PGR, ERBB2 | hormone treatment,
 #: radiotherapy, chemotherapy, ER-positive, age).
@@ -91,6 +107,8 @@ class VerticalTable:
         Features of each modality, indexed by record ID (every ID of ``ids`` present).
     categorical : dict of str to tuple of str
         The categorical columns of each modality (absent: none); the others are continuous.
+    sources : dict of str to str
+        The file each modality was read from (absent: a built-in data set), for error messages.
     """
 
     name: str
@@ -99,6 +117,7 @@ class VerticalTable:
     event: np.ndarray
     modalities: dict[str, pd.DataFrame]
     categorical: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.ids.shape[0]
@@ -124,7 +143,7 @@ class VerticalTable:
         return VerticalTable(
             name=self.name, ids=self.ids[position], time=self.time[position], event=self.event[position],
             modalities={name: frame.iloc[position] for name, frame in self.modalities.items()},
-            categorical=self.categorical,
+            categorical=self.categorical, sources=self.sources,
         )
 
     def select(self, modalities: Sequence[str]) -> VerticalTable:
@@ -136,10 +155,12 @@ class VerticalTable:
             name=self.name, ids=self.ids, time=self.time, event=self.event,
             modalities={name: self.modalities[name] for name in modalities},
             categorical={name: cols for name, cols in self.categorical.items() if name in modalities},
+            sources={name: source for name, source in self.sources.items() if name in modalities},
         )
 
 
-def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[str]]) -> np.ndarray:
+def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[str]], *,
+                     party: str = "site") -> np.ndarray:
     """Check the sites' record IDs against the label holder's; return which records each site has.
 
     Parameters
@@ -148,6 +169,9 @@ def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[s
         The server's record IDs (unique), in training order.
     site_ids : mapping of site (modality) name to sequence of str
         The IDs each site holds.
+    party : str
+        What the errors call a holder of ``site_ids`` (a site; a modality file in
+        :func:`load_vertical_files`).
 
     Returns
     -------
@@ -169,19 +193,19 @@ def align_modalities(label_ids: Sequence[str], site_ids: Mapping[str, Sequence[s
     for column, (site, ids) in enumerate(site_ids.items()):
         held = pd.Index([str(value) for value in ids])
         if held.has_duplicates:
-            raise VerticalAlignmentError(f"site {site!r}: duplicate record IDs {_examples(held[held.duplicated()])}")
+            raise VerticalAlignmentError(f"{party} {site!r}: duplicate record IDs {_examples(held[held.duplicated()])}")
         unknown = held.difference(labels)
         if len(unknown):
             raise VerticalAlignmentError(
-                f"site {site!r}: {len(unknown)} record IDs are not in the label holder's cohort, e.g. "
-                f"{_examples(unknown)} (the IDs must be the same pseudonyms at every site)"
+                f"{party} {site!r}: {len(unknown)} record IDs are not in the label holder's cohort, e.g. "
+                f"{_examples(unknown)} (the IDs must be the same pseudonyms at every {party})"
             )
         present[:, column] = labels.isin(held)
         if not present[:, column].any():
-            raise VerticalAlignmentError(f"site {site!r} holds none of the label holder's {len(labels)} records")
+            raise VerticalAlignmentError(f"{party} {site!r} holds none of the label holder's {len(labels)} records")
     orphans = labels[~present.any(axis=1)]
     if len(orphans):
-        raise VerticalAlignmentError(f"{len(orphans)} labelled records are held by no site, e.g. {_examples(orphans)}")
+        raise VerticalAlignmentError(f"{len(orphans)} labelled records are held by no {party}, e.g. {_examples(orphans)}")
     return present
 
 
@@ -313,12 +337,14 @@ def _censoring_rate(signal: float, target: float, rng: np.random.Generator, pilo
     return float(np.sqrt(low * high))
 
 
-def load_vertical(name: str, *, data_dir: str | Path = "", seed: int = 0, n: int = 3000) -> VerticalTable:
-    """A vertical data set by name: ``metabric``, ``breast_cancer`` or ``synthetic_multimodal``.
+def load_vertical(name: str, *, data_dir: str | Path = "", seed: int = 0, n: int = 3000,
+                  files: VerticalFiles | None = None) -> VerticalTable:
+    """A vertical data set by name: ``metabric``, ``breast_cancer``, ``synthetic_multimodal`` or ``vertical_files``.
 
     ``data_dir`` is the folder of ``metabric.csv`` ("" = ``$FEDSURV_DATA_DIR``, else the bundled
     copy); ``seed`` and ``n`` apply to the generator only (its draw is part of the data set, so it
-    uses ``seed`` 0 unless told otherwise).
+    uses ``seed`` 0 unless told otherwise); ``files`` describes the user's files of
+    ``vertical_files`` (:func:`load_vertical_files`).
     """
     if name == "metabric":
         return load_metabric_vertical(data_dir)
@@ -326,6 +352,10 @@ def load_vertical(name: str, *, data_dir: str | Path = "", seed: int = 0, n: int
         return load_breast_cancer_vertical()
     if name == "synthetic_multimodal":
         return simulate_multimodal(n, seed=seed)
+    if name == VERTICAL_FILES:
+        if files is None:
+            raise ValueError(f"{VERTICAL_FILES} needs its files: a labels file and one file per modality")
+        return load_vertical_files(files)
     raise ValueError(f"unknown vertical data set {name!r}; options: {', '.join(VERTICAL_DATASETS)}")
 
 
@@ -403,14 +433,15 @@ class ModalityTransform:
 def _numeric(frame: pd.DataFrame, columns: Sequence[str], source: str) -> np.ndarray:
     missing = [column for column in columns if column not in frame.columns]
     if missing:
-        raise ValueError(f"{source}: missing columns {missing}; columns present: {list(frame.columns)[:10]}")
+        raise DataValidationError(f"{source}: missing columns {missing}; columns present: {list(frame.columns)[:10]}")
     out = np.empty((len(frame), len(columns)), dtype=np.float64)
     for j, column in enumerate(columns):
         converted = pd.to_numeric(frame[column], errors="coerce")
         bad = converted.isna() & frame[column].notna()
         if bad.any():
             rows = list(frame.index[bad.to_numpy()][:5])
-            raise ValueError(f"{source}: column {column!r}: {int(bad.sum())} non-numeric values (records {rows})")
+            raise DataValidationError(f"{source}: column {column!r}: {int(bad.sum())} non-numeric values "
+                                      f"(records {rows})")
         out[:, j] = converted.to_numpy(dtype=np.float64)
     return out
 
@@ -465,14 +496,16 @@ def fit_modality_transform(
 def _record_ids(frame: pd.DataFrame, path: Path, id_column: str) -> pd.Index:
     """The ID column of a site's or the label holder's file as strings; errors name the file and the column."""
     if id_column not in frame.columns:
-        raise ValueError(f"{path}: no ID column {id_column!r}; columns present: {list(frame.columns)[:10]}")
+        raise DataValidationError(f"{path}: no ID column {id_column!r} (data.id_col); columns present: "
+                                  f"{list(frame.columns)[:10]}")
     ids = frame[id_column]
     if ids.isna().any():
-        raise ValueError(f"{path}: column {id_column!r}: {int(ids.isna().sum())} empty IDs "
-                         f"(rows {list(np.flatnonzero(ids.isna().to_numpy())[:5])})")
+        raise DataValidationError(f"{path}: column {id_column!r}: {int(ids.isna().sum())} empty IDs "
+                                  f"({describe_rows(np.flatnonzero(ids.isna().to_numpy()))})")
     ids = ids.astype(str)
     if ids.duplicated().any():
-        raise ValueError(f"{path}: column {id_column!r}: duplicate IDs {_examples(pd.Index(ids[ids.duplicated()]))}")
+        raise DataValidationError(f"{path}: column {id_column!r}: duplicate IDs "
+                                  f"{_examples(pd.Index(ids[ids.duplicated()]))}")
     return pd.Index(ids, name=id_column)
 
 
@@ -480,23 +513,28 @@ def read_modality_file(path: str | Path, *, id_column: str = "id", drop_cols: Se
     """A site's modality file (CSV or Parquet): one row per record, an ID column (``data.id_col``) and feature columns.
 
     Returns the features (every column but the ID and ``drop_cols``) indexed by the IDs (as
-    strings). Errors name the file, the column and the problem: file missing, no ID column,
-    duplicate or empty IDs, a duplicated column name, a ``drop_cols`` column the file lacks, a
-    feature that looks like another record identifier
+    strings). Errors (:class:`~models.data.validate.DataValidationError`) name the file, the column
+    and the problem: file missing, no ID column, duplicate or empty IDs, a duplicated column name, a
+    ``drop_cols`` column the file lacks, a feature that looks like another record identifier
     (:func:`~models.data.validate.identifier_problems`), no feature column.
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: modality file not found")
+        raise DataValidationError(f"{path}: modality file not found")
     frame = read_frame(path)
-    ids = _record_ids(frame, path, id_column)
     absent = [column for column in drop_cols if column not in frame.columns]
     if absent:
         raise DataValidationError(f"{path}: data.drop_cols names {absent}, which the file does not have; "
                                   f"columns present: {', '.join(map(str, frame.columns))}")
+    return _modality_features(frame, path, id_column, drop_cols)
+
+
+def _modality_features(frame: pd.DataFrame, path: Path, id_column: str, drop_cols: Sequence[str]) -> pd.DataFrame:
+    """The features of a modality file's ``frame`` indexed by its IDs (the checks of :func:`read_modality_file`)."""
+    ids = _record_ids(frame, path, id_column)
     features = frame.drop(columns=[id_column, *drop_cols]).set_axis(ids, axis=0)
     if features.shape[1] == 0:
-        raise ValueError(f"{path}: no feature columns besides {id_column!r}")
+        raise DataValidationError(f"{path}: no feature columns besides {id_column!r}")
     problems = identifier_problems(features.reset_index(drop=True), source=str(path))
     if problems:
         raise DataValidationError("\n".join(problems))
@@ -520,3 +558,85 @@ def read_labels_file(
                                           feature_cols=())
     return VerticalTable(name=path.stem, ids=ids.to_numpy(dtype=str), time=time, event=event.astype(np.int64),
                          modalities={})
+
+
+@dataclass(frozen=True)
+class VerticalFiles:
+    """A user's own vertical data (``data.name = "vertical_files"``): what a deployment's parties hold, in one place.
+
+    Attributes
+    ----------
+    labels : str
+        The label holder's CSV or Parquet file: record IDs, times, events (``data.labels_path``).
+    modalities : tuple of (str, str)
+        ``(modality, file)`` pairs, one CSV or Parquet file per modality (``data.modality_paths``),
+        each with the ID column and that modality's features; the run simulates one site per file.
+    id_column, time_col, event_col : str
+        The join key of every file, and the labels file's time and event columns.
+    categorical : tuple of str
+        Numeric columns to encode as categories, in whichever modality file holds them (a column
+        holding text always is one); what a deployed site's node config ``categorical`` says.
+    drop_cols : tuple of str
+        Columns never used, in whichever modality file holds them.
+    """
+
+    labels: str
+    modalities: tuple[tuple[str, str], ...]
+    id_column: str = "id"
+    time_col: str = "time"
+    event_col: str = "event"
+    categorical: tuple[str, ...] = ()
+    drop_cols: tuple[str, ...] = ()
+
+
+def load_vertical_files(files: VerticalFiles) -> VerticalTable:
+    """The :class:`VerticalTable` of a user's files, read as a deployment's label holder and sites read theirs.
+
+    The labels come from :func:`read_labels_file` and each modality from the checks of
+    :func:`read_modality_file`; the files are joined on ``files.id_column``
+    (:func:`align_modalities`): a record a modality file lacks is a missing modality (all
+    values missing, masked in the fusion), an ID a modality file holds that the labels file lacks
+    is an error. Every error is a :class:`~models.data.validate.DataValidationError` of one line
+    naming the file (or key), the column and the rows or records: besides those of the readers, a
+    ``categorical`` or ``drop_cols`` column that no modality file has, a ``categorical`` column
+    holding text (as a site refuses it), and a modality file holding the labels' time or event
+    column.
+    """
+    labels = read_labels_file(files.labels, id_column=files.id_column, time_col=files.time_col,
+                              event_col=files.event_col)
+    frames = {name: read_frame(path) for name, path in files.modalities}
+    paths = dict(files.modalities)
+    columns = {column for frame in frames.values() for column in frame.columns}
+    for key, named in (("data.drop_cols", files.drop_cols), ("data.categorical_cols", files.categorical)):
+        absent = [column for column in named if column not in columns or column == files.id_column]
+        if absent:
+            raise DataValidationError(f"{key} names {absent}, which no modality file has as a feature "
+                                      f"({', '.join(paths.values())})")
+    features = {name: _modality_features(frame, Path(paths[name]), files.id_column,
+                                         [column for column in files.drop_cols if column in frame.columns])
+                for name, frame in frames.items()}
+    categorical = {name: tuple(column for column in files.categorical if column in frame.columns)
+                   for name, frame in features.items()}
+    labels_columns = (files.time_col, files.event_col)
+    for name, frame in features.items():
+        leaked = [column for column in labels_columns if column in frame.columns]
+        if leaked:
+            raise DataValidationError(f"{paths[name]}: columns {leaked} are the labels' time and event columns "
+                                      "(data.time_col, data.event_col): a modality file holds features only "
+                                      "(data.drop_cols leaves a column out)")
+        try:  # a named categorical holding text is refused, as a site refuses it
+            _numeric(frame, categorical[name], paths[name])
+        except DataValidationError as err:
+            raise DataValidationError(f"{err}: data.categorical_cols lists numeric codes (a column holding "
+                                      "text is categorical without it)") from None
+    try:
+        align_modalities(labels.ids, {paths[name]: frame.index for name, frame in features.items()},
+                         party="modality file")
+    except VerticalAlignmentError as err:
+        raise DataValidationError(f"{err} (labels: {files.labels}, data.id_col {files.id_column!r})") from None
+    return VerticalTable(
+        name=VERTICAL_FILES, ids=labels.ids, time=labels.time, event=labels.event,
+        modalities={name: frame.reindex(pd.Index(labels.ids)) for name, frame in features.items()},
+        categorical={name: columns for name, columns in categorical.items() if columns},
+        sources=paths,
+    )
