@@ -38,13 +38,15 @@ from models.data.vertical import load_vertical, split_train_test
 from models.multimodal_training import discretised_labels
 from models.release_head import fit_release_head, predict_release_head
 from models.time_grid import make_time_grid
-from strategies.private_split import (
+from strategies.accounting.private_split import (
     PrivateSplitPlan,
+    plan_noise,
+    record_epsilon,
+)
+from strategies.private_split import (
     PrivateSplitSites,
     concatenate,
     martingale_residuals,
-    plan_noise,
-    record_epsilon,
 )
 
 SETTINGS = {"synthetic 2": ("synthetic_multimodal", ("a", "b")), "synthetic 3": ("synthetic_multimodal", ("a", "b", "c")),

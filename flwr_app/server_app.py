@@ -38,6 +38,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from flwr_app import deployment, interrupt, runlog, task, vertical_task
 from flwr_app.config import ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs, load_checkpoint
+from flwr_app.private_split_server import run_private_split
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
 from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
@@ -45,6 +46,7 @@ from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, site_metrics, weighted_nanmean
 from strategies.mechanisms.base import HorizontalMechanism
+from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
 from strategies.server_optimizers import make_server_optimizer
 
@@ -197,11 +199,12 @@ def main(grid: Grid, context: Context) -> None:
     if not cfg.resume_from:  # a resumed run keeps the config.json of the run it continues (checked equal)
         outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
-    if get_mechanism(cfg.strategy).vertical:
+    mechanism = get_mechanism(cfg.strategy)
+    if mechanism.vertical:
         table = vertical_task.load_table(cfg)
         wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)))
-        run_vertical(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table,
-                     started=started)
+        run = run_private_split if isinstance(mechanism, PrivateSplitDP) else run_vertical
+        run(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table, started=started)
         return
     run_horizontal(cfg, grid, outputs, started=started)
 

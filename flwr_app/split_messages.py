@@ -7,21 +7,34 @@ Message types (``<category>.<action>``, routed by the ClientApp):
 ``train.split_step``     one round trip: gradient of batch ``t−1`` and IDs of batch ``t`` -> embeddings of ``t``
 ``query.split_predict``  prediction passes for a list of IDs -> embeddings (passes, b, dim)
 
+Strategy ``private_split`` (:mod:`strategies.private_split`) answers the same hello, then:
+
+``train.private_split_setup``    the public plan, the training IDs and (``score``) their residuals;
+                                 the site runs its private set-up and fits its encoder -> its width
+``query.private_split_release``  a list of IDs -> each record's one release (b, dim), from the cache
+                                 when it was released before
+
 Arrays travel in an ``ArrayRecord`` (numpy, lossless), IDs and steps in a ``ConfigRecord``, the
 site's privacy report in a ``MetricRecord``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from strategies.accounting.private_split import PrivateSplitPlan
 from strategies.split import PredictRequest, SiteConfig, SiteReply, SiteRequest
 
 HELLO = "query.split_hello"
 SETUP = "train.split_setup"
 STEP = "train.split_step"
 PREDICT = "query.split_predict"
+PRIVATE_SETUP = "train.private_split_setup"
+PRIVATE_RELEASE = "query.private_split_release"
 
 _REQUEST, _ARRAYS, _PRIVACY, _SITE = "split.request", "split.arrays", "split.privacy", "split.site"
 
@@ -92,3 +105,61 @@ def decode_reply(content: RecordDict) -> tuple[str, SiteReply]:
     privacy = {key: float(value) for key, value in content.metric_records[_PRIVACY].items()}
     reply = SiteReply(arrays["embeddings"].numpy(), arrays["present"].numpy(), privacy)
     return str(content.config_records[_SITE]["modality"]), reply
+
+
+# --------------------------------------------------------------------------- private_split
+
+_PRIVATE = "private_split"
+
+
+def encode_private_setup(plan: PrivateSplitPlan, modality: str, train_ids: list[str],
+                         residuals: np.ndarray | None) -> RecordDict:
+    content = RecordDict({f"{_PRIVATE}.request": ConfigRecord({
+        "plan": json.dumps(dataclasses.asdict(plan)), "modality": modality, "train_ids": train_ids})})
+    if residuals is not None:
+        content[f"{_PRIVATE}.arrays"] = ArrayRecord({"residuals": Array(np.ascontiguousarray(residuals,
+                                                                                              dtype=np.float64))})
+    return content
+
+
+def decode_private_setup(content: RecordDict) -> tuple[PrivateSplitPlan, str, list[str], np.ndarray | None]:
+    request = content.config_records[f"{_PRIVATE}.request"]
+    plan = PrivateSplitPlan(**json.loads(str(request["plan"])))
+    arrays = content.array_records.get(f"{_PRIVATE}.arrays")
+    residuals = arrays["residuals"].numpy() if arrays is not None else None
+    return plan, str(request["modality"]), [str(i) for i in request["train_ids"]], residuals
+
+
+def encode_private_setup_reply(modality: str, dim: int) -> RecordDict:
+    return RecordDict({f"{_PRIVATE}.site": ConfigRecord({"modality": modality, "dim": int(dim)})})
+
+
+def decode_private_setup_reply(content: RecordDict) -> tuple[str, int]:
+    site = content.config_records[f"{_PRIVATE}.site"]
+    return str(site["modality"]), int(site["dim"])
+
+
+def encode_private_release(ids: list[str]) -> RecordDict:
+    return RecordDict({f"{_PRIVATE}.request": ConfigRecord({"ids": ids})})
+
+
+def decode_private_release(content: RecordDict) -> list[str]:
+    return [str(i) for i in content.config_records[f"{_PRIVATE}.request"]["ids"]]
+
+
+def encode_private_release_reply(modality: str, embeddings: np.ndarray, present: np.ndarray,
+                                 privacy: dict[str, float]) -> RecordDict:
+    return RecordDict({
+        f"{_PRIVATE}.arrays": ArrayRecord({
+            "embeddings": Array(np.ascontiguousarray(embeddings, dtype=np.float64)),
+            "present": Array(np.ascontiguousarray(present, dtype=bool))}),
+        f"{_PRIVATE}.privacy": MetricRecord({key: float(value) for key, value in privacy.items()}),
+        f"{_PRIVATE}.site": ConfigRecord({"modality": modality}),
+    })
+
+
+def decode_private_release_reply(content: RecordDict) -> tuple[str, np.ndarray, np.ndarray, dict[str, float]]:
+    arrays = content.array_records[f"{_PRIVATE}.arrays"]
+    privacy = {key: float(value) for key, value in content.metric_records[f"{_PRIVATE}.privacy"].items()}
+    return (str(content.config_records[f"{_PRIVATE}.site"]["modality"]), arrays["embeddings"].numpy(),
+            arrays["present"].numpy(), privacy)

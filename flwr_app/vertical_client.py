@@ -8,6 +8,9 @@ process), and its computations are :class:`strategies.split.SplitSite`'s.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flwr_app import split_messages as wire
@@ -15,10 +18,14 @@ from flwr_app import vertical_task
 from flwr_app.config import parse_run_config
 from flwr_app.faults import inject_failure
 from models.multimodal_training import epoch_batches
+from strategies.accounting.private_split import PrivateSplitPlan, plan_noise
+from strategies.private_split import PrivateSplitSite, site_rng
 from strategies.split import SiteConfig, SiteReply, SplitSite
 
 CONFIG_STATE = "split.config"
 SITE_STATE = "split.site"
+PRIVATE_CONFIG_STATE = "private_split.config"
+PRIVATE_SITE_STATE = "private_split.site"
 
 
 def _site_data(context: Context) -> vertical_task.SiteData:
@@ -87,3 +94,59 @@ def predict(message: Message, context: Context) -> Message:
     return Message(content=wire.encode_reply(site.config.modality, SiteReply(embeddings, present,
                                                                              site.privacy_report())),
                    reply_to=message)
+
+
+# --------------------------------------------------------------------------- private_split
+
+
+def _private_site(plan: PrivateSplitPlan, modality: str, context: Context) -> tuple[PrivateSplitSite, int]:
+    """The site of ``plan`` over this node's modality, and its noise seed. The noise is recomputed here from
+    the public plan: a site never takes the label holder's word for its own noise."""
+    data = _site_data(context)
+    if modality != data.modality:
+        raise ValueError(f"the label holder configured modality {modality!r} but this site holds "
+                         f"{data.modality!r} ({data.source})")
+    site = PrivateSplitSite(plan, plan_noise(plan), data.features, data.categorical, modality=modality,
+                            source=data.source)
+    return site, data.noise_base_seed
+
+
+def _private_save(site: PrivateSplitSite, calls: int, context: Context) -> None:
+    text, arrays = site.state_dict()
+    context.state[PRIVATE_CONFIG_STATE] = ConfigRecord({
+        "plan": json.dumps(dataclasses.asdict(site.plan)), "modality": site.modality, "calls": calls, **text})
+    context.state[PRIVATE_SITE_STATE] = ArrayRecord({key: Array(value) for key, value in arrays.items()})
+
+
+def private_setup(message: Message, context: Context) -> Message:
+    """Private set-up and encoder fit from the label holder's plan (training IDs, and residuals for ``score``)."""
+    plan, modality, train_ids, residuals = wire.decode_private_setup(message.content)
+    if PRIVATE_CONFIG_STATE in context.state.config_records:
+        raise ValueError("this site has already fitted its encoder in this run (a second fit would spend the "
+                         "budget again)")
+    site, seed = _private_site(plan, modality, context)
+    if residuals is not None and len(residuals) != len(train_ids):
+        raise ValueError(f"{len(residuals)} residuals for {len(train_ids)} training records")
+    site.fit(train_ids, None if residuals is None else dict(zip(train_ids, residuals.tolist())),
+             site_rng(seed, modality, 0))
+    _private_save(site, 0, context)
+    return Message(content=wire.encode_private_setup_reply(modality, site.dim), reply_to=message)
+
+
+def private_release(message: Message, context: Context) -> Message:
+    """Each requested record's one release (from the cache when it left the site before)."""
+    if PRIVATE_CONFIG_STATE not in context.state.config_records:
+        raise ValueError("private_split release before set-up: this site has no encoder in its state")
+    state = context.state.config_records[PRIVATE_CONFIG_STATE]
+    plan = PrivateSplitPlan(**json.loads(str(state["plan"])))
+    site, seed = _private_site(plan, str(state["modality"]), context)
+    arrays = context.state.array_records[PRIVATE_SITE_STATE]
+    site.load_state_dict({key: str(state[key]) for key in ("preprocessor", "released_ids")},
+                         {key: arrays[key].numpy() for key in arrays})
+    inject_failure(parse_run_config(context.run_config), site=site.modality, server_round=1, message="train")
+    calls = int(state["calls"]) + 1
+    embeddings, present = site.release(wire.decode_private_release(message.content), site_rng(seed, site.modality,
+                                                                                              calls))
+    _private_save(site, calls, context)
+    return Message(content=wire.encode_private_release_reply(site.modality, embeddings, present,
+                                                             site.privacy_report()), reply_to=message)

@@ -36,6 +36,7 @@ from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
+from strategies.accounting.private_split import PrivateSplitPlan
 from strategies.replies import check_embeddings, error_message
 from strategies.split import (
     PredictRequest,
@@ -88,6 +89,7 @@ class FlowerSplitTransport:
         self.dim = 0
         self.configs: dict[str, SiteConfig] = {}
         self.requested: dict[str, collections.Counter[str]] = {}
+        self.widths: dict[str, int] = {}
 
     def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         messages = [Message(content=content, dst_node_id=node, message_type=message_type)
@@ -141,6 +143,49 @@ class FlowerSplitTransport:
         return {name: self._checked(name, content, wire.PREDICT, requests[name].ids, requests[name].passes,
                                     noisy=not requests[name].clean)
                 for name, content in replies.items()}
+
+    # ------------------------------------------------------------------ private_split
+
+    def private_setup(self, plan: PrivateSplitPlan, train_ids: list[str], residuals: np.ndarray | None,
+                      ) -> dict[str, int]:
+        """Send every site the plan (and the residuals); returns each site's embedding width."""
+        content = wire.encode_private_setup
+        replies = self._by_modality(wire.PRIVATE_SETUP, {name: content(plan, name, train_ids, residuals)
+                                                         for name in self.nodes})
+        widths = {}
+        for name, reply in replies.items():
+            try:
+                modality, width = wire.decode_private_setup_reply(reply)
+            except (KeyError, TypeError, ValueError) as err:
+                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent an unreadable set-up reply: "
+                                     f"{err}") from None
+            if modality != name or width < 1:
+                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused set-up reply: "
+                                     f"modality {modality!r}, width {width}")
+            widths[name] = width
+        self.widths = widths
+        return widths
+
+    def private_release(self, ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every site's one release of ``ids``, checked: shape, finite values, a release count of 1."""
+        replies = self._by_modality(wire.PRIVATE_RELEASE, {name: wire.encode_private_release(ids)
+                                                           for name in self.nodes})
+        released = {}
+        for name, reply in replies.items():
+            try:
+                modality, embeddings, present, privacy = wire.decode_private_release_reply(reply)
+            except (KeyError, TypeError, ValueError) as err:
+                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent an unreadable release reply: "
+                                     f"{err}") from None
+            reason = (f"the reply claims modality {modality!r}" if modality != name else
+                      check_embeddings(embeddings, present, rows=len(ids), dim=self.widths[name], passes=None))
+            if not reason and privacy.get("releases_max") != (1.0 if present.any() else 0.0):
+                reason = (f"the privacy report counts {privacy.get('releases_max')!r} releases of a record; each "
+                          "record leaves a site once")
+            if reason:
+                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused release reply: {reason}")
+            released[name] = (embeddings, present)
+        return released
 
     def _checked(self, name: str, content: RecordDict, message_type: str, ids: list[str], passes: int | None, *,
                  noisy: bool = True) -> SiteReply:

@@ -13,6 +13,9 @@ Usage::
     python -m simulations.bvflmsp --out DIR --settings metabric:genomic,clinical synthetic_multimodal:a,b,c \\
         --epsilons inf,0.5,1,1.5,10 --calibrations rdp,paper --seeds 0,1,2,3,4 [--jobs 2] key=value ...
 
+``--calibrations private_split`` runs strategy ``private_split`` instead (each record released
+once, :mod:`strategies.private_split`), ε = inf included: the same protocol without noise.
+
 ``key=value`` are run-config overrides shared by every run (e.g. ``federation.rounds=40``).
 """
 
@@ -40,6 +43,8 @@ PAPER_TABLE2: dict[str, dict[float, tuple[float, float]]] = {
                                 1.5: (0.604, 0.741), 10.0: (0.662, 0.744)},
 }
 AUXILIARY_FRACTION = 0.3
+#: The "calibration" of a row run with strategy private_split (each record released once; its own accountant).
+PRIVATE = "private_split"
 METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 FIELDS = ("setting", "modalities", "epsilon_target", "calibration", "seed",
           *(f"federated_{m}" for m in METRICS), *(f"centralised_{m}" for m in METRICS),
@@ -61,15 +66,21 @@ class ReleasedEmbeddings:
     def __call__(self, message: Any, reply: Any) -> None:
         from flwr_app import split_messages as wire
 
-        if message.metadata.message_type != wire.STEP or reply.has_error():
+        kind = message.metadata.message_type
+        if kind not in (wire.STEP, wire.PRIVATE_RELEASE) or reply.has_error():
             return
-        ids = wire.decode_request(message.content).forward_ids
-        if not ids:
-            return
-        modality, site_reply = wire.decode_reply(reply.content)
+        if kind == wire.PRIVATE_RELEASE:  # private_split: each record's one release
+            ids = wire.decode_private_release(message.content)
+            modality, embeddings, present, _ = wire.decode_private_release_reply(reply.content)
+        else:
+            ids = wire.decode_request(message.content).forward_ids
+            if not ids:
+                return
+            modality, site_reply = wire.decode_reply(reply.content)
+            embeddings, present = site_reply.embeddings, site_reply.present
         kept = self.released.setdefault(modality, {})
         for row, record in enumerate(ids):
-            kept[record] = (site_reply.embeddings[row], bool(site_reply.present[row]))
+            kept[record] = (embeddings[row], bool(present[row]))
 
     def rows(self, modality: str, ids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Embeddings (len(ids), dim) and presence mask of ``modality`` for records ``ids``."""
@@ -119,10 +130,12 @@ def _run(job: tuple[str, tuple[str, ...], float, str, int, bool, dict[str, Any]]
     setting, modalities, epsilon, calibration, seed, twin, shared = job
     warnings.simplefilter("ignore", RuntimeWarning)
     started = time.perf_counter()
+    protocol = {"strategy.name": PRIVATE} if calibration == PRIVATE else {"strategy.name": "split",
+                                                                         "split.calibration": calibration}
     with TemporaryDirectory() as out:
-        overrides = {"strategy.name": "split", "model.name": "bayesian_multisurv", "model.num_durations": 30,
+        overrides = {"model.name": "bayesian_multisurv", "model.num_durations": 30, **protocol,
                      **shared, "data.name": setting, "split.modalities": ",".join(modalities), "seed": seed,
-                     "privacy.epsilon": "inf" if math.isinf(epsilon) else epsilon, "split.calibration": calibration,
+                     "privacy.epsilon": "inf" if math.isinf(epsilon) else epsilon,
                      "baseline.centralized": twin, "output.dir": out}
         _, cfg = resolve(overrides)
         received = ReleasedEmbeddings()
@@ -137,12 +150,12 @@ def _run(job: tuple[str, tuple[str, ...], float, str, int, bool, dict[str, Any]]
         **{f"centralised_{m}": _number(central["test"].get(m), math.nan) for m in METRICS},
         "federated_band_width": _number(summary["band_width"], math.nan),
         "centralised_band_width": _number(central["band_width"], math.nan),
-        "noise_multiplier": summary["noise_multiplier"],
+        "noise_multiplier": summary["noise"]["release_scale"] if calibration == PRIVATE else summary["noise_multiplier"],
         "epsilon_record": _number(summary["privacy"]["epsilon"], math.inf),
         "epsilon_site_max": max((_number(site["epsilon"], math.inf) for site in sites), default=math.inf),
         "epsilon_paper": max((_number(site["epsilon_paper"], math.inf) for site in sites), default=math.inf),
         "r2": ";".join(f"{key[3:]}={value:.4f}" for key, value in audit.items()),
-        "round_trips_per_batch": summary["round_trips_per_batch"],
+        "round_trips_per_batch": summary.get("round_trips_per_batch", math.nan),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -173,7 +186,8 @@ def run_grid(out: Path, settings: list[tuple[str, tuple[str, ...]]], epsilons: l
     for seed in seeds:
         for setting, modalities in settings:
             for epsilon in epsilons:
-                for calibration in (["rdp"] if math.isinf(epsilon) else calibrations):
+                for calibration in (["rdp"] if math.isinf(epsilon) and PRIVATE not in calibrations
+                                    else calibrations):
                     key = (setting, "+".join(modalities), epsilon, calibration, seed)
                     if key not in done:
                         todo.append((setting, modalities, epsilon, calibration, seed, seed in twin_seeds, shared))
@@ -192,7 +206,7 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
     """``table.md``: one table per calibration, rows (setting, ε), and ``figure.png``."""
     lines: list[str] = []
     settings = list(dict.fromkeys((row["setting"], row["modalities"]) for row in rows))
-    calibrations = [c for c in ("rdp", "paper") if any(row["calibration"] == c for row in rows)]
+    calibrations = [c for c in ("rdp", "paper", PRIVATE) if any(row["calibration"] == c for row in rows)]
     seeds = len({int(row["seed"]) for row in rows})
     for calibration in calibrations:
         lines += [f"### calibration `{calibration}` (mean ± std over {seeds} seeds; test split)", "",
@@ -202,10 +216,12 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for setting, modalities in settings:
             chosen = [row for row in rows if row["setting"] == setting and row["modalities"] == modalities]
-            no_dp = [row["federated_c_index"] for row in chosen if math.isinf(row["epsilon_target"])]
+            no_dp = [row["federated_c_index"] for row in chosen if math.isinf(row["epsilon_target"])
+                     and (row["calibration"] == PRIVATE) == (calibration == PRIVATE)]
             for epsilon in sorted({row["epsilon_target"] for row in chosen}, key=lambda e: (math.isinf(e), e)):
                 group = [row for row in chosen if row["epsilon_target"] == epsilon
-                         and (math.isinf(epsilon) or row["calibration"] == calibration)]
+                         and (row["calibration"] == calibration or (math.isinf(epsilon) and calibration != PRIVATE
+                                                                      and row["calibration"] != PRIVATE))]
                 if not group:
                     continue
                 differences = [abs(row["federated_c_index"] - row["centralised_c_index"]) for row in group

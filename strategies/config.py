@@ -101,9 +101,17 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
 DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr": 0.02, "privacy.clip_norm": 1.0}
 
 
+#: The recipe of private_split: the label holder's head trains for ``federation.rounds`` epochs on the cached releases
+#: (post-processing, no privacy cost); the release clip norm and ``split.fit_share`` were chosen on validation splits
+#: (``benchmarks/private_split.py select``).
+PRIVATE_SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 50, "train.lr": 0.01, "train.batch_size": 256,
+                                           "privacy.clip_norm": 0.5}
+
+
 def _recipe_auto(key: str) -> str:
     """The ``auto`` text of a training key: the recipes' values and the default's."""
-    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE))
+    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE),
+               ("private_split", PRIVATE_SPLIT_RECIPE))
     return "; ".join([f"{names}: {recipe[key]:g}" for names, recipe in recipes if key in recipe]
                      + [f"otherwise {TRAINING_DEFAULTS[key]:g}"])
 
@@ -163,6 +171,10 @@ STRATEGIES: Mapping[str, Strategy] = {
     "split": Strategy("vertical split learning (BVFLMSP): one site per modality, labels and fusion head at the "
                       "server; with a finite privacy.epsilon each site clips and noises its embeddings",
                       vertical=True, adjacency="replace-one"),
+    "private_split": Strategy("vertical learning with complete record-level DP: each site fits its preprocessing "
+                              "and encoder privately and releases each record's embedding once (clipped, noised); "
+                              "the label holder trains its head on the cached releases", vertical=True,
+                              adjacency="replace-one", recipe=PRIVATE_SPLIT_RECIPE),
 }
 #: What ``model.name = "auto"`` trains, by the strategy's kind.
 DEFAULT_MODEL: Mapping[str, str] = {"horizontal": "hazard_mlp", "vertical": "bayesian_multisurv"}
@@ -464,6 +476,17 @@ class SplitConfig:
                               bounds=POSITIVE)
     clean_inference: bool = setting(False, "true: prediction embeddings without noise (clipped only; those records "
                                            "get no guarantee)")
+    encoder: str = setting("score", "private_split: each site's encoder, fitted from one noisy statistic: score (1 "
+                                    "dimension, the Cox score direction from the label holder's residuals: discloses "
+                                    "the training labels to the sites), pca (split.embedding_dim components of a noisy "
+                                    "second-moment matrix; no labels) or features (the preprocessed features, no fit)",
+                           choices=("score", "pca", "features"))
+    release_noise: str = setting("laplace", "private_split: noise of the one release of each record's embedding: "
+                                            "laplace (L1 clip, pure DP) or gaussian (L2 clip, RDP)",
+                                 choices=("laplace", "gaussian"))
+    fit_share: float = setting(0.05, "private_split: share of privacy.epsilon spent on the encoder statistics (beyond "
+                                     "the private set-up); the releases get the rest",
+                               bounds=Bounds(0.0, 1.0))
 
 
 @dataclass(frozen=True)

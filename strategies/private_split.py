@@ -34,14 +34,10 @@ or learns nothing. This protocol spends the record's budget where it buys utilit
    releases for as many epochs as it likes, and draws prediction uncertainty from its own
    Bayesian layers on a held-out record's single release.
 
-Accounting (a record's features at every site together, replace-one)
--------------------------------------------------------------------
-Every Gaussian release (each site's set-up and encoder statistic, and with Gaussian release
-noise the embeddings) composes by RDP without amplification into ``ε_G`` at δ; each Laplace
-release is pure :math:`ε_k = 2C / b_k`. The record's ε is ``ε_G + Σ_k ε_k`` (basic composition
-of an (ε_G, δ) and pure mechanisms). :func:`plan_noise` calibrates: the Gaussian part before the
-release spends ``fit_share`` of ``privacy.epsilon``, the releases the rest, split equally over
-the sites.
+Accounting (a record's features at every site together, replace-one): every Gaussian mechanism
+(each site's set-up and encoder statistic, and with Gaussian release noise the embeddings)
+composes by RDP without amplification; each Laplace release adds its pure ε. The plan, the noise
+calibration and the record's ε are :mod:`strategies.accounting.private_split`.
 
 References
 ----------
@@ -57,192 +53,32 @@ import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from models.data.dictionary import DataDictionary
 from models.data.preprocess import Preprocessor
-from strategies.accounting.rdp import epsilon_from_history
+from strategies.accounting.private_split import (
+    FIT_SENSITIVITY,
+    RESIDUAL_CLIP,
+    NoisePlan,
+    PrivateSplitPlan,
+)
 from strategies.mechanisms.setup_statistics import SetupPlan, run_setup
 
 __all__ = [
-    "ENCODERS",
-    "RELEASE_NOISES",
-    "RESIDUAL_CLIP",
-    "NoisePlan",
-    "PrivateSplitPlan",
     "PrivateSplitSite",
     "PrivateSplitSites",
     "clip_rows",
     "concatenate",
     "martingale_residuals",
-    "plan_noise",
-    "record_epsilon",
     "site_rng",
 ]
-
-#: ``split.encoder`` options of ``private_split``.
-ENCODERS: tuple[str, ...] = ("score", "pca", "features")
-#: ``split.release_noise`` options.
-RELEASE_NOISES: tuple[str, ...] = ("laplace", "gaussian")
-#: Martingale residuals are clipped to ``[-RESIDUAL_CLIP, 1]`` (a residual is at most 1 by definition).
-RESIDUAL_CLIP = 2.0
-#: Noise multiplier of each site's set-up releases (all of them together one Gaussian mechanism, replace-one):
-#: the largest of 4, 6, 8, 10 at which every numeric column of the built-in vertical data sets (their first 1,500
-#: records at one site) stands out of the range histogram's noise; it costs about 0.95 of epsilon for two sites.
-SETUP_MULTIPLIER = 6.0
-#: Sensitivity (replace-one, in units of the statistic's clip) of each encoder's Gaussian release.
-FIT_SENSITIVITY: Mapping[str, float] = {"score": 2.0 * RESIDUAL_CLIP, "pca": math.sqrt(2.0), "features": 0.0}
-
 
 def _dictionary() -> DataDictionary:
     # A site has no labels: a public two-cut time grid makes the set-up release no time statistic.
     return DataDictionary(time_grid=(0.0, 1.0), time_max=1.0, source="private_split (no time statistics at a site)")
-
-
-@dataclass(frozen=True)
-class PrivateSplitPlan:
-    """The public configuration every party builds the same way.
-
-    Attributes
-    ----------
-    epsilon, delta : float
-        The record's budget over every site (``inf``: no noise anywhere, exact statistics).
-    num_sites : int
-    encoder : str
-        One of :data:`ENCODERS`.
-    release_noise : str
-        One of :data:`RELEASE_NOISES`.
-    clip_norm : float
-        ``C`` of the released embedding (L1 norm for Laplace, L2 for Gaussian).
-    dim : int
-        Embedding dimensions of the ``pca`` encoder.
-    fit_share : float
-        Share of ε spent before the release (set-up and encoder statistic), in (0, 1).
-    """
-
-    epsilon: float
-    delta: float
-    num_sites: int
-    encoder: str = "score"
-    release_noise: str = "laplace"
-    clip_norm: float = 1.0
-    dim: int = 4
-    fit_share: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.encoder not in ENCODERS:
-            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
-        if self.release_noise not in RELEASE_NOISES:
-            raise ValueError(f"release_noise must be one of {RELEASE_NOISES}, got {self.release_noise!r}")
-        if not 0.0 < self.fit_share < 1.0:
-            raise ValueError(f"fit_share must be in (0, 1), got {self.fit_share}")
-        if self.num_sites < 1 or self.dim < 1 or not self.clip_norm > 0 or not self.epsilon > 0:
-            raise ValueError("num_sites, dim, clip_norm and epsilon must be positive")
-
-    @property
-    def private(self) -> bool:
-        return math.isfinite(self.epsilon)
-
-
-@dataclass(frozen=True)
-class NoisePlan:
-    """The noise every site adds (from :func:`plan_noise`; public, the same at every party).
-
-    ``setup_multiplier``: ``z`` of the site's set-up releases (all of them together one Gaussian
-    mechanism of that multiplier, whatever the site's columns). ``fit_multiplier``: noise std of
-    the encoder statistic over its sensitivity (0: none made). ``release_scale``: Laplace scale
-    ``b`` or Gaussian std of each embedding coordinate (0: no noise). ``epsilon``: the record's ε
-    over every site after one release (:func:`record_epsilon`); ``epsilon_before_release``: the
-    set-up's and the encoder statistics'.
-    """
-
-    setup_multiplier: float
-    fit_multiplier: float
-    release_scale: float
-    epsilon: float = math.inf
-    epsilon_before_release: float = math.inf
-
-
-def _gaussian_history(plan: PrivateSplitPlan, setup: float, fit: float, release: float = 0.0,
-                      ) -> list[tuple[float, float, int]]:
-    """Every Gaussian mechanism a record meets, one entry per site each: ``(z, 1.0, 1)`` (opacus' history form)."""
-    history = []
-    for multiplier in (setup, fit, release):
-        if multiplier > 0:
-            history += [(multiplier, 1.0, 1)] * plan.num_sites
-    return history
-
-
-def record_epsilon(plan: PrivateSplitPlan, noise: NoisePlan, releases: int = 1) -> float:
-    r"""ε of one record's features at every site: set-up, encoder statistic and ``releases`` embedding releases.
-
-    Gaussian mechanisms compose by RDP (opacus, sample rate 1, replace-one noise multipliers) into
-    ``ε_G``; each Laplace release adds :math:`2C/b` (basic composition with the pure part).
-    ``releases`` is the most times a record's embedding left one site (1 with the cache; 0 before
-    any release). ``inf`` without noise.
-    """
-    if not plan.private:
-        return math.inf
-    release = 0.0
-    if plan.release_noise == "gaussian" and releases:
-        release = noise.release_scale / (2.0 * plan.clip_norm) / math.sqrt(releases)
-    fit = noise.fit_multiplier if FIT_SENSITIVITY[plan.encoder] > 0 else 0.0
-    epsilon = epsilon_from_history(_gaussian_history(plan, noise.setup_multiplier, fit, release), delta=plan.delta)
-    if plan.release_noise == "laplace":
-        epsilon += releases * plan.num_sites * 2.0 * plan.clip_norm / noise.release_scale
-    return epsilon
-
-
-def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
-    """Calibrate the encoder statistic's and the releases' noise to ``plan.epsilon``.
-
-    The set-up takes noise multiplier :data:`SETUP_MULTIPLIER` at every site; the encoder
-    statistics then spend ``fit_share · ε`` more (bisection on their noise multiplier); the
-    releases spend what is left: Laplace scale ``b = 2C · K / (ε − ε_before)``, or the smallest
-    Gaussian std whose RDP composition with everything before stays within ε.
-
-    Raises
-    ------
-    ValueError
-        When the set-up and the encoder statistics leave nothing for the release.
-    """
-    if not plan.private:
-        return NoisePlan(0.0, 0.0, 0.0)
-    delta, setup = plan.delta, SETUP_MULTIPLIER
-    setup_epsilon = epsilon_from_history(_gaussian_history(plan, setup, 0.0), delta=delta)
-    fit = 0.0
-    if FIT_SENSITIVITY[plan.encoder] > 0:
-        target = setup_epsilon + plan.fit_share * plan.epsilon
-        fit = _bisect(lambda z: epsilon_from_history(_gaussian_history(plan, setup, z), delta=delta) - target)
-    before = epsilon_from_history(_gaussian_history(plan, setup, fit), delta=delta)
-    if before >= 0.9 * plan.epsilon:
-        raise ValueError(f"the private set-up and encoder statistics of {plan.num_sites} sites spend epsilon "
-                         f"{before:.3g} of privacy.epsilon = {plan.epsilon:g}, leaving too little for the release: "
-                         f"raise privacy.epsilon or lower split.fit_share")
-    if plan.release_noise == "laplace":
-        scale = 2.0 * plan.clip_norm * plan.num_sites / (plan.epsilon - before)
-    else:
-        z = _bisect(lambda z: epsilon_from_history(_gaussian_history(plan, setup, fit, z), delta=delta)
-                    - plan.epsilon)
-        scale = z * 2.0 * plan.clip_norm
-    noise = NoisePlan(setup, fit, scale)
-    return NoisePlan(setup, fit, scale, record_epsilon(plan, noise), before)
-
-
-def _bisect(excess, low: float = 1e-2, high: float = 1e4, steps: int = 60) -> float:
-    """Smallest noise multiplier with ``excess(z) <= 0`` (``excess`` decreasing in ``z``), to a relative 1e-6."""
-    if excess(high) > 0:
-        raise ValueError("no noise multiplier below 1e4 meets the budget")
-    for _ in range(steps):
-        middle = math.sqrt(low * high)
-        if excess(middle) > 0:
-            low = middle
-        else:
-            high = middle
-    return high
 
 
 # --------------------------------------------------------------------------- label holder
@@ -304,13 +140,16 @@ class PrivateSplitSite:
     features : pandas.DataFrame
         The site's modality, indexed by record ID (a row of all missing values: a record it lacks).
     categorical : sequence of str
+    modality : str
+        The modality's name (default ``source``).
     source : str
         Name of the data for error messages.
     """
 
     def __init__(self, plan: PrivateSplitPlan, noise: NoisePlan, features: pd.DataFrame,
-                 categorical: Sequence[str] = (), *, source: str = "site") -> None:
+                 categorical: Sequence[str] = (), *, modality: str = "", source: str = "site") -> None:
         self.plan, self.noise, self.source = plan, noise, source
+        self.modality = modality or source
         self.categorical = tuple(categorical)
         self.features = features.copy()
         self.features.index = pd.Index(self.features.index.astype(str))
@@ -425,7 +264,7 @@ class PrivateSplitSites:
 
     def __init__(self, plan: PrivateSplitPlan, noise: NoisePlan,
                  modalities: Mapping[str, tuple[pd.DataFrame, Sequence[str]]], *, noise_seed: int) -> None:
-        self.sites = {name: PrivateSplitSite(plan, noise, frame, categorical, source=name)
+        self.sites = {name: PrivateSplitSite(plan, noise, frame, categorical, modality=name, source=name)
                       for name, (frame, categorical) in modalities.items()}
         self.noise_seed = noise_seed
         self.calls = 0

@@ -90,8 +90,9 @@ def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
     vertical = (group == "data" and not DATA_SETS[option].horizontal) or (group == "model" and option in MODELS and MODELS[option].vertical) \
         or (group == "strategy" and STRATEGIES[option].vertical)
     if vertical:
-        hydra.append("strategy=split")
-        flat["strategy.name"] = "split"
+        if group != "strategy":
+            hydra.append("strategy=split")
+            flat["strategy.name"] = "split"
         if group != "data":
             hydra.append("data=metabric")
             flat["data.name"] = "metabric"
@@ -104,6 +105,9 @@ def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
     if group == "strategy" and option not in ("fedavg", "split"):
         hydra.append("privacy=dp")
         flat["privacy.epsilon"] = 1.0
+    if group == "strategy" and option == "private_split":  # its private set-up alone needs about epsilon 1
+        hydra.append("privacy.epsilon=10")
+        flat["privacy.epsilon"] = 10.0
     return hydra, flat
 
 

@@ -18,16 +18,18 @@ from models.multimodal_training import discretised_labels
 from models.release_head import fit_release_head, predict_release_head
 from models.time_grid import make_time_grid
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
-from strategies.private_split import (
+from strategies.accounting.private_split import (
     FIT_SENSITIVITY,
     SETUP_MULTIPLIER,
     PrivateSplitPlan,
+    plan_noise,
+    record_epsilon,
+)
+from strategies.private_split import (
     PrivateSplitSite,
     PrivateSplitSites,
     concatenate,
     martingale_residuals,
-    plan_noise,
-    record_epsilon,
 )
 
 OPTIONS = [("score", "laplace"), ("score", "gaussian"), ("pca", "gaussian"), ("pca", "laplace"),

@@ -20,13 +20,14 @@ from strategies.mechanisms.dp_sgd import DPSGD
 from strategies.mechanisms.embedding_dp import EmbeddingDP
 from strategies.mechanisms.nbafl import WeightPerturbation
 from strategies.mechanisms.none import NoPrivacy
+from strategies.mechanisms.private_split import PrivateSplitDP
 
 __all__ = ["MECHANISMS", "STRATEGIES", "get_mechanism", "horizontal_mechanism"]
 
 #: ``strategy.name`` -> its mechanism.
 MECHANISMS: Mapping[str, Mechanism] = MappingProxyType({mechanism.name: mechanism for mechanism in (
     NoPrivacy(), DPSGD(), BayesianDP(), DistributedDP(), CentralDP(), WeightPerturbation("nbafl"), WeightPerturbation("ls_adp"),
-    WeightPerturbation("row_dp"), EmbeddingDP(),
+    WeightPerturbation("row_dp"), EmbeddingDP(), PrivateSplitDP(),
 )})
 #: Every strategy name, in the registry's order.
 STRATEGIES: tuple[str, ...] = tuple(MECHANISMS)

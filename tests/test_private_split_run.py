@@ -1,0 +1,115 @@
+"""private_split through the ServerApp and ClientApp (in process): outputs, ledger, twin, hostile replies, config."""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import RdpAccountant
+
+from flwr_app import split_messages as wire
+from flwr_app.config import ConfigError
+from simulations.engine import resolve, run_inprocess
+from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
+from strategies.mechanisms.embedding_dp import RECORD_LEVEL
+from strategies.mechanisms.registry import get_mechanism
+from strategies.accounting.private_split import plan_noise
+from strategies.split import SplitSiteError
+
+RUN = {"strategy.name": "private_split", "data.name": "synthetic_multimodal", "split.modalities": "a,b",
+       "privacy.epsilon": 10.0, "federation.rounds": 8, "split.mc_samples": 4}
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("private_split")
+    seen: list[tuple[str, list[str]]] = []
+
+    def observe(message, reply):
+        if message.metadata.message_type == wire.PRIVATE_RELEASE and not reply.has_error():
+            seen.append((wire.decode_private_release_reply(reply.content)[0], wire.decode_private_release(
+                message.content)))
+
+    summary = run_inprocess({**RUN, "output.dir": str(out)}, observe=observe)
+    return summary, out, seen
+
+
+def test_each_record_leaves_each_site_once_and_the_run_equals_its_twin(dp_run):
+    summary, out, seen = dp_run
+    for modality in ("a", "b"):
+        ids = [record for name, batch in seen if name == modality for record in batch]
+        assert len(ids) == len(set(ids)) == 3000  # every training and test record, once
+    assert summary["test"]["c_index"] == summary["centralized"]["test"]["c_index"]  # the transport changes nothing
+    assert summary["test"]["c_index"] > 0.6  # far from the per-batch protocol's chance level at the same epsilon
+    losses = summary["train_loss"]
+    assert len(losses) == 8 and losses[-1] < losses[0] < 10  # per record, falling
+    for name in ("summary.json", "ledger.jsonl", "manifest.json", "model.pt", "survival_bands.npz"):
+        assert (out / name).exists()
+
+
+def test_the_ledger_states_the_record_level_epsilon_dp_accounting_computes(dp_run):
+    summary, out, _ = dp_run
+    cfg = resolve({**RUN})[1]
+    mechanism = get_mechanism("private_split")
+    plan = mechanism.plan(cfg, num_sites=2)
+    noise = plan_noise(plan)
+    google = RdpAccountant(list(DEFAULT_RDP_ORDERS))
+    for z in (noise.setup_multiplier, noise.fit_multiplier) * 2:
+        google.compose(dp_accounting.GaussianDpEvent(z))
+    laplace = 2 * 2 * plan.clip_norm / noise.release_scale  # two sites' pure releases
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    record = [entry for entry in ledger if entry["site"] == RECORD_LEVEL][-1]
+    assert record["epsilon"] == pytest.approx(google.get_epsilon(cfg.privacy.delta) + laplace, rel=1e-4)
+    assert record["epsilon"] == pytest.approx(10.0, rel=1e-4) == summary["privacy"]["epsilon"]
+    per_site = [entry for entry in ledger if entry["site"] in ("a", "b") and entry["round"] == 8]
+    assert len(per_site) == 2 and all(entry["epsilon"] < record["epsilon"] for entry in per_site)
+    assert any("the sites learn the training labels" in sentence for sentence in record["assumptions"])
+
+
+def test_a_site_that_releases_a_record_twice_or_sends_garbage_is_refused(tmp_path, monkeypatch):
+    from flwr_app import vertical_client
+
+    original = vertical_client.PrivateSplitSite.privacy_report
+    monkeypatch.setattr(vertical_client.PrivateSplitSite, "privacy_report",
+                        lambda site: {"releases_max": 2.0} if site.modality == "b" else original(site))
+    with pytest.raises(SplitSiteError, match=r"site 'b' \(node \d+\) sent a refused release reply: the privacy "
+                                             r"report counts 2\.0 releases"):
+        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "twice")})
+    monkeypatch.undo()
+    release = vertical_client.PrivateSplitSite.release
+
+    def poisoned(site, ids, rng):
+        values, present = release(site, ids, rng)
+        return (np.full_like(values, np.inf) if site.modality == "a" else values), present
+
+    monkeypatch.setattr(vertical_client.PrivateSplitSite, "release", poisoned)
+    with pytest.raises(SplitSiteError, match=r"site 'a' \(node \d+\) sent a refused release reply: embeddings are "
+                                             r"not finite"):
+        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "garbage")})
+    ledger = (tmp_path / "garbage" / "ledger.jsonl").read_text()
+    assert RECORD_LEVEL in ledger  # the privacy spent up to the failure is bounded in the ledger
+
+
+def test_without_noise_the_same_protocol_runs_and_the_ledger_says_so(tmp_path):
+    summary = run_inprocess({**RUN, "privacy.epsilon": "inf", "output.dir": str(tmp_path)})
+    assert summary["privacy"]["epsilon"] is None and summary["test"]["c_index"] > 0.7
+
+
+def test_a_budget_the_set_up_eats_stops_the_run_before_any_release(tmp_path):
+    seen = []
+    with pytest.raises(ConfigError, match="spend epsilon .* raise privacy.epsilon or lower split.fit_share"):
+        run_inprocess({**RUN, "privacy.epsilon": 1.0, "output.dir": str(tmp_path)},
+                      observe=lambda message, reply: seen.append(message.metadata.message_type))
+    assert seen == [wire.HELLO, wire.HELLO]  # the sites were only asked what they hold
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"split.calibration": "paper"}, "belong to strategy 'split'"),
+    ({"privacy.adjacency": "add-remove"}, "replace-one"),
+    ({"split.encoder": "svd"}, "split.encoder"),
+])
+def test_bad_configurations_are_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve({**RUN, **overrides})
