@@ -90,6 +90,7 @@ class FlowerSplitTransport:
         self.configs: dict[str, SiteConfig] = {}
         self.requested: dict[str, collections.Counter[str]] = {}
         self.widths: dict[str, int] = {}
+        self.released_any: dict[str, bool] = {}
 
     def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         messages = [Message(content=content, dst_node_id=node, message_type=message_type)
@@ -179,12 +180,14 @@ class FlowerSplitTransport:
                                      f"{err}") from None
             reason = (f"the reply claims modality {modality!r}" if modality != name else
                       check_embeddings(embeddings, present, rows=len(ids), dim=self.widths[name], passes=None))
-            if not reason and privacy.get("releases_max") != (1.0 if present.any() else 0.0):
+            released_before = self.released_any.get(name, False) or bool(present.any())
+            if not reason and privacy.get("releases_max") != (1.0 if released_before else 0.0):
                 reason = (f"the privacy report counts {privacy.get('releases_max')!r} releases of a record; each "
                           "record leaves a site once")
             if reason:
                 raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused release reply: {reason}")
             released[name] = (embeddings, present)
+            self.released_any[name] = released_before
         return released
 
     def _checked(self, name: str, content: RecordDict, message_type: str, ids: list[str], passes: int | None, *,

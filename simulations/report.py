@@ -356,12 +356,7 @@ def _privacy_config(strategy: str, **overrides: Any) -> Any:
     if get_mechanism(strategy).vertical:
         base |= {"data.name": "metabric", "model.name": "bayesian_multisurv"}
     base["privacy.epsilon"] = "inf" if not get_mechanism(strategy).private and not get_mechanism(strategy).vertical else 1.0
-    try:
-        return resolve({**base, **overrides})[1]
-    except ConfigError:
-        if base["privacy.epsilon"] != 1.0 or "privacy.epsilon" in overrides:
-            raise
-        return resolve({**base, **overrides, "privacy.epsilon": 10.0})[1]  # a budget the mechanism cannot meet at 1
+    return resolve({**base, **overrides})[1]
 
 
 def privacy_page() -> str:
@@ -380,11 +375,8 @@ def privacy_page() -> str:
     for name, mechanism in MECHANISMS.items():
         cfg = _privacy_config(name)
         manifest = mechanism.manifest(cfg)
-        at = "" if cfg.privacy.epsilon in (1.0, float("inf")) else (
-            f" Shown at `privacy.epsilon = {cfg.privacy.epsilon:g}`: it refuses 1 (its private set-up alone needs "
-            "about that much).")
         parts += [f"## `{name}`", "",
-                  f"Unit protected: **{manifest.unit}**; adjacency: {', '.join(mechanism.adjacencies)}.{at}", "",
+                  f"Unit protected: **{manifest.unit}**; adjacency: {', '.join(mechanism.adjacencies)}.", "",
                   "What the ledger's figures assume:", ""]
         parts += [f"- {sentence}" for sentence in mechanism.assumptions(cfg)]
         parts += ["", manifest.as_markdown(), ""]

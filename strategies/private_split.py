@@ -213,14 +213,17 @@ class PrivateSplitSite:
     def release(self, ids: Sequence[str], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Released embeddings of ``ids`` (zeros where the site lacks the record) and the presence mask.
 
-        A record released before gets its cached values: each record leaves the site once.
+        A record released before gets its cached values: each record leaves the site once. Without
+        noise (``privacy.epsilon = inf``) the embeddings are not clipped either.
         """
         ids = [str(i) for i in ids]
         present = self.held.reindex(ids, fill_value=False).to_numpy(dtype=bool)
         new = list(dict.fromkeys(i for i, here in zip(ids, present) if here and i not in self.released))
         if new:
-            order = 1 if self.plan.release_noise == "laplace" else 2
-            values = clip_rows(self.embed(self.features.loc[new]), self.plan.clip_norm, order)
+            values = self.embed(self.features.loc[new])
+            if self.plan.private:  # without noise there is nothing to bound: the embedding as it is
+                order = 1 if self.plan.release_noise == "laplace" else 2
+                values = clip_rows(values, self.plan.clip_norm, order)
             if self.noise.release_scale > 0:
                 draw = rng.laplace if self.plan.release_noise == "laplace" else rng.normal
                 values = values + draw(size=values.shape) * self.noise.release_scale
