@@ -168,7 +168,8 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
         print(f"privacy: epsilon {headline['epsilon']:.4f} at delta {headline['delta']:g} per record over all "
               f"modalities ({headline['accountant']}; assumptions in ledger.jsonl)", flush=True)
     if "centralized" in summary:
-        print(f"centralised twin ({CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}", flush=True)
+        print(f"centralised twin ({summary['centralized']['mechanism']}) test: {_fmt(summary['centralized']['test'])}",
+              flush=True)
     print(f"outputs: {outputs.directory}", flush=True)
     return summary
 

@@ -105,7 +105,7 @@ DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr":
 #: (post-processing, no privacy cost); the release clip norm and ``split.fit_share`` were chosen on validation splits
 #: (``benchmarks/private_split.py select``).
 PRIVATE_SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 50, "train.lr": 0.01, "train.batch_size": 256,
-                                           "privacy.clip_norm": 0.5}
+                                           "privacy.clip_norm": 0.25}
 
 
 def _recipe_auto(key: str) -> str:

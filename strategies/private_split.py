@@ -58,14 +58,14 @@ import numpy as np
 import pandas as pd
 
 from models.data.dictionary import DataDictionary
-from models.data.preprocess import Preprocessor
+from models.data.preprocess import Preprocessor, is_numeric_feature
 from strategies.accounting.private_split import (
     FIT_SENSITIVITY,
     RESIDUAL_CLIP,
     NoisePlan,
     PrivateSplitPlan,
 )
-from strategies.mechanisms.setup_statistics import SetupPlan, run_setup
+from strategies.mechanisms.setup_statistics import SetupNoiseError, SetupPlan, run_setup
 
 __all__ = [
     "PrivateSplitSite",
@@ -178,11 +178,16 @@ class PrivateSplitSite:
         if not training.any():
             raise ValueError(f"{self.source}: holds none of the cohort's training records")
         train = self.features.loc[training]
-        numeric = frozenset(str(c) for c in self.features.columns if c not in set(self.categorical))
+        numeric = frozenset(str(c) for c in self.features.columns
+                            if c not in set(self.categorical) and is_numeric_feature(self.features[c]))
         setup_plan = SetupPlan(tuple(map(str, self.features.columns)), numeric, noise_multiplier=noise.setup_multiplier,
                                adjacency="replace-one", dictionary=_dictionary())
         zeros = np.zeros(len(train))
-        shared, _ = run_setup(setup_plan, {self.source: (train, zeros, zeros)}, {self.source: rng}, num_durations=2)
+        try:
+            shared, _ = run_setup(setup_plan, {self.source: (train, zeros, zeros)}, {self.source: rng},
+                                  num_durations=2)
+        except SetupNoiseError as err:
+            raise SetupNoiseError(f"{self.source}: {err}") from None
         self.preprocessor = shared.preprocessor
         x = self.preprocessor.transform(train)
         width = x.shape[1]

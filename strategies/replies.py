@@ -194,15 +194,21 @@ def check_embeddings(embeddings: np.ndarray, present: np.ndarray, *, rows: int, 
 
 #: How Flower words the reason of an error reply from a ClientApp that raised (``f"{type(err)}:<'{err}'>"``, the
 #: exception a ``ClientAppException`` whose text starts "Exception ClientAppException occurred. Message: ").
-_FLOWER_REASON = re.compile(r"^<class '[\w.]+'>:<'\s*(?:Exception \w+ occurred\. Message: )?(?P<message>.*)'>$", re.S)
+_FLOWER_REASON = re.compile(r"^<class '[\w.()]+'>:<'\s*(?:Exception \w+ occurred\. Message: )?(?P<message>.*)'>$", re.S)
+#: Under Flower's Ray simulation the reason is Ray's task error: the actor's traceback, then Flower's text.
+_RAY_MESSAGE = re.compile(r"Exception \w+ occurred\. Message: (?P<message>.*)'>$", re.S)
 
 
 def error_message(reason: str) -> str:
-    """The message a site's code raised, without Flower's wrapping of it (any other reason as it is).
+    """The message a site's code raised, without Flower's (or Ray's) wrapping of it (any other reason as it is).
 
     >>> error_message("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\\nException "
     ...               "ClientAppException occurred. Message: clinical.csv: column 'grade': 2 non-numeric values'>")
     "clinical.csv: column 'grade': 2 non-numeric values"
+    >>> error_message("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run() "
+    ...               "(pid=1)\\n  File ...\\nException ClientAppException occurred. Message: a.csv: column 'x': 2 rows'>")
+    "a.csv: column 'x': 2 rows"
     """
-    match = _FLOWER_REASON.match(reason.strip())
+    reason = reason.strip()
+    match = _RAY_MESSAGE.search(reason) if reason.startswith("<class 'ray.") else _FLOWER_REASON.match(reason)
     return match.group("message").strip() if match else reason

@@ -113,3 +113,42 @@ def test_a_budget_the_set_up_eats_stops_the_run_before_any_release(tmp_path):
 def test_bad_configurations_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         resolve({**RUN, **overrides})
+
+
+def test_a_sites_error_reaches_the_user_as_its_own_line_under_flower_and_under_ray():
+    from strategies.replies import error_message
+
+    message = "clinical.csv: set-up statistics: no bin of the range histogram of column 'x4' stands out"
+    flower = f"<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException ClientAppException occurred. " \
+             f"Message: {message}'>"
+    ray = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+           "(pid=1, ip=192.0.2.2)\n  File \"/x/client_app.py\", line 161, in __call__\n    return f(m, c)\n"
+           f"flwr.clientapp.client_app.ClientAppException: \nException ClientAppException occurred. Message: {message}'>")
+    assert error_message(flower) == error_message(ray) == message
+    assert error_message("the node did not answer") == "the node did not answer"
+
+
+def test_the_documented_examples_run():
+    import doctest
+
+    import models.release_head
+    import strategies.private_split
+    import strategies.replies
+
+    for module in (models.release_head, strategies.private_split, strategies.replies):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_own_vertical_files_run_privately_and_equal_their_twin(tmp_path):
+    from tests.test_vertical_files import write_files
+
+    files = write_files(tmp_path, n=2500)  # string IDs, a text column, a numeric category, a missing modality
+    overrides = {"strategy.name": "private_split", "data.name": "vertical_files", "data.id_col": "patient",
+                 "data.time_col": "months", "data.event_col": "relapse", "data.categorical_cols": "grade",
+                 "data.drop_cols": "note", "privacy.epsilon": 10.0, "federation.rounds": 5, **files,
+                 "output.dir": str(tmp_path / "out")}
+    summary = run_inprocess(overrides)
+    assert summary["modalities"] == ["clinical", "genomic"] and summary["privacy"]["epsilon"] == pytest.approx(10.0)
+    assert summary["test"]["c_index"] == summary["centralized"]["test"]["c_index"]
+    assert summary["widths"] == {"clinical": 1, "genomic": 1}
