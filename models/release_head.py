@@ -27,6 +27,7 @@ torch.Size([4, 3, 5])
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -59,11 +60,12 @@ class ReleaseHead(nn.Module):
 def fit_release_head(
     x: Tensor, time_index: Tensor, event: Tensor, *, num_durations: int, hidden_layers: int = 0,
     dropout: float = 0.0, bayesian: bool = True, lr: float = 0.01, weight_decay: float = 1e-4, epochs: int = 100,
-    batch_size: int = 256, seed: int = 0,
+    batch_size: int = 256, seed: int = 0, on_epoch: Callable[[int, float], None] | None = None,
 ) -> tuple[ReleaseHead, list[float]]:
     """Fit the head to released embeddings ``x`` (n, D) with discretised labels; returns it and the loss per epoch.
 
     Every random draw (initialisation, batches, posterior samples, dropout) is a function of ``seed``.
+    ``on_epoch(epoch, loss)`` is called after every epoch with its mean loss per record.
     """
     x = x.float()
     if x.ndim != 2 or x.shape[0] != time_index.shape[0] or event.shape != time_index.shape:
@@ -87,6 +89,8 @@ def fit_release_head(
             optimizer.step()
             total += float(loss.detach()) * batch.numel()
         losses.append(total / n)
+        if on_epoch is not None:
+            on_epoch(epoch, losses[-1])
     return head, losses
 
 
