@@ -424,10 +424,12 @@ class SplitConfig:
     """
 
     modalities: tuple[str, ...] = setting("", 'modalities of the vertical data set (genomic,clinical; a,b,c); "" = all')
-    embedding_dim: int = setting(512, "embedding a site sends (BVFLMSP: 512)", bounds=POSITIVE)
-    encoder_layers: int = setting(2, "hidden blocks of an omics site's BayesianFC encoder", bounds=NON_NEGATIVE)
-    head_layers: int = setting(4, "hidden blocks of the server's prediction head", bounds=NON_NEGATIVE)
-    dropout: float = setting(0.5, "dropout of the encoders and the head", bounds=Bounds(0.0, 1.0, low_closed=True))
+    embedding_dim: int = setting(16, "embedding a site sends (BVFLMSP: 512)", bounds=POSITIVE)
+    encoder_layers: int = setting(0, "hidden blocks of an omics site's BayesianFC encoder (0: linear; BVFLMSP: 2)",
+                                  bounds=NON_NEGATIVE)
+    head_layers: int = setting(1, "hidden blocks of the server's prediction head (BVFLMSP: 4)", bounds=NON_NEGATIVE)
+    dropout: float = setting(0.1, "dropout of the encoders and the head (BVFLMSP: 0.5)",
+                             bounds=Bounds(0.0, 1.0, low_closed=True))
     similarity_weight: float = setting(0.05, "weight of the 1 - cos alignment term between modality embeddings",
                                        bounds=NON_NEGATIVE)
     calibration: str = setting("rdp", "rdp (sigma for the record's releases at every site, no amplification) or "
@@ -436,6 +438,9 @@ class SplitConfig:
                               bounds=POSITIVE)
     clean_inference: bool = setting(False, "true: prediction embeddings without noise (clipped only; those records "
                                            "get no guarantee)")
+    risk_layer: str = setting("proportional", "the head's risk layer: proportional (one risk score shifts every "
+                                              "interval's baseline logit) or interval (BVFLMSP: a linear map per "
+                                              "interval)", choices=("proportional", "interval"))
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,12 @@ def test_the_schema_names_the_data_loaders_and_fault_modes():
     assert set(_TAMPERED_MESSAGE) == set(HOSTILE_MODES)
 
 
+def test_the_schema_names_the_fusion_heads_risk_layers():
+    from models.multimodal import RISK_LAYERS
+
+    assert set(KEYS["split.risk_layer"].setting.choices) == set(RISK_LAYERS)
+
+
 def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
     """Hydra overrides and flwr run-config overrides choosing ``option`` of ``group`` (with what it needs)."""
     hydra, flat = [f"{group}={option}"], {f"{group}.name": option}
