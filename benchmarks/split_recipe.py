@@ -97,13 +97,16 @@ def score(table: VerticalTable, fit_ids: np.ndarray, validation_ids: np.ndarray,
 
 
 def ranking(rows: Iterable[dict]) -> list[tuple[str, float, dict[str, float]]]:
-    """Settings by mean rank fraction of their mean validation C over the data settings (lowest first)."""
+    """Settings by mean rank fraction of their mean validation C over the data settings that every setting
+    ran (lowest first)."""
     means: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for row in rows:
         means[(row["setting"], row["data"])].append(row["c_index"])
     by_data: dict[str, dict[str, float]] = collections.defaultdict(dict)
     for (setting, data), values in means.items():
         by_data[data][setting] = float(np.mean(values))
+    settings_seen = {setting for setting, _ in means}
+    by_data = {data: scores for data, scores in by_data.items() if set(scores) == settings_seen}  # common groups
     ranks: dict[str, list[float]] = collections.defaultdict(list)
     for scores in by_data.values():
         for rank, setting in enumerate(sorted(scores, key=lambda name: -scores[name])):
