@@ -98,9 +98,14 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
 DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr": 0.02, "privacy.clip_norm": 1.0}
 
 
+#: The recipe of split (epochs of the no-DP split model), chosen with the ``split.*`` defaults on validation parts
+#: of the training records of every vertical data set (``benchmarks/split_recipe.py``).
+SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 40}
+
+
 def _recipe_auto(key: str) -> str:
     """The ``auto`` text of a training key: the recipes' values and the default's."""
-    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE))
+    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE), ("split", SPLIT_RECIPE))
     return "; ".join([f"{names}: {recipe[key]:g}" for names, recipe in recipes if key in recipe]
                      + [f"otherwise {TRAINING_DEFAULTS[key]:g}"])
 
@@ -156,7 +161,7 @@ STRATEGIES: Mapping[str, Strategy] = {
                        vertical=False, adjacency="replace-one"),
     "split": Strategy("vertical split learning (BVFLMSP): one site per modality, labels and fusion head at the "
                       "server; with a finite privacy.epsilon each site clips and noises its embeddings",
-                      vertical=True, adjacency="replace-one"),
+                      vertical=True, adjacency="replace-one", recipe=SPLIT_RECIPE),
 }
 #: What ``model.name = "auto"`` trains, by the strategy's kind.
 DEFAULT_MODEL: Mapping[str, str] = {"horizontal": "hazard_mlp", "vertical": "bayesian_multisurv"}
