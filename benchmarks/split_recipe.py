@@ -16,8 +16,10 @@ with the Bayesian layers, AdamW lr 0.003, batch 128, weight decay 1e-4, the simi
 Settings: ``paper`` (embedding 512, 2 encoder blocks, 4 head blocks, dropout 0.5, the per-interval
 risk layer, 20 epochs) and every combination of embedding 16 or 32, 0 or 1 encoder blocks, the
 proportional or the per-interval risk layer and 20 or 40 epochs, with 1 head block and dropout
-0.1. A setting's score is its mean rank (as a fraction of the settings compared) over the four
-data settings; the lowest wins. One recipe for every data set.
+0.1. A setting's score is its mean rank (as a fraction of the settings compared) over the data
+settings that every compared setting ran; the lowest wins. One recipe for every data set.
+(``paper`` takes minutes a run on a 2-core machine; the committed rows,
+``docs/results/benchmarks/split_recipe.jsonl``, hold the 16 small settings.)
 
 Prints one JSON line per (setting, data, seed, validation part) and the ranking at the end.
 """
