@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model = build_multisurv({name: t.input_shape for name, t in transforms.items()}, seed=cfg.seed,
                             dim=cfg.split.embedding_dim, num_durations=len(label_info.cuts),
                             encoder_layers=cfg.split.encoder_layers, head_layers=cfg.split.head_layers,
-                            dropout=cfg.split.dropout)
+                            dropout=cfg.split.dropout, risk_layer=cfg.split.risk_layer)
     central_epochs: list[float] = []
     mark = [time.perf_counter()]
 

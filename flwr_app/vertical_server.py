@@ -396,7 +396,8 @@ def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_in
     model = build_multisurv({name: t.input_shape for name, t in transforms.items()}, seed=cfg.seed,
                             bayesian=cfg.model.name == "bayesian_multisurv", dim=cfg.split.embedding_dim,
                             num_durations=len(label_info.cuts), encoder_layers=cfg.split.encoder_layers,
-                            head_layers=cfg.split.head_layers, dropout=cfg.split.dropout)
+                            head_layers=cfg.split.head_layers, dropout=cfg.split.dropout,
+                            risk_layer=cfg.split.risk_layer)
     hook = (embedding_hook(noise_base_seed=vertical_task.simulation_noise_seed(cfg), clip_norm=cfg.privacy.clip_norm,
                            noise_multiplier=noise_multiplier) if cfg.privacy.enabled else None)
     train_multisurv(model, data, epochs=cfg.federation.rounds, batch_size=cfg.train.batch_size, lr=cfg.train.lr,

@@ -163,7 +163,7 @@ def server(cfg: ExperimentConfig, modalities: tuple[str, ...], label_info: Label
     """The label holder's part: the fusion head (initialised from its own seed) and its optimiser."""
     with seeded(part_seed(cfg.seed, HEAD_SEED_NAME)):
         head = FusionHead(cfg.split.embedding_dim, len(label_info.cuts), cfg.split.head_layers, cfg.split.dropout,
-                          bayesian=cfg.model.name == "bayesian_multisurv")
+                          bayesian=cfg.model.name == "bayesian_multisurv", risk_layer=cfg.split.risk_layer)
     return SplitServer(modalities=modalities, fusion_head=head, time_index=label_info.time_index,
                        event=label_info.event, train_ids=[str(i) for i in label_info.train_ids], seed=cfg.seed,
                        lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,

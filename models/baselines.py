@@ -10,7 +10,8 @@ the other models (:func:`models.metrics.evaluate_survival`'s default).
 ========================== =========== ====================================================
 name                       modalities  model
 ========================== =========== ====================================================
-``cox_ph``                 one         lifelines ``CoxPHFitter`` (Breslow baseline)
+``cox_ph``                 one or more lifelines ``CoxPHFitter`` (Breslow baseline) on the
+                                       modalities' design matrices side by side
 ``deepsurv``               one         the project's ``cox_mlp`` (Cox-MLP, Breslow baseline)
 ``deephit``                one         single-risk DeepHit, a PMF over the grid
                                        (:class:`DeepHitModel`)
@@ -85,11 +86,12 @@ __all__ = [
     "fit_evaluate",
 ]
 
-#: Models that take one modality (BVFLMSP's Table 1 runs them on single modalities only).
-UNIMODAL_MODELS = ("cox_ph", "deepsurv", "deephit", "nnet_survival")
-#: Models that take any non-empty set of modalities.
+#: Neural models that take one modality (BVFLMSP's Table 1 runs them on single modalities only).
+UNIMODAL_MODELS = ("deepsurv", "deephit", "nnet_survival")
+#: Multimodal networks: any non-empty set of modalities, one encoder each.
 MULTIMODAL_MODELS = ("multisurv", "bayesian_multisurv")
-MODELS = UNIMODAL_MODELS + MULTIMODAL_MODELS
+#: Every model; ``cox_ph`` takes one modality or several side by side (the linear reference of a combination).
+MODELS = ("cox_ph", *UNIMODAL_MODELS, *MULTIMODAL_MODELS)
 #: Test metrics of every run (keys of :func:`models.metrics.evaluate_survival`).
 METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 
@@ -257,7 +259,7 @@ def fit_evaluate(
     table : VerticalTable
     modalities : sequence of str
         Modalities the model sees: exactly one for :data:`UNIMODAL_MODELS`, one or more for
-        :data:`MULTIMODAL_MODELS`.
+        ``cox_ph`` (their design matrices side by side) and :data:`MULTIMODAL_MODELS`.
     train_ids, test_ids : numpy.ndarray of str
         Disjoint record IDs (e.g. from :func:`models.data.vertical.split_train_test`).
     seed : int
@@ -299,7 +301,9 @@ def fit_evaluate(
     selected = table.select(modalities)
     train, test = selected.subset(train_ids), selected.subset(test_ids)
     started = clock.perf_counter()
-    if name in UNIMODAL_MODELS:
+    if name == "cox_ph":
+        outcome = _fit_cox_ph(selected, train_ids, test_ids, settings=settings)
+    elif name in UNIMODAL_MODELS:
         outcome = _fit_unimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
     else:
         outcome = _fit_multimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
@@ -382,9 +386,7 @@ def _fit_unimodal(name: str, table: VerticalTable, train_ids: np.ndarray, test_i
         return design_matrix(transform, table.subset(ids).modalities[modality], source=source)
 
     train = table.subset(train_ids)
-    (x_train, names), (x_test, _) = features(train_ids), features(test_ids)
-    if name == "cox_ph":
-        return _fit_cox_ph(x_train, x_test, names, train, settings=settings, source=source)
+    (x_train, _), (x_test, _) = features(train_ids), features(test_ids)
     fit_ids, validation_ids = _validation_split(table, train_ids, fraction=settings.validation_fraction, seed=seed)
     fit, validation = table.subset(fit_ids), table.subset(validation_ids)
     (x_fit, _), (x_validation, _) = features(fit_ids), features(validation_ids)
@@ -448,10 +450,11 @@ def _validation_loss(model: SurvivalModel, x: np.ndarray, records: VerticalTable
         model.net.train(was_training)
 
 
-def _fit_cox_ph(x_train: np.ndarray, x_test: np.ndarray, names: list[str], train: VerticalTable, *,
-                settings: BaselineSettings, source: str) -> _Outcome:
-    """lifelines' CoxPHFitter (Breslow baseline); ridge-penalised when events per variable < 10 or when the
-    unpenalised fit does not converge.
+def _fit_cox_ph(table: VerticalTable, train_ids: np.ndarray, test_ids: np.ndarray, *,
+                settings: BaselineSettings) -> _Outcome:
+    """lifelines' CoxPHFitter (Breslow baseline) on every modality of ``table`` side by side (columns
+    ``<modality>:<column>``); ridge-penalised when events per variable < 10 or when the unpenalised fit
+    does not converge.
 
     References
     ----------
@@ -460,6 +463,19 @@ def _fit_cox_ph(x_train: np.ndarray, x_test: np.ndarray, names: list[str], train
     from lifelines import CoxPHFitter
     from lifelines.exceptions import ConvergenceError, ConvergenceWarning
 
+    transforms = fit_transforms(table, train_ids)
+    source = f"{table.name} modalities {'+'.join(table.modalities)}"
+
+    def features(ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        part = table.subset(ids)
+        blocks = [design_matrix(transforms[name], part.modalities[name], source=f"{table.name} modality {name!r}")
+                  for name in table.modalities]
+        return (np.hstack([x for x, _ in blocks]),
+                [f"{name}:{column}" for name, (_, columns) in zip(table.modalities, blocks, strict=True)
+                 for column in columns])
+
+    train = table.subset(train_ids)
+    (x_train, names), (x_test, _) = features(train_ids), features(test_ids)
     frame = pd.DataFrame(x_train, columns=names).assign(**{_TIME_COLUMN: train.time, _EVENT_COLUMN: train.event})
     enough_events = train.event.sum() >= _MIN_EVENTS_PER_VARIABLE * x_train.shape[1]
     penalizers = [0.0, settings.cox_penalizer] if enough_events else [settings.cox_penalizer]

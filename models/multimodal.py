@@ -10,7 +10,10 @@ network is the frequentist MultiSurv of Vale-Silva & Rohr (2021), whose KL term 
   :func:`hidden_width`. :func:`build_encoder` picks a modality's encoder.
 * :class:`AttentionFusion`: per-modality tanh scores, masked softmax, weighted sum.
 * :class:`FusionHead`: fusion -> head -> risk layer (discrete-time hazard logits). In vertical
-  split learning this is the server's part; the encoders are the sites'.
+  split learning this is the server's part; the encoders are the sites'. The risk layer is
+  :data:`RISK_LAYERS` ``"interval"`` (the paper's: one linear map per interval) or
+  ``"proportional"`` (:class:`ProportionalRisk`: one risk score shifting every interval's
+  baseline logit).
 * :class:`BayesianMultisurv` / :class:`MultiSurv`: encoders + :class:`FusionHead`, the
   centralised models; :func:`build_multisurv` builds either from the modalities' input shapes,
   initialising every part from its own seed (:func:`part_seed`), so that a site building its
@@ -72,6 +75,8 @@ __all__ = [
     "BayesianMultisurv",
     "FusionHead",
     "MultiSurv",
+    "ProportionalRisk",
+    "RISK_LAYERS",
     "build_encoder",
     "build_multisurv",
     "bvflmsp_loss",
@@ -83,6 +88,8 @@ __all__ = [
 _WIDTHS = (128, 256, 512, 1024)
 #: Name under which the fusion head's seeds are derived (:func:`part_seed`); no modality may use it.
 HEAD_SEED_NAME = "fusion_head"
+#: The fusion head's risk layers (:class:`FusionHead`): the paper's per-interval linear map, or one score.
+RISK_LAYERS = ("interval", "proportional")
 
 
 def _linear(in_features: int, out_features: int, prior: ScaleMixturePrior | None, bayesian: bool) -> nn.Module:
@@ -347,15 +354,51 @@ class AttentionFusion(nn.Module):
         return fused, weights
 
 
+class ProportionalRisk(nn.Module):
+    r"""Risk layer with one score per record: :math:`\phi_{il} = \beta_l + w^\top x_i`.
+
+    The score :math:`w^\top x_i` (a Bayesian ``Linear(dim, 1)`` unless ``bayesian=False``; its
+    bias, redundant with :math:`\beta`, stays near 0 under the prior) shifts every interval's baseline logit :math:`\beta_l` alike: the discrete
+    logistic proportional-odds model (Cox 1972, Sec. 6), whose ranking of records is the same at
+    every time. The baselines :math:`\beta` are point estimates (like a Breslow baseline; no prior)
+    and start at the constant hazard with survival 1/2 at the end of the grid. Against the
+    paper's per-interval layer (``Linear(dim, T)``, :math:`T \cdot \text{dim}` weights under the
+    prior) it has ``dim`` weights: the records' ranking is learnt from every interval's events at
+    once.
+
+    References
+    ----------
+    Cox (1972), JRSS-B 34:187, Sec. 6 (the discrete logistic model); Gensheimer & Narasimhan
+    (2019), PeerJ 7:e6257 (its proportional variant).
+    """
+
+    def __init__(self, dim: int, num_durations: int, prior: ScaleMixturePrior | None = None, *,
+                 bayesian: bool = True) -> None:
+        super().__init__()
+        self.score = _linear(dim, 1, prior, bayesian)
+        self.baseline = nn.Parameter(torch.full((num_durations,), _half_survival_logit(num_durations)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Hazard logits (n, T) of inputs (n, dim)."""
+        return self.baseline + self.score(x)
+
+
+def _half_survival_logit(num_durations: int) -> float:
+    """Logit of the constant hazard whose survival is 1/2 at the end of a ``num_durations`` grid."""
+    hazard = 1.0 - 0.5 ** (1.0 / num_durations)
+    return math.log(hazard / (1.0 - hazard))
+
+
 class FusionHead(nn.Module):
     r"""Attention fusion -> prediction head -> risk layer: :math:`\phi_i = \text{risk}(\text{head}(\text{Attn}(E_i)))`.
 
-    ``head = BayesianFC(dim, dim, head_hidden_layers)`` and ``risk = Linear(dim, T)`` give the
-    hazard logits :math:`\phi_{il}`, :math:`h_{il} = \sigma(\phi_{il})`. The risk layer's bias
-    (mean) starts at the constant hazard with survival 1/2 at the end of the grid (as
-    :class:`models.survival.HazardMLP`). In split learning this module is the server's; its
-    head keeps the paper's batch norm, which only mixes released embeddings (post-processing of
-    the sites' releases).
+    ``head = BayesianFC(dim, dim, head_hidden_layers)`` and the risk layer give the hazard logits
+    :math:`\phi_{il}`, :math:`h_{il} = \sigma(\phi_{il})`. ``risk_layer="interval"`` is the
+    paper's ``Linear(dim, T)``, whose bias (mean) starts at the constant hazard with survival 1/2
+    at the end of the grid (as :class:`models.survival.HazardMLP`); ``"proportional"`` is
+    :class:`ProportionalRisk`. In split learning this module is the server's; its head keeps the
+    paper's batch norm, which only mixes released embeddings (post-processing of the sites'
+    releases).
 
     Parameters
     ----------
@@ -365,6 +408,8 @@ class FusionHead(nn.Module):
     head_dropout : float, default 0.5
     prior : ScaleMixturePrior, optional
     bayesian : bool, default True
+    risk_layer : {"interval", "proportional"}, default "interval"
+        The defaults are the paper's architecture.
     """
 
     def __init__(
@@ -376,18 +421,23 @@ class FusionHead(nn.Module):
         prior: ScaleMixturePrior | None = None,
         *,
         bayesian: bool = True,
+        risk_layer: str = "interval",
     ) -> None:
         super().__init__()
         if num_durations < 1:
             raise ValueError(f"num_durations must be positive, got {num_durations}")
+        if risk_layer not in RISK_LAYERS:
+            raise ValueError(f"risk_layer must be one of {RISK_LAYERS}, got {risk_layer!r}")
         self.dim = dim
         self.num_durations = num_durations
         self.fusion = AttentionFusion(dim, prior, bayesian=bayesian)
         self.head = BayesianFC(dim, dim, head_hidden_layers, dropout=head_dropout, prior=prior, bayesian=bayesian)
-        self.risk = _linear(dim, num_durations, prior, bayesian)
-        hazard = 1.0 - 0.5 ** (1.0 / num_durations)
-        bias = self.risk.bias_mu if bayesian else self.risk.bias
-        nn.init.constant_(bias, math.log(hazard / (1.0 - hazard)))
+        if risk_layer == "proportional":
+            self.risk: nn.Module = ProportionalRisk(dim, num_durations, prior, bayesian=bayesian)
+        else:
+            self.risk = _linear(dim, num_durations, prior, bayesian)
+            bias = self.risk.bias_mu if bayesian else self.risk.bias
+            nn.init.constant_(bias, _half_survival_logit(num_durations))
 
     def forward(self, embeddings: Tensor, mask: Tensor | None = None) -> Tensor:
         """Hazard logits (B, T) from stacked embeddings (B, M, dim) and the presence mask (B, M)."""
@@ -539,6 +589,7 @@ def build_multisurv(
     encoder_layers: int = 2,
     head_layers: int = 4,
     dropout: float = 0.5,
+    risk_layer: str = "interval",
 ) -> BayesianMultisurv:
     """A :class:`BayesianMultisurv` (or :class:`MultiSurv`) for modalities of the given input shapes.
 
@@ -552,8 +603,8 @@ def build_multisurv(
         Input shape of each modality (:attr:`models.data.vertical.ModalityTransform.input_shape`).
     seed : int
     bayesian : bool, default True
-    dim, num_durations, encoder_layers, head_layers, dropout
-        Architecture (:func:`build_encoder`, :class:`FusionHead`).
+    dim, num_durations, encoder_layers, head_layers, dropout, risk_layer
+        Architecture (:func:`build_encoder`, :class:`FusionHead`); the defaults are the paper's.
     """
     encoders = {}
     for name, (cardinalities, num_continuous) in inputs.items():
@@ -561,7 +612,7 @@ def build_multisurv(
             encoders[name] = build_encoder(cardinalities=cardinalities, num_continuous=num_continuous, dim=dim,
                                            hidden_layers=encoder_layers, dropout=dropout, bayesian=bayesian)
     with seeded(part_seed(seed, HEAD_SEED_NAME)):
-        head = FusionHead(dim, num_durations, head_layers, dropout, bayesian=bayesian)
+        head = FusionHead(dim, num_durations, head_layers, dropout, bayesian=bayesian, risk_layer=risk_layer)
     return (BayesianMultisurv if bayesian else MultiSurv)(encoders, fusion_head=head)
 
 

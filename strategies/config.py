@@ -101,6 +101,11 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
 DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr": 0.02, "privacy.clip_norm": 1.0}
 
 
+#: The recipe of split (epochs of the no-DP split model), chosen with the ``split.*`` defaults on validation parts
+#: of the training records of every vertical data set (``benchmarks/split_recipe.py``).
+SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 40}
+
+
 #: The recipe of private_split: the label holder's head trains for ``federation.rounds`` epochs on the cached releases
 #: (post-processing, no privacy cost); the release clip norm and ``split.fit_share`` were chosen on validation splits
 #: (``benchmarks/private_split.py select``).
@@ -110,7 +115,7 @@ PRIVATE_SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 50, "train.lr": 
 
 def _recipe_auto(key: str) -> str:
     """The ``auto`` text of a training key: the recipes' values and the default's."""
-    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE),
+    recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE), ("split", SPLIT_RECIPE),
                ("private_split", PRIVATE_SPLIT_RECIPE))
     return "; ".join([f"{names}: {recipe[key]:g}" for names, recipe in recipes if key in recipe]
                      + [f"otherwise {TRAINING_DEFAULTS[key]:g}"])
@@ -170,7 +175,7 @@ STRATEGIES: Mapping[str, Strategy] = {
                        vertical=False, adjacency="replace-one"),
     "split": Strategy("vertical split learning (BVFLMSP): one site per modality, labels and fusion head at the "
                       "server; with a finite privacy.epsilon each site clips and noises its embeddings",
-                      vertical=True, adjacency="replace-one"),
+                      vertical=True, adjacency="replace-one", recipe=SPLIT_RECIPE),
     "private_split": Strategy("vertical learning with complete record-level DP: each site fits its preprocessing "
                               "and encoder privately and releases each record's embedding once (clipped, noised); "
                               "the label holder trains its head on the cached releases", vertical=True,
@@ -464,10 +469,12 @@ class SplitConfig:
     """
 
     modalities: tuple[str, ...] = setting("", 'modalities of the vertical data set (genomic,clinical; a,b,c); "" = all')
-    embedding_dim: int = setting(512, "embedding a site sends (BVFLMSP: 512)", bounds=POSITIVE)
-    encoder_layers: int = setting(2, "hidden blocks of an omics site's BayesianFC encoder", bounds=NON_NEGATIVE)
-    head_layers: int = setting(4, "hidden blocks of the server's prediction head", bounds=NON_NEGATIVE)
-    dropout: float = setting(0.5, "dropout of the encoders and the head", bounds=Bounds(0.0, 1.0, low_closed=True))
+    embedding_dim: int = setting(16, "embedding a site sends (BVFLMSP: 512)", bounds=POSITIVE)
+    encoder_layers: int = setting(0, "hidden blocks of an omics site's BayesianFC encoder (0: linear; BVFLMSP: 2)",
+                                  bounds=NON_NEGATIVE)
+    head_layers: int = setting(1, "hidden blocks of the server's prediction head (BVFLMSP: 4)", bounds=NON_NEGATIVE)
+    dropout: float = setting(0.1, "dropout of the encoders and the head (BVFLMSP: 0.5)",
+                             bounds=Bounds(0.0, 1.0, low_closed=True))
     similarity_weight: float = setting(0.05, "weight of the 1 - cos alignment term between modality embeddings",
                                        bounds=NON_NEGATIVE)
     calibration: str = setting("rdp", "rdp (sigma for the record's releases at every site, no amplification) or "
@@ -476,6 +483,9 @@ class SplitConfig:
                               bounds=POSITIVE)
     clean_inference: bool = setting(False, "true: prediction embeddings without noise (clipped only; those records "
                                            "get no guarantee)")
+    risk_layer: str = setting("proportional", "the head's risk layer: proportional (one risk score shifts every "
+                                              "interval's baseline logit) or interval (BVFLMSP: a linear map per "
+                                              "interval)", choices=("proportional", "interval"))
     encoder: str = setting("score", "private_split: each site's encoder, fitted from one noisy statistic: score (1 "
                                     "dimension, the Cox score direction from the label holder's residuals: discloses "
                                     "the training labels to the sites), pca (split.embedding_dim components of a noisy "

@@ -209,14 +209,15 @@ def test_table_marks_missing_runs_and_short_cells() -> None:
               ([cell.strip() for cell in line.split("|")] for line in lines[2:])}
     assert by_row[("BayesianMultisurv", "IBS")]["a+c"] == "not run"
     assert by_row[("DeepHit", "C-index")]["b"] == "0.510 ± 0.000 (n=1)"
-    assert by_row[("Cox PH", "INBLL")]["a+b+c"] == "-"
+    assert by_row[("DeepSurv", "INBLL")]["a+b+c"] == "-"
+    assert by_row[("Cox PH", "INBLL")]["a+b+c"] == "0.580 ± 0.071"  # the linear reference of a combination
 
 
 def test_rerun_skips_rows_already_in_results_and_refuses_other_settings(tmp_path) -> None:
     arguments = ["--data", "synthetic_multimodal", "--seeds", "0", "--out", str(tmp_path), "--models", "cox_ph"]
     table1.main(arguments)
     first = pd.read_csv(tmp_path / "results.csv")
-    assert sorted(first["modalities"]) == ["a", "b", "c"]
+    assert sorted(first["modalities"]) == ["a", "a+b", "a+b+c", "a+c", "b", "b+c", "c"]
     table1.main(arguments)
     assert pd.read_csv(tmp_path / "results.csv").equals(first)
     text = (tmp_path / "table.md").read_text()

@@ -84,6 +84,12 @@ def test_the_schema_names_the_data_loaders_and_fault_modes():
     assert set(_TAMPERED_MESSAGE) == set(HOSTILE_MODES)
 
 
+def test_the_schema_names_the_fusion_heads_risk_layers():
+    from models.multimodal import RISK_LAYERS
+
+    assert set(KEYS["split.risk_layer"].setting.choices) == set(RISK_LAYERS)
+
+
 def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
     """Hydra overrides and flwr run-config overrides choosing ``option`` of ``group`` (with what it needs)."""
     hydra, flat = [f"{group}={option}"], {f"{group}.name": option}
@@ -289,7 +295,7 @@ def test_every_hydra_group_file_is_generated():
 
 
 def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_value_wins():
-    from strategies.config import DISTRIBUTED_DP_RECIPE, DP_SGD_RECIPE, TRAINING_DEFAULTS
+    from strategies.config import DISTRIBUTED_DP_RECIPE, DP_SGD_RECIPE, SPLIT_RECIPE, TRAINING_DEFAULTS
 
     def training(cfg):
         return {"train.local_epochs": cfg.train.local_epochs, "train.batch_size": cfg.train.batch_size,
@@ -300,6 +306,8 @@ def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_va
     for strategy in ("dp_sgd", "bdp"):
         assert training(parse_flat({"strategy.name": strategy})) == {**TRAINING_DEFAULTS, **DP_SGD_RECIPE}
     assert training(parse_flat({"strategy.name": "distributed_dp"})) == {**TRAINING_DEFAULTS, **DISTRIBUTED_DP_RECIPE}
+    split = parse_flat({"strategy.name": "split", "data.name": "metabric", "model.name": "bayesian_multisurv"})
+    assert training(split) == {**TRAINING_DEFAULTS, **SPLIT_RECIPE}
     assert DP_SGD_RECIPE["train.lr"] != 0.005 and TRAINING_DEFAULTS["train.lr"] != 0.005
     explicit = parse_flat({"strategy.name": "dp_sgd", "train.lr": 0.005, "privacy.clip_norm": "auto"})
     assert explicit.train.lr == 0.005 and explicit.privacy.clip_norm == DP_SGD_RECIPE["privacy.clip_norm"]

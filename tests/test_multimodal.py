@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -335,3 +336,63 @@ def test_survival_band_from_passes() -> None:
     assert 0.88 <= float(inside) <= 0.93
     with pytest.raises(ValueError):
         survival_band(logits[0])
+
+
+# --------------------------------------------------------------------------- the risk layer and the default recipe
+
+
+@pytest.mark.parametrize("bayesian", [True, False])
+def test_proportional_risk_layer_ranks_records_alike_at_every_interval(bayesian: bool) -> None:
+    torch.manual_seed(0)
+    head = FusionHead(8, 6, 1, 0.1, bayesian=bayesian, risk_layer="proportional")
+    interval = FusionHead(8, 6, 1, 0.1, bayesian=bayesian)
+    assert sum(p.numel() for p in head.risk.parameters()) == (2 if bayesian else 1) * (8 + 1) + 6
+    assert sum(p.numel() for p in interval.risk.parameters()) == (2 if bayesian else 1) * (8 * 6 + 6)
+    head.eval()
+    with seeded(3):
+        logits = head(torch.randn(5, 2, 8))
+    # one score per record: the difference between two records is the same in every interval
+    difference = logits[0] - logits[1:]
+    assert torch.allclose(difference, difference[:, :1].expand_as(difference), atol=1e-5)
+    assert not torch.allclose(logits[0], logits[1])
+    hazard = torch.sigmoid(head.risk.baseline.detach())
+    assert torch.allclose(torch.prod(1 - hazard), torch.tensor(0.5), atol=1e-5)  # starts at survival 1/2
+    with pytest.raises(ValueError, match="risk_layer must be one of"):
+        FusionHead(8, 6, 1, 0.1, risk_layer="cox")
+
+
+def test_the_default_recipes_per_record_loss_falls_over_epochs_on_a_small_data_set() -> None:
+    """The split run's defaults: the epoch loss is the per-record objective (NLL/record + KL/N +
+    similarity term), so it is of the size of one record's loss (a sum would be ~N times larger),
+    and it falls in expectation over epochs."""
+    from models.data.vertical import simulate_multimodal
+    from models.multimodal_training import (
+        MultimodalData,
+        batch_loss,
+        discretised_labels,
+        fit_transforms,
+        modality_inputs,
+        train_multisurv,
+    )
+    from strategies.config import defaults
+
+    split = SimpleNamespace(**{key.split(".", 1)[1]: value for key, value in defaults().items()
+                               if key.startswith("split.")})
+    table = simulate_multimodal(240, seed=0)
+    cuts = make_time_grid(table.time, table.event, num_durations=30)
+    transforms = fit_transforms(table, table.ids)
+    data = MultimodalData(*modality_inputs(table, table.ids, transforms),
+                          *discretised_labels(table.time, table.event, cuts))
+    model = build_multisurv({name: t.input_shape for name, t in transforms.items()}, seed=0, num_durations=len(cuts),
+                            dim=split.embedding_dim, encoder_layers=split.encoder_layers,
+                            head_layers=split.head_layers, dropout=split.dropout, risk_layer=split.risk_layer)
+    history = train_multisurv(model, data, epochs=30, batch_size=64, lr=0.003, weight_decay=1e-4, seed=0,
+                              similarity_weight=split.similarity_weight)
+    assert np.mean(history[-5:]) < np.mean(history[:5]) - 0.5
+    # the last epoch's loss is the whole data set's per-record objective at the end of training
+    whole = [float(batch_loss(model, data, torch.arange(len(data)), step=10**6 + k, seed=0,
+                              similarity_weight=split.similarity_weight)[0].detach()) for k in range(20)]
+    assert abs(history[-1] - np.mean(whole)) < 0.1 * np.mean(whole)
+    nll = float(logistic_hazard_nll(predict_multisurv(model, data.inputs, data.present, passes=1, seed=0)[0],
+                                    data.time_index, data.event))
+    assert 1.0 < nll < 4.0 and np.mean(whole) < 10 * len(data) ** 0.5  # summed over 240 records it would be > 240
