@@ -261,8 +261,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = run_table(args.out, data=args.data, data_dir=args.data_dir, seeds=seeds, models=models,
                          test_fraction=args.test_fraction, settings=settings, jobs=args.jobs, threads=args.threads)
     modalities = list(_load(args.data, args.data_dir).modalities)
-    text = write_table(rows, modalities, [model for model in MODELS if model in models])
-    if {"multisurv", "bayesian_multisurv"} <= set(models):
+    # every model of the folder's results, not only those this call ran (a rerun of one model keeps the others)
+    shown = [model for model in MODELS if model in models or (len(rows) and model in set(rows["model"]))]
+    text = write_table(rows, modalities, shown)
+    if {"multisurv", "bayesian_multisurv"} <= set(shown):
         text += "\nPaired by seed:\n\n" + write_paired_differences(rows, modalities)
     minutes = rows["seconds"].sum() / 60 if len(rows) else math.nan
     header = (f"{args.data}: mean ± std over {rows['seed'].nunique()} seeds "
