@@ -1,8 +1,8 @@
 """Private vertical learning with one release per record: the options of issue 18 measured, and the ceiling.
 
 ``python -m benchmarks.private_split select [--out grid.jsonl]``
-    Chooses ``privacy.clip_norm`` and ``split.fit_share`` (:data:`SELECTION_GRID`) for the ``score``
-    encoder with Laplace releases on **validation** splits (each seed's training records split 80/20 again; the test
+    Chooses ``privacy.clip_norm``, ``split.fit_share`` and the head's ``split.risk_layer``
+    (:data:`SELECTION_GRID`) for the ``score`` encoder with Laplace releases on **validation** splits (each seed's training records split 80/20 again; the test
     records are never read): synthetic two modalities and METABRIC, ε = 3 and 10, seeds 0-1.
     A setting's score is its mean validation C over those 8 runs.
 
@@ -52,16 +52,20 @@ from strategies.private_split import (
 
 SETTINGS = {"synthetic 2": ("synthetic_multimodal", ("a", "b")), "synthetic 3": ("synthetic_multimodal", ("a", "b", "c")),
             "metabric": ("metabric", ("genomic", "clinical"))}
-#: The (clip norm, fit share) settings of the selection: a 3 x 3 grid, then, the smallest clip having won, the smaller
-#: clips 0.25 (two shares) and 0.125 (the best share).
-SELECTION_GRID = (*itertools.product((0.5, 1.0, 2.0), (0.05, 0.1, 0.2)), (0.25, 0.05), (0.25, 0.1), (0.125, 0.05))
+#: The (clip norm, fit share, head risk layer) settings of the selection, in the order they were run: a 3 x 3 grid
+#: with the per-interval risk layer; the smallest clip having won, the smaller clips 0.25 (two shares) and 0.125 (the
+#: best share); then the proportional risk layer at the best share and four clips.
+SELECTION_GRID = (*itertools.product((0.5, 1.0, 2.0), (0.05, 0.1, 0.2), ("interval",)), (0.25, 0.05, "interval"),
+                  (0.25, 0.1, "interval"), (0.125, 0.05, "interval"),
+                  *itertools.product((0.125, 0.25, 0.5, 1.0), (0.05,), ("proportional",)))
 #: The options compared: (encoder, release noise, embedding dimensions).
 OPTIONS = (("score", "laplace", 1), ("score", "gaussian", 1), ("pca", "gaussian", 2), ("pca", "laplace", 2),
            ("features", "gaussian", 0))
 
 
 def run(setting: str, epsilon: float, seed: int, *, encoder: str = "score", noise: str = "laplace", dim: int = 1,
-        clip: float = 1.0, fit_share: float = 0.1, validation: bool = False, epochs: int = 50) -> dict:
+        clip: float = 1.0, fit_share: float = 0.1, validation: bool = False, epochs: int = 50,
+        risk_layer: str = "interval") -> dict:
     """One private run; returns C, ε and reconstruction R²."""
     name, modalities = SETTINGS[setting]
     table = load_vertical(name).select(modalities)
@@ -80,14 +84,15 @@ def run(setting: str, epsilon: float, seed: int, *, encoder: str = "score", nois
     cuts = make_time_grid(train.time, train.event, num_durations=20, scheme="quantiles")
     time_index, event = discretised_labels(train.time, train.event, cuts)
     head, losses = fit_release_head(torch.tensor(x_train), time_index, event, num_durations=len(cuts),
-                                    epochs=epochs, seed=seed)
+                                    risk_layer=risk_layer, epochs=epochs, seed=seed)
     x_test = concatenate(sites.release(test_ids), modalities)
     logits = predict_release_head(head, torch.tensor(x_test), passes=20, seed=seed)
     survival = torch.cumprod(torch.sigmoid(-logits), dim=-1).mean(0).numpy()
     c = harrell(test.time, test.event, -survival.sum(axis=1))
     r2 = reconstruction_r2(table, modalities, np.vstack([x_train, x_test]), [*train_ids, *test_ids])
     return {"setting": setting, "epsilon_target": epsilon, "seed": seed, "encoder": encoder, "noise": noise,
-            "dim": dim, "clip": clip, "fit_share": fit_share, "validation": validation, "c_index": c,
+            "dim": dim, "clip": clip, "fit_share": fit_share, "risk_layer": risk_layer, "validation": validation,
+            "c_index": c,
             "epsilon": record_epsilon(plan, noise_plan), "r2_max": max(r2), "r2_mean": float(np.mean(r2)),
             "loss_first": losses[0], "loss_last": losses[-1]}
 
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("mode", choices=("select", "measure", "ceiling"))
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--fit-share", type=float, default=0.1)
+    parser.add_argument("--risk-layer", default="interval", choices=("interval", "proportional"))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -167,10 +173,10 @@ def main(argv: list[str] | None = None) -> None:
             out.flush()
 
     if args.mode == "select":
-        for clip, share in SELECTION_GRID:
+        for clip, share, risk_layer in SELECTION_GRID:
             for setting, epsilon, seed in itertools.product(("synthetic 2", "metabric"), (3.0, 10.0), range(2)):
-                emit(run(setting, epsilon, seed, clip=clip, fit_share=share, validation=True))
-        _summary(rows, ("clip", "fit_share"))
+                emit(run(setting, epsilon, seed, clip=clip, fit_share=share, risk_layer=risk_layer, validation=True))
+        _summary(rows, ("risk_layer", "clip", "fit_share"))
     elif args.mode == "measure":
         cases = [("synthetic 2", 3.0), ("synthetic 2", 10.0), ("synthetic 3", 10.0), ("metabric", 10.0),
                  ("metabric", 3.0)]
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             for seed in range(args.seeds):
                 try:
                     emit(run(setting, epsilon, seed, encoder=encoder, noise=noise, dim=dim, clip=args.clip,
-                             fit_share=args.fit_share))
+                             fit_share=args.fit_share, risk_layer=args.risk_layer))
                 except ValueError as err:  # a budget the option cannot meet: say so
                     print(json.dumps({"setting": setting, "epsilon_target": epsilon, "encoder": encoder,
                                       "noise": noise, "error": str(err)}), flush=True)

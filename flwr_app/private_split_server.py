@@ -65,7 +65,7 @@ def _residuals(plan: PrivateSplitPlan, label_info: vertical_task.Labels) -> np.n
 
 def _fit_head(cfg: ExperimentConfig, x: np.ndarray, label_info: vertical_task.Labels, on_epoch=None):
     return fit_release_head(torch.tensor(x), label_info.time_index, label_info.event,
-                            num_durations=len(label_info.cuts), hidden_layers=0, dropout=0.0,
+                            num_durations=len(label_info.cuts), risk_layer=cfg.split.risk_layer,
                             bayesian=cfg.model.name == "bayesian_multisurv", lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, epochs=cfg.federation.rounds,
                             batch_size=cfg.train.batch_size, seed=cfg.seed, on_epoch=on_epoch)

@@ -383,6 +383,19 @@ class ProportionalRisk(nn.Module):
         return self.baseline + self.score(x)
 
 
+def build_risk_layer(dim: int, num_durations: int, prior: ScaleMixturePrior | None = None, *, bayesian: bool = True,
+                     kind: str = "proportional") -> nn.Module:
+    """The risk layer of ``kind`` (:data:`RISK_LAYERS`): :class:`ProportionalRisk`, or ``"interval"``'s
+    ``Linear(dim, T)`` with its bias at the constant hazard of survival 1/2 at the end of the grid."""
+    if kind not in RISK_LAYERS:
+        raise ValueError(f"risk_layer must be one of {RISK_LAYERS}, got {kind!r}")
+    if kind == "proportional":
+        return ProportionalRisk(dim, num_durations, prior, bayesian=bayesian)
+    layer = _linear(dim, num_durations, prior, bayesian)
+    nn.init.constant_(layer.bias_mu if bayesian else layer.bias, _half_survival_logit(num_durations))
+    return layer
+
+
 def _half_survival_logit(num_durations: int) -> float:
     """Logit of the constant hazard whose survival is 1/2 at the end of a ``num_durations`` grid."""
     hazard = 1.0 - 0.5 ** (1.0 / num_durations)
@@ -432,12 +445,7 @@ class FusionHead(nn.Module):
         self.num_durations = num_durations
         self.fusion = AttentionFusion(dim, prior, bayesian=bayesian)
         self.head = BayesianFC(dim, dim, head_hidden_layers, dropout=head_dropout, prior=prior, bayesian=bayesian)
-        if risk_layer == "proportional":
-            self.risk: nn.Module = ProportionalRisk(dim, num_durations, prior, bayesian=bayesian)
-        else:
-            self.risk = _linear(dim, num_durations, prior, bayesian)
-            bias = self.risk.bias_mu if bayesian else self.risk.bias
-            nn.init.constant_(bias, _half_survival_logit(num_durations))
+        self.risk = build_risk_layer(dim, num_durations, prior, bayesian=bayesian, kind=risk_layer)
 
     def forward(self, embeddings: Tensor, mask: Tensor | None = None) -> Tensor:
         """Hazard logits (B, T) from stacked embeddings (B, M, dim) and the presence mask (B, M)."""

@@ -8,10 +8,12 @@ so the credible band costs nothing either.
 
 .. math::
 
-    h_{il} = \sigma(\phi_{il}), \qquad \phi_i = \text{FC}\big((e_i - \mu) / s\big),
+    h_{il} = \sigma(\phi_{il}), \qquad \phi_i = \text{risk}\big((e_i - \mu) / s\big),
 
 with :math:`e_i` the concatenated releases, :math:`\mu, s` their mean and standard deviation over
-the training records, FC :class:`models.multimodal.BayesianFC` without batch norm, and the loss
+the training records, the risk layer :class:`models.multimodal.ProportionalRisk` (one score
+shifts every interval's baseline logit) or, with ``risk_layer="interval"``, a linear map per
+interval (:func:`models.multimodal.build_risk_layer`), and the loss
 :math:`\frac1B\sum_i \ell_i + \mathrm{KL}/N` per batch (:func:`models.losses.logistic_hazard_nll`;
 Blundell et al. 2015's minibatch weighting): the printed loss is per record.
 
@@ -19,14 +21,13 @@ Examples
 --------
 >>> import torch
 >>> x = torch.randn(200, 2); t = torch.randint(0, 5, (200,)); e = torch.randint(0, 2, (200,)).float()
->>> head, losses = fit_release_head(x, t, e, num_durations=5, hidden_layers=0, epochs=3, seed=0)
+>>> head, losses = fit_release_head(x, t, e, num_durations=5, epochs=3, seed=0)
 >>> predict_release_head(head, x[:3], passes=4, seed=0).shape
 torch.Size([4, 3, 5])
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -34,32 +35,28 @@ from torch import Tensor, nn
 
 from models.bayesian import kl_divergence, seeded
 from models.losses import logistic_hazard_nll
-from models.multimodal import BayesianFC, part_seed
+from models.multimodal import build_risk_layer, part_seed
 
 __all__ = ["ReleaseHead", "fit_release_head", "predict_release_head"]
 
 
 class ReleaseHead(nn.Module):
-    """Standardise the concatenated releases, then :class:`~models.multimodal.BayesianFC` to ``T`` hazard logits."""
+    """Standardise the concatenated releases, then the risk layer to ``T`` hazard logits."""
 
-    def __init__(self, mean: Tensor, scale: Tensor, num_durations: int, hidden_layers: int, dropout: float,
-                 *, bayesian: bool) -> None:
+    def __init__(self, mean: Tensor, scale: Tensor, num_durations: int, *, bayesian: bool,
+                 risk_layer: str = "proportional") -> None:
         super().__init__()
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale)
-        self.net = BayesianFC(mean.numel(), num_durations, hidden_layers, dropout=dropout, bayesian=bayesian,
-                              batch_norm=False)
-        hazard = 1.0 - 0.5 ** (1.0 / num_durations)  # survival 1/2 at the end of the grid to start
-        last = self.net.layers[-1]
-        nn.init.constant_(last.bias_mu if bayesian else last.bias, math.log(hazard / (1.0 - hazard)))
+        self.risk = build_risk_layer(mean.numel(), num_durations, bayesian=bayesian, kind=risk_layer)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net((x - self.mean) / self.scale)
+        return self.risk((x - self.mean) / self.scale)
 
 
 def fit_release_head(
-    x: Tensor, time_index: Tensor, event: Tensor, *, num_durations: int, hidden_layers: int = 0,
-    dropout: float = 0.0, bayesian: bool = True, lr: float = 0.01, weight_decay: float = 1e-4, epochs: int = 100,
+    x: Tensor, time_index: Tensor, event: Tensor, *, num_durations: int, risk_layer: str = "proportional",
+    bayesian: bool = True, lr: float = 0.01, weight_decay: float = 1e-4, epochs: int = 100,
     batch_size: int = 256, seed: int = 0, on_epoch: Callable[[int, float], None] | None = None,
 ) -> tuple[ReleaseHead, list[float]]:
     """Fit the head to released embeddings ``x`` (n, D) with discretised labels; returns it and the loss per epoch.
@@ -72,7 +69,7 @@ def fit_release_head(
         raise ValueError("x must be (n, D) with one time index and event per row")
     scale = x.std(dim=0).clamp_min(1e-6)
     with seeded(part_seed(seed, "release_head")):
-        head = ReleaseHead(x.mean(dim=0), scale, num_durations, hidden_layers, dropout, bayesian=bayesian)
+        head = ReleaseHead(x.mean(dim=0), scale, num_durations, bayesian=bayesian, risk_layer=risk_layer)
     optimizer = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
     n = x.shape[0]
     losses = []

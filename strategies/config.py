@@ -85,10 +85,10 @@ class Strategy:
 
 
 #: What the training keys whose default is ``auto`` take when the strategy's :attr:`Strategy.recipe` does not set
-#: them (the values non-private training was always run with).
+#: them.
 TRAINING_DEFAULTS: Mapping[str, Any] = {
     "train.local_epochs": 1, "train.batch_size": 128, "train.lr": 0.003, "privacy.clip_norm": 1.0,
-    "federation.rounds": 20,
+    "federation.rounds": 20, "split.risk_layer": "proportional",
 }
 #: The DP-SGD recipe of dp_sgd and bdp: chosen on validation splits of public data sets that no result reports
 #: (METABRIC, GBSG, WHAS; ``docs/privacy-methods.md``, "The DP training recipe").
@@ -110,15 +110,19 @@ SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 40}
 #: (post-processing, no privacy cost); the release clip norm and ``split.fit_share`` were chosen on validation splits
 #: (``benchmarks/private_split.py select``).
 PRIVATE_SPLIT_RECIPE: Mapping[str, Any] = {"federation.rounds": 50, "train.lr": 0.01, "train.batch_size": 256,
-                                           "privacy.clip_norm": 0.25}
+                                           "privacy.clip_norm": 0.25, "split.risk_layer": "interval"}
 
 
 def _recipe_auto(key: str) -> str:
     """The ``auto`` text of a training key: the recipes' values and the default's."""
     recipes = (("dp_sgd and bdp", DP_SGD_RECIPE), ("distributed_dp", DISTRIBUTED_DP_RECIPE), ("split", SPLIT_RECIPE),
                ("private_split", PRIVATE_SPLIT_RECIPE))
-    return "; ".join([f"{names}: {recipe[key]:g}" for names, recipe in recipes if key in recipe]
-                     + [f"otherwise {TRAINING_DEFAULTS[key]:g}"])
+    return "; ".join([f"{names}: {_text(recipe[key])}" for names, recipe in recipes if key in recipe]
+                     + [f"otherwise {_text(TRAINING_DEFAULTS[key])}"])
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 #: ``data.name`` options (the loaders in :mod:`models.data`; a test keeps the names equal to theirs).
@@ -483,9 +487,9 @@ class SplitConfig:
                               bounds=POSITIVE)
     clean_inference: bool = setting(False, "true: prediction embeddings without noise (clipped only; those records "
                                            "get no guarantee)")
-    risk_layer: str = setting("proportional", "the head's risk layer: proportional (one risk score shifts every "
-                                              "interval's baseline logit) or interval (BVFLMSP: a linear map per "
-                                              "interval)", choices=("proportional", "interval"))
+    risk_layer: str = setting(AUTO, "the head's risk layer: proportional (one risk score shifts every interval's "
+                                    "baseline logit) or interval (BVFLMSP: a linear map per interval)",
+                              choices=("proportional", "interval"), auto=_recipe_auto("split.risk_layer"))
     encoder: str = setting("score", "private_split: each site's encoder, fitted from one noisy statistic: score (1 "
                                     "dimension, the Cox score direction from the label holder's residuals: discloses "
                                     "the training labels to the sites), pca (split.embedding_dim components of a noisy "

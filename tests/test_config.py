@@ -295,12 +295,18 @@ def test_every_hydra_group_file_is_generated():
 
 
 def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_value_wins():
-    from strategies.config import DISTRIBUTED_DP_RECIPE, DP_SGD_RECIPE, SPLIT_RECIPE, TRAINING_DEFAULTS
+    from strategies.config import (
+        DISTRIBUTED_DP_RECIPE,
+        DP_SGD_RECIPE,
+        PRIVATE_SPLIT_RECIPE,
+        SPLIT_RECIPE,
+        TRAINING_DEFAULTS,
+    )
 
     def training(cfg):
         return {"train.local_epochs": cfg.train.local_epochs, "train.batch_size": cfg.train.batch_size,
                 "train.lr": cfg.train.lr, "privacy.clip_norm": cfg.privacy.clip_norm,
-                "federation.rounds": cfg.federation.rounds}
+                "federation.rounds": cfg.federation.rounds, "split.risk_layer": cfg.split.risk_layer}
 
     assert training(parse_flat({"strategy.name": "fedavg"})) == dict(TRAINING_DEFAULTS)
     for strategy in ("dp_sgd", "bdp"):
@@ -308,6 +314,9 @@ def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_va
     assert training(parse_flat({"strategy.name": "distributed_dp"})) == {**TRAINING_DEFAULTS, **DISTRIBUTED_DP_RECIPE}
     split = parse_flat({"strategy.name": "split", "data.name": "metabric", "model.name": "bayesian_multisurv"})
     assert training(split) == {**TRAINING_DEFAULTS, **SPLIT_RECIPE}
+    private = parse_flat({"strategy.name": "private_split", "data.name": "metabric", "privacy.epsilon": 10.0})
+    assert training(private) == {**TRAINING_DEFAULTS, **PRIVATE_SPLIT_RECIPE}
+    assert private.split.risk_layer == "interval" and split.split.risk_layer == "proportional"
     assert DP_SGD_RECIPE["train.lr"] != 0.005 and TRAINING_DEFAULTS["train.lr"] != 0.005
     explicit = parse_flat({"strategy.name": "dp_sgd", "train.lr": 0.005, "privacy.clip_norm": "auto"})
     assert explicit.train.lr == 0.005 and explicit.privacy.clip_norm == DP_SGD_RECIPE["privacy.clip_norm"]

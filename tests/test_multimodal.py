@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -374,10 +373,9 @@ def test_the_default_recipes_per_record_loss_falls_over_epochs_on_a_small_data_s
         modality_inputs,
         train_multisurv,
     )
-    from strategies.config import defaults
+    from strategies.config import parse_flat
 
-    split = SimpleNamespace(**{key.split(".", 1)[1]: value for key, value in defaults().items()
-                               if key.startswith("split.")})
+    split = parse_flat({"strategy.name": "split", "data.name": "synthetic_multimodal"}).split
     table = simulate_multimodal(240, seed=0)
     cuts = make_time_grid(table.time, table.event, num_durations=30)
     transforms = fit_transforms(table, table.ids)
