@@ -186,8 +186,10 @@ class PrivateSplitSite:
         try:
             shared, _ = run_setup(setup_plan, {self.source: (train, zeros, zeros)}, {self.source: rng},
                                   num_durations=2)
-        except SetupNoiseError as err:
-            raise SetupNoiseError(f"{self.source}: {err}") from None
+        except SetupNoiseError as err:  # its advice (public ranges, less noise) is the horizontal set-up's
+            detail = str(err).split(" (std")[0].replace("set-up statistics: ", "")
+            raise SetupNoiseError(f"{self.source}: too few training records ({len(train)}) for the private set-up: "
+                                  f"{detail}") from None
         self.preprocessor = shared.preprocessor
         x = self.preprocessor.transform(train)
         width = x.shape[1]

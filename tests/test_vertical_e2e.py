@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from simulations.engine import run_inprocess, run_simulation
+from simulations.engine import resolve, run_inprocess, run_simulation
 
 pytestmark = pytest.mark.slow
 
@@ -36,3 +36,24 @@ def test_flower_split_run_equals_the_in_process_run(tmp_path):
                for part in ("flower", "local")]
     assert [(e["round"], e["site"], e["epsilon"]) for e in ledgers[0]] == [
         (e["round"], e["site"], e["epsilon"]) for e in ledgers[1]]
+
+
+def test_flower_private_split_run_equals_the_in_process_run_and_a_site_error_is_one_line(tmp_path):
+    from simulations.run import describe_failure
+    from strategies.split import SplitSiteError
+
+    run = {"strategy.name": "private_split", "data.name": "synthetic_multimodal", "split.modalities": "a,b",
+           "privacy.epsilon": 10.0, "federation.rounds": 3, "split.mc_samples": 4, "baseline.centralized": False}
+    flower = run_simulation({**run, "output.dir": str(tmp_path / "flower")})
+    local = run_inprocess({**run, "output.dir": str(tmp_path / "local")})
+    # each site kept its preprocessing, encoder and cache in context.state between messages (Ray actors): same run
+    assert flower["test"] == local["test"] and flower["privacy"] == local["privacy"]
+    # a site's error through Ray reaches the user as the site's own line
+    bad = {**run, "split.modalities": "a,b,c", "privacy.epsilon": 10.0, "data.synthetic_records": 400,
+           "output.dir": str(tmp_path / "small")}
+    with pytest.raises(SplitSiteError) as caught:
+        run_simulation(bad)
+    line, code = describe_failure(caught.value, resolve(bad)[0])
+    assert code == 1 and "ray::" not in line
+    assert ("failed on train.private_split_setup: synthetic_multimodal modality 'a': too few training records (320) "
+            "for the private set-up: no bin of the range histogram of column 'a0' stands out of the noise") in line
