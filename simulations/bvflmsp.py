@@ -213,13 +213,12 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
     lines: list[str] = []
     settings = list(dict.fromkeys((row["setting"], row["modalities"]) for row in rows))
     calibrations = [c for c in ("rdp", "paper", PRIVATE) if any(row["calibration"] == c for row in rows)]
-    seeds = len({int(row["seed"]) for row in rows})
     for calibration in calibrations:
-        lines += [f"### calibration `{calibration}` (mean ± std over {seeds} seeds; test split)", "",
-                  "| data | modalities | target ε | σ | record ε (RDP, all sites) | per-site ε (RDP) | paper's ε claim | "
-                  "federated C | centralised twin C | no DP C | federated − twin | 95% band width | "
+        lines += [f"### calibration `{calibration}` (mean ± std over the row's seeds; test split)", "",
+                  "| data | modalities | target ε | seeds | σ | record ε (RDP, all sites) | per-site ε (RDP) | "
+                  "paper's ε claim | federated C | centralised twin C | no DP C | federated − twin | 95% band width | "
                   "reconstruction R² |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for setting, modalities in settings:
             chosen = [row for row in rows if row["setting"] == setting and row["modalities"] == modalities]
             no_dp = [row["federated_c_index"] for row in chosen if math.isinf(row["epsilon_target"])
@@ -234,7 +233,8 @@ def write_report(out: Path, rows: list[dict[str, Any]]) -> str:
                                if math.isfinite(row["centralised_c_index"])]
                 r2 = {name: [row["r2"][name] for row in group] for name in group[0]["r2"]}
                 lines.append(
-                    f"| {setting} | {modalities} | {_eps(epsilon)} | {_eps(max(r['noise_multiplier'] for r in group))} | "
+                    f"| {setting} | {modalities} | {_eps(epsilon)} | {len(group)} | "
+                    f"{_eps(max(r['noise_multiplier'] for r in group))} | "
                     f"{_eps(max(r['epsilon_record'] for r in group))} | {_eps(max(r['epsilon_site_max'] for r in group))} | "
                     f"{_eps(max(r['epsilon_paper'] for r in group))} | "
                     f"{mean_std([r['federated_c_index'] for r in group])} | "
