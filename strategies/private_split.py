@@ -19,7 +19,7 @@ or learns nothing. This protocol spends the record's budget where it buys utilit
        labels and sends to the site. Replace-one sensitivity of :math:`U`:
        ``2 · RESIDUAL_CLIP`` (a record's residual is fixed by its labels; its features move).
        The site learns the training records' residuals: the labels are disclosed to the sites
-       (the manifest says so).
+       (the ledger's assumptions say so).
    ``pca``
        ``split.embedding_dim`` dimensions: the top eigenvectors of the noisy second-moment matrix
        :math:`\sum_i v_i v_iᵀ` (Analyze Gauss, Dwork, Talwar, Thakurta & Zhang 2014; symmetric
