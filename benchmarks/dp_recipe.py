@@ -36,6 +36,7 @@ from models.data.federated import SurvivalArrays, build_federated_dataset
 from models.metrics import evaluate_survival
 from models.survival import build_survival_model
 from models.time_grid import make_time_grid
+from simulations.results_file import append_jsonl
 from strategies.mechanisms.dp_sgd import calibrated_noise_multiplier, poisson_schedule
 
 DATA_SETS = ("metabric", "gbsg", "whas")
@@ -122,8 +123,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.out:
-                    with open(args.out, "a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(row) + "\n")
+                    append_jsonl(args.out, row)
     print("setting (batch, lr, clip, local epochs) -> mean rank fraction (lower is better), groups")
     for key, score, count in ranking(rows)[:10]:
         print(f"{key}: {score:.3f} ({count})")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 import warnings
 
 import numpy as np
@@ -39,6 +38,7 @@ from models.data.vertical import load_vertical, split_train_test
 from models.multimodal_training import discretised_labels
 from models.release_head import fit_release_head, predict_release_head
 from models.time_grid import make_time_grid
+from simulations.results_file import append_jsonl
 from strategies.accounting.private_split import (
     PrivateSplitPlan,
     plan_noise,
@@ -161,16 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    out = open(args.out, "a", encoding="utf-8") if args.out else None
     rows = []
 
     def emit(row: dict) -> None:
         rows.append(row)
-        line = json.dumps(row)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        print(json.dumps(row), flush=True)
+        if args.out:
+            append_jsonl(args.out, row)
 
     if args.mode == "select":
         for clip, share, risk_layer in SELECTION_GRID:
@@ -196,9 +193,6 @@ def main(argv: list[str] | None = None) -> None:
             best = max((float(np.mean([ceiling(setting, epsilon, seed, noise, clip) for seed in range(args.seeds)])),
                         clip) for clip in (0.25, 0.5, 1.0, 2.0))
             emit({"setting": setting, "epsilon": epsilon, "noise": noise, "ceiling_c": best[0], "clip": best[1]})
-    if out:
-        out.close()
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from models.multimodal_training import (
 )
 from models.survival import restricted_mean_survival_time
 from models.time_grid import make_time_grid
+from simulations.results_file import append_jsonl
 
 #: (data set, modalities, validation parts per seed).
 DATA = (("metabric", ("genomic", "clinical"), 1), ("breast_cancer", ("genes", "clinical"), 3),
@@ -147,8 +148,7 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.out:
-                        with open(args.out, "a", encoding="utf-8") as handle:
-                            handle.write(json.dumps(row) + "\n")
+                        append_jsonl(args.out, row)
     print("setting -> mean rank fraction (lower is better); mean validation C per data setting")
     for setting, value, by_data in ranking(rows):
         print(f"{setting:36s} {value:.3f}  " + "  ".join(f"{data} {c:.4f}" for data, c in by_data.items()))

@@ -21,7 +21,7 @@ import torch
 from flwr_app import interrupt, vertical_task
 from flwr_app.config import ConfigError, ExperimentConfig
 from flwr_app.outputs import RunOutputs
-from flwr_app.vertical_server import FlowerSplitTransport, _fmt, _metrics
+from flwr_app.vertical_server import FlowerSplitTransport, _fmt, _metrics, check_sites
 from models.data.vertical import VerticalTable, align_modalities
 from models.multimodal import survival_band
 from models.plots import plot_survival_bands
@@ -83,9 +83,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     table = vertical_task.load_table(cfg) if table is None else table
     modalities = vertical_task.modality_names(cfg, table)
     held = transport.hello()
-    if sorted(held) != sorted(modalities):
-        raise SplitSiteError(f"the run needs one site per modality {list(modalities)}; the sites hold "
-                             f"{sorted(held)}")
+    check_sites(held, modalities)
     present = align_modalities(table.ids, {name: held[name] for name in modalities})
     label_info = vertical_task.labels(cfg, table)
     mechanism = get_mechanism(cfg.strategy)
@@ -101,7 +99,6 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
           + (f" (scale {noise.release_scale:.4g}), epsilon {noise.epsilon:.4g} per record" if plan.private
              else ", no DP") + f" | head: {cfg.federation.rounds} epochs -> {outputs.directory}", flush=True)
 
-    released = {name: 0 for name in modalities}
     try:
         widths = transport.private_setup(plan, train_ids, _residuals(plan, label_info))
         x_train = concatenate(transport.private_release(train_ids), modalities)
@@ -161,7 +158,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     summary["wall_time_s"] = time.perf_counter() - started
     if cfg.centralized_baseline:
         print("computing the centralised twin (the same protocol, seeds and noise in one process) ...", flush=True)
-        summary["centralized"] = centralized_twin(cfg, table, label_info)
+        summary["centralized"] = centralized_twin(cfg, table, label_info, plan, noise)
     outputs.write_summary(summary)
     print(f"final test: {_fmt(test)}  (95% band width {summary['band_width']:.4f})", flush=True)
     if headline["epsilon"] is not None and math.isfinite(headline["epsilon"]):
@@ -174,15 +171,15 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     return summary
 
 
-def centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: vertical_task.Labels) -> dict[str, Any]:
+def centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: vertical_task.Labels,
+                     plan: PrivateSplitPlan, noise: NoisePlan) -> dict[str, Any]:
     """The same protocol with every site in this process (:class:`strategies.private_split.PrivateSplitSites`).
 
-    Same plan, noise seeds, head and seeds: its figures equal the run's (``tests/test_private_split_run.py``),
-    which shows that the transport changes nothing.
+    Same plan, noise, noise seeds, head and seeds: its figures equal the run's
+    (``tests/test_private_split_run.py``), which shows that the transport changes nothing.
     """
-    plan, _ = _plan(cfg, len(table.modalities))
     modalities = tuple(table.modalities)
-    sites = PrivateSplitSites(plan, plan_noise(plan),
+    sites = PrivateSplitSites(plan, noise,
                               {name: (table.modalities[name], table.categorical.get(name, ())) for name in modalities},
                               noise_seed=vertical_task.simulation_noise_seed(cfg))
     residuals = _residuals(plan, label_info)

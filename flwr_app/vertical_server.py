@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,7 +50,7 @@ from strategies.split import (
     run_split_training,
 )
 
-__all__ = ["FlowerSplitTransport", "SplitTransport", "run_vertical"]
+__all__ = ["FlowerSplitTransport", "SplitTransport", "check_sites", "run_vertical"]
 
 
 class SplitTransport(Protocol):
@@ -155,11 +155,7 @@ class FlowerSplitTransport:
                                                          for name in self.nodes})
         widths = {}
         for name, reply in replies.items():
-            try:
-                modality, width = wire.decode_private_setup_reply(reply)
-            except (KeyError, TypeError, ValueError) as err:
-                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent an unreadable set-up reply: "
-                                     f"{err}") from None
+            modality, width = self._decoded(name, wire.decode_private_setup_reply, reply, "set-up")
             if modality != name or width < 1:
                 raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused set-up reply: "
                                      f"modality {modality!r}, width {width}")
@@ -173,11 +169,8 @@ class FlowerSplitTransport:
                                                            for name in self.nodes})
         released = {}
         for name, reply in replies.items():
-            try:
-                modality, embeddings, present, privacy = wire.decode_private_release_reply(reply)
-            except (KeyError, TypeError, ValueError) as err:
-                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent an unreadable release reply: "
-                                     f"{err}") from None
+            modality, embeddings, present, privacy = self._decoded(name, wire.decode_private_release_reply, reply,
+                                                                   "release")
             reason = (f"the reply claims modality {modality!r}" if modality != name else
                       check_embeddings(embeddings, present, rows=len(ids), dim=self.widths[name], passes=None))
             released_before = self.released_any.get(name, False) or bool(present.any())
@@ -190,16 +183,21 @@ class FlowerSplitTransport:
             self.released_any[name] = released_before
         return released
 
+    def _decoded(self, name: str, decode: Callable[[RecordDict], Any], content: RecordDict, kind: str) -> Any:
+        """``decode(content)`` of site ``name``'s reply; a reply it cannot read stops the run naming the site."""
+        try:
+            return decode(content)
+        except (KeyError, TypeError, ValueError) as err:
+            raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent an unreadable {kind} reply: "
+                                 f"{err}") from None
+
     def _checked(self, name: str, content: RecordDict, message_type: str, ids: list[str], passes: int | None, *,
                  noisy: bool = True) -> SiteReply:
         """The decoded reply of site ``name``, checked (:func:`strategies.replies.check_embeddings`), and its
         privacy report checked against the server's own count of the releases it asked for."""
         rows = len(ids)
         node = self.nodes[name]
-        try:
-            modality, reply = wire.decode_reply(content)
-        except (KeyError, TypeError, ValueError) as err:
-            raise SplitSiteError(f"site {name!r} (node {node}) sent an unreadable {message_type} reply: {err}") from None
+        modality, reply = self._decoded(name, wire.decode_reply, content, message_type)
         reason = (f"the reply claims modality {modality!r}" if modality != name else
                   check_embeddings(reply.embeddings, reply.present, rows=rows, dim=self.dim, passes=passes))
         if not reason and name in self.configs:
@@ -210,6 +208,16 @@ class FlowerSplitTransport:
         if reason:
             raise SplitSiteError(f"site {name!r} (node {node}) sent a refused {message_type} reply: {reason}")
         return reply
+
+
+def check_sites(held: Mapping[str, list[str]], modalities: tuple[str, ...]) -> None:
+    """Refuse a federation without exactly one site per modality (``held``: the sites' hello replies)."""
+    unexpected = sorted(set(held) - set(modalities))
+    absent = [name for name in modalities if name not in held]
+    if unexpected or absent:
+        raise SplitSiteError(f"the run needs one site per modality {list(modalities)}; "
+                             f"{'no site holds ' + str(absent) if absent else ''}"
+                             f"{'; unexpected sites ' + str(unexpected) if unexpected else ''}")
 
 
 def _report_problem(config: SiteConfig, report: Mapping[str, float], releases: int) -> str:
@@ -273,12 +281,7 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     table = vertical_task.load_table(cfg) if table is None else table
     modalities = vertical_task.modality_names(cfg, table)
     held = transport.hello()
-    unexpected = sorted(set(held) - set(modalities))
-    absent = [name for name in modalities if name not in held]
-    if unexpected or absent:
-        raise SplitSiteError(f"the run needs one site per modality {list(modalities)}; "
-                             f"{'no site holds ' + str(absent) if absent else ''}"
-                             f"{'; unexpected sites ' + str(unexpected) if unexpected else ''}")
+    check_sites(held, modalities)
     present = align_modalities(table.ids, {name: held[name] for name in modalities})
     label_info = vertical_task.labels(cfg, table)
     mechanism = get_mechanism(cfg.strategy)

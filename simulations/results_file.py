@@ -7,14 +7,15 @@ loses at most the runs in flight.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_runs", "mean_std", "read_rows"]
+__all__ = ["append_jsonl", "append_runs", "mean_std", "read_rows"]
 
 
 def mean_std(values: Iterable[float], digits: int = 3) -> str:
@@ -25,6 +26,12 @@ def mean_std(values: Iterable[float], digits: int = 3) -> str:
     if len(finite) == 1:
         return f"{finite[0]:.{digits}f} (1 run)"
     return f"{statistics.mean(finite):.{digits}f} ± {statistics.stdev(finite):.{digits}f}"
+
+
+def append_jsonl(path: str | Path, row: Mapping[str, Any]) -> None:
+    """Append ``row`` to the JSON-lines file ``path`` as one line (at once: a stopped run loses nothing)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, default=float) + "\n")
 
 
 def read_rows(path: Path, *, text_fields: Iterable[str]) -> list[dict[str, Any]]:

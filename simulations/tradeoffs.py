@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from simulations.results_file import append_jsonl
+
 SEEDS5 = range(5)
 OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0}
 SBA_REGIONS = {"data.name": "sba", "federation.partition": "region"}
@@ -95,8 +97,7 @@ def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
             except Exception as err:  # a failed run is a row, and the plan goes on
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"[:500]}
         row["wall_s"] = round(time.perf_counter() - started, 1)
-        with out.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row, default=float) + "\n")
+        append_jsonl(out, row)
         print(_key(config), row.get("error") or {k: round(v, 4) for k, v in row["test"].items()}, flush=True)
 
 
