@@ -23,6 +23,7 @@ model's metrics on its own test part.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import math
@@ -44,7 +45,7 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
-from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.base import SiteSetUp, setup_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -145,12 +146,16 @@ class SiteSetup:
     left_out
         Node ID -> why that site was left out (its error reply, naming file, column and problem;
         no reply; or a schema that differs from the others').
+    notes
+        How the private set-up settled ranges that did not stand out of its noise (one sentence
+        each: :meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
     """
 
     spec: task.SiteSpec
     sites: dict[int, str]
     left_out: dict[int, str]
     setups: dict[str, SiteSetUp]
+    notes: tuple[str, ...] = ()
 
 
 class ParticipatingSites(Grid):
@@ -192,8 +197,8 @@ class ParticipatingSites(Grid):
 def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> SiteSetup:
     """Agree the preprocessing, the time grid and the record counts with the connected sites and send them the result.
 
-    With a mechanism whose set-up is private (``dp_sgd``, ``bdp`` with ``privacy.setup_noise`` >
-    0) the sites release noisy statistics in two passes (:func:`_private_setup`); otherwise they
+    With a mechanism whose set-up is private (``dp_sgd``, ``bdp``, ``distributed_dp`` with
+    ``privacy.setup_share`` > 0) the sites release noisy statistics in two passes (:func:`_private_setup`); otherwise they
     send exact sums (:func:`_exact_setup`).
 
     A site whose file cannot be used replies with an error naming the file, the column and the
@@ -286,13 +291,13 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     try:
         ranges = agree_ranges(plan, functools.reduce(operator.add, releases.values()))
     except SetupNoiseError as err:
-        raise RuntimeError(f"set-up: {err} (privacy.setup_noise, data.dictionary)") from None
+        raise RuntimeError(f"set-up: {err}") from None
     second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict(), "dictionary": public}
                                           for node in releases}, timeout)
     moments = {}
     for node, reply in second.items():
         try:
-            moments[node] = MomentRelease.from_dict(reply, plan)
+            moments[node] = MomentRelease.from_dict(reply, plan, ranges)
         except (KeyError, TypeError, ValueError) as err:
             failed[node] = f"site '{names[node]}': set-up release refused: {err}"
     if failed:
@@ -302,7 +307,8 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
                           functools.reduce(operator.add, moments.values()), num_durations=cfg.model.num_durations)
     spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
     counts = {node: agreed_count(release.count) for node, release in releases.items()}
-    return _send_setup(grid, cfg, spec, counts, names, left_out, accountant_history(plan), timeout=timeout)
+    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, accountant_history(plan), timeout=timeout)
+    return dataclasses.replace(agreed, notes=shared.notes)
 
 
 def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float],
@@ -323,7 +329,7 @@ def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: 
 
 def _plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> dict[str, Any]:
     """The run's set-up plan options (every site and the server build the same plan)."""
-    return {"noise_multiplier": cfg.privacy.setup_noise, "adjacency": cfg.privacy.adjacency,
+    return {"noise_multiplier": setup_multiplier(cfg), "adjacency": cfg.privacy.adjacency,
             "dictionary": dictionary, "time_grid": cfg.model.time_grid}
 
 

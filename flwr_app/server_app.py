@@ -218,10 +218,11 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         wait_for_sites(grid, cfg.federation.num_sites)
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
-        node_sites, spec = dict(setup.sites), setup.spec
+        node_sites, spec, setup_notes = dict(setup.sites), setup.spec, setup.notes
     else:
         dataset = task.load_federation(cfg)
-        model, setups = task.build_model(cfg, dataset), task.federation_setup(cfg).setups
+        agreed = task.federation_setup(cfg)
+        model, setups, setup_notes = task.build_model(cfg, dataset), agreed.setups, agreed.notes
         spec = task.run_spec(cfg, dataset)
         wait_for_sites(grid, dataset.num_sites)
         node_sites = {}
@@ -262,6 +263,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         f"{cfg.federation.rounds} rounds -> {outputs.directory}",
         flush=True,
     )
+    for note in setup_notes:
+        print(note, flush=True)
 
     def end_of_round(server_round: int, arrays: ArrayRecord) -> None:
         record = survival.rounds.get(server_round)
@@ -269,6 +272,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         for site in sorted(released):
             entry = mechanism.ledger_entry(cfg, server_round, site, setup=setups[site],
                                            reports=survival.site_reports(site, server_round))
+            entry = dataclasses.replace(entry, assumptions=entry.assumptions + setup_notes)
             if released[site] is None:
                 entry = dataclasses.replace(entry, assumptions=entry.assumptions + (
                     f"round {server_round}: no accepted reply from this site (refused, or none within "

@@ -33,7 +33,7 @@ from models.metrics import calibration_table, evaluate_survival, undefined_reaso
 from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model
 from models.time_grid import make_time_grid
-from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.base import SiteSetUp, setup_multiplier
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.mechanisms.setup_statistics import SetupPlan, accountant_history, run_setup
@@ -55,12 +55,15 @@ class FederationSetUp:
         The differentially private set-up's plan (:mod:`strategies.mechanisms.setup_statistics`),
         or ``None`` when the set-up was exact (fitted on the pooled training data, which stands
         for the sites' exact sums).
+    notes
+        How the private set-up settled ranges that did not stand out of its noise (one sentence each).
     """
 
     cuts: np.ndarray
     time_scale: tuple[float, float]
     setups: dict[str, SiteSetUp]
     plan: SetupPlan | None
+    notes: tuple[str, ...] = ()
 
 
 #: Stream of the simulated sites' set-up noise (beside the partition's and the split's).
@@ -69,7 +72,7 @@ SETUP_STREAM = 11
 
 def uses_private_setup(cfg: ExperimentConfig) -> bool:
     """Whether the run agrees its set-up with DP: its mechanism needs it (``private_setup``: the
-    record-level DP-SGD mechanisms) and ``privacy.setup_noise`` is not 0."""
+    record-level DP-SGD mechanisms) and ``privacy.setup_share`` is not 0."""
     return horizontal_mechanism(cfg.strategy).uses_private_setup(cfg)
 
 
@@ -81,7 +84,7 @@ def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | Non
     if not uses_private_setup(cfg):
         return None
     dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
-    return SetupPlan.for_features(features, noise_multiplier=cfg.privacy.setup_noise,
+    return SetupPlan.for_features(features, noise_multiplier=setup_multiplier(cfg),
                                   adjacency=cfg.privacy.adjacency, dictionary=dictionary,
                                   time_grid=cfg.model.time_grid)
 
@@ -123,7 +126,7 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
         counts = {site.name: float(len(site.train)) for site in dataset.sites}
     smallest = min(counts.values())
     setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
-    return dataset, FederationSetUp(cuts, time_scale, setups, plan)
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan, agreed["shared"].notes if agreed else ())
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -209,7 +212,7 @@ def run_spec(cfg: ExperimentConfig, dataset: FederatedDataset) -> SiteSpec:
 
 def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
     """What a run saves beside its model (``preprocessing.json``, read by :func:`models.predict.load_run`)."""
-    setup = ("differentially private: the noisy statistics the federation agreed (privacy.setup_noise), "
+    setup = ("differentially private: the noisy statistics the federation agreed (privacy.setup_share), "
              "on which the model was trained" if uses_private_setup(cfg) else "exact")
     return preprocessing_payload(spec.preprocessor, cuts=spec.cuts, time_scale=spec.time_scale, setup=setup,
                                  id_col=cfg.data.id_col)

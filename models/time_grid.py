@@ -18,6 +18,7 @@ __all__ = [
     "check_time_event",
     "make_time_grid",
     "time_grid_from_counts",
+    "time_grid_from_histogram",
     "time_grid_from_histograms",
     "time_histogram",
 ]
@@ -182,3 +183,54 @@ def time_grid_from_counts(
             raise ValueError("equidistant cuts are not unique: all times are 0")
         return np.linspace(0.0, points[-1], num_durations)
     return _quantile_cuts(*_kaplan_meier_counts(points, events, counts), num_durations)
+
+
+def time_grid_from_histogram(
+    edges: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int,
+) -> np.ndarray:
+    r"""Quantile cuts of the Kaplan-Meier curve of records counted per interval, interpolated within intervals.
+
+    ``events[j]`` and ``censored[j]`` records leave in :math:`(e_j, e_{j+1}]`; the curve at the
+    edges is :math:`S(e_0) = 1`, :math:`S(e_{j+1}) = S(e_j)(1 - d_j / n_j)` with :math:`n_j` the
+    records still at risk at :math:`e_j`, and linear in between (records spread evenly over their
+    interval). As :func:`make_time_grid`'s ``"quantiles"``, the cuts are the times at which
+    :math:`S` first reaches ``num_durations`` equally spaced levels from its minimum to 1, the
+    first set to 0 and the last at the end of the last interval holding a record; a level the curve crosses inside an interval gets a cut inside it, so a coarse
+    (e.g. noisy, differentially private) histogram still gives distinct cuts where the events are.
+    Counts may be fractional (denoised). Fewer cuts are returned only where levels coincide
+    (intervals without events).
+
+    Parameters
+    ----------
+    edges : ndarray, shape (m + 1,)
+        Strictly increasing, starting at 0.
+    events, censored : ndarray, shape (m,)
+        Non-negative counts with at least one event.
+    num_durations : int
+        Number of cut points (>= 2).
+    """
+    edges = np.asarray(edges, dtype=np.float64)
+    events = np.asarray(events, dtype=np.float64)
+    censored = np.asarray(censored, dtype=np.float64)
+    if edges.ndim != 1 or edges.size < 2 or edges[0] != 0 or np.any(np.diff(edges) <= 0):
+        raise ValueError("edges must be strictly increasing from 0")
+    if events.shape != (edges.size - 1,) or censored.shape != events.shape:
+        raise ValueError(f"events and censored need {edges.size - 1} counts, got {events.shape}, {censored.shape}")
+    if np.any(events < 0) or np.any(censored < 0) or not np.all(np.isfinite(events + censored)) or events.sum() <= 0:
+        raise ValueError("events and censored must be finite, non-negative counts with at least one event")
+    if num_durations < 2:
+        raise ValueError(f"num_durations must be >= 2, got {num_durations}")
+    at_risk = np.cumsum((events + censored)[::-1])[::-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(at_risk > 0, 1.0 - events / at_risk, 1.0)
+    surv = np.concatenate(([1.0], np.cumprod(np.clip(factor, 0.0, 1.0))))
+    levels = np.linspace(surv.min(), 1.0, num_durations)
+    reached = np.argmax(surv[None, :] <= levels[:, None] + 1e-12, axis=1)  # first edge at or below each level
+    before = np.maximum(reached - 1, 0)
+    drop = surv[before] - surv[reached]
+    share = np.divide(surv[before] - levels, drop, out=np.ones_like(levels), where=drop > 0)
+    cuts = edges[before] + np.clip(share, 0.0, 1.0) * (edges[reached] - edges[before])
+    cuts[0] = edges[np.flatnonzero(events + censored > 0)[-1] + 1]  # the lowest level: the last record (as pycox)
+    cuts = np.unique(np.where(reached == 0, 0.0, cuts))
+    cuts[0] = 0.0
+    return cuts

@@ -444,9 +444,11 @@ class PrivacyConfig:
                                       "paper's rule)", bounds=Bounds(0.0, 1.0, low_closed=True, high_closed=True))
     min_site_records: int = setting(0, "nbafl/ls_adp/row_dp: m in the sensitivity 2C/m; 0 = the smallest site's "
                                        "training records (simulation only)", bounds=NON_NEGATIVE)
-    setup_noise: float = setting(10.0, "dp_sgd/bdp: noise multiplier of the set-up releases (counts, ranges, "
-                                       "moments, time histogram); 0 = exact set-up (not covered by epsilon)",
-                                 bounds=NON_NEGATIVE)
+    setup_share: float = setting(0.2, "dp_sgd/bdp/distributed_dp: share of the privacy budget spent on the set-up "
+                                      "releases (counts, ranges, moments, time histogram): their noise is that of one "
+                                      "Gaussian mechanism spending this share of the RDP budget of epsilon, so a larger "
+                                      "epsilon gives finer statistics; 0 = exact set-up (not covered by epsilon)",
+                                 bounds=Bounds(0.0, 1.0, low_closed=True))
     max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
                                    "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",
                                 bounds=NON_NEGATIVE)

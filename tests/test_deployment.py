@@ -177,8 +177,7 @@ def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed
                                       "categorical": {"mgus": ["no", "yes"], "sex": ["F", "M"]}}))
     dp_sgd = ("data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
               "privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
-              f"evaluation.server_side=false baseline.centralized=false data.dictionary='{dictionary}' "
-              "privacy.setup_noise=5")  # 1200 records: the default set-up noise would hide some columns
+              f"evaluation.server_side=false baseline.centralized=false data.dictionary='{dictionary}'")
     # Two one-round runs with the same seed: each site draws its noise (and batches) from its own OS entropy, so
     # the updates it releases differ, and the server cannot regenerate them from the seed.
     released = []

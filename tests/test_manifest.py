@@ -90,7 +90,7 @@ def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path, strategy, s
     overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
                  "strategy.name": strategy, "evaluation.server_side": False}
     if strategy == "dp_sgd":
-        overrides |= {"privacy.epsilon": 2.0, "privacy.setup_noise": 5.0}  # 2400 records, OS-entropy noise
+        overrides |= {"privacy.epsilon": 2.0, "privacy.setup_share": 0.2}  # 2400 records, OS-entropy noise
     seen = _observed(overrides, tmp_path, node_configs=configs)
     _, cfg = resolve({**SMALL, **overrides})
     manifest = get_mechanism(strategy).manifest(cfg)

@@ -47,7 +47,7 @@ def test_the_ledger_composes_the_set_up_with_training_as_dp_accounting_does(tmp_
         assert 2.0 - 0.02 <= entry["epsilon"] <= 2.0  # the whole budget, set-up included
     # the agreed counts are noisy (std about 32 records at the default noise), and DP-SGD's noise is larger
     # than it would be without the set-up releases: it gets what they leave of the budget
-    exact = task.federation_setup(resolve({**RUN, "privacy.setup_noise": 0.0})[1])
+    exact = task.federation_setup(resolve({**RUN, "privacy.setup_share": 0.0})[1])
     assert any(site.count != exact.setups[name].count for name, site in setup.setups.items())
     mechanism = get_mechanism("dp_sgd")
     for site in setup.setups.values():
@@ -61,7 +61,7 @@ def test_the_set_up_noise_is_seeded_in_simulation_and_the_exact_set_up_is_listed
     again = task._simulation.__wrapped__(task._simulation_key(cfg))[1]
     assert {name: site.count for name, site in again.setups.items()} == \
         {name: site.count for name, site in task.federation_setup(cfg).setups.items()}
-    exact = resolve({**RUN, "privacy.setup_noise": 0.0})[1]
+    exact = resolve({**RUN, "privacy.setup_share": 0.0})[1]
     uncovered = [release.value for release in get_mechanism("dp_sgd").manifest(exact).uncovered]
     assert {"record count", "feature statistics", "time grid"} <= set(uncovered)
     assert task.federation_setup(exact).plan is None and all(not s.prior for s in task.federation_setup(exact).setups.values())

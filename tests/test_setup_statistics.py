@@ -14,7 +14,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from models.data import Preprocessor
 from models.data.dictionary import DataDictionary
-from models.time_grid import make_time_grid, time_grid_from_histograms, time_histogram
+from models.time_grid import make_time_grid, time_grid_from_histogram, time_histogram
 from strategies.mechanisms import setup_statistics as setup
 from strategies.mechanisms.setup_statistics import (
     AgreedRanges,
@@ -69,8 +69,9 @@ def split(features, time, event, parts: int = 3):
 def range_vector(plan: SetupPlan, release: RangeRelease, name: str) -> np.ndarray:
     if name == "record_count":
         return np.array([release.count])
-    blocks = [release.histograms[c] for c in plan.private_numeric]
-    return np.concatenate(blocks + ([release.time] if release.time is not None else []))
+    if name == "time_range":
+        return release.time
+    return np.concatenate([release.histograms[c] for c in plan.private_numeric])
 
 
 def moment_vector(plan: SetupPlan, release: MomentRelease, name: str) -> np.ndarray:
@@ -83,7 +84,7 @@ def release_vector(plan: SetupPlan, ranges: AgreedRanges, features, time, event,
     """The exact (noise-free) vector of release ``name`` of one site's records."""
     exact = SetupPlan(plan.columns, plan.numeric, 0.0, plan.adjacency, plan.dictionary, plan.time_grid)
     rng = np.random.default_rng(0)
-    if name in ("record_count", "range_histograms"):
+    if name in RANGE_PASS:
         return range_vector(exact, release_ranges(exact, features, time, rng), name)
     return moment_vector(exact, release_moments(exact, ranges, features, time, event, rng), name)
 
@@ -102,7 +103,8 @@ def replaced(features, time, event, row: dict, t: float, e: float, position: int
     return features, time, event
 
 
-RELEASES = ("record_count", "range_histograms", "time_histogram", "feature_moments")
+RELEASES = ("record_count", "time_range", "range_histograms", "time_histogram", "feature_moments")
+RANGE_PASS = RELEASES[:3]
 
 
 @pytest.fixture()
@@ -113,7 +115,8 @@ def data():
 @pytest.fixture()
 def fixed_ranges(data):
     """Public (data-independent) ranges for the second pass: the sensitivity is checked for fixed ranges."""
-    return AgreedRanges({"age": (20.0, 100.0), "dose": (0.0, 5.0), "flag": (0.0, 1.0)}, 1000.0)
+    return AgreedRanges({"age": (20.0, 100.0), "dose": (0.0, 5.0), "flag": (0.0, 1.0)}, 1000.0,
+                        time_bins=setup.TIME_BINS_MAX)
 
 
 def test_declared_sensitivity_bounds_random_neighbours_and_is_attained_by_a_worst_case_record(data, fixed_ranges):
@@ -149,7 +152,8 @@ def test_declared_sensitivity_bounds_random_neighbours_and_is_attained_by_a_wors
         swapped = np.linalg.norm(release_vector(plan, fixed_ranges, *worst_replaced, name) - base_high)
         assert added == pytest.approx(declared[name]["add-remove"], rel=1e-9), name
         assert swapped == pytest.approx(declared[name]["replace-one"], rel=1e-9, abs=1e-12), name
-    assert declared["range_histograms"]["add-remove"] == pytest.approx(math.sqrt(4))  # age, dose, flag, time
+    assert declared["range_histograms"]["add-remove"] == pytest.approx(math.sqrt(3))  # age, dose, flag
+    assert declared["time_range"]["replace-one"] == pytest.approx(math.sqrt(2))
     assert declared["feature_moments"]["replace-one"] == pytest.approx(2 * math.sqrt(3))
 
 
@@ -163,7 +167,7 @@ def test_noise_has_the_declared_standard_deviation_and_mean_zero(data, fixed_ran
         first = release_ranges(plan, features, time, rng)
         second = release_moments(plan, fixed_ranges, features, time, event, rng)
         for name in RELEASES:
-            vector = range_vector(plan, first, name) if name in RELEASES[:2] else moment_vector(plan, second, name)
+            vector = range_vector(plan, first, name) if name in RANGE_PASS else moment_vector(plan, second, name)
             draws[name].append(vector - release_vector(plan, fixed_ranges, features, time, event, name))
     for name, noise in draws.items():
         noise = np.concatenate(noise)
@@ -230,16 +234,19 @@ def test_noiseless_setup_equals_the_exact_pooled_preprocessing_and_grid_within_t
         assert lo <= values.min() and values.max() < hi  # no value is clipped: the edges of the extreme bins
         assert lo == edges[edges <= values.min()].max() and hi == edges[edges > values.max()].min()
     np.testing.assert_allclose(shared.preprocessor.transform(features), exact.transform(features), atol=1e-5)
-    edges = time_edges(ranges.time_max)
-    assert time.max() <= ranges.time_max <= time.max() * 10 ** 0.1
+    edges = ranges.time_edges()
+    assert ranges.time_bins == setup.TIME_BINS_MAX  # without noise, the finest histogram
+    np.testing.assert_array_equal(edges, time_edges(ranges.time_max, setup.TIME_BINS_MAX))
+    assert time.max() <= ranges.time_max <= time.max() * 10 ** (1 / setup.RANGE_BINS_PER_DECADE)
     np.testing.assert_array_equal(
-        shared.cuts, time_grid_from_histograms(edges, *time_histogram(time, event, edges), num_durations=10))
-    # today's grid of the times rounded up to the right edges of their intervals
-    rounded = edges[np.minimum(np.searchsorted(edges, time, side="right"), edges.size - 1)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # duplicate quantile cuts
-        np.testing.assert_array_equal(shared.cuts, make_time_grid(rounded, event, num_durations=10))
-    width = edges[1]
+        shared.cuts, time_grid_from_histogram(edges, *time_histogram(time, event, edges), num_durations=10))
+    # each cut lies in the interval of the exact grid's cut or the next (records spread over their interval)
+    exact_cuts = make_time_grid(time, event, num_durations=10)
+    assert shared.cuts.size == exact_cuts.size
+    interval = np.searchsorted(edges, exact_cuts[1:], side="left")
+    assert np.all(shared.cuts[1:] >= edges[interval - 1] - 1e-9)
+    assert np.all(shared.cuts[1:] <= edges[np.minimum(interval + 1, edges.size - 1)] + 1e-9)
+    width = np.diff(edges).max()
     assert shared.time_scale[0] == pytest.approx(time.mean(), abs=width / 2)
     assert shared.time_scale[1] == pytest.approx(time.std(), abs=width)
 
@@ -302,15 +309,45 @@ def test_noisy_ranges_hold_the_bulk_and_never_reach_empty_far_bins():
     assert holds_quartiles >= 36  # of 40
 
 
-def test_a_column_hidden_by_the_noise_is_named_in_one_line():
+def test_a_column_hidden_by_the_noise_is_left_out_and_named_and_hidden_times_stop_in_one_line():
     features, time, event = table(40, seed=8)
-    plan = SetupPlan.for_features(features, noise_multiplier=10.0,
-                                  dictionary=DataDictionary.from_mapping({"numeric": {"age": [0, 120]}}))
+    public_time = DataDictionary.from_mapping({"numeric": {"age": [0, 120]}, "time": {"max": 5000}})
+    plan = SetupPlan.for_features(features, noise_multiplier=10.0, dictionary=public_time)
+    shared, ranges, _, _ = run_protocol(plan, split(features, time, event), np.random.default_rng(0))
+    assert ranges.fallbacks.get("dose") == "left out" and "age" not in ranges.fallbacks  # age's range is public
+    out = sorted(ranges.left_out)
+    assert "dose" not in shared.preprocessor.columns and "age" in shared.preprocessor.columns
+    assert shared.preprocessor.transform(features).shape[1] == (
+        Preprocessor.fit(features.drop(columns=out)).transform(features.drop(columns=out)).shape[1])
+    assert ("set-up: no range of column 'dose' stood out of the noise; the model leaves it out (give it a public range "
+            "in data.dictionary, or raise privacy.setup_share)") in shared.notes
+    assert len(shared.notes) == len(ranges.fallbacks)
+    private_time = SetupPlan.for_features(features, noise_multiplier=10.0,
+                                          dictionary=DataDictionary.from_mapping({"numeric": {"age": [0, 120]}}))
     with pytest.raises(setup.SetupNoiseError) as err:
-        run_protocol(plan, split(features, time, event), np.random.default_rng(0))
-    assert "range histogram of column 'dose' stands out of the noise" in str(err.value)
-    assert "give it a public range in the data dictionary or lower the set-up noise multiplier (10)" in str(err.value)
-    assert "\n" not in str(err.value)
+        run_protocol(private_time, split(features, time, event), np.random.default_rng(0))
+    assert "the training times' range histogram does not stand out of the noise" in str(err.value)
+    assert "raise privacy.setup_share or privacy.epsilon" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_range_below_the_test_but_clear_of_the_noise_is_found_by_the_scan_fallback():
+    """A column whose values stand about 5 noise standard deviations above 0 over a few bins: no
+    window passes ``RANGE_THRESHOLD`` at its width, the most significant one does pass ``SCAN_THRESHOLD``."""
+    edges = range_edges()
+    plan = SetupPlan(("x",), frozenset({"x"}), noise_multiplier=1.0,
+                     dictionary=DataDictionary.from_mapping({"time": {"max": 100}}))
+    std = plan.noise_std("range_histograms")
+    counts = np.zeros(edges.size - 1)
+    bins = np.flatnonzero((edges[:-1] >= 10) & (edges[:-1] < 60))  # values in [10, 63.1): 4 bins
+    counts[bins] = 5.0 * std * math.sqrt(bins.size) / bins.size
+    found = agree_ranges(plan, RangeRelease(counts.sum(), {"x": counts}, None, {}))
+    assert found.fallbacks == {"x": "scan"}
+    assert found.features["x"] == pytest.approx((10.0, 10 ** 1.8))
+    noise = np.random.default_rng(0).normal(0.0, std, counts.size)
+    left = [agree_ranges(plan, RangeRelease(0.0, {"x": np.random.default_rng(s).normal(0.0, std, counts.size)}, None,
+                                            {})).fallbacks.get("x") for s in range(50)]
+    assert left.count("left out") >= 45  # pure noise: the column is left out (the scan's false alarms are rare)
+    assert agree_ranges(plan, RangeRelease(0.0, {"x": counts * 3 + noise}, None, {})).fallbacks == {}
 
 
 def test_noisy_setup_is_close_to_the_exact_one():
@@ -334,7 +371,7 @@ def test_a_public_time_range_beyond_the_data_does_not_drag_the_grid_into_the_emp
     dictionary = DataDictionary.from_mapping({"time": {"max": 1500}})
     noiseless = SetupPlan.for_features(features, noise_multiplier=0.0, dictionary=dictionary)
     reference, _, _, _ = run_protocol(noiseless, split(features, time, event, 5), np.random.default_rng(0))
-    assert reference.cuts.size == 10 and reference.cuts[-1] == 1020  # the right edge of the last interval with records
+    assert reference.cuts.size == 10 and reference.cuts[-1] == pytest.approx(1020)  # the right edge of the last interval with records
     plan = SetupPlan.for_features(features, noise_multiplier=10.0, dictionary=dictionary)
     for seed in range(5):
         shared, _, _, _ = run_protocol(plan, split(features, time, event, 5), np.random.default_rng(seed))
@@ -352,7 +389,7 @@ def test_range_releases_round_trip_and_reject_what_does_not_fit_the_plan(data, f
     assert again.count == first.count and again.levels == first.levels
     np.testing.assert_array_equal(again.histograms["dose"], first.histograms["dose"])
     second = release_moments(plan, fixed_ranges, features, time, event, rng)
-    back = MomentRelease.from_dict(second.to_dict(), plan)
+    back = MomentRelease.from_dict(second.to_dict(), plan, fixed_ranges)
     np.testing.assert_array_equal(back.moments["age"], second.moments["age"])
     assert AgreedRanges.from_dict(fixed_ranges.to_dict()) == fixed_ranges
     with pytest.raises(ValueError, match="range of column 'age' must be finite"):
@@ -368,7 +405,10 @@ def test_range_releases_round_trip_and_reject_what_does_not_fit_the_plan(data, f
         RangeRelease.from_dict({**payload, "count": float("nan")}, plan)
     moments = second.to_dict()
     with pytest.raises(ValueError, match="moments of 'age' must be 3 finite numbers"):
-        MomentRelease.from_dict({**moments, "moments": {**moments["moments"], "age": [1.0, float("inf"), 2.0]}}, plan)
+        MomentRelease.from_dict({**moments, "moments": {**moments["moments"], "age": [1.0, float("inf"), 2.0]}}, plan,
+                                fixed_ranges)
+    with pytest.raises(ValueError, match="time histogram \\(events\\) must be"):
+        MomentRelease.from_dict({**moments, "events": moments["events"][:-1]}, plan, fixed_ranges)
 
 
 def test_monotone_counts_is_the_isotonic_fit_of_the_cumulative_counts():
@@ -405,9 +445,82 @@ def test_a_time_histogram_whose_events_drown_in_noise_gives_the_equidistant_grid
     over the agreed time range instead of a degenerate single cut."""
     frame = pd.DataFrame({"x": np.linspace(1.0, 2.0, 50)})
     plan = setup.SetupPlan.for_features(frame, noise_multiplier=1.0)
-    ranges = setup.AgreedRanges({"x": (0.5, 2.5)}, time_max=100.0)
-    bins = setup.TIME_HISTOGRAM_BINS
+    ranges = setup.AgreedRanges({"x": (0.5, 2.5)}, time_max=100.0, time_bins=20)
+    bins = ranges.time_edges().size - 1
     summed_ranges = setup.RangeRelease(50.0, {"x": np.zeros(range_edges().size - 1)}, np.zeros(range_edges().size - 1), {})
     moments = setup.MomentRelease(np.full(bins, -3.0), np.ones(bins), {"x": np.array([0.0, 10.0, 50.0])})
     shared = setup.shared_setup(plan, ranges, summed_ranges, moments, num_durations=5)
     assert np.allclose(shared.cuts, np.linspace(0.0, 100.0, 5))
+
+
+# --------------------------------------------------------------------------- the budget and the time grid
+
+
+def test_the_set_up_spends_its_share_of_the_rdp_budget_and_a_larger_epsilon_gives_less_noise():
+    """z(ε, δ, s) = z_ε / sqrt(s): the set-up's RDP is s times that of the Gaussian spending (ε, δ) alone,
+    which dp-accounting's RDP accountant confirms independently."""
+    from dp_accounting import GaussianDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    for epsilon in (1.0, 10.0):
+        full = setup.setup_noise_multiplier(epsilon=epsilon, delta=1e-5, share=0.9999999)
+        spent = RdpAccountant(orders).compose(GaussianDpEvent(full)).get_epsilon(1e-5)
+        assert spent == pytest.approx(epsilon, abs=0.011)  # the calibration's tolerance
+        for share in (0.05, 0.2, 0.5):
+            z = setup.setup_noise_multiplier(epsilon=epsilon, delta=1e-5, share=share)
+            assert (1 / (2 * z ** 2)) == pytest.approx(share / (2 * full ** 2), rel=1e-5)  # RDP / alpha
+    noisy = [setup.setup_noise_multiplier(epsilon=e, delta=1e-5, share=0.2) for e in (0.5, 1.0, 3.0, 10.0)]
+    assert noisy == sorted(noisy, reverse=True) and noisy[-1] < 0.2 * noisy[1]
+    assert setup.setup_noise_multiplier(epsilon=1.0, delta=1e-5, share=0.0) == 0.0
+    with pytest.raises(ValueError, match="set-up share must be in"):
+        setup.setup_noise_multiplier(epsilon=1.0, delta=1e-5, share=1.0)
+
+
+def test_the_time_histogram_is_as_fine_as_its_noise_allows():
+    frame = pd.DataFrame({"x": [1.0, 2.0]})
+    bins = [setup.time_bins(SetupPlan.for_features(frame, noise_multiplier=z), 2000.0, 5) for z in (0.0, 1.0, 3.0, 10.0)]
+    assert bins[0] == setup.TIME_BINS_MAX and bins == sorted(bins, reverse=True) and bins[-1] < bins[1]
+    assert setup.time_bins(SetupPlan.for_features(frame, noise_multiplier=50.0), 100.0, 10) == setup.TIME_BINS_MIN
+    for count in (8, 21, 100):
+        edges = time_edges(10.0, count)
+        assert edges[0] == 0 and edges[-1] == pytest.approx(10.0) and np.all(np.diff(edges) > 0)
+        assert edges[1] == pytest.approx(10.0 * setup.TIME_LOG_START) and count - 1 <= edges.size - 1 <= count
+
+
+def test_histogram_grid_equals_the_kaplan_meier_quantiles_where_records_sit_at_the_edges():
+    """With every record at its interval's right edge the curve at the edges is the Kaplan-Meier
+    estimate (lifelines); a level crossed inside an interval gets a cut inside it."""
+    from lifelines import KaplanMeierFitter
+
+    rng = np.random.default_rng(3)
+    edges = np.array([0.0, 1.0, 2.5, 4.0, 7.0, 10.0])
+    index = rng.integers(1, edges.size, 300)
+    time, event = edges[index], (rng.random(300) < 0.7).astype(float)
+    events, censored = time_histogram(time, event, edges + 1e-9)  # time edges[k] in (edges[k-1], edges[k]]
+    cuts = time_grid_from_histogram(edges, events, censored, num_durations=6)
+    curve = KaplanMeierFitter().fit(time, event).survival_function_at_times(edges).to_numpy()
+    levels = np.linspace(curve.min(), 1.0, 6)
+    for level, cut in zip(levels[::-1][1:-1], cuts[1:-1]):
+        k = int(np.argmax(curve <= level + 1e-12))
+        assert edges[k - 1] <= cut <= edges[k]
+        share = (curve[k - 1] - level) / (curve[k - 1] - curve[k])
+        assert cut == pytest.approx(edges[k - 1] + share * (edges[k] - edges[k - 1]))
+    assert cuts[0] == 0 and cuts[-1] == edges[-1]
+
+
+def test_early_events_get_their_own_intervals_under_noise():
+    """An ICU-like cohort: a third of the deaths in the first 2 % of the follow-up. The private grid's
+    first interval holds a few per cent of the events, not the whole early third."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    early = rng.random(n) < 0.3
+    time = np.where(early, rng.uniform(0.0, 20.0, n), rng.uniform(20.0, 1000.0, n))
+    event = np.where(early, 1.0, (rng.random(n) < 0.4).astype(float))
+    features = pd.DataFrame({"x": rng.normal(size=n)})
+    for z in (0.0, 3.0):
+        plan = SetupPlan.for_features(features, noise_multiplier=z)
+        shared, _, _, _ = run_protocol(plan, split(features, time, event, 4), np.random.default_rng(1), num_durations=20)
+        first = np.mean(time[event == 1] <= shared.cuts[1])
+        assert first < 0.12, (z, shared.cuts[:4])
+        assert np.sum(shared.cuts < 20.0) >= 4  # several cuts among the early deaths

@@ -177,6 +177,17 @@ def noise_source(cfg: ExperimentConfig) -> str:
             "knows the seed")
 
 
+def setup_multiplier(cfg: ExperimentConfig) -> float:
+    """The noise multiplier of a run's set-up releases (all of them together one Gaussian mechanism):
+    :func:`~strategies.mechanisms.setup_statistics.setup_noise_multiplier` of ``privacy.epsilon``,
+    ``privacy.delta`` and ``privacy.setup_share`` (0: an exact set-up, or no DP)."""
+    if not cfg.privacy.enabled:
+        return 0.0
+    from strategies.mechanisms.setup_statistics import setup_noise_multiplier  # pandas and scipy: where a set-up runs
+
+    return setup_noise_multiplier(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, share=cfg.privacy.setup_share)
+
+
 def record_level_closing(cfg: ExperimentConfig, manifest: Manifest) -> tuple[str, ...]:
     """The ledger's closing sentences of every record-level mechanism: scope, noise source, what is not covered."""
     return ("covers the site's training records; the held-out records its test metrics are computed on are not "
@@ -190,12 +201,13 @@ def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:
     """The ledger's statement of how the set-up statistics were released."""
     if not private_setup:
         return ("set-up statistics (record counts, standardisation, time grid) computed from the sites' data without "
-                "noise: not covered (privacy.setup_noise = 0, or a mechanism without a private set-up)")
+                "noise: not covered (privacy.setup_share = 0, or a mechanism without a private set-up)")
     public = (f"; public at no cost: the ranges, levels and time grid or range listed in {cfg.data.dictionary}"
               if cfg.data.dictionary else "")
     return ("set-up statistics (record count, range histograms of the numeric columns without a public range and of "
             "the training times, time histogram, clipped moments): Gaussian releases of the site's training records, "
-            f"together one Gaussian mechanism with noise multiplier {cfg.privacy.setup_noise:g} under "
+            f"together one Gaussian mechanism with noise multiplier {setup_multiplier(cfg):.4g} (privacy.setup_share = "
+            f"{cfg.privacy.setup_share:g} of the RDP budget of epsilon) under "
             f"{cfg.privacy.adjacency} adjacency, composed by RDP with the site's training; the preprocessing, time grid, "
             "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public)
 
@@ -239,7 +251,7 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                       "every message", False, "the server sees whether and when a site replies"),
     ]
     if private_setup:
-        accounted = (f"Gaussian releases at set-up (noise multiplier {cfg.privacy.setup_noise:g} for all of them "
+        accounted = (f"Gaussian releases at set-up (noise multiplier {setup_multiplier(cfg):.4g} for all of them "
                      f"together, {cfg.privacy.adjacency}), composed by the site's accountant with its training")
         public = " and the public data dictionary" if cfg.data.dictionary else ""
         releases += [
@@ -358,7 +370,7 @@ class HorizontalMechanism(Mechanism):
     private_setup
         True when the run's set-up statistics (record counts, clip ranges and standardisation,
         time grid) are released with DP and composed with training
-        (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_noise``).
+        (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_share``).
     secure_sum
         True when the sites send integer vectors through secure aggregation and the server sees
         only their sum (:mod:`strategies.secure_aggregation`); the mechanism then provides
@@ -376,13 +388,13 @@ class HorizontalMechanism(Mechanism):
         if cfg.data.dictionary and not self.uses_private_setup(cfg):
             raise ConfigError(
                 f"run config: 'data.dictionary' = {cfg.data.dictionary!r} makes the private set-up's ranges, levels "
-                f"and time grid public; strategy '{self.name}' with privacy.setup_noise = {cfg.privacy.setup_noise:g} "
-                "has no private set-up (dp_sgd and bdp do, with privacy.setup_noise > 0)")
+                f"and time grid public; strategy '{self.name}' with privacy.setup_share = {cfg.privacy.setup_share:g} "
+                "has no private set-up (dp_sgd, bdp and distributed_dp do, with privacy.setup_share > 0)")
         if cfg.data.deployed and cfg.resume_from and self.uses_private_setup(cfg):
             raise ConfigError(
                 "run config: 'resume.from' in a deployment would run the private set-up again: a second release of "
                 "the set-up statistics that the ledger does not count, and a different preprocessing; resuming a "
-                "deployed run needs privacy.setup_noise = 0 (an exact set-up, not covered by epsilon)")
+                "deployed run needs privacy.setup_share = 0 (an exact set-up, not covered by epsilon)")
 
     # ---------------------------------------------------------------- the site
 
@@ -456,8 +468,8 @@ class HorizontalMechanism(Mechanism):
     # ---------------------------------------------------------------- helpers for subclasses
 
     def uses_private_setup(self, cfg: ExperimentConfig) -> bool:
-        """Whether the run agrees its set-up with DP (:attr:`private_setup` and ``privacy.setup_noise`` > 0)."""
-        return self.private_setup and cfg.privacy.setup_noise > 0
+        """Whether the run agrees its set-up with DP (:attr:`private_setup` and ``privacy.setup_share`` > 0)."""
+        return self.private_setup and cfg.privacy.setup_share > 0
 
     def _manifest(self, cfg: ExperimentConfig, own: Iterable[ReleasedValue], *, record_level: bool | None = None) -> Manifest:
         record_level = self.unit == "record" if record_level is None else record_level

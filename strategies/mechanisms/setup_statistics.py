@@ -120,8 +120,9 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,7 @@ from scipy.optimize import isotonic_regression
 
 from models.data.dictionary import DataDictionary
 from models.data.preprocess import RELATIVE_VARIANCE_FLOOR, Preprocessor, category_keys, is_numeric_feature
-from models.time_grid import time_grid_from_counts
+from models.time_grid import time_grid_from_histogram
 
 __all__ = [
     "ADJACENCIES",
@@ -160,7 +161,7 @@ ADJACENCIES = ("add-remove", "replace-one")
 #: Decades of the public symmetric log grid of the range histograms: ±10^-3 … ±10^9.
 RANGE_DECADES = (-3, 9)
 #: Bins per decade of the range grid (adjacent edges differ by the factor 10^(1/b)).
-RANGE_BINS_PER_DECADE = 10
+RANGE_BINS_PER_DECADE = 5
 #: A range's core spans the windows of adjacent bins whose summed noisy count exceeds this many
 #: noise standard deviations, at the narrowest of ``RANGE_WINDOWS`` where any does …
 RANGE_THRESHOLD = 5.5
@@ -169,19 +170,31 @@ RANGE_WINDOWS = (1, 2, 4, 8, 16, 32)
 #: this many noise standard deviations (of their sum).
 RANGE_EXTEND_THRESHOLD = 1.5
 RANGE_EXTEND_WINDOW = 4
-#: Equal intervals of the time histogram over the agreed time range.
-TIME_HISTOGRAM_BINS = 50
+#: The time histogram's intervals over ``[0, T]`` (:func:`time_edges`): as many as the noise allows
+#: (:func:`time_bins`: about ``TIME_BIN_SIGNAL`` noise standard deviations of records per
+#: interval), between ``TIME_BINS_MIN`` and ``TIME_BINS_MAX``; half of them equal, half
+#: log-spaced from ``T * TIME_LOG_START`` (resolution where early events are).
+TIME_BINS_MIN = 8
+TIME_BINS_MAX = 100
+TIME_BIN_SIGNAL = 4.0
+TIME_LOG_START = 1e-3
 #: The Kaplan-Meier curve of the time histogram ends at the last interval whose number at risk
 #: exceeds this many noise standard deviations; later records count as censored there.
-TAIL_THRESHOLD = 1.0
+TAIL_THRESHOLD = 2.0
 #: Shares of the set-up's privacy (1 / z_i^2 = w_i / z^2) of each release made.
 RELEASE_WEIGHTS: Mapping[str, float] = {
-    "record_count": 0.1, "range_histograms": 0.5, "time_histogram": 0.2, "feature_moments": 0.2,
+    "record_count": 0.05, "time_range": 0.2, "range_histograms": 0.3, "time_histogram": 0.3, "feature_moments": 0.15,
 }
-#: Default set-up noise multiplier z (the releases compose to one Gaussian with this multiplier);
-#: see "Default noise" in the module docs.
+#: When no window of a range histogram passes ``RANGE_THRESHOLD``, the fallback takes the window
+#: whose summed count is the most noise standard deviations above 0, if that is at least this many
+#: (pure noise reaches it in a few per cent of histograms); below it a feature column is left out.
+SCAN_THRESHOLD = 4.0
+#: Default set-up noise multiplier z of a bare :class:`SetupPlan` (the runs derive theirs from
+#: ``privacy.setup_share``: :func:`setup_noise_multiplier`).
 DEFAULT_SETUP_NOISE_MULTIPLIER = 10.0
 _SCHEMES = ("quantiles", "equidistant")
+#: How a range that did not pass the test was settled (:class:`AgreedRanges`).
+FALLBACKS = ("scan", "left out")
 
 
 def range_edges(bins_per_decade: int = RANGE_BINS_PER_DECADE, decades: tuple[int, int] = RANGE_DECADES) -> np.ndarray:
@@ -195,9 +208,53 @@ def range_edges(bins_per_decade: int = RANGE_BINS_PER_DECADE, decades: tuple[int
     return np.concatenate([-positive[::-1], positive])
 
 
-def time_edges(time_max: float) -> np.ndarray:
-    """Edges of the time histogram: ``TIME_HISTOGRAM_BINS`` equal intervals of ``[0, time_max]``."""
-    return np.linspace(0.0, float(time_max), TIME_HISTOGRAM_BINS + 1)
+def time_edges(time_max: float, bins: int = TIME_BINS_MAX) -> np.ndarray:
+    """Edges of the time histogram over ``[0, time_max]``: the union of ``bins // 2`` equal
+    intervals and ``bins - bins // 2`` log-spaced ones from ``time_max * TIME_LOG_START``, so that
+    early events get intervals down to a thousandth of the range. Public: a function of the
+    agreed ``time_max`` and ``bins`` only (``bins`` intervals unless two edges coincide)."""
+    if not TIME_BINS_MIN <= bins <= TIME_BINS_MAX:
+        raise ValueError(f"time histogram bins must be in [{TIME_BINS_MIN}, {TIME_BINS_MAX}], got {bins}")
+    linear = np.linspace(0.0, 1.0, bins // 2 + 1)
+    log = np.geomspace(TIME_LOG_START, 1.0, bins - bins // 2 + 1)
+    return float(time_max) * np.unique(np.concatenate([linear, log]))
+
+
+def time_bins(plan: SetupPlan, count: float, sites: int) -> int:
+    """Intervals of the time histogram for ``count`` records (the summed noisy record count, public
+    after pass 1) over ``sites`` sites: about ``TIME_BIN_SIGNAL`` summed noise standard deviations
+    of records per interval, within ``[TIME_BINS_MIN, TIME_BINS_MAX]`` (the most without noise).
+    More budget, less noise: a finer histogram."""
+    std = _summed_std(plan, "time_histogram", sites)
+    if std == 0:
+        return TIME_BINS_MAX
+    return int(np.clip(math.floor(max(count, 0.0) / (TIME_BIN_SIGNAL * std)), TIME_BINS_MIN, TIME_BINS_MAX))
+
+
+def setup_noise_multiplier(*, epsilon: float, delta: float, share: float) -> float:
+    r"""The set-up's noise multiplier :math:`z = z_\varepsilon / \sqrt{s}` for share :math:`s` of the budget.
+
+    :math:`z_\varepsilon` is the noise multiplier of the one Gaussian mechanism that spends
+    :math:`(\varepsilon, \delta)` by itself (RDP, opacus' conversion). The set-up's releases
+    compose to one Gaussian of multiplier :math:`z`, whose RDP :math:`\alpha / (2 z^2)` is
+    exactly :math:`s` times that mechanism's at every order: the share of the RDP (zCDP) budget.
+    A larger ε gives less noise and finer statistics. ``share`` 0 means an exact set-up (returns 0).
+    """
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"set-up share must be in [0, 1), got {share!r}")
+    if share == 0.0:
+        return 0.0
+    return _full_budget_multiplier(float(epsilon), float(delta)) / math.sqrt(share)
+
+
+@functools.lru_cache(maxsize=64)
+def _full_budget_multiplier(epsilon: float, delta: float) -> float:
+    from strategies.accounting.rdp import calibrate_noise_multiplier
+
+    with warnings.catch_warnings():  # at a large epsilon the best order is past opacus' grid: z is then a bit larger
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        return calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0, steps=1,
+                                          accountant="rdp")
 
 
 def _bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -333,15 +390,17 @@ class SetupPlan:
 
     def releases(self) -> tuple[Release, ...]:
         """See :func:`setup_releases`."""
-        histograms = len(self.private_numeric) + int(self.releases_time_range)
+        histograms = len(self.private_numeric)
         moments = len(self.private_numeric)
         bins = range_edges().size - 1
         candidates = [("record_count", 1, 1.0, 0.0)]
+        if self.releases_time_range:
+            candidates.append(("time_range", bins, 1.0, math.sqrt(2)))
         if histograms:
             candidates.append(("range_histograms", histograms * bins, math.sqrt(histograms),
                                math.sqrt(2 * histograms)))
         if self.releases_time_histogram:
-            candidates.append(("time_histogram", 2 * TIME_HISTOGRAM_BINS, 1.0, math.sqrt(2)))
+            candidates.append(("time_histogram", 2 * TIME_BINS_MAX, 1.0, math.sqrt(2)))
         if moments:
             candidates.append(("feature_moments", 3 * moments, math.sqrt(3 * moments), 2 * math.sqrt(moments)))
         sensitivities = [{"add-remove": ar, "replace-one": ro} for _, _, ar, ro in candidates]
@@ -360,7 +419,7 @@ class SetupPlan:
 
 def setup_releases(plan: SetupPlan) -> tuple[Release, ...]:
     """The Gaussian releases a site makes under ``plan``, in order: ``record_count``, then
-    ``range_histograms``, ``time_histogram``, ``feature_moments`` where made.
+    ``time_range``, ``range_histograms``, ``time_histogram``, ``feature_moments`` where made.
 
     A function of the public plan only: the server and each site get the same list. Their
     noise multipliers under ``plan.adjacency`` compose by RDP to ``plan.noise_multiplier``
@@ -446,10 +505,19 @@ class RangeRelease:
 @dataclass(frozen=True)
 class AgreedRanges:
     """Clip range of every numeric column (public or private) and the end of the time histogram
-    (``None`` when none is released). What the server sends the sites between the passes."""
+    (``None`` when none is released). What the server sends the sites between the passes.
+
+    ``fallbacks`` maps a column (or ``"time"``) whose range did not pass the test of
+    :func:`agree_ranges` to how it was found (``"scan"``) or that it is ``"left out"`` of the
+    model: a left-out column keeps a nominal range (its moments are still released, so the plan
+    stays public) but the agreed preprocessing does not use it.
+    """
 
     features: Mapping[str, tuple[float, float]]
     time_max: float | None
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    #: Intervals of the time histogram (:func:`time_bins`; ``None`` when none is released).
+    time_bins: int | None = None
 
     def __post_init__(self) -> None:
         # The sensitivities hold for any ranges; these checks only keep the arithmetic finite.
@@ -458,15 +526,47 @@ class AgreedRanges:
                 raise ValueError(f"range of column '{column}' must be finite [lo, hi] with lo < hi, got [{lo}, {hi}]")
         if self.time_max is not None and not (math.isfinite(self.time_max) and self.time_max > 0):
             raise ValueError(f"time_max must be a finite number > 0, got {self.time_max}")
+        if self.time_bins is not None and not TIME_BINS_MIN <= self.time_bins <= TIME_BINS_MAX:
+            raise ValueError(f"time_bins must be in [{TIME_BINS_MIN}, {TIME_BINS_MAX}], got {self.time_bins}")
+        for column, how in self.fallbacks.items():
+            if how not in FALLBACKS or (column not in self.features and column != "time"):
+                raise ValueError(f"fallback of '{column}' must be one of {FALLBACKS} for a column or 'time', got {how!r}")
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        """Columns the agreed preprocessing leaves out (no range stood out of the noise)."""
+        return frozenset(c for c, how in self.fallbacks.items() if how == "left out")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"features": {c: list(r) for c, r in self.features.items()}, "time_max": self.time_max}
+        return {"features": {c: list(r) for c, r in self.features.items()}, "time_max": self.time_max,
+                "fallbacks": dict(self.fallbacks), "time_bins": self.time_bins}
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> AgreedRanges:
         time_max = payload["time_max"]
+        bins = payload.get("time_bins")
         return cls({str(c): (float(lo), float(hi)) for c, (lo, hi) in payload["features"].items()},
-                   None if time_max is None else float(time_max))
+                   None if time_max is None else float(time_max),
+                   {str(c): str(how) for c, how in payload.get("fallbacks", {}).items()},
+                   None if bins is None else int(bins))
+
+    def time_edges(self) -> np.ndarray:
+        """:func:`time_edges` of the agreed time range and number of intervals."""
+        if self.time_max is None or self.time_bins is None:
+            raise ValueError("these ranges have no time histogram")
+        return time_edges(self.time_max, self.time_bins)
+
+    def describe(self) -> tuple[str, ...]:
+        """One sentence per fallback, for the console and the ledger."""
+        return tuple(
+            (f"set-up: no range of {_what(c)} stood out of the noise; "
+             + ("the model leaves it out (give it a public range in data.dictionary, or raise privacy.setup_share)"
+                if how == "left out" else "its range is the histogram's most significant window (scan fallback)"))
+            for c, how in sorted(self.fallbacks.items()))
+
+
+def _what(column: str) -> str:
+    return "the training times" if column == "time" else f"column '{column}'"
 
 
 @dataclass(frozen=True)
@@ -496,8 +596,8 @@ class MomentRelease:
                 "moments": {c: m.tolist() for c, m in self.moments.items()}}
 
     @classmethod
-    def from_dict(cls, payload: Mapping[str, Any], plan: SetupPlan) -> MomentRelease:
-        """One site's release from :meth:`to_dict`'s form, checked against ``plan``.
+    def from_dict(cls, payload: Mapping[str, Any], plan: SetupPlan, ranges: AgreedRanges) -> MomentRelease:
+        """One site's release from :meth:`to_dict`'s form, checked against ``plan`` and the ``ranges`` it answered.
 
         Raises
         ------
@@ -510,8 +610,9 @@ class MomentRelease:
             raise ValueError("time histogram present where the plan has none, or missing")
         events = censored = None
         if payload["events"] is not None:
-            events = _check_vector(payload["events"], TIME_HISTOGRAM_BINS, "time histogram (events)")
-            censored = _check_vector(payload["censored"], TIME_HISTOGRAM_BINS, "time histogram (censorings)")
+            bins = ranges.time_edges().size - 1
+            events = _check_vector(payload["events"], bins, "time histogram (events)")
+            censored = _check_vector(payload["censored"], bins, "time histogram (censorings)")
         return cls(events, censored,
                    {str(c): _check_vector(m, 3, f"moments of '{c}'") for c, m in payload["moments"].items()})
 
@@ -523,6 +624,11 @@ class SharedSetup:
     preprocessor: Preprocessor
     cuts: np.ndarray
     time_scale: tuple[float, float]
+    #: ``(points, events, censored)``: the denoised counts of events and censorings at the right
+    #: edges of the time histogram's intervals (post-processing; ``None`` without a histogram).
+    time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: :meth:`AgreedRanges.describe` of the ranges the set-up settled by a fallback.
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- site side
@@ -551,7 +657,8 @@ def release_ranges(
     std = plan.noise_std("range_histograms")
     histograms = {c: _noisy(_bin_counts(_numeric_values(features[c]), edges), std, rng)
                   for c in plan.private_numeric}
-    time_counts = _noisy(_bin_counts(time, edges), std, rng) if plan.releases_time_range else None
+    time_counts = (_noisy(_bin_counts(time, edges), plan.noise_std("time_range"), rng) if plan.releases_time_range
+                   else None)
     count = float(_noisy(np.array(float(time.size)), plan.noise_std("record_count"), rng))
     levels = {c: tuple(sorted(set(category_keys(features[c]).dropna()))) for c in plan.private_levels}
     return RangeRelease(count, histograms, time_counts, levels)
@@ -561,13 +668,13 @@ def release_moments(
     plan: SetupPlan, ranges: AgreedRanges, features: pd.DataFrame, time: np.ndarray, event: np.ndarray,
     rng: np.random.Generator,
 ) -> MomentRelease:
-    """Pass 2 at a site: noisy time histogram on ``time_edges(ranges.time_max)`` and noisy
+    """Pass 2 at a site: noisy time histogram on ``ranges.time_edges()`` and noisy
     moments of the private numeric columns clipped to ``ranges`` (see the module docs)."""
     time = np.asarray(time, dtype=np.float64)
     event = np.asarray(event, dtype=np.float64)
     events = censored = None
     if plan.releases_time_histogram:
-        edges = time_edges(ranges.time_max)
+        edges = ranges.time_edges()
         is_event = (event == 1) & (time <= edges[-1])
         std = plan.noise_std("time_histogram")
         events = _noisy(_bin_counts(time[is_event], edges), std, rng)
@@ -596,10 +703,26 @@ def _span(counts: np.ndarray, std: float) -> tuple[int, int] | None:
         sums = np.convolve(counts, np.ones(width), mode="valid")  # sums[j]: bins j … j + width - 1
         above = np.flatnonzero(sums > RANGE_THRESHOLD * std * math.sqrt(width))
         if above.size:
-            first, last = int(above[0]), int(above[-1]) + width - 1
-            break
-    else:
-        return None
+            return _extend(counts, int(above[0]), int(above[-1]) + width - 1, std)
+    return None
+
+
+def _scan(counts: np.ndarray, std: float) -> tuple[int, int] | None:
+    """The fallback range: the window (of any width in ``RANGE_WINDOWS``) whose summed count is
+    the most noise standard deviations above 0, grown as :func:`_span` grows its range; ``None``
+    when even that window is below ``SCAN_THRESHOLD``."""
+    best, window = -math.inf, (0, 0)
+    for width in RANGE_WINDOWS:
+        scores = np.convolve(counts, np.ones(width), mode="valid") / (std * math.sqrt(width))
+        j = int(np.argmax(scores))
+        if scores[j] > best:
+            best, window = float(scores[j]), (j, j + width - 1)
+    return _extend(counts, *window, std) if best >= SCAN_THRESHOLD else None
+
+
+def _extend(counts: np.ndarray, first: int, last: int, std: float) -> tuple[int, int]:
+    """Bins ``first … last`` without empty ends, grown outward while the next
+    ``RANGE_EXTEND_WINDOW`` bins stand out (``RANGE_EXTEND_THRESHOLD``)."""
     while first < last and counts[first] <= 0:  # a wide window's empty end
         first += 1
     while last > first and counts[last] <= 0:
@@ -613,43 +736,54 @@ def _span(counts: np.ndarray, std: float) -> tuple[int, int] | None:
     return first, last
 
 
+def _settle(counts: np.ndarray, std: float, what: str, fallbacks: dict[str, str]) -> tuple[int, int] | None:
+    """:func:`_span`, else :func:`_scan` (noted in ``fallbacks[what]``), else ``None`` (noted as left out)."""
+    found = _span(counts, std)
+    if found is None:
+        found = _scan(counts, std)
+        fallbacks[what] = "scan" if found is not None else "left out"
+    return found
+
+
 def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     """Clip ranges and time range from the sum of the sites' :class:`RangeRelease` (post-processing).
 
     A private column's range is ``[edges[a], edges[b + 1]]`` with bins ``a`` and ``b`` found as the
     module docs describe (noise std :math:`\\sqrt{K} s` per bin for :math:`K` sites); without
-    noise, the first and last non-empty bins, so the range holds every value. The time range is
-    ``[0, edges[b + 1]]``. Public ranges and a public time range are taken as they are.
+    noise, the first and last non-empty bins, so the range holds every value. Where no window
+    passes the test, the most significant window is taken if it reaches ``SCAN_THRESHOLD``
+    (``fallbacks[column] = "scan"``); otherwise the column is left out of the model (``"left
+    out"``, with a nominal range). The time range is ``[0, edges[b + 1]]`` (the same fallback).
+    Public ranges and a public time range are taken as they are.
 
     Raises
     ------
     SetupNoiseError
-        When a column's (or the times') histogram has no window that stands out of the noise,
-        naming the column.
+        When even the fallback finds nothing in the training times' histogram.
     """
     edges = range_edges()
     std = _summed_std(plan, "range_histograms", summed.sites)
-
-    def span(counts: np.ndarray, what: str) -> tuple[int, int]:
-        found = _span(counts, std)
-        if found is None:
-            raise SetupNoiseError(
-                f"set-up statistics: no bin of the range histogram of {what} stands out of the noise (std "
-                f"{std:.3g} per bin, summed over {summed.sites} sites); give it a public range in the data "
-                f"dictionary or lower the set-up noise multiplier ({plan.noise_multiplier:g})")
-        return found
-
     features = dict(plan.dictionary.numeric) if plan.dictionary else {}
+    fallbacks: dict[str, str] = {}
     for column in plan.private_numeric:
-        first, last = span(summed.histograms[column], f"column '{column}'")
-        features[column] = (float(edges[first]), float(edges[last + 1]))
+        found = _settle(summed.histograms[column], std, column, fallbacks)
+        features[column] = (float(edges[found[0]]), float(edges[found[1] + 1])) if found else (0.0, 1.0)
     time_max = None
     if plan.releases_time_range:
         central = int(np.searchsorted(edges, 0.0)) - 1  # the bin holding 0; times are never negative
-        time_max = float(edges[central + span(summed.time[central:], "the training times")[1] + 1])
+        time_std = _summed_std(plan, "time_range", summed.sites)
+        found = _settle(summed.time[central:], time_std, "time", fallbacks)
+        if found is None:
+            raise SetupNoiseError(
+                f"set-up statistics: the training times' range histogram does not stand out of the noise (std "
+                f"{time_std:.3g} per bin, summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records): "
+                "raise privacy.setup_share or privacy.epsilon, use fewer, larger sites, or give the follow-up range "
+                "(time_max) in data.dictionary")
+        time_max = float(edges[central + found[1] + 1])
     elif plan.releases_time_histogram:
         time_max = plan.dictionary.time_max
-    return AgreedRanges({c: features[c] for c in plan.columns if c in plan.numeric}, time_max)
+    bins = time_bins(plan, summed.count, summed.sites) if plan.releases_time_histogram else None
+    return AgreedRanges({c: features[c] for c in plan.columns if c in plan.numeric}, time_max, fallbacks, bins)
 
 
 def _feature_scaling(
@@ -726,19 +860,23 @@ def shared_setup(
     public_levels = plan.dictionary.categorical if plan.dictionary else {}
     categories = {c: tuple(public_levels[c]) if c in public_levels else summed_ranges.levels[c]
                   for c in plan.categorical}
-    preprocessor = Preprocessor(plan.columns, means, stds, categories, dict(ranges.features))
+    out = ranges.left_out
+    preprocessor = Preprocessor(tuple(c for c in plan.columns if c not in out),
+                                {c: m for c, m in means.items() if c not in out}, stds, categories,
+                                {c: r for c, r in ranges.features.items() if c not in out})
+    notes = ranges.describe()
     if not plan.releases_time_histogram:
         d = plan.dictionary
         cuts = (np.asarray(d.time_grid, dtype=np.float64) if d.time_grid is not None
                 else np.linspace(0.0, d.time_max, num_durations))
-        return SharedSetup(preprocessor, cuts, (cuts[-1] / 2, cuts[-1] / 2))
-    edges = time_edges(ranges.time_max)
+        return SharedSetup(preprocessor, cuts, (cuts[-1] / 2, cuts[-1] / 2), None, notes)
+    edges = ranges.time_edges()
     events, censored = monotone_counts(summed_moments.events), monotone_counts(summed_moments.censored)
     counts = events + censored
+    trimmed = _trim_tail(events, censored, _summed_std(plan, "time_histogram", summed_moments.sites))
     cuts = None
     if plan.time_grid == "quantiles" and events.sum() > 0:
-        trimmed = _trim_tail(events, censored, _summed_std(plan, "time_histogram", summed_moments.sites))
-        cuts = time_grid_from_counts(edges[1:], *trimmed, num_durations=num_durations)
+        cuts = time_grid_from_histogram(edges, *trimmed, num_durations=num_durations)
     if cuts is None or cuts.size < 2:  # no event stands out of the noise: the public-range equidistant grid
         cuts = np.linspace(0.0, ranges.time_max, num_durations)
     middles = (edges[:-1] + edges[1:]) / 2
@@ -748,7 +886,7 @@ def shared_setup(
     else:
         mean = std = 0.0
     time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
-    return SharedSetup(preprocessor, cuts, time_scale)
+    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes)
 
 
 # --------------------------------------------------------------------------- the whole set-up
