@@ -1,0 +1,109 @@
+"""Benchmark: how often the private set-up fails or falls back, over data sets, budgets, federations and seeds.
+
+For every bundled horizontal data set, named (``data.name=metabric``) and as the same table in a
+CSV file (``data.name=csv``), under ``dp_sgd`` and ``distributed_dp`` at each ``--epsilons``, with
+``--sites`` IID sites and seeds ``0 … --seeds - 1``, it runs the federation's set-up as a
+simulation does (:func:`flwr_app.task.federation_setup`: both passes of noisy releases at every
+site, agreed at the server) and counts the runs whose set-up stops (an error) and the ranges it
+settled by a fallback (scan, or a column left out). ``--degraded`` does the same for each data set
+with half of the values of two numeric columns missing at random and one log-normal heavy-tailed
+column added (``dp_sgd``, the first ε). Training cannot change the set-up, so none is run.
+
+Prints one JSON object (``--out`` also writes it)::
+
+    python -m benchmarks.setup_failures [--data flchain,metabric,...] [--epsilons 1,10] [--sites 2,5,10]
+        [--seeds 10] [--degraded] [--out docs/results/benchmarks/setup_failures.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from flwr_app.task import federation_setup
+from models.data import load_table
+from models.data.files import resolve_data_dir
+from simulations.engine import resolve
+
+DATA = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox")
+MECHANISMS = ("dp_sgd", "distributed_dp")
+
+
+def table_csv(name: str, folder: Path, *, degrade: bool = False, seed: int = 0) -> Path:
+    """The named data set's table (features, ``time``, ``event``) as a CSV file; ``degrade``: half of two
+    numeric columns missing at random and a log-normal column ``heavy`` (sigma 2) added."""
+    table = load_table(name, data_dir=str(resolve_data_dir("")))
+    frame = table.features.copy()
+    if degrade:
+        rng = np.random.default_rng(seed)
+        numeric = [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c].dtype)][:2]
+        for column in numeric:
+            frame[column] = frame[column].astype("float64").mask(rng.random(len(frame)) < 0.5)
+        frame["heavy"] = rng.lognormal(0.0, 2.0, len(frame))
+    frame["time"], frame["event"] = table.time, table.event.astype(int)
+    path = folder / f"{name}{'_degraded' if degrade else ''}.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def count(overrides: dict, seeds: int) -> dict:
+    """Set-up outcomes over seeds: failures (with their first message), fallbacks by kind."""
+    failures, fallbacks, first_error = 0, collections.Counter(), ""
+    for seed in range(seeds):
+        try:
+            notes = federation_setup(resolve({**overrides, "seed": seed})[1]).notes
+        except Exception as err:  # noqa: BLE001 - every failure is what is counted
+            failures += 1
+            first_error = first_error or f"{type(err).__name__}: {err}"[:300]
+            continue
+        fallbacks.update("left out" if "leaves it out" in note else "scan" for note in notes)
+    return {"runs": seeds, "failures": failures, "fallbacks": dict(fallbacks), "first_error": first_error}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=",".join(DATA))
+    parser.add_argument("--epsilons", default="1,10")
+    parser.add_argument("--sites", default="2,5,10")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--degraded", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    started, rows = time.time(), []
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.data.split(","):
+            sources = {"named": {"data.name": name},
+                       "csv": {"data.name": "csv", "data.path": str(table_csv(name, Path(folder)))}}
+            if args.degraded:
+                sources = {"degraded csv": {"data.name": "csv",
+                                            "data.path": str(table_csv(name, Path(folder), degrade=True))}}
+            for source, data in sources.items():
+                for mechanism in MECHANISMS[:1] if args.degraded else MECHANISMS:
+                    for epsilon in epsilons[:1] if args.degraded else epsilons:
+                        for sites in (int(k) for k in args.sites.split(",")):
+                            overrides = {**data, "strategy.name": mechanism, "privacy.epsilon": epsilon,
+                                         "federation.num_sites": sites}
+                            row = {"data": name, "source": source, "strategy": mechanism, "epsilon": epsilon,
+                                   "sites": sites, **count(overrides, args.seeds)}
+                            rows.append(row)
+                            print(json.dumps(row), file=sys.stderr, flush=True)
+    result = {"rows": rows, "failures": sum(r["failures"] for r in rows), "runs": sum(r["runs"] for r in rows),
+              "seconds": round(time.time() - started, 1)}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
