@@ -32,7 +32,7 @@ from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves, undefined_reasons
 from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model
-from models.time_grid import make_time_grid
+from models.time_grid import interval_hazard, make_time_grid, time_counts
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
@@ -55,12 +55,18 @@ class FederationSetUp:
         The differentially private set-up's plan (:mod:`strategies.mechanisms.setup_statistics`),
         or ``None`` when the set-up was exact (fitted on the pooled training data, which stands
         for the sites' exact sums).
+    time_counts
+        ``(points, events, censored)`` of the training times: the private set-up's denoised time
+        histogram (``SharedSetup.time_counts``), or the exact pooled counts
+        (:func:`models.time_grid.time_counts`); None when the private set-up released no time
+        histogram (a public time grid).
     """
 
     cuts: np.ndarray
     time_scale: tuple[float, float]
     setups: dict[str, SiteSetUp]
     plan: SetupPlan | None
+    time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
 
 #: Stream of the simulated sites' set-up noise (beside the partition's and the split's).
@@ -115,15 +121,17 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
     if agreed:
         shared, counts, plan = agreed["shared"], agreed["counts"], agreed["plan"]
         cuts, time_scale, prior = shared.cuts, shared.time_scale, accountant_history(plan)
+        counted = shared.time_counts
     else:
         train = dataset.pooled("train")
         cuts = make_time_grid(train.time, train.event, num_durations=cfg.model.num_durations,
                               scheme=cfg.model.time_grid)
         time_scale, plan, prior = (float(np.mean(train.time)), float(np.std(train.time))), None, ()
+        counted = time_counts(train.time, train.event)
         counts = {site.name: float(len(site.train)) for site in dataset.sites}
     smallest = min(counts.values())
     setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
-    return dataset, FederationSetUp(cuts, time_scale, setups, plan)
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted)
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -151,18 +159,36 @@ def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalMod
     """The run's survival model on the federation's agreed time grid (and CoxTime time scale).
 
     The grid (discrete-time intervals for the hazard model, the Breslow grid for Cox models) is
-    shared by all sites, like the model architecture.
+    shared by all sites, like the model architecture. The hazard model starts at the set-up's
+    Kaplan–Meier hazard (:func:`baseline_hazard`).
     """
     setup = federation_setup(cfg)
-    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale)
+    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale,
+                         baseline_hazard=baseline_hazard(cfg, setup.cuts, setup.time_counts))
+
+
+def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
+                    counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """The hazard model's starting hazard per interval: :func:`models.time_grid.interval_hazard` of the
+    set-up's time ``counts`` on ``cuts``.
+
+    Post-processing of what the set-up released (a private set-up's noisy time histogram; an exact
+    set-up's pooled times), so it costs no privacy. None for the Cox models (their baseline is the
+    Breslow estimator) and when there are no counts or no event among them (the data-independent start).
+    """
+    if cfg.model.name != "hazard_mlp" or counts is None or not np.sum(counts[1]) > 0:
+        return None
+    return interval_hazard(*counts, cuts)
 
 
 def build_network(
     cfg: ExperimentConfig, *, in_features: int, cuts: np.ndarray, time_scale: tuple[float, float],
+    baseline_hazard: np.ndarray | None = None,
 ) -> SurvivalModel:
     """The run's survival model for ``in_features`` inputs on the time grid ``cuts``.
 
-    ``time_scale`` is the mean and standard deviation of the training times (CoxTime's time input).
+    ``time_scale`` is the mean and standard deviation of the training times (CoxTime's time input);
+    ``baseline_hazard``: the hazard model's start (:func:`models.survival.build_survival_model`).
     """
     return build_survival_model(
         cfg.model.name,
@@ -173,6 +199,7 @@ def build_network(
         activation=cfg.model.activation,
         penalty=cfg.model.penalty,
         time_scale=time_scale,
+        baseline_hazard=baseline_hazard,
         seed=cfg.seed,
     )
 

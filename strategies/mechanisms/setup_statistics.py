@@ -518,11 +518,17 @@ class MomentRelease:
 
 @dataclass(frozen=True)
 class SharedSetup:
-    """What the federation agrees before training: preprocessing, time grid, CoxTime time scale."""
+    """What the federation agrees before training: preprocessing, time grid, CoxTime time scale.
+
+    ``time_counts``: ``(points, events, censored)``, the denoised counts of events and censorings
+    at the right edges of the time histogram's bins (post-processing of its release); None
+    without a time histogram.
+    """
 
     preprocessor: Preprocessor
     cuts: np.ndarray
     time_scale: tuple[float, float]
+    time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 # --------------------------------------------------------------------------- site side
@@ -748,7 +754,7 @@ def shared_setup(
     else:
         mean = std = 0.0
     time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
-    return SharedSetup(preprocessor, cuts, time_scale)
+    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], events, censored))
 
 
 # --------------------------------------------------------------------------- the whole set-up
