@@ -2,7 +2,7 @@
 
 Both runs use the same ServerApp and ClientApp over the in-process grid
 (:func:`simulations.engine.run_inprocess`), the same data (FLCHAIN split IID over the sites), the same
-hazard MLP and the same per-round evaluation; the set-up is exact in both (``privacy.setup_noise =
+hazard MLP and the same per-round evaluation; the set-up is exact in both (``privacy.setup_share =
 0``: timing only). A round's time is ``(elapsed after the last round - elapsed after round 1) /
 (rounds - 1)`` from ``metrics.jsonl``, so the set-up is not counted.
 
@@ -79,7 +79,7 @@ class _Timed:
 
 def measure(num_sites: int, rounds: int, extra: dict) -> dict:
     common = {"data.name": "flchain", "federation.num_sites": num_sites, "baseline.centralized": False,
-              "privacy.setup_noise": 0.0, **extra}
+              "privacy.setup_share": 0.0, **extra}
     plain = _round_s({**common, "strategy.name": "fedavg"}, rounds)
     with _Timed() as timed:
         secure = _round_s({**common, "strategy.name": "distributed_dp", "privacy.epsilon": 1.0}, rounds)

@@ -1,9 +1,9 @@
 """Benchmark: the utility cost of covering the set-up releases in a federated dp_sgd run.
 
 The same federation (default: FLCHAIN, 5 IID sites, 20 rounds, the default hazard model) runs
-``dp_sgd`` twice per (ε, seed): with the exact set-up (``privacy.setup_noise=0``: record counts,
+``dp_sgd`` twice per (ε, seed): with the exact set-up (``privacy.setup_share=0``: record counts,
 standardisation and time grid computed from the sites' data without noise, not covered by ε) and
-with the private set-up (``privacy.setup_noise`` = the default: those values are Gaussian releases
+with the private set-up (``privacy.setup_share`` = the default: those values are Gaussian releases
 composed in every site's accountant, so DP-SGD gets what is left of the same ε). Both spend the same
 target ε; the runs go through the ServerApp and ClientApp over the in-process grid
 (:func:`simulations.engine.run_inprocess`). Prints one JSON object: per ε and set-up, the test
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     base = {"strategy.name": "dp_sgd", "baseline.centralized": False}
     base.update({key: parse_value(text) for key, text in (item.split("=", 1) for item in args.overrides)})
-    default_noise = resolve({})[1].privacy.setup_noise
-    result: dict = {"overrides": base, "setup_noise": default_noise, "metric": "pooled test split, mean ± std"}
+    default_share = resolve({})[1].privacy.setup_share
+    result: dict = {"overrides": base, "setup_share": default_share, "metric": "pooled test split, mean ± std"}
     for epsilon in (float(e) for e in args.epsilons.split(",")):
-        for label, noise in (("exact set-up (not covered)", 0.0), ("private set-up (covered)", default_noise)):
-            runs = [_run({**base, "privacy.epsilon": epsilon, "privacy.setup_noise": noise, "seed": int(seed)})
+        for label, share in (("exact set-up (not covered)", 0.0), ("private set-up (covered)", default_share)):
+            runs = [_run({**base, "privacy.epsilon": epsilon, "privacy.setup_share": share, "seed": int(seed)})
                     for seed in args.seeds.split(",")]
             result[f"epsilon {epsilon:g}, {label}"] = {
                 "c_index": _summary([run["c_index"] for run in runs]),

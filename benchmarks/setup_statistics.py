@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"data": args.data, "sites": SITES[args.data], "epochs": args.epochs, "delta": DELTA,
                     "seeds": seeds, "bins": {"range_per_decade": setup.RANGE_BINS_PER_DECADE,
                                              "range_threshold": setup.RANGE_THRESHOLD,
-                                             "time": setup.TIME_HISTOGRAM_BINS},
+                                             "time": [setup.TIME_BINS_MIN, setup.TIME_BINS_MAX]},
                     "weights": dict(setup.RELEASE_WEIGHTS), "statistics": {}, "utility": {}, "budget": {}}
     dictionary = DataDictionary.from_mapping(DICTIONARIES[args.data], source=f"DICTIONARIES['{args.data}']")
     entries = DICTIONARIES[args.data]

@@ -63,6 +63,15 @@ def _fmt(metrics: dict[str, float], keys: tuple[str, ...] = ("c_index", "c_index
     return "  ".join(f"{key} {metrics[key]:.4f}" for key in keys if key in metrics and math.isfinite(metrics[key]))
 
 
+def _calibration_line(calibration: Mapping[str, Any]) -> str:
+    """One console line of :func:`flwr_app.task.calibration`: predicted / Kaplan–Meier at each follow-up quartile."""
+    rows = calibration["tables"]["pooled test"]
+    pairs = "  ".join(f"t={row['horizon']:.4g} {row['predicted']:.3f}/{row['km']:.3f}" for row in rows)
+    return (f"calibration (pooled test, mean predicted/Kaplan–Meier at the training follow-up quartiles): {pairs}; "
+            f"|gap| at the median {calibration['median_gap']:.3f}; Kaplan–Meier null IBS "
+            f"{calibration['ibs_km_null']:.4f}")
+
+
 def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None) -> None:
     model.net.load_state_dict(arrays.to_torch_state_dict())
     if model.needs_baseline and baseline is not None:
@@ -397,6 +406,8 @@ def _write_results(
         summary["centralized"] = task.train_centralized(cfg, dataset)
     outputs.write_summary(summary)
     print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
+    if "calibration" in summary:
+        print(_calibration_line(summary["calibration"]), flush=True)
     if summary["privacy"]["epsilon"] is not None:
         privacy = summary["privacy"]
         classical = (f"; classical epsilon of the same mechanism {privacy['epsilon_classical']:.4f}"

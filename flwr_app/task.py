@@ -29,10 +29,10 @@ from models.data import (
 )
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
-from models.metrics import calibration_table, evaluate_survival, undefined_reasons
+from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves, undefined_reasons
 from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model
-from models.time_grid import make_time_grid
+from models.time_grid import interval_hazard, make_time_grid, time_counts
 from strategies.mechanisms.base import SiteSetUp, setup_multiplier
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
@@ -55,6 +55,11 @@ class FederationSetUp:
         The differentially private set-up's plan (:mod:`strategies.mechanisms.setup_statistics`),
         or ``None`` when the set-up was exact (fitted on the pooled training data, which stands
         for the sites' exact sums).
+    time_counts
+        ``(points, events, censored)`` of the training times: the private set-up's denoised time
+        histogram (``SharedSetup.time_counts``), or the exact pooled counts
+        (:func:`models.time_grid.time_counts`); None when the private set-up released no time
+        histogram (a public time grid).
     notes
         How the private set-up settled ranges that did not stand out of its noise (one sentence each).
     """
@@ -63,6 +68,7 @@ class FederationSetUp:
     time_scale: tuple[float, float]
     setups: dict[str, SiteSetUp]
     plan: SetupPlan | None
+    time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     notes: tuple[str, ...] = ()
 
 
@@ -118,15 +124,17 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
     if agreed:
         shared, counts, plan = agreed["shared"], agreed["counts"], agreed["plan"]
         cuts, time_scale, prior = shared.cuts, shared.time_scale, accountant_history(plan)
+        counted = shared.time_counts
     else:
         train = dataset.pooled("train")
         cuts = make_time_grid(train.time, train.event, num_durations=cfg.model.num_durations,
                               scheme=cfg.model.time_grid)
         time_scale, plan, prior = (float(np.mean(train.time)), float(np.std(train.time))), None, ()
+        counted = time_counts(train.time, train.event)
         counts = {site.name: float(len(site.train)) for site in dataset.sites}
     smallest = min(counts.values())
     setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
-    return dataset, FederationSetUp(cuts, time_scale, setups, plan, agreed["shared"].notes if agreed else ())
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted, agreed["shared"].notes if agreed else ())
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -154,18 +162,36 @@ def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalMod
     """The run's survival model on the federation's agreed time grid (and CoxTime time scale).
 
     The grid (discrete-time intervals for the hazard model, the Breslow grid for Cox models) is
-    shared by all sites, like the model architecture.
+    shared by all sites, like the model architecture. The hazard model starts at the set-up's
+    Kaplan–Meier hazard (:func:`baseline_hazard`).
     """
     setup = federation_setup(cfg)
-    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale)
+    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale,
+                         baseline_hazard=baseline_hazard(cfg, setup.cuts, setup.time_counts))
+
+
+def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
+                    counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """The hazard model's starting hazard per interval: :func:`models.time_grid.interval_hazard` of the
+    set-up's time ``counts`` on ``cuts``.
+
+    Post-processing of what the set-up released (a private set-up's noisy time histogram; an exact
+    set-up's pooled times), so it costs no privacy. None for the Cox models (their baseline is the
+    Breslow estimator) and when there are no counts or no event among them (the data-independent start).
+    """
+    if cfg.model.name != "hazard_mlp" or counts is None or not np.sum(counts[1]) > 0:
+        return None
+    return interval_hazard(*counts, cuts)
 
 
 def build_network(
     cfg: ExperimentConfig, *, in_features: int, cuts: np.ndarray, time_scale: tuple[float, float],
+    baseline_hazard: np.ndarray | None = None,
 ) -> SurvivalModel:
     """The run's survival model for ``in_features`` inputs on the time grid ``cuts``.
 
-    ``time_scale`` is the mean and standard deviation of the training times (CoxTime's time input).
+    ``time_scale`` is the mean and standard deviation of the training times (CoxTime's time input);
+    ``baseline_hazard``: the hazard model's start (:func:`models.survival.build_survival_model`).
     """
     return build_survival_model(
         cfg.model.name,
@@ -176,6 +202,7 @@ def build_network(
         activation=cfg.model.activation,
         penalty=cfg.model.penalty,
         time_scale=time_scale,
+        baseline_hazard=baseline_hazard,
         seed=cfg.seed,
     )
 
@@ -260,20 +287,34 @@ def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mappi
                              concordance_td=concordance_td)
 
 
-def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, list[dict[str, float]]]:
+#: Levels of the follow-up quantiles at which :func:`calibration` compares curves with Kaplan–Meier.
+FOLLOW_UP_LEVELS = (0.25, 0.5, 0.75)
+
+
+def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, object]:
     """Mean predicted survival vs Kaplan–Meier (95% CI) on the pooled test split and each site's.
 
-    Horizons: the quartiles of the pooled held-out event times (no training record enters the table).
+    Horizons: the quartiles (:data:`FOLLOW_UP_LEVELS`) of the pooled *training* follow-up times
+    (every record's observed time, event or censoring), so the test split enters only the
+    Kaplan–Meier side. ``median_gap`` is |mean predicted − Kaplan–Meier| of the pooled test split
+    at the median follow-up; ``ibs_km_null`` is the IBS of the covariate-free pooled training
+    Kaplan–Meier curve on the pooled test split, scored as :func:`evaluate` scores the model (the
+    bar a useful model's IBS is below). Simulation only: it needs the pooled records.
     """
-    test = dataset.pooled("test")
-    horizons = np.quantile(test.time[test.event == 1], [0.25, 0.5, 0.75])
-    parts = [("pooled test", dataset.pooled("test"))] + [(site.name, site.test) for site in dataset.sites]
+    train, test = dataset.pooled("train"), dataset.pooled("test")
+    horizons = np.quantile(train.time, FOLLOW_UP_LEVELS)
+    parts = [("pooled test", test)] + [(site.name, site.test) for site in dataset.sites]
     tables = {}
     for name, part in parts:
         times, surv = model.predict_survival(part.x)
-        table = calibration_table(times, surv, time=part.time, event=part.event, horizons=horizons)
-        tables[name] = table.to_dict("records")
-    return tables
+        tables[name] = calibration_table(times, surv, time=part.time, event=part.event,
+                                         horizons=horizons).to_dict("records")
+    median = tables["pooled test"][FOLLOW_UP_LEVELS.index(0.5)]
+    km_times, km_surv = kaplan_meier_curves(train.time, train.event, len(test))
+    null = evaluate_survival(km_times, km_surv, time=test.time, event=test.event, train_time=test.time,
+                             train_event=test.event, risk=np.zeros(len(test)), concordance_td=False)
+    return {"horizons": "quartiles of the pooled training follow-up times", "median_gap":
+            abs(median["predicted"] - median["km"]), "ibs_km_null": null["ibs"], "tables": tables}
 
 
 def round_seed(seed: int, server_round: int, site_index: int) -> int:

@@ -15,6 +15,7 @@ Which implementation defines each reported figure:
                 equal to pycox to 1e-10 in tests), Simpson's rule.
 ``brier_at``    ``sksurv.metrics.brier_score`` (same IPCW as ``ibs``).
 calibration     Kaplan-Meier with log-log 95% CI: ``sksurv.nonparametric.kaplan_meier_estimator``.
+null model      :func:`kaplan_meier_curves`: the training Kaplan-Meier curve for every record.
 =============== ======================================================================
 
 Curves are right-continuous step functions: :math:`S(t) = S(\tau_j)` for
@@ -54,6 +55,7 @@ __all__ = [
     "calibration_table",
     "default_eval_times",
     "evaluate_survival",
+    "kaplan_meier_curves",
     "survival_at",
     "UNDEFINED_REASONS",
     "undefined_reasons",
@@ -325,6 +327,24 @@ def calibration_table(
             "n_at_risk": (time[None, :] >= horizons[:, None]).sum(axis=1),
         }
     )
+
+
+def kaplan_meier_curves(time: np.ndarray, event: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    r"""The covariate-free null model: ``n`` copies of the Kaplan-Meier curve of ``(time, event)``.
+
+    :math:`\hat S(t) = \prod_{t_k \le t} (1 - d_k / n_k)` at the unique observed times
+    (``sksurv.nonparametric.kaplan_meier_estimator``), as ``(times, surv)`` for
+    :func:`evaluate_survival`: every record gets the same curve, so its IBS is the reference a
+    model with covariates should beat.
+
+    Returns
+    -------
+    times : ndarray, shape (m,)
+    surv : ndarray, shape (n, m)
+    """
+    time, event = _check_outcomes(time, event, None)
+    km_time, km_surv = kaplan_meier_estimator(event.astype(bool), time)
+    return km_time, np.tile(km_surv, (n, 1))
 
 
 # --------------------------------------------------------------------------- internals

@@ -52,6 +52,9 @@ __all__ = [
     "restricted_mean_survival_time",
 ]
 
+#: A baseline hazard is clipped to [HAZARD_CLIP, 1 - HAZARD_CLIP] before its logit becomes an output bias.
+HAZARD_CLIP = 1e-5
+
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "selu": nn.SELU,
     "relu": nn.ReLU,
@@ -191,6 +194,15 @@ class HazardMLP(nn.Module):
 
     Default architecture is FSL-BDP's Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T with SELU.
 
+    Start: with ``baseline_hazard`` :math:`\bar h` (e.g. :func:`models.time_grid.interval_hazard`
+    of the set-up's released counts), the output layer starts with zero weights and biases
+    :math:`\operatorname{logit}(\bar h_j)` (clipped to :data:`HAZARD_CLIP`), so the untrained net
+    predicts :math:`\prod_{l \le j}(1 - \bar h_l)` for every record: the covariate-free
+    Kaplan-Meier curve at the cuts. Without it, a data-independent constant hazard
+    :math:`h` with :math:`(1 - h)^T = 1/2`: with zero output biases every interval would start at
+    :math:`h = 1/2` (survival :math:`2^{-T}` at the end), and the first rounds, or a noisy DP-SGD
+    run's whole budget, would go into unlearning that.
+
     References
     ----------
     FSL-BDP paper, Sec. 3 (architecture); Gensheimer & Narasimhan (2019), PeerJ 7:e6257.
@@ -203,15 +215,20 @@ class HazardMLP(nn.Module):
         hidden: tuple[int, ...] = (128, 64, 64, 32, 32),
         activation: str = "selu",
         dropout: float = 0.0,
+        baseline_hazard: np.ndarray | None = None,
     ) -> None:
         super().__init__()
         self.layers = _mlp(in_features, tuple(hidden), num_durations, activation=activation, dropout=dropout)
-        # Data-independent start: a constant hazard h with survival 1/2 at the end of the grid,
-        # (1 − h)^T = 1/2. With zero output biases every interval starts at h = 1/2 (survival
-        # 2^-T at the end), and the first rounds, or a noisy DP-SGD run's whole budget, go into
-        # unlearning that.
-        hazard = 1.0 - 0.5 ** (1.0 / num_durations)
-        nn.init.constant_(self.layers[-1].bias, math.log(hazard / (1.0 - hazard)))
+        output = self.layers[-1]
+        if baseline_hazard is None:
+            hazard = np.full(num_durations, 1.0 - 0.5 ** (1.0 / num_durations))
+        else:
+            hazard = np.clip(np.asarray(baseline_hazard, dtype=np.float64), HAZARD_CLIP, 1.0 - HAZARD_CLIP)
+            if hazard.shape != (num_durations,) or not np.all(np.isfinite(hazard)):
+                raise ValueError(f"baseline_hazard must be {num_durations} finite hazards, got shape {hazard.shape}")
+            nn.init.zeros_(output.weight)
+        with torch.no_grad():
+            output.bias.copy_(torch.from_numpy(np.log(hazard / (1.0 - hazard))))
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (n, T)."""
@@ -529,6 +546,7 @@ def build_survival_model(
     activation: str | None = None,
     penalty: float = 0.0,
     time_scale: tuple[float, float] = (0.0, 1.0),
+    baseline_hazard: np.ndarray | None = None,
     seed: int = 0,
 ) -> SurvivalModel:
     r"""Build a survival model wrapper with a freshly initialised network.
@@ -548,6 +566,10 @@ def build_survival_model(
         :math:`\lambda` of the Cox kinds' |g| penalty (ignored by ``hazard_mlp``).
     time_scale : (float, float), default (0, 1)
         (shift, scale) standardising time for ``cox_time`` (ignored otherwise).
+    baseline_hazard : ndarray, shape (K,), optional
+        ``hazard_mlp``: the hazard per interval the untrained net predicts for every record (see
+        :class:`HazardMLP`); None keeps the data-independent start. Ignored by the Cox kinds,
+        whose baseline is the Breslow estimator after training.
     seed : int, default 0
         Seeds the initialisation (the global torch RNG is left untouched).
 
@@ -566,7 +588,8 @@ def build_survival_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind == "hazard_mlp":
-            return HazardModel(HazardMLP(in_features, cuts.size, **overrides), cuts, in_features)
+            net = HazardMLP(in_features, cuts.size, baseline_hazard=baseline_hazard, **overrides)
+            return HazardModel(net, cuts, in_features)
         net = _NETS[kind](in_features, **overrides)
     if kind == "cox_mlp":
         return CoxModel(net, cuts, in_features, penalty)

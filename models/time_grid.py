@@ -5,6 +5,8 @@ r"""The time grid of the discrete-time models, from times or from counts (numpy 
 :func:`time_histogram` and :func:`time_grid_from_histograms` give the same grid from the sites'
 summed histograms, and :func:`time_grid_from_counts` from (possibly fractional, denoised) counts,
 which the differentially private set-up (:mod:`strategies.mechanisms.setup_statistics`) uses.
+:func:`interval_hazard` gives the Kaplan-Meier hazard per interval of the grid from the same counts
+(:func:`time_counts` of exact times), the hazard model's data-driven start.
 :mod:`models.survival` discretises times on the grid and builds the models on it.
 """
 
@@ -16,10 +18,12 @@ import numpy as np
 
 __all__ = [
     "check_time_event",
+    "interval_hazard",
     "make_time_grid",
     "time_grid_from_counts",
     "time_grid_from_histogram",
     "time_grid_from_histograms",
+    "time_counts",
     "time_histogram",
 ]
 
@@ -234,3 +238,70 @@ def time_grid_from_histogram(
     cuts = np.unique(np.where(reached == 0, 0.0, cuts))
     cuts[0] = 0.0
     return cuts
+
+
+def time_counts(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact ``(points, events, censored)``: the unique times and the events and censorings at each.
+
+    The exact counterpart of a private set-up's denoised ``SharedSetup.time_counts``.
+    """
+    time, event = check_time_event(time, event)
+    points, inverse = np.unique(time, return_inverse=True)
+    events = np.bincount(inverse, weights=event, minlength=points.size)
+    return points, events, np.bincount(inverse, minlength=points.size) - events
+
+
+def interval_hazard(
+    points: np.ndarray, events: np.ndarray, censored: np.ndarray, cuts: np.ndarray,
+) -> np.ndarray:
+    r"""Discrete hazard per interval of the grid ``cuts`` whose survival is the counts' Kaplan-Meier.
+
+    With :math:`\hat S` the Kaplan-Meier curve of the records the counts stand for (``events[k]``
+    events and ``censored[k]`` censorings at ``points[k]``; fractional counts weigh as they are)
+    and the hazard model's intervals :math:`(\tau_{j-1}, \tau_j]` (interval 0 is
+    :math:`[0, \tau_0]`; :func:`models.survival.discretise`),
+
+    .. math::
+
+        h_j = 1 - \hat S(\tau_j) / \hat S(\tau_{j-1}), \qquad \hat S(\tau_{-1}) = 1,
+
+    (:math:`h_j = 1` once :math:`\hat S(\tau_{j-1}) = 0`), so that
+    :math:`\prod_{l \le j} (1 - h_l) = \hat S(\tau_j)`. A censoring inside an interval keeps
+    its record at risk until its time, as in Kaplan-Meier; the covariate-free maximum of the
+    logistic-hazard likelihood instead drops it from that interval's risk set (pycox's
+    convention), a slightly larger hazard where censoring is heavy.
+
+    Parameters
+    ----------
+    points : ndarray, shape (m,)
+        Strictly increasing, non-negative times.
+    events, censored : ndarray, shape (m,)
+        Non-negative counts, at least one event.
+    cuts : ndarray, shape (T,)
+        The grid (strictly increasing).
+
+    Returns
+    -------
+    ndarray of float64, shape (T,), in [0, 1]
+    """
+    points = np.asarray(points, dtype=np.float64)
+    events = np.asarray(events, dtype=np.float64)
+    censored = np.asarray(censored, dtype=np.float64)
+    cuts = np.asarray(cuts, dtype=np.float64)
+    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
+        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
+                         f"{events.shape}, {censored.shape}")
+    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
+        raise ValueError("points must be finite, non-negative and strictly increasing")
+    if not (np.all(np.isfinite(events + censored)) and np.all(events >= 0) and np.all(censored >= 0)
+            and events.sum() > 0):
+        raise ValueError("events and censored must be finite, non-negative counts with at least one event")
+    if cuts.ndim != 1 or cuts.size < 1 or np.any(np.diff(cuts) <= 0):
+        raise ValueError("cuts must be a strictly increasing 1-D array")
+    held = events + censored > 0
+    km_time, km_surv = _kaplan_meier_counts(points[held], events[held], (events + censored)[held])
+    position = np.searchsorted(km_time, cuts, side="right") - 1
+    surv = np.clip(np.where(position >= 0, km_surv[np.maximum(position, 0)], 1.0), 0.0, 1.0)
+    before = np.concatenate(([1.0], surv[:-1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(before > 0, 1.0 - surv / before, 1.0)

@@ -47,7 +47,7 @@ def test_hazard_mlp_fedavg_learns_and_writes_every_output(hazard_run):
     assert "model update" in privacy.pop("uncovered")  # FedAvg sends its updates in the clear, and says so
     assert privacy == {"epsilon": None, "delta": None, "unit": "none", "accountant": "none"}
     assert sorted(summary["sites"]) == ["site-0", "site-1", "site-2"]
-    pooled = summary["calibration"]["pooled test"]
+    pooled = summary["calibration"]["tables"]["pooled test"]
     assert len(pooled) == 3 and all(abs(row["predicted"] - row["km"]) < 0.05 for row in pooled)
 
     rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

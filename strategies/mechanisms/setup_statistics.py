@@ -619,7 +619,12 @@ class MomentRelease:
 
 @dataclass(frozen=True)
 class SharedSetup:
-    """What the federation agrees before training: preprocessing, time grid, CoxTime time scale."""
+    """What the federation agrees before training: preprocessing, time grid, CoxTime time scale.
+
+    ``time_counts``: ``(points, events, censored)``, the denoised counts of events and censorings
+    at the right edges of the time histogram's bins (post-processing of its release); None
+    without a time histogram.
+    """
 
     preprocessor: Preprocessor
     cuts: np.ndarray
