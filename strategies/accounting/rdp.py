@@ -52,6 +52,11 @@ DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 10
 _ACCOUNTANTS: tuple[str, ...] = ("pld", "prv", "rdp")
 
 
+#: What each accountant is called in the ledger (``LedgerEntry.accountant``) and in the texts.
+ACCOUNTANT_LABELS: dict[str, str] = {"pld": "dp-accounting-pld", "prv": "opacus-prv", "rdp": "opacus-rdp"}
+ACCOUNTANT_NAMES: dict[str, str] = {"pld": "dp-accounting PLD", "prv": "opacus PRV", "rdp": "opacus RDP"}
+
+
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
