@@ -65,7 +65,7 @@ def canonical_history(history: Sequence[tuple[float, float, int]]) -> History:
     ``(σ, q)`` are merged (steps added) and sorted. Raises ``ValueError`` on an invalid entry.
     """
     sampled: dict[tuple[float, float], int] = {}
-    gaussian: list[tuple[float, int]] = []
+    gaussian: dict[float, int] = {}  # merged by sigma first: the float is the same however the steps were split
     for noise_multiplier, sample_rate, num_steps in history:
         if math.isinf(noise_multiplier) and noise_multiplier > 0:
             continue
@@ -73,12 +73,12 @@ def canonical_history(history: Sequence[tuple[float, float, int]]) -> History:
         rate = check_sample_rate(sample_rate)
         steps = check_count(num_steps, "num_steps")
         if rate == 1.0:
-            gaussian.append((sigma, steps))
+            gaussian[sigma] = gaussian.get(sigma, 0) + steps
         else:
             sampled[(sigma, rate)] = sampled.get((sigma, rate), 0) + steps
     merged = [(sigma, rate, steps) for (sigma, rate), steps in sorted(sampled.items())]
     if gaussian:
-        precision = math.fsum(steps / sigma ** 2 for sigma, steps in sorted(gaussian))
+        precision = math.fsum(steps / sigma ** 2 for sigma, steps in sorted(gaussian.items()))
         merged.insert(0, (1.0 / math.sqrt(precision), 1.0, 1))
     return tuple(merged)
 
