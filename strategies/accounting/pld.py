@@ -150,13 +150,13 @@ def _solve_decreasing(gap: Callable[[float], float], start: float, tolerance: fl
     ``step``, then Illinois regula falsi (the bracket's upper end always has ``gap ≤ 0``)."""
     low, high = start, start
     gap_low = gap_high = gap(start)
-    while gap_high > 0.0:  # too little noise at high: double
+    while gap_high > 0.0:  # too little noise at high: step up
         low, gap_low = high, gap_high
         high += step
         if high > math.log(1e7):
             raise ValueError("no noise multiplier up to 1e7 reaches the target epsilon")
         gap_high = gap(high)
-    while gap_low <= 0.0:  # enough noise at low: halve
+    while gap_low <= 0.0:  # enough noise at low: step down
         if -tolerance <= gap_low:
             return low
         high, gap_high = low, gap_low
