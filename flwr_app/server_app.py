@@ -412,6 +412,8 @@ def _write_results(
         privacy = summary["privacy"]
         classical = (f"; classical epsilon of the same mechanism {privacy['epsilon_classical']:.4f}"
                      if "epsilon_classical" in privacy else "")
+        if privacy.get("epsilon_rdp") is not None and privacy["epsilon_rdp"] != privacy["epsilon"]:
+            classical += f"; RDP epsilon of the same releases {privacy['epsilon_rdp']:.4f}"
         if "epsilon_nominal" in privacy:
             classical += (f"; the paper's nominal epsilon {privacy['epsilon_nominal']:.4f}, its formula at the "
                           f"smallest noise {privacy['epsilon_audited_formula']:.4f}")

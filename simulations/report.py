@@ -372,6 +372,7 @@ def privacy_page() -> str:
              "only; every other value a site sends is listed as not covered, with the reason. Each run writes the "
              "manifest of its own configuration to `manifest.json`; below is each mechanism at its defaults "
              "(`privacy.epsilon = 1`).", ""]
+    parts += _accounting_section()
     for name, mechanism in MECHANISMS.items():
         cfg = _privacy_config(name)
         manifest = mechanism.manifest(cfg)
@@ -391,6 +392,35 @@ def privacy_page() -> str:
             if changed:
                 parts += [f"With {label}: {'; '.join(changed)}.", ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+#: The accounting section of ``docs/privacy.md`` (before the table generated from the mechanisms' ``accountants``).
+ACCOUNTING_TEXT = (
+    "Each mechanism's ε comes from one accountant, named in every ledger entry (`accountant`). Where a tight "
+    "accountant is sound for the mechanism, `privacy.accountant = auto` (the default) picks it, the noise is "
+    "calibrated with it (so the same ε buys less noise) and the ledger gives, beside that headline, the Rényi-DP "
+    "figure of the same releases (`epsilon_rdp`, opacus' RDP and its conversion at δ). `pld` is dp-accounting's "
+    "`PLDAccountant` (pessimistic connect-the-dots privacy loss distributions on a grid of 1e-4, tails counted in δ: "
+    "an upper bound within about 1e-3 of the exact ε); `prv` is opacus' PRV accountant (an upper bound from its error "
+    "bound); `rdp` converts Rényi DP to (ε, δ), which loses about 10 % of ε at these budgets "
+    "(`python -m benchmarks.accountants`).",
+    "A site's own budget check (a privacy filter, where one runs) stays a Rényi filter: RDP adds up over releases "
+    "chosen adaptively, which is what a filter needs; the tight figure is reported for the plan actually run. "
+    "distributed_dp keeps RDP: the sum of the sites' discrete Gaussians is not a Gaussian, and the bound it has "
+    "(Kairouz, Liu & Steinke 2021, Proposition 14) is a Rényi bound; a PLD of the continuous Gaussian would not bound "
+    "it. bdp's headline is the Bayesian accountant's ε_μ (data-dependent, average case), which no PLD replaces; its "
+    "`epsilon_classical` stays RDP. The weight-perturbation and split strategies have their own Rényi or formula "
+    "accountants.",
+)
+
+
+def _accounting_section() -> list[str]:
+    """The accounting section: the prose and which ``privacy.accountant`` each mechanism offers."""
+    parts = ["## Accounting", "", *[line for text in ACCOUNTING_TEXT for line in (text, "")],
+             "| strategy | `privacy.accountant` offered (`auto` first) |", "| --- | --- |"]
+    parts += [f"| `{name}` | {', '.join(mechanism.accountants) if mechanism.private else 'none (no guarantee)'} |"
+              for name, mechanism in MECHANISMS.items()]
+    return parts + [""]
 
 
 def _anchor(title: str) -> str:

@@ -79,7 +79,7 @@ TEST_METRICS = ("c_index", "c_index_td", "ibs", "inbll")
 SETTING_COLUMNS = ["variant", "data", "model", "rounds", "num_sites"]
 GROUP_COLUMNS = [*SETTING_COLUMNS, "strategy", "epsilon_target"]
 BASE_COLUMNS = [
-    "status", "strategy", "epsilon_target", "epsilon", "epsilon_classical", "epsilon_nominal",
+    "status", "strategy", "epsilon_target", "epsilon", "epsilon_rdp", "epsilon_classical", "epsilon_nominal",
     "epsilon_audited_formula", "delta", "unit", "accountant", "seed",
     "data", "model", "rounds", "num_sites", "variant",
     *(f"test_{m}" for m in TEST_METRICS),
@@ -345,6 +345,8 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
         "strategy": summary.get("strategy", status.get("strategy")),
         "epsilon_target": _epsilon_target(summary, status, run_dir),
         "epsilon": _float(privacy.get("epsilon")),  # the headline epsilon only, never per site
+        # the RDP figure of the same releases, beside a headline from a tighter accountant (PLD, PRV)
+        "epsilon_rdp": _float(privacy.get("epsilon_rdp")),
         # Bayesian DP: the worst-case epsilon of the same mechanism, beside epsilon_mu above
         "epsilon_classical": _float(privacy.get("epsilon_classical")),
         # NbAFL / LS-ADP / ROW-DP: the paper's average budget and its formula at the smallest noise
@@ -380,6 +382,7 @@ def _centralized_row(run: Mapping[str, Any], summary: Mapping[str, Any]) -> dict
         "strategy": f"{CENTRALIZED}_{privacy['mechanism']}" if private else CENTRALIZED,
         "epsilon_target": run["epsilon_target"] if private else math.inf,
         "epsilon": _float(privacy.get("epsilon_mu", privacy.get("epsilon"))) if private else math.nan,
+        "epsilon_rdp": math.nan,
         "epsilon_classical": _float(privacy.get("epsilon")) if private and "epsilon_mu" in privacy else math.nan,
         "epsilon_nominal": math.nan,
         "epsilon_audited_formula": math.nan,

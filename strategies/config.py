@@ -74,13 +74,16 @@ class Strategy:
     """A ``strategy.name`` option: its kind and the defaults it brings.
 
     ``adjacency`` is what ``privacy.adjacency = "auto"`` resolves to: the first adjacency the
-    strategy's mechanism offers (a test keeps it equal to the registry's). A vertical strategy
-    trains :data:`DEFAULT_MODEL` ``["vertical"]`` when ``model.name = "auto"``.
+    strategy's mechanism offers (a test keeps it equal to the registry's). ``accountant`` is what
+    ``privacy.accountant = "auto"`` resolves to: the tightest sound accountant of the mechanism
+    (the first of its ``accountants``, a test keeps them equal). A vertical strategy trains
+    :data:`DEFAULT_MODEL` ``["vertical"]`` when ``model.name = "auto"``.
     """
 
     help: str
     vertical: bool
     adjacency: str
+    accountant: str = "rdp"
     recipe: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -163,14 +166,14 @@ MODELS: Mapping[str, Model] = {
 STRATEGIES: Mapping[str, Strategy] = {
     "fedavg": Strategy("FedAvg without differential privacy", vertical=False, adjacency="add-remove"),
     "dp_sgd": Strategy("record-level DP-SGD at every site (hazard_mlp)", vertical=False, adjacency="add-remove",
-                       recipe=DP_SGD_RECIPE),
+                       accountant="pld", recipe=DP_SGD_RECIPE),
     "bdp": Strategy("Bayesian DP (FSL-BDP) at every site (hazard_mlp)", vertical=False, adjacency="add-remove",
                     recipe=DP_SGD_RECIPE),
     "distributed_dp": Strategy("record-level DP on the union: one noisy gradient step per round, discrete Gaussian "
                                "noise split across the sites, summed through SecAgg+ (hazard_mlp)", vertical=False,
                                adjacency="add-remove", recipe=DISTRIBUTED_DP_RECIPE),
     "central_dp": Strategy("Flower's client-level DP at the server (a whole site is protected)", vertical=False,
-                           adjacency="add-remove"),
+                           adjacency="add-remove", accountant="pld"),
     "nbafl": Strategy("NbAFL (Wei et al. 2020): weights clipped and perturbed before upload", vertical=False,
                       adjacency="replace-one"),
     "ls_adp": Strategy("LS-ADP (Niu et al. 2025): NbAFL noise with per-layer budgets from layer sensitivity",
@@ -432,7 +435,9 @@ class PrivacyConfig:
                                     "norm; nbafl/ls_adp/row_dp: clip norm of all model weights together; split: L2 "
                                     "clip of each record's embedding", bounds=POSITIVE,
                                 auto=_recipe_auto("privacy.clip_norm"))
-    accountant: str = setting("rdp", "opacus accountant (calibration and reported epsilon)", choices=("rdp", "prv"))
+    accountant: str = setting(AUTO, "accountant that calibrates the noise and gives the headline epsilon (dp_sgd, "
+                                    "central_dp: pld, prv or rdp; the others: rdp); the ledger adds the RDP epsilon",
+                              choices=("pld", "prv", "rdp"), auto="pld for dp_sgd and central_dp, rdp otherwise")
     adjacency: str = setting(AUTO, "neighbouring data sets the guarantee is for (bdp offers both; dp_sgd and "
                                    "central_dp add-remove; nbafl/ls_adp/row_dp and split replace-one)",
                              choices=("add-remove", "replace-one"), auto="the strategy's")
@@ -738,6 +743,8 @@ def _resolve_auto(values: dict[str, Any]) -> None:
         values["data.test_fraction"] = DATA_SETS[values["data.name"]].test_fraction
     if values["privacy.adjacency"] is None:
         values["privacy.adjacency"] = strategy.adjacency
+    if values["privacy.accountant"] is None:
+        values["privacy.accountant"] = strategy.accountant
     for name, default in TRAINING_DEFAULTS.items():
         if values[name] is None:
             values[name] = strategy.recipe.get(name, default)

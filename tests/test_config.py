@@ -70,6 +70,7 @@ def test_the_schema_names_the_registry_strategies_with_their_kind_and_adjacency(
     for name, mechanism in MECHANISMS.items():
         assert STRATEGIES[name].vertical == mechanism.vertical, name
         assert STRATEGIES[name].adjacency == mechanism.adjacencies[0], name
+        assert STRATEGIES[name].accountant == mechanism.accountants[0], name
 
 
 def test_the_schema_names_the_data_loaders_and_fault_modes():
@@ -199,7 +200,7 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "federation.fraction_train": 0.5},
          "without sub-sampling amplification"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "model.name": "cox_mlp"}, "not per-sample decomposable"),
-        ({"privacy.accountant": "gdp"}, "'privacy.accountant' = 'gdp'; choose one of rdp, prv"),
+        ({"privacy.accountant": "gdp"}, "'privacy.accountant' = 'gdp'; choose one of pld, prv, rdp"),
         ({"data.name": "csv"}, "data.name='csv' needs 'data.path'"),
         ({"model.hidden": "64,x"}, "'model.hidden'"),
         ({"strategy.name": "split"}, "strategy 'split' needs a vertical data set"),
@@ -212,6 +213,12 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"data.name": "synthetic_multimodal"}, "is vertical"),
         ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "privacy.adjacency": "replace-one"},
          "is not offered for strategy 'dp_sgd'"),
+        ({"strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "privacy.accountant": "pld"},
+         "privacy.accountant = 'pld' is not offered for strategy 'distributed_dp'"),
+        ({"strategy.name": "nbafl", "privacy.epsilon": 1.0, "privacy.accountant": "prv"},
+         "privacy.accountant = 'prv' is not offered for strategy 'nbafl'"),
+        ({"strategy.name": "split", "data.name": "metabric", "privacy.epsilon": 1.0, "privacy.accountant": "pld"},
+         "privacy.accountant = 'pld' is not offered for strategy 'split'"),
         ({"split.clean_inference": "yes"}, "'split.clean_inference' must be bool"),
         ({"data.feature_cols": 3}, "'data.feature_cols' must be a list or a comma-separated string"),
     ],
@@ -226,6 +233,15 @@ def test_auto_means_model_default_and_lists_parse():
     assert cfg.model.hidden == (64, 32) and cfg.model.dropout == pytest.approx(0.2)
     cfg = parse_run_config({})
     assert cfg.model.hidden is None and cfg.model.dropout is None and not cfg.privacy.enabled
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("dp_sgd", "pld"), ("central_dp", "pld"),
+                                                    ("distributed_dp", "rdp"), ("bdp", "rdp"), ("nbafl", "rdp")])
+def test_accountant_auto_is_the_tightest_sound_one_of_the_strategy(strategy, expected):
+    cfg = parse_run_config({"strategy.name": strategy, "privacy.epsilon": 1.0})
+    assert cfg.privacy.accountant == expected
+    assert parse_run_config({"strategy.name": strategy, "privacy.epsilon": 1.0,
+                             "privacy.accountant": "rdp"}).privacy.accountant == "rdp"
 
 
 def test_adjacency_auto_is_replace_one_for_split_and_add_remove_otherwise():

@@ -98,6 +98,7 @@ def test_central_dp_with_the_prv_accountant_reports_the_prv_epsilon_it_is_labell
     assert pld.get_epsilon(cfg.privacy.delta) == pytest.approx(exact, abs=1e-4)
     assert exact <= entry.epsilon <= exact + 0.015
     assert 0.98 <= entry.epsilon <= 1.0
-    rdp = mechanism.ledger_entry(resolve({"strategy.name": "central_dp", "privacy.epsilon": 1.0})[1], 20, "site-0",
+    rdp = mechanism.ledger_entry(resolve({"strategy.name": "central_dp", "privacy.epsilon": 1.0,
+                                          "privacy.accountant": "rdp"})[1], 20, "site-0",
                                  setup=SiteSetUp(1.0, 1.0), reports=[{}] * 20)
     assert rdp.accountant == "opacus-rdp" and rdp.noise_multiplier > entry.noise_multiplier  # RDP is looser

@@ -2,7 +2,8 @@
 
 The ledger's ε of a dp_sgd run with a private set-up must be what Google's dp-accounting gives for
 the composition of the set-up's Gaussian releases (no subsampling) and the site's DP-SGD steps
-(Poisson-subsampled Gaussian), and must spend the target: DP-SGD gets what the set-up leaves.
+(Poisson-subsampled Gaussian), by its RDP accountant (``privacy.accountant = rdp``) or its PLD
+accountant (the default), and must spend the target: DP-SGD gets what the set-up leaves.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 
 import dp_accounting
 import pytest
+from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from flwr_app import task
@@ -24,9 +26,11 @@ RUN = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized"
        "privacy.epsilon": 2.0}
 
 
-def test_the_ledger_composes_the_set_up_with_training_as_dp_accounting_does(tmp_path):
-    summary = run_inprocess({**RUN, "output.dir": str(tmp_path)})
-    cfg = resolve({**RUN, "output.dir": str(tmp_path)})[1]
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_the_ledger_composes_the_set_up_with_training_as_dp_accounting_does(tmp_path, accountant):
+    run = {**RUN, "privacy.accountant": accountant, "output.dir": str(tmp_path)}
+    summary = run_inprocess(run)
+    cfg = resolve(run)[1]
     setup = task.federation_setup(cfg)
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     final = [entry for entry in ledger if entry["round"] == 2]
@@ -38,12 +42,19 @@ def test_the_ledger_composes_the_set_up_with_training_as_dp_accounting_does(tmp_
         sample_rate, steps = poisson_schedule(site.count, batch_size=cfg.train.batch_size,
                                               epochs=cfg.train.local_epochs)
         assert entry["sample_rate"] == pytest.approx(sample_rate) and entry["steps"] == 2 * steps
-        google = RdpAccountant(list(DEFAULT_RDP_ORDERS))
-        for noise, _, _ in site.prior:
-            google.compose(dp_accounting.GaussianDpEvent(noise))
-        google.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            sample_rate, dp_accounting.GaussianDpEvent(entry["noise_multiplier"])), 2 * steps))
-        assert entry["epsilon"] == pytest.approx(google.get_epsilon(cfg.privacy.delta), rel=1e-4)
+        epsilon = {}
+        for name, google in (("rdp", RdpAccountant(list(DEFAULT_RDP_ORDERS))), ("pld", PLDAccountant())):
+            for noise, _, _ in site.prior:  # one event per release (the ledger merges them into one Gaussian)
+                google.compose(dp_accounting.GaussianDpEvent(noise))
+            google.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+                sample_rate, dp_accounting.GaussianDpEvent(entry["noise_multiplier"])), 2 * steps))
+            epsilon[name] = google.get_epsilon(cfg.privacy.delta)
+        assert entry["epsilon_rdp"] == pytest.approx(epsilon["rdp"], rel=1e-4)
+        if accountant == "rdp":
+            assert entry["accountant"] == "opacus-rdp" and entry["epsilon"] == entry["epsilon_rdp"]
+        else:  # the grid's rounding, once per release here, once for the merged Gaussian in the ledger
+            assert entry["accountant"] == "dp-accounting-pld" and entry["epsilon"] < entry["epsilon_rdp"]
+            assert entry["epsilon"] == pytest.approx(epsilon["pld"], abs=2e-3)
         assert 2.0 - 0.02 <= entry["epsilon"] <= 2.0  # the whole budget, set-up included
     # the agreed counts are noisy (std about 32 records at the default noise), and DP-SGD's noise is larger
     # than it would be without the set-up releases: it gets what they leave of the budget

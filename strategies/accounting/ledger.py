@@ -18,7 +18,11 @@ class LedgerEntry:
     """One site's privacy position after one round.
 
     ``epsilon`` is cumulative (everything the site has released so far), ``None`` when no
-    mechanism bounds it. For Bayesian DP it is the average-case ``ε_μ`` and
+    mechanism bounds it; ``accountant`` names what computed it (``dp-accounting-pld``,
+    ``opacus-prv``, ``opacus-rdp``, …). ``epsilon_rdp``: the Rényi-DP figure of the same releases
+    (opacus' RDP and its conversion at ``delta``), beside a headline from a tighter accountant,
+    equal to ``epsilon`` where the headline is itself RDP; ``None`` in ledgers written before it
+    existed and for mechanisms that do not give it. For Bayesian DP it is the average-case ``ε_μ`` and
     ``epsilon_classical`` is the worst-case ε of the same (σ, q, steps). ``prior``: the site's
     releases before training composed into ``epsilon`` (the private set-up's Gaussian releases,
     as ``(noise multiplier, sample rate, steps)``), so that the figure can be recomputed from the
@@ -38,6 +42,7 @@ class LedgerEntry:
     sample_rate: float | None = None
     steps: int | None = None
     epsilon_classical: float | None = None
+    epsilon_rdp: float | None = None
     epsilon_nominal: float | None = None
     epsilon_audited_formula: float | None = None
     assumptions: tuple[str, ...] = ()
@@ -91,7 +96,7 @@ class PrivacyLedger:
             return {"epsilon": None, "delta": None, "unit": "none", "accountant": "none", "site": None}
         headline = {"epsilon": worst.epsilon, "delta": worst.delta, "unit": worst.unit,
                     "accountant": worst.accountant, "site": worst.site}
-        for key in ("epsilon_classical", "epsilon_nominal", "epsilon_audited_formula"):
+        for key in ("epsilon_rdp", "epsilon_classical", "epsilon_nominal", "epsilon_audited_formula"):
             values = [getattr(entry, key) for entry in latest.values() if getattr(entry, key) is not None]
             if values:
                 headline[key] = max(values)  # the worst site

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 
@@ -207,8 +208,8 @@ def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:
     return ("set-up statistics (record count, range histograms of the numeric columns without a public range and of "
             "the training times, time histogram, clipped moments): Gaussian releases of the site's training records, "
             f"together one Gaussian mechanism with noise multiplier {setup_multiplier(cfg):.4g} (privacy.setup_share = "
-            f"{cfg.privacy.setup_share:g} of the RDP budget of epsilon) under "
-            f"{cfg.privacy.adjacency} adjacency, composed by RDP with the site's training; the preprocessing, time grid, "
+            f"{cfg.privacy.setup_share:g} of the RDP budget of epsilon) under {cfg.privacy.adjacency} adjacency, "
+            f"composed by {ACCOUNTANT_NAMES[cfg.privacy.accountant]} with the site's training; the preprocessing, time grid, "
             "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public)
 
 
@@ -316,6 +317,9 @@ class Mechanism(ABC):
     adjacencies
         The neighbouring-data-set relations offered; the first is what ``privacy.adjacency =
         "auto"`` resolves to.
+    accountants
+        The ``privacy.accountant`` values offered, tightest sound first (what ``"auto"`` resolves
+        to). ``("rdp",)`` for a mechanism whose releases only its own (Rényi) accountant bounds.
     vertical
         True for the split-learning protocol (one modality per site).
     private
@@ -325,6 +329,7 @@ class Mechanism(ABC):
     name: str = ""
     unit: str = "record"
     adjacencies: tuple[str, ...] = ("add-remove",)
+    accountants: tuple[str, ...] = ("rdp",)
     vertical: bool = False
     private: bool = True
 
@@ -333,8 +338,8 @@ class Mechanism(ABC):
     def check(self, cfg: ExperimentConfig) -> None:
         """Refuse a configuration this mechanism cannot honour (``ConfigError`` naming the key).
 
-        The base checks: a DP mechanism needs a finite ``privacy.epsilon``, and the adjacency
-        must be one the mechanism's accountant bounds.
+        The base checks: a DP mechanism needs a finite ``privacy.epsilon``, the adjacency must be
+        one the mechanism's accountant bounds, and ``privacy.accountant`` one it offers.
         """
         if self.private and not cfg.privacy.enabled:
             raise ConfigError(f"run config: strategy '{self.name}' needs a finite 'privacy.epsilon' (the target "
@@ -343,6 +348,16 @@ class Mechanism(ABC):
             raise ConfigError(
                 f"run config: privacy.adjacency = {cfg.privacy.adjacency!r} is not offered for strategy "
                 f"'{self.name}'; its accountant bounds {' or '.join(self.adjacencies)} neighbours")
+        if self.private:
+            self.check_accountant(cfg)
+
+    def check_accountant(self, cfg: ExperimentConfig) -> None:
+        """``privacy.accountant`` must be one of :attr:`accountants` (``ConfigError`` naming the key)."""
+        if cfg.privacy.enabled and cfg.privacy.accountant not in self.accountants:
+            raise ConfigError(
+                f"run config: privacy.accountant = {cfg.privacy.accountant!r} is not offered for strategy "
+                f"'{self.name}' (offered: {', '.join(self.accountants)}; 'auto': {self.accountants[0]}); "
+                "docs/privacy.md, 'Accounting', says which accountant bounds which mechanism")
 
     @abstractmethod
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:

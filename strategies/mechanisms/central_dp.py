@@ -15,7 +15,10 @@ References
 ----------
 McMahan, Ramage, Talwar & Zhang (2018), "Learning differentially private recurrent language
 models", ICLR (DP-FedAvg); Mironov (2017), "Rényi differential privacy", CSF; Gopi, Lee &
-Wutschitz (2021), "Numerical composition of differential privacy", NeurIPS (PRV).
+Wutschitz (2021), "Numerical composition of differential privacy", NeurIPS (PRV); Doroshenko,
+Ghazi, Kamath, Kumar & Manurangsi (2022), "Connect the dots", PETS (PLD, the default accountant:
+``rounds`` Gaussian releases compose exactly into one Gaussian, so the PLD figure is the exact ε
+of the analytic Gaussian mechanism, Balle & Wang 2018, up to the grid).
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.ledger import LedgerEntry
-from strategies.accounting.rdp import calibrate_noise_multiplier, epsilon_from_history
+from strategies.accounting.rdp import (
+    ACCOUNTANT_LABELS,
+    ACCOUNTANT_NAMES,
+    calibrate_noise_multiplier,
+    epsilon_from_history,
+)
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
     Manifest,
@@ -63,6 +71,7 @@ class CentralDP(HorizontalMechanism):
     unit = "site"
     server_side = True
     adjacencies = ("add-remove",)
+    accountants = ("pld", "prv", "rdp")
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -104,14 +113,15 @@ class CentralDP(HorizontalMechanism):
 
     def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
-        sigma, accountant = self.noise_multiplier(cfg), cfg.privacy.accountant
+        sigma, accountant, delta = self.noise_multiplier(cfg), cfg.privacy.accountant, cfg.privacy.delta
         return LedgerEntry(
             round=server_round, site=site, mechanism=self.name, unit="site", adjacency="add-remove",
-            accountant=f"opacus-{accountant}",
-            epsilon=central_epsilon(noise_multiplier=sigma, rounds=len(reports), delta=cfg.privacy.delta,
-                                    accountant=accountant),
-            delta=cfg.privacy.delta, noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=1.0,
-            steps=len(reports), assumptions=self.assumptions(cfg),
+            accountant=ACCOUNTANT_LABELS[accountant],
+            epsilon=central_epsilon(noise_multiplier=sigma, rounds=len(reports), delta=delta, accountant=accountant),
+            delta=delta, noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=1.0,
+            steps=len(reports),
+            epsilon_rdp=central_epsilon(noise_multiplier=sigma, rounds=len(reports), delta=delta, accountant="rdp"),
+            assumptions=self.assumptions(cfg),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -121,8 +131,8 @@ class CentralDP(HorizontalMechanism):
             "unit: a whole site's update; adjacency: add/remove one site with the denominator fixed at num_sites "
             "(under replace-one the sensitivity doubles)",
             "sites weighted equally; every site in every round: no sub-sampling amplification is credited",
-            f"epsilon from opacus {cfg.privacy.accountant.upper()} of the Gaussian mechanism composed over the "
-            "releases so far (q = 1)",
+            f"epsilon from {ACCOUNTANT_NAMES[cfg.privacy.accountant]} of the Gaussian mechanism composed over the "
+            "releases so far (q = 1); epsilon_rdp: opacus RDP of the same releases",
             "the server sees each site's clipped update in the clear: the guarantee is against everyone who sees "
             "the released global models, not against the server; the server's noise is its own (not seeded)",
             uncovered_sentence(self.manifest(cfg)),

@@ -176,7 +176,14 @@ def _release(plan: RoundPlan) -> tuple[float, float, float, int, int]:
 
 
 class DistributedDP(HorizontalMechanism):
-    """Record-level DP on the union of the sites, noise split across them, summed through SecAgg+."""
+    """Record-level DP on the union of the sites, noise split across them, summed through SecAgg+.
+
+    Accountant: RDP only (``privacy.accountant`` ``rdp``; ``auto`` resolves to it). The sum of
+    discrete Gaussians is not a (discrete) Gaussian, and the bound the project has for it is
+    Kairouz, Liu & Steinke's Rényi bound (Proposition 14); no privacy loss distribution of the sum
+    is known in closed form, and a PLD of the continuous Gaussian it approaches would not be an
+    upper bound. The ledger's ``epsilon_rdp`` equals its ``epsilon``.
+    """
 
     name = "distributed_dp"
     unit = "record"
@@ -261,7 +268,8 @@ class DistributedDP(HorizontalMechanism):
             round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
             accountant="distributed discrete Gaussian (Kairouz et al. 2021, Prop. 14), RDP", epsilon=epsilon,
             delta=cfg.privacy.delta, noise_multiplier=last.get("noise_multiplier"), clip_norm=cfg.privacy.clip_norm,
-            sample_rate=1.0, steps=len(releases), assumptions=self.assumptions(cfg), prior=tuple(setup.prior),
+            sample_rate=1.0, steps=len(releases), epsilon_rdp=epsilon, assumptions=self.assumptions(cfg),
+            prior=tuple(setup.prior),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:

@@ -27,7 +27,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.ledger import LedgerEntry
-from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_from_history
+from strategies.accounting.rdp import (
+    ACCOUNTANT_LABELS,
+    ACCOUNTANT_NAMES,
+    SiteAccountant,
+    calibrate_noise_multiplier,
+    epsilon_from_history,
+)
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
     Manifest,
@@ -104,9 +110,10 @@ class DPSGD(HorizontalMechanism):
     sampling at :math:`q = \min(1, B/n)`, per-record gradients clipped to ``privacy.clip_norm``,
     Gaussian noise :math:`N(0, σ^2C^2)` on their sum, divided by :math:`qn`. ``n`` is the
     site's record count agreed at set-up, so :math:`q`, the number of steps and :math:`σ`
-    (calibrated once for ``federation.rounds`` rounds of steps, opacus
-    ``get_noise_multiplier``) are functions of that count and the public configuration: the
-    server recomputes them, and each site's ε, itself.
+    (calibrated once for ``federation.rounds`` rounds of steps and the set-up releases by
+    ``privacy.accountant``: dp-accounting's PLD by default, opacus' PRV or RDP) are functions of
+    that count and the public configuration: the server recomputes them, and each site's ε,
+    itself. The ledger gives the RDP ε of the same releases beside the headline.
     """
 
     name = "dp_sgd"
@@ -114,6 +121,7 @@ class DPSGD(HorizontalMechanism):
     private_setup = True
     unit = "record"
     adjacencies = ("add-remove",)
+    accountants = ("pld", "prv", "rdp")
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -168,11 +176,14 @@ class DPSGD(HorizontalMechanism):
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
         sample_rate, _, sigma = self.schedule(cfg, setup)
         spent = self.expected_report(cfg, setup=setup, previous=reports[:-1])
+        epsilon_rdp = clipped_epsilon(sigma, sample_rate, int(spent["steps"]), cfg.privacy.delta, "rdp",
+                                      tuple(setup.prior))
         return LedgerEntry(
             round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
-            accountant=f"opacus-{cfg.privacy.accountant}", epsilon=spent["epsilon"], delta=cfg.privacy.delta,
+            accountant=ACCOUNTANT_LABELS[cfg.privacy.accountant], epsilon=spent["epsilon"], delta=cfg.privacy.delta,
             noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
-            steps=int(spent["steps"]), assumptions=self.assumptions(cfg), prior=tuple(setup.prior),
+            steps=int(spent["steps"]), epsilon_rdp=epsilon_rdp, assumptions=self.assumptions(cfg),
+            prior=tuple(setup.prior),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -182,16 +193,17 @@ class DPSGD(HorizontalMechanism):
             "Poisson sampling of each record with probability sample_rate = q = batch_size/n at every step; n is the "
             "site's record count agreed at set-up",
             setup_sentence(cfg, self.uses_private_setup(cfg)),
-            f"epsilon computed by the server (opacus {cfg.privacy.accountant.upper()}, Poisson-subsampled Gaussian, "
+            f"epsilon computed by the server ({ACCOUNTANT_NAMES[cfg.privacy.accountant]}, Poisson-subsampled Gaussian, "
             "add/remove-one adjacency) over every step of every round the site released an update, from the agreed "
-            "count and the run configuration; the figures a site reports are checked against it",
+            "count and the run configuration; the figures a site reports are checked against it; epsilon_rdp: "
+            "opacus RDP of the same releases",
             "noise calibrated once for all rounds x local steps; the model updates, the global model and everything "
             "computed from them are post-processing",
             *record_level_closing(cfg, self.manifest(cfg)),
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
-        accountant = f"DP-SGD, opacus {cfg.privacy.accountant.upper()} accountant (add/remove one record)"
+        accountant = f"DP-SGD, {ACCOUNTANT_NAMES[cfg.privacy.accountant]} accountant (add/remove one record)"
         covered = self.uses_private_setup(cfg)
         why = ("functions of the site's agreed (noisy) record count and the public configuration" if covered else
                "functions of the site's record count (uncovered) and the public configuration")

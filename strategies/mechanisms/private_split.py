@@ -46,6 +46,7 @@ class PrivateSplitDP(Mechanism):
             raise ConfigError("run config: 'split.calibration' and 'split.clean_inference' belong to strategy 'split' "
                               "(BVFLMSP); private_split releases each record once, calibrated by its own accountant "
                               "(leave them at 'rdp' and false)")
+        self.check_accountant(cfg)
         # A budget the set-up and encoder statistics leave nothing of is refused when the run knows its number of
         # sites (flwr_app.private_split_server), before any site fits or releases anything.
 
