@@ -24,6 +24,8 @@ from flwr_app.faults import inject_failure, tamper
 from models.data import SiteData
 from strategies.horizontal import (
     BASELINE_EVENTS,
+    RECALIBRATION_EXPONENTS,
+    RECALIBRATION_HORIZONS,
     BASELINE_RISK,
     PRIVACY_STATE_KEY,
     RESUMED_PRIVACY_STATE,
@@ -32,7 +34,9 @@ from strategies.horizontal import (
     WEIGHT_KEY,
 )
 from strategies import secure_aggregation as secagg
-from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
+from models.recalibration import power_sums
+from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
+from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
@@ -162,6 +166,8 @@ def evaluate(message: Message, context: Context) -> Message:
         if BASELINE_EVENTS not in config:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
         model.set_baseline(np.asarray(config[BASELINE_EVENTS]), np.asarray(config[BASELINE_RISK]))
+    if RECALIBRATION_EXPONENTS in config:
+        model.set_exponents(np.asarray(config[RECALIBRATION_EXPONENTS], dtype=np.float64))
     metrics = task.evaluate(model, site.test)
     undefined = task.undefined_metrics(model, site.test, metrics)
     if site.oot is not None and len(site.oot):
@@ -189,6 +195,33 @@ def breslow(message: Message, context: Context) -> Message:
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
     metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
     return _reply(message, _content(site, metrics), cfg, site, server_round, "breslow")
+
+
+#: Stream of a site's recalibration noise (beside its round's other draws from the same seed).
+RECALIBRATION_STREAM = 23
+
+
+@app.query("recalibration")
+def recalibration(message: Message, context: Context) -> Message:
+    """The site's noisy recalibration release: power sums of its training records' predicted survival at the
+    plan's horizons (:func:`models.recalibration.power_sums`) plus Gaussian noise whose level the site takes
+    from its own run config (:func:`~strategies.mechanisms.base.recalibration_multiplier`), never from the message."""
+    site, index = _site(context)
+    config = message.content["config"]
+    server_round = int(config["server-round"])
+    cfg, model = _model(context, message)
+    inject_failure(cfg, site=site.name, server_round=server_round, message="recalibration")
+    horizons = np.asarray(config[RECALIBRATION_HORIZONS], dtype=np.float64)
+    multiplier = recalibration_multiplier(cfg)
+    if multiplier <= 0 or horizons.ndim != 1 or not 1 <= horizons.size <= len(RECALIBRATION_QUANTILES) or not np.all(np.isfinite(horizons)):
+        raise ValueError("recalibration query refused: this run's config plans no recalibration release, or the "
+                         f"horizons are not 1 to {len(RECALIBRATION_QUANTILES)} finite times ({horizons.tolist()})")
+    times, surv = model.predict_survival(site.train.x)
+    at = np.clip(np.searchsorted(times, horizons, side="right") - 1, 0, times.size - 1)  # right-continuous steps
+    sums = power_sums(surv[:, at]).ravel()
+    rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
+    noisy = sums + rng.normal(0.0, multiplier * np.sqrt(sums.size), sums.size)
+    return _reply(message, _content(site, {"power_sums": noisy.tolist()}), cfg, site, server_round, "recalibration")
 
 
 # ------------------------------------------------------------------ secure aggregation (strategies with a secure sum)

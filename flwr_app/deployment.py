@@ -52,9 +52,9 @@ from strategies.mechanisms.setup_statistics import (
     AgreedRanges,
     MomentRelease,
     RangeRelease,
+    RecalibrationPlan,
     SetupNoiseError,
     SetupPlan,
-    accountant_history,
     agree_ranges,
     agreed_count,
     implausible_ranges,
@@ -149,6 +149,8 @@ class SiteSetup:
     notes
         How the private set-up settled ranges that did not stand out of its noise (one sentence
         each: :meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
+    recalibration
+        The recalibration planned after training (a private set-up's hazard model), or None.
     """
 
     spec: task.SiteSpec
@@ -156,6 +158,7 @@ class SiteSetup:
     left_out: dict[int, str]
     setups: dict[str, SiteSetUp]
     notes: tuple[str, ...] = ()
+    recalibration: RecalibrationPlan | None = None
 
 
 class ParticipatingSites(Grid):
@@ -307,8 +310,10 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
                           functools.reduce(operator.add, moments.values()), num_durations=cfg.model.num_durations)
     spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
     counts = {node: agreed_count(release.count) for node, release in releases.items()}
-    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, accountant_history(plan), timeout=timeout)
-    return dataclasses.replace(agreed, notes=shared.notes)
+    recalibration = task.plan_recalibration(cfg, shared, counts)
+    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
+                         timeout=timeout)
+    return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration)
 
 
 def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float],

@@ -72,10 +72,13 @@ def _calibration_line(calibration: Mapping[str, Any]) -> str:
             f"{calibration['ibs_km_null']:.4f}")
 
 
-def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None) -> None:
+def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None,
+          exponents: np.ndarray | None = None) -> None:
     model.net.load_state_dict(arrays.to_torch_state_dict())
     if model.needs_baseline and baseline is not None:
         model.set_baseline(*baseline)
+    if exponents is not None:
+        model.set_exponents(exponents)
 
 
 def poll_replies_often(grid: Grid) -> None:
@@ -110,7 +113,7 @@ def wait_for_sites(grid: Grid, expected: int, *, timeout_s: float = 300.0) -> in
 
 def _evaluate_global(
     model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None,
-    dataset: FederatedDataset,
+    dataset: FederatedDataset, exponents: np.ndarray | None = None,
 ) -> tuple[dict[str, float], str]:
     """Load the global model (and, for Cox models, the federated Breslow ``baseline``) and evaluate it
     on the pooled test split.
@@ -120,7 +123,7 @@ def _evaluate_global(
     noisy DP run can do that, and its round is then recorded as diverged instead of ending the run.
     """
     try:
-        _load(model, arrays, baseline)
+        _load(model, arrays, baseline, exponents)
         if not all(bool(torch.isfinite(value).all()) for value in model.net.state_dict().values()):
             raise ValueError("non-finite weights")
         return _global_metrics(model, dataset), ""
@@ -228,10 +231,12 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
         node_sites, spec, setup_notes = dict(setup.sites), setup.spec, setup.notes
+        recalibration = setup.recalibration
     else:
         dataset = task.load_federation(cfg)
         agreed = task.federation_setup(cfg)
         model, setups, setup_notes = task.build_model(cfg, dataset), agreed.setups, agreed.notes
+        recalibration = agreed.recalibration
         spec = task.run_spec(cfg, dataset)
         wait_for_sites(grid, dataset.num_sites)
         node_sites = {}
@@ -250,6 +255,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         server_optimizer=make_server_optimizer(cfg.federation),
         **fedavg_kwargs,
     )
+    if recalibration is not None:
+        survival.recalibration = (recalibration, np.asarray(model.cuts, dtype=np.float64))
     if node_sites:
         survival.node_sites = node_sites
     else:  # simulation: every node says once which site it is; a node that cannot is left out
@@ -290,7 +297,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         global_test: dict[str, float] = {}
         diverged = ""
         if cfg.server_evaluation:
-            global_test, diverged = _evaluate_global(model, arrays, survival.baseline, dataset)
+            global_test, diverged = _evaluate_global(model, arrays, survival.baseline, dataset, survival.exponents)
         line: dict[str, Any] = {
             "round": server_round,
             "train": weighted_nanmean({site: {**report, "num-examples": setups[site].count}
@@ -365,7 +372,7 @@ def _write_results(
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
     diverged = ""
     if cfg.server_evaluation:
-        test, diverged = _evaluate_global(model, arrays, strategy.baseline, dataset)
+        test, diverged = _evaluate_global(model, arrays, strategy.baseline, dataset, strategy.exponents)
         test_source = "global model on the pooled test split (server-side, simulation)"
     else:
         test = weighted_nanmean(sites)
@@ -394,10 +401,11 @@ def _write_results(
         summary["oot"] = oot
     if diverged:
         summary["diverged"] = diverged
-    model.net.load_state_dict(arrays.to_torch_state_dict())
+    _load(model, arrays, strategy.baseline, strategy.exponents)
     model.net.eval()
     outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=strategy.baseline,
-                       preprocessing=task.preprocessing(cfg, spec))
+                       preprocessing=task.preprocessing(cfg, spec),
+                       exponents=None if strategy.exponents is None else strategy.exponents.tolist())
     if cfg.server_evaluation and not diverged:
         summary["calibration"] = task.calibration(model, dataset)
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")

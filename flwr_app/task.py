@@ -32,11 +32,24 @@ from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves, undefined_reasons
 from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model
-from models.time_grid import interval_hazard, make_time_grid, time_counts
-from strategies.mechanisms.base import SiteSetUp, setup_multiplier
+from models.time_grid import histogram_survival, interval_hazard, make_time_grid, time_counts
+from strategies.mechanisms.base import (
+    SiteSetUp,
+    recalibrates,
+    recalibration_history,
+    recalibration_multiplier,
+    setup_multiplier,
+)
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
-from strategies.mechanisms.setup_statistics import SetupPlan, accountant_history, run_setup
+from strategies.mechanisms.setup_statistics import (
+    RecalibrationPlan,
+    SetupPlan,
+    SharedSetup,
+    accountant_history,
+    recalibration_plan,
+    run_setup,
+)
 
 
 
@@ -62,6 +75,8 @@ class FederationSetUp:
         histogram (a public time grid).
     notes
         How the private set-up settled ranges that did not stand out of its noise (one sentence each).
+    recalibration
+        The planned recalibration after training (a private set-up's hazard model with enough records), or None.
     """
 
     cuts: np.ndarray
@@ -70,6 +85,7 @@ class FederationSetUp:
     plan: SetupPlan | None
     time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     notes: tuple[str, ...] = ()
+    recalibration: RecalibrationPlan | None = None
 
 
 #: Stream of the simulated sites' set-up noise (beside the partition's and the split's).
@@ -93,6 +109,21 @@ def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | Non
     return SetupPlan.for_features(features, noise_multiplier=setup_multiplier(cfg),
                                   adjacency=cfg.privacy.adjacency, dictionary=dictionary,
                                   time_grid=cfg.model.time_grid)
+
+
+def setup_history(cfg: ExperimentConfig, plan: SetupPlan,
+                  recalibration: RecalibrationPlan | None) -> tuple[tuple[float, float, int], ...]:
+    """What a site's accountant composes before training: the set-up's releases and, where a
+    recalibration is planned, its release (after training)."""
+    return accountant_history(plan) + (recalibration_history(cfg) if recalibration is not None else ())
+
+
+def plan_recalibration(cfg: ExperimentConfig, shared: SharedSetup, counts: Mapping[str, float]) -> RecalibrationPlan | None:
+    """The run's recalibration plan (:func:`~strategies.mechanisms.setup_statistics.recalibration_plan`), or None."""
+    if not recalibrates(cfg):
+        return None
+    return recalibration_plan(shared.time_counts, count=sum(counts.values()), sites=len(counts),
+                              multiplier=recalibration_multiplier(cfg))
 
 
 def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
@@ -123,18 +154,20 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
     )
     if agreed:
         shared, counts, plan = agreed["shared"], agreed["counts"], agreed["plan"]
-        cuts, time_scale, prior = shared.cuts, shared.time_scale, accountant_history(plan)
+        recalibration = plan_recalibration(cfg, shared, counts)
+        cuts, time_scale, prior = shared.cuts, shared.time_scale, setup_history(cfg, plan, recalibration)
         counted = shared.time_counts
     else:
         train = dataset.pooled("train")
         cuts = make_time_grid(train.time, train.event, num_durations=cfg.model.num_durations,
                               scheme=cfg.model.time_grid)
         time_scale, plan, prior = (float(np.mean(train.time)), float(np.std(train.time))), None, ()
-        counted = time_counts(train.time, train.event)
+        counted, recalibration = time_counts(train.time, train.event), None
         counts = {site.name: float(len(site.train)) for site in dataset.sites}
     smallest = min(counts.values())
     setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
-    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted, agreed["shared"].notes if agreed else ())
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted, agreed["shared"].notes if agreed else (),
+                                    recalibration)
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -173,7 +206,8 @@ def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalMod
 def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
                     counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray | None:
     """The hazard model's starting hazard per interval: :func:`models.time_grid.interval_hazard` of the
-    set-up's time ``counts`` on ``cuts``.
+    set-up's time ``counts`` on ``cuts`` (a private set-up's histogram: the curve of
+    :func:`models.time_grid.histogram_survival`, whose quantiles the cuts are).
 
     Post-processing of what the set-up released (a private set-up's noisy time histogram; an exact
     set-up's pooled times), so it costs no privacy. None for the Cox models (their baseline is the
@@ -181,6 +215,11 @@ def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
     """
     if cfg.model.name != "hazard_mlp" or counts is None or not np.sum(counts[1]) > 0:
         return None
+    if uses_private_setup(cfg):  # counts per interval of a histogram: its curve, linear within intervals
+        points, events, censored = counts
+        surv = histogram_survival(np.concatenate(([0.0], points)), events, censored, cuts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.clip(1.0 - surv / np.concatenate(([1.0], surv[:-1])), 0.0, 1.0)
     return interval_hazard(*counts, cuts)
 
 

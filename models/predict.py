@@ -178,6 +178,8 @@ def load_run(directory: str | Path) -> SavedRun:
         if saved.get("baseline") is None:
             raise ValueError(f"{model_path}: a {saved['config']['model']['name']} model without its baseline hazard")
         model.set_baseline(*(np.asarray(part, dtype=np.float64) for part in saved["baseline"]))
+    if saved.get("exponents") is not None:  # a private run's recalibration (models.recalibration)
+        model.set_exponents(np.asarray(saved["exponents"], dtype=np.float64))
     model.net.eval()
     return SavedRun(directory, model, preprocessor, str(spec.get("id_col", "")))
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from models.breslow import baseline_hazard_increments, site_aggregates
+from models.recalibration import apply_exponents
 from models.losses import (
     cox_ph_loss,
     cox_time_loss,
@@ -413,9 +414,21 @@ class HazardModel(SurvivalModel):
             raise ValueError(f"every time must be >= the first cut point {self.cuts[0]}")
         return logistic_hazard_nll(self.net(x), idx, events, reduction="none")
 
+    #: Recalibration exponents, one per cut (:func:`models.recalibration.apply_exponents`); None: the network's curves.
+    exponents: np.ndarray | None = None
+
+    def set_exponents(self, exponents: np.ndarray | None) -> None:
+        """Recalibrate the predicted curves to :math:`S(\\tau_j \\mid x)^{c_j}` (None: no recalibration)."""
+        if exponents is not None:
+            exponents = np.asarray(exponents, dtype=np.float64)
+            if exponents.shape != self.cuts.shape or not np.all(np.isfinite(exponents) & (exponents > 0)):
+                raise ValueError(f"recalibration needs {self.cuts.size} positive exponents, got shape {exponents.shape}")
+        self.exponents = exponents
+
     def _survival(self, x: Tensor) -> np.ndarray:
         log_one_minus_h = nn.functional.logsigmoid(-self.net(x).double())
-        return torch.exp(torch.cumsum(log_one_minus_h, dim=1)).numpy()
+        surv = torch.exp(torch.cumsum(log_one_minus_h, dim=1)).numpy()
+        return surv if self.exponents is None else apply_exponents(surv, self.exponents)
 
 
 class _BreslowModel(SurvivalModel):

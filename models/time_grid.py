@@ -22,6 +22,7 @@ __all__ = [
     "make_time_grid",
     "time_grid_from_counts",
     "time_grid_from_histogram",
+    "histogram_survival",
     "time_grid_from_histograms",
     "time_counts",
     "time_histogram",
@@ -189,6 +190,24 @@ def time_grid_from_counts(
     return _quantile_cuts(*_kaplan_meier_counts(points, events, counts), num_durations)
 
 
+def _edge_survival(events: np.ndarray, censored: np.ndarray) -> np.ndarray:
+    """Kaplan-Meier survival at the edges of intervals holding ``events`` and ``censored`` records (starts at 1)."""
+    at_risk = np.cumsum((events + censored)[::-1])[::-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(at_risk > 0, 1.0 - events / at_risk, 1.0)
+    return np.concatenate(([1.0], np.cumprod(np.clip(factor, 0.0, 1.0))))
+
+
+def histogram_survival(edges: np.ndarray, events: np.ndarray, censored: np.ndarray, times: np.ndarray) -> np.ndarray:
+    r"""The curve of :func:`time_grid_from_histogram` at ``times``: Kaplan-Meier at the edges of the
+    intervals, linear within them (records spread evenly over their interval), 1 before 0 and
+    constant after the last edge. Every interval holding events has a drop, so consecutive quantile
+    cuts of this curve never bound an interval of zero hazard."""
+    edges = np.asarray(edges, dtype=np.float64)
+    surv = _edge_survival(np.asarray(events, dtype=np.float64), np.asarray(censored, dtype=np.float64))
+    return np.interp(np.asarray(times, dtype=np.float64), edges, surv, left=1.0)
+
+
 def time_grid_from_histogram(
     edges: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int,
 ) -> np.ndarray:
@@ -224,10 +243,7 @@ def time_grid_from_histogram(
         raise ValueError("events and censored must be finite, non-negative counts with at least one event")
     if num_durations < 2:
         raise ValueError(f"num_durations must be >= 2, got {num_durations}")
-    at_risk = np.cumsum((events + censored)[::-1])[::-1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.where(at_risk > 0, 1.0 - events / at_risk, 1.0)
-    surv = np.concatenate(([1.0], np.cumprod(np.clip(factor, 0.0, 1.0))))
+    surv = _edge_survival(events, censored)
     levels = np.linspace(surv.min(), 1.0, num_durations)
     reached = np.argmax(surv[None, :] <= levels[:, None] + 1e-12, axis=1)  # first edge at or below each level
     before = np.maximum(reached - 1, 0)

@@ -50,12 +50,15 @@ from flwr.supercore import log
 
 from models.metrics import UNDEFINED_REASONS
 from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
-from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp
+from models.recalibration import cut_exponents, fit_exponents
+from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
+from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
 from strategies.replies import (
     check_arrays,
     check_breslow,
     check_count,
+    check_power_sums,
     check_evaluation,
     error_message,
     suspect_evaluations,
@@ -66,6 +69,12 @@ WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
 BASELINE_RISK = "baseline.risk_sums"
+#: Query for a site's noisy recalibration sums of the final model (:mod:`models.recalibration`).
+RECALIBRATION_QUERY = "query.recalibration"
+#: In the recalibration query's config: the horizons (public plan).
+RECALIBRATION_HORIZONS = "recalibration.horizons"
+#: In the final round's evaluate config: the recalibration exponent at every cut.
+RECALIBRATION_EXPONENTS = "recalibration.exponents"
 #: In an evaluate reply's site record: why each undefined (NaN) metric is undefined (JSON: metric -> a code of
 #: :data:`models.metrics.UNDEFINED_REASONS`; absent when every metric is defined).
 UNDEFINED_KEY = "undefined"
@@ -244,6 +253,10 @@ class SurvivalFedAvg(FedAvg):
         self.server_state: dict[str, Any] | None = None
         self.held_out_bound = {name: _held_out_bound(setup.count, cfg.data.test_fraction)
                                for name, setup in self.setups.items()}
+        #: The recalibration after the last round (a private set-up's hazard model): its public plan and the
+        #: model's cuts; ``exponents``: its result, one per cut (None until then, or without one).
+        self.recalibration: tuple[RecalibrationPlan, np.ndarray] | None = None
+        self.exponents: np.ndarray | None = None
 
     def _record(self, server_round: int) -> RoundRecord:
         return self.rounds.setdefault(server_round, RoundRecord())
@@ -566,6 +579,10 @@ class SurvivalFedAvg(FedAvg):
             if self.baseline is not None:
                 config[BASELINE_EVENTS] = self.baseline[0].tolist()
                 config[BASELINE_RISK] = self.baseline[1].tolist()
+        if self.recalibration is not None and server_round == self.cfg.federation.rounds:
+            self.exponents = self._collect_recalibration(server_round, arrays, grid)
+        if self.exponents is not None:
+            config[RECALIBRATION_EXPONENTS] = self.exponents.tolist()
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -623,6 +640,29 @@ class SurvivalFedAvg(FedAvg):
             return None
         return event_counts, risk_sums
 
+    def _collect_recalibration(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> np.ndarray | None:
+        """The final model's recalibration exponents at its cuts, from the accepted sites' noisy power sums
+        (:func:`models.recalibration.fit_exponents` against the plan's target); None when no site answered."""
+        plan, cuts = self.recalibration
+        config = ConfigRecord({"server-round": server_round, RECALIBRATION_HORIZONS: plan.horizons.tolist()})
+        messages = [Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
+                            dst_node_id=node_id, message_type=RECALIBRATION_QUERY) for node_id in grid.get_node_ids()]
+        replies = grid.send_and_receive(messages, timeout=self.timeout)
+        std = recalibration_multiplier(self.cfg) * plan.sensitivity()
+        total, count = np.zeros(plan.size), 0.0
+        accepted = self._accepted_metrics(
+            server_round, "recalibration", self.record_failures(server_round, "recalibration", messages, replies),
+            lambda site, metrics: check_power_sums(metrics.get("power_sums"), size=plan.size,
+                                                   max_records=self.setups[site].count, noise_std=std))
+        for _, site, _, metrics in accepted:
+            total += np.asarray(metrics["power_sums"], dtype=np.float64)
+            count += self.setups[site].count
+        if count == 0:
+            log(WARNING, "Round %s: no site answered the recalibration query; the curves stay as trained", server_round)
+            return None
+        exponents = fit_exponents(total.reshape(plan.horizons.size, -1), count, plan.target)
+        return cut_exponents(cuts, plan.horizons, exponents)
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
@@ -636,6 +676,7 @@ class SurvivalFedAvg(FedAvg):
                   for server_round, record in self.rounds.items()}
         return {"rounds": rounds,
                 "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline],
+                "exponents": None if self.exponents is None else self.exponents.tolist(),
                 "server_optimizer": None if self.server_optimizer is None else self.server_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -645,6 +686,8 @@ class SurvivalFedAvg(FedAvg):
         baseline = state["baseline"]
         self.baseline = None if baseline is None else (np.asarray(baseline[0], dtype=np.float64),
                                                        np.asarray(baseline[1], dtype=np.float64))
+        exponents = state.get("exponents")
+        self.exponents = None if exponents is None else np.asarray(exponents, dtype=np.float64)
         if self.server_optimizer is not None:
             self.server_optimizer.load_state_dict(state["server_optimizer"])
 

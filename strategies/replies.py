@@ -175,6 +175,23 @@ def check_breslow(event_counts: object, risk_sums: object, *, grid_size: int, ma
     return ""
 
 
+def check_power_sums(sums: object, *, size: int, max_records: float, noise_std: float) -> str:
+    """Why a site's recalibration release is unusable ("" when it is fine): ``size`` finite numbers,
+    each a noisy sum of at most the site's records' values in [0, 1], so within ``10 noise_std`` of
+    ``[0, max_records]``."""
+    try:
+        values = np.asarray(sums, dtype=np.float64)
+    except (TypeError, ValueError):
+        return "recalibration sums are not numeric"
+    if values.shape != (size,) or not np.all(np.isfinite(values)):
+        return f"recalibration sums must be {size} finite numbers, got shape {values.shape}"
+    margin = 10.0 * noise_std + 1e-9
+    if values.min() < -margin or values.max() > max_records + margin:
+        return (f"recalibration sums outside [0, {max_records:g}] beyond their noise (std {noise_std:.3g}): "
+                f"[{values.min():.4g}, {values.max():.4g}]")
+    return ""
+
+
 def check_embeddings(embeddings: np.ndarray, present: np.ndarray, *, rows: int, dim: int, passes: int | None) -> str:
     """Why a split-learning site's reply is unusable ("" when it is fine).
 

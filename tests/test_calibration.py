@@ -15,7 +15,7 @@ from flwr_app import task
 from models.metrics import evaluate_survival
 from models.predict import load_run
 from models.survival import HAZARD_CLIP, build_survival_model
-from models.time_grid import interval_hazard, time_counts, time_histogram
+from models.time_grid import histogram_survival, interval_hazard, time_counts, time_histogram
 from simulations.engine import resolve, run_inprocess
 
 
@@ -97,7 +97,10 @@ def test_the_global_model_starts_at_the_set_up_km_private_or_exact():
     exact = _lifelines_km(train.time, train.event, setup.cuts)
     # private set-up: the Kaplan–Meier curve of the denoised time histogram (post-processing), not the exact one
     _, surv = task.build_model(cfg, dataset).predict_survival(train.x)
-    released = np.cumprod(1.0 - np.clip(interval_hazard(*setup.time_counts, setup.cuts), HAZARD_CLIP, 1.0))
+    points, events, censored = setup.time_counts  # the histogram's curve, linear within its intervals
+    curve = histogram_survival([0.0, *points], events, censored, setup.cuts)
+    hazard = 1.0 - curve / np.concatenate(([1.0], curve[:-1]))
+    released = np.cumprod(1.0 - np.clip(hazard, HAZARD_CLIP, 1.0 - HAZARD_CLIP))
     np.testing.assert_allclose(surv, np.broadcast_to(released, surv.shape), rtol=1e-5)
     assert 0.0 < np.abs(released - exact).max() < 0.1  # the set-up's noise and its histogram's bins
     # exact set-up: the pooled training Kaplan–Meier curve

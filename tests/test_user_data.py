@@ -163,6 +163,8 @@ def test_a_saved_model_predicts_raw_new_records_as_the_run_did(cohort_csv, tmp_p
     in_run.net.load_state_dict(saved["state_dict"])
     if in_run.needs_baseline:
         in_run.set_baseline(*map(np.asarray, saved["baseline"]))
+    if saved.get("exponents") is not None:  # a DP run's recalibration
+        in_run.set_exponents(np.asarray(saved["exponents"]))
     expected = in_run.predict_survival(dataset.pooled("test").x[:5])[1]
     curves = run.predict_survival(test_rows.head(5).drop(columns=["time", "event"]))
     assert list(curves.index) == list(test_rows.patient.head(5)) and curves.shape == (5, len(run.times))

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import STRATEGIES, ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:  # the heavy imports only for type checkers
     from flwr.serverapp.strategy import Strategy
@@ -178,15 +178,49 @@ def noise_source(cfg: ExperimentConfig) -> str:
             "knows the seed")
 
 
-def setup_multiplier(cfg: ExperimentConfig) -> float:
-    """The noise multiplier of a run's set-up releases (all of them together one Gaussian mechanism):
-    :func:`~strategies.mechanisms.setup_statistics.setup_noise_multiplier` of ``privacy.epsilon``,
-    ``privacy.delta`` and ``privacy.setup_share`` (0: an exact set-up, or no DP)."""
-    if not cfg.privacy.enabled:
-        return 0.0
+def recalibrates(cfg: ExperimentConfig) -> bool:
+    """Whether the run recalibrates its curves privately after training: a hazard model trained by a
+    mechanism with a private set-up (:mod:`models.recalibration`; the release is planned in the set-up's share)."""
+    from strategies.mechanisms.registry import horizontal_mechanism  # the registry imports this module
+
+    return (cfg.model.name == "hazard_mlp" and not STRATEGIES[cfg.strategy].vertical
+            and horizontal_mechanism(cfg.strategy).uses_private_setup(cfg))
+
+
+def _share_multiplier(cfg: ExperimentConfig) -> float:
     from strategies.mechanisms.setup_statistics import setup_noise_multiplier  # pandas and scipy: where a set-up runs
 
     return setup_noise_multiplier(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, share=cfg.privacy.setup_share)
+
+
+def setup_multiplier(cfg: ExperimentConfig) -> float:
+    """The noise multiplier of a run's set-up releases (all of them together one Gaussian mechanism).
+
+    ``privacy.setup_share`` of the budget (:func:`~strategies.mechanisms.setup_statistics.setup_noise_multiplier`)
+    goes to the set-up and, where the run recalibrates (:func:`recalibrates`), to the recalibration
+    release too: the set-up then gets ``1 - RECALIBRATION_SHARE`` of it. 0: an exact set-up, or no DP.
+    """
+    if not cfg.privacy.enabled or cfg.privacy.setup_share == 0:
+        return 0.0
+    from strategies.mechanisms.setup_statistics import RECALIBRATION_SHARE
+
+    z = _share_multiplier(cfg)
+    return z / math.sqrt(1.0 - RECALIBRATION_SHARE) if recalibrates(cfg) else z
+
+
+def recalibration_multiplier(cfg: ExperimentConfig) -> float:
+    """The noise multiplier of the recalibration release (``RECALIBRATION_SHARE`` of the set-up's share); 0 without one."""
+    if not cfg.privacy.enabled or not recalibrates(cfg):
+        return 0.0
+    from strategies.mechanisms.setup_statistics import RECALIBRATION_SHARE
+
+    return _share_multiplier(cfg) / math.sqrt(RECALIBRATION_SHARE)
+
+
+def recalibration_history(cfg: ExperimentConfig) -> tuple[tuple[float, float, int], ...]:
+    """The recalibration release as accountant history (one Gaussian, sample rate 1), planned before training."""
+    z = recalibration_multiplier(cfg)
+    return ((z, 1.0, 1),) if z > 0 else ()
 
 
 def record_level_closing(cfg: ExperimentConfig, manifest: Manifest) -> tuple[str, ...]:
@@ -210,7 +244,11 @@ def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:
             f"together one Gaussian mechanism with noise multiplier {setup_multiplier(cfg):.4g} (privacy.setup_share = "
             f"{cfg.privacy.setup_share:g} of the RDP budget of epsilon) under {cfg.privacy.adjacency} adjacency, "
             f"composed by {ACCOUNTANT_NAMES[cfg.privacy.accountant]} with the site's training; the preprocessing, time grid, "
-            "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public)
+            "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public
+            + (f"; after training, a recalibration release (noisy sums of the final model's predicted survival powers "
+               f"over the site's training records, noise multiplier {recalibration_multiplier(cfg):.4g}, "
+               "RECALIBRATION_SHARE of privacy.setup_share) planned and composed with them"
+               if recalibrates(cfg) else ""))
 
 
 def update_release(covered: bool, reason: str) -> ReleasedValue:
@@ -292,6 +330,14 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                           "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
                           "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
         ]
+    if private_setup and recalibrates(cfg):
+        releases.append(ReleasedValue(
+            "recalibration sums", "after the last round: the sums over the site's training records of the final "
+            "model's predicted survival at the plan's horizons raised to each exponent of models.recalibration, "
+            "plus noise (the recalibrated curves)", "recalibration", True,
+            f"a Gaussian release (noise multiplier {recalibration_multiplier(cfg):.4g}, sensitivity the square root "
+            "of its size) planned before training and composed by the site's accountant with the set-up and its "
+            "training", ("query.recalibration/metrics.power_sums",)))
     if cfg.model.name in ("cox_mlp", "cox_time"):
         releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
                                       "over the training records", "breslow", False, "sent without noise",

@@ -131,7 +131,8 @@ from scipy.optimize import isotonic_regression
 
 from models.data.dictionary import DataDictionary
 from models.data.preprocess import RELATIVE_VARIANCE_FLOOR, Preprocessor, category_keys, is_numeric_feature
-from models.time_grid import time_grid_from_histogram
+from models.recalibration import EXPONENTS
+from models.time_grid import histogram_survival, time_grid_from_histogram
 
 __all__ = [
     "ADJACENCIES",
@@ -189,6 +190,14 @@ RELEASE_WEIGHTS: Mapping[str, float] = {
 #: whose summed count is the most noise standard deviations above 0, if that is at least this many
 #: (pure noise reaches it in a few per cent of histograms); below it a feature column is left out.
 SCAN_THRESHOLD = 4.0
+#: Share of ``privacy.setup_share`` that a hazard model's recalibration release takes (the set-up's
+#: releases get the rest): :func:`recalibration_plan`, :mod:`models.recalibration`.
+RECALIBRATION_SHARE = 0.3
+#: The recalibration's horizons: these quantiles of the agreed follow-up.
+RECALIBRATION_QUANTILES = (0.25, 0.5, 0.75)
+#: The recalibration is planned only where the summed noise of a power sum is at most this share of the
+#: records (the mean predicted survival it gives is then within about this much of the truth).
+RECALIBRATION_MAX_ERROR = 0.03
 #: Default set-up noise multiplier z of a bare :class:`SetupPlan` (the runs derive theirs from
 #: ``privacy.setup_share``: :func:`setup_noise_multiplier`).
 DEFAULT_SETUP_NOISE_MULTIPLIER = 10.0
@@ -952,3 +961,48 @@ def implausible_ranges(release: RangeRelease, plan: SetupPlan, *, tolerance: flo
         if counts.sum() > count + tolerance * std * math.sqrt(counts.size):
             return f"the range histogram of '{column}' counts {counts.sum():.0f} values for about {count:.0f} records"
     return ""
+
+
+# --------------------------------------------------------------------------- recalibration after training
+
+
+@dataclass(frozen=True)
+class RecalibrationPlan:
+    """The public plan of the recalibration release (:mod:`models.recalibration`).
+
+    ``horizons``: ``RECALIBRATION_QUANTILES`` of the agreed follow-up (records of the denoised time
+    histogram); ``target``: the Kaplan-Meier survival of that histogram at the horizons
+    (:func:`models.time_grid.histogram_survival`). Both are post-processing of the set-up's releases.
+    """
+
+    horizons: np.ndarray
+    target: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """Numbers a site releases: one power sum per horizon and exponent."""
+        return self.horizons.size * len(EXPONENTS)
+
+    def sensitivity(self) -> float:
+        """L2 sensitivity of a site's power sums to one record (each term in [0, 1]; either adjacency)."""
+        return math.sqrt(self.size)
+
+
+def recalibration_plan(time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None, *, count: float,
+                       sites: int, multiplier: float) -> RecalibrationPlan | None:
+    """The plan from the set-up's denoised time histogram (``SharedSetup.time_counts``), for ``count``
+    records (the agreed counts' sum) over ``sites`` sites whose releases take noise multiplier
+    ``multiplier``. None without a histogram, or when the summed noise of one power sum would exceed
+    ``RECALIBRATION_MAX_ERROR`` of ``count`` (too few records for the budget: the release is then not
+    planned, and training gets its share). Post-processing of public values only."""
+    size = len(RECALIBRATION_QUANTILES) * len(EXPONENTS)
+    if time_counts is None or multiplier * math.sqrt(size * sites) > RECALIBRATION_MAX_ERROR * count:
+        return None
+    points, events, censored = (np.asarray(part, dtype=np.float64) for part in time_counts)
+    records = events + censored
+    if events.sum() <= 0:
+        return None
+    share = np.cumsum(records) / records.sum()
+    horizons = np.unique(np.interp(RECALIBRATION_QUANTILES, share, points))
+    target = histogram_survival(np.concatenate(([0.0], points)), events, censored, horizons)
+    return RecalibrationPlan(horizons, target)

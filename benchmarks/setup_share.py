@@ -1,0 +1,102 @@
+"""How ``privacy.setup_share`` was chosen: dp_sgd through the apps on validation splits of bundled data sets.
+
+``python -m benchmarks.setup_share [--shares 0.1,0.2,0.3,0.45] [--data flchain,metabric,gbsg,whas]
+[--epsilons 1,10] [--seeds 0,1] [--out rows.jsonl]``
+
+For each data set and seed, the records that the default federation (5 i.i.d. sites) would train on
+at that seed are written to a CSV file with a ``split`` column: 80 % of them ``train``, 20 %
+``test`` (the validation part); the records of the seed's own test split are left out, so no test
+record is ever read. Each share then runs ``dp_sgd`` at each ε through the ServerApp and ClientApp
+(:func:`simulations.engine.run_inprocess`: the private set-up, DP-SGD, the recalibration) with
+``data.name=csv data.split_col=split``, and is scored by Harrell's C, the IBS and the gap between
+mean predicted and Kaplan-Meier survival at the median follow-up, on the pooled validation parts.
+A share's score is its mean rank over data sets, ε, seeds and the three figures (the lowest wins).
+Prints one JSON line per run and the ranking at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from models.data import load_table
+from models.data.federated import SPLIT_STREAM, assign_sites, train_test_positions
+from models.data.files import resolve_data_dir
+from simulations.engine import resolve, run_inprocess
+from simulations.results_file import append_jsonl
+
+SITES = 5
+VALIDATION_STREAM = 29
+
+
+def validation_csv(name: str, seed: int, folder: Path) -> Path:
+    """The seed's training records of the default federation, split 80/20 into ``train`` and ``test`` (validation)."""
+    table = load_table(name, data_dir=str(resolve_data_dir("")))
+    test_fraction = resolve({"data.name": name})[1].data.test_fraction
+    sites = assign_sites(table, "iid", np.arange(len(table)), num_sites=SITES, seed=seed, dirichlet_alpha=0.5,
+                         min_site_records=0)
+    rng = np.random.default_rng([seed, SPLIT_STREAM])
+    train = np.sort(np.concatenate([train_test_positions(table, positions, test_fraction=test_fraction, rng=rng,
+                                                         site=site)[0] for site, positions in sites.items()]))
+    labels = np.where(np.random.default_rng([seed, VALIDATION_STREAM]).random(train.size) < 0.2, "test", "train")
+    frame = table.features.iloc[train].assign(time=table.time[train], event=table.event[train].astype(int),
+                                              split=labels)
+    path = folder / f"{name}_seed{seed}.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def run(name: str, path: Path, share: float, epsilon: float, seed: int, out: Path) -> dict:
+    summary = run_inprocess({"data.name": "csv", "data.path": str(path), "data.split_col": "split",
+                             "strategy.name": "dp_sgd", "privacy.epsilon": epsilon, "privacy.setup_share": share,
+                             "seed": seed, "baseline.centralized": False, "output.dir": str(out)})
+    return {"data": name, "share": share, "epsilon": epsilon, "seed": seed, "c_index": summary["test"]["c_index"],
+            "ibs": summary["test"]["ibs"], "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
+            "ledger_epsilon": summary["privacy"]["epsilon"]}
+
+
+def ranking(rows: list[dict]) -> list[tuple[float, float]]:
+    """(mean rank, share), best first: ranks within each (data, ε, seed) of C (higher better), IBS and gap."""
+    groups = collections.defaultdict(list)
+    for row in rows:
+        groups[(row["data"], row["epsilon"], row["seed"])].append(row)
+    ranks = collections.defaultdict(list)
+    for group in groups.values():
+        for key, sign in (("c_index", -1.0), ("ibs", 1.0), ("gap", 1.0)):
+            order = sorted(group, key=lambda row: sign * row[key])
+            for position, row in enumerate(order):
+                ranks[row["share"]].append(position / max(1, len(order) - 1))
+    return sorted((float(np.mean(values)), share) for share, values in ranks.items())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shares", default="0.1,0.2,0.3,0.45")
+    parser.add_argument("--data", default="flchain,metabric,gbsg,whas")
+    parser.add_argument("--epsilons", default="1,10")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.data.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                path = validation_csv(name, seed, Path(folder))
+                for epsilon in (float(e) for e in args.epsilons.split(",")):
+                    for share in (float(s) for s in args.shares.split(",")):
+                        out = Path(folder) / f"run_{name}_{seed}_{epsilon:g}_{share:g}"
+                        row = run(name, path, share, epsilon, seed, out)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        if args.out:
+                            append_jsonl(args.out, row)
+    print(json.dumps({"ranking (mean rank, share)": ranking(rows)}))
+
+
+if __name__ == "__main__":
+    main()
