@@ -103,11 +103,14 @@ def test_dp_sgd_spends_at_most_its_budget_and_the_ledger_is_exact(tmp_path):
         assert epsilons == sorted(epsilons) and epsilons[0] > 0          # spend accumulates
         last = entries[-1]
         assert last["steps"] == 3 * entries[0]["steps"]                   # one accountant across rounds
-        # the ledger's figure is opacus' RDP epsilon of exactly the mechanism that ran
-        assert last["prior"]  # the private set-up's releases, composed into the figure
-        independent = epsilon_from_history([*map(tuple, last["prior"]),
-                                            (last["noise_multiplier"], last["sample_rate"], last["steps"])], delta=1e-5)
-        assert last["epsilon"] == pytest.approx(independent, rel=1e-9)
+        # the ledger's figure is the PLD epsilon (the default accountant) of exactly the mechanism that ran, and its
+        # RDP figure beside it opacus' RDP epsilon of the same releases
+        assert last["prior"]  # the private set-up's releases (and the planned recalibration), composed into the figure
+        history = [*map(tuple, last["prior"]), (last["noise_multiplier"], last["sample_rate"], last["steps"])]
+        assert last["accountant"] == "dp-accounting-pld"
+        assert last["epsilon"] == pytest.approx(epsilon_from_history(history, delta=1e-5, accountant="pld"), rel=1e-9)
+        assert last["epsilon_rdp"] == pytest.approx(epsilon_from_history(history, delta=1e-5), rel=1e-9)
+        assert last["epsilon"] < last["epsilon_rdp"]
         assert target - 0.02 <= last["epsilon"] <= target                 # calibrated to the budget
     worst = max(entries[-1]["epsilon"] for entries in by_site.values())
     assert summary["privacy"]["epsilon"] == pytest.approx(worst) and summary["privacy"]["unit"] == "record"
@@ -123,8 +126,14 @@ def test_central_dp_is_accounted_per_site_over_rounds_without_amplification(tmp_
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 6 and {(entry["mechanism"], entry["unit"]) for entry in ledger} == {("central_dp", "site")}
     sigma = ledger[0]["noise_multiplier"]
-    for entry in ledger:
-        assert entry["epsilon"] == pytest.approx(
+    from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+    from dp_accounting.pld import PLDAccountant
+
+    for entry in ledger:  # PLD (the default accountant; dp-accounting's own, finer grid) with opacus' RDP beside it
+        pld = PLDAccountant(value_discretization_interval=1e-5).compose(
+            SelfComposedDpEvent(GaussianDpEvent(sigma), entry["round"])).get_epsilon(1e-5)
+        assert entry["epsilon"] == pytest.approx(pld, rel=2e-3) and entry["epsilon"] >= pld - 1e-9
+        assert entry["epsilon_rdp"] == pytest.approx(
             epsilon_gaussian_rounds(noise_multiplier=sigma, rounds=entry["round"], delta=1e-5), rel=1e-12)
     assert 4.0 - 0.05 <= summary["privacy"]["epsilon"] <= 4.0 and summary["privacy"]["unit"] == "site"
 

@@ -16,12 +16,15 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
 
    ``record_count``
        :math:`n + \mathcal N(0, s^2)`.
+   ``time_range``
+       When no public time range exists, the counts of the training times in the bins of the
+       public symmetric log grid :func:`range_edges` (:math:`\pm 10^{-3} \dots \pm 10^{9}`,
+       ``RANGE_BINS_PER_DECADE`` bins a decade, a central bin around 0; values beyond the
+       outermost edges counted in the outermost bins), each count plus noise. Its own release:
+       a run cannot go on without a time range.
    ``range_histograms``
-       For every numeric column without a public range, and for the training times when no
-       public time range exists, the counts of the non-missing values in the bins of the public
-       symmetric log grid :func:`range_edges` (:math:`\pm 10^{-3} \dots \pm 10^{9}`, a central
-       bin around 0; values beyond the outermost edges counted in the outermost bins), each
-       count plus :math:`\mathcal N(0, s^2)`.
+       The same histogram of the non-missing values of every numeric column without a public
+       range, plus noise.
    levels
        The site's set of levels of every categorical column without public levels. **Not
        private**: this is schema, released as is.
@@ -35,14 +38,21 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
    one bin at a time while the next ``RANGE_EXTEND_WINDOW`` bins together exceed
    ``RANGE_EXTEND_THRESHOLD`` times their noise. The range is the lower edge of its first bin to
    the upper edge of its last; without noise, exactly the bins holding values, so nothing is
-   clipped. The time range is ``[0, upper edge]``. Sent back to the sites (post-processing).
+   clipped. Where no window passes, the fallback takes the window that stands the most noise
+   standard deviations out if that is at least ``SCAN_THRESHOLD`` (``AgreedRanges.fallbacks``:
+   ``"scan"``), and otherwise leaves the column out of the model (``"left out"``); both are
+   said on the console and in the ledger. The time range is ``[0, upper edge]`` (the same
+   fallback; with none, :class:`SetupNoiseError`). The number of time-histogram intervals,
+   :func:`time_bins`, follows from the summed noisy count and the noise. Sent back to the sites
+   (post-processing).
 
 3. :func:`release_moments` at each site (a :class:`MomentRelease`):
 
    ``time_histogram``
-       Events and censorings in ``TIME_HISTOGRAM_BINS`` equal intervals of the time range
-       (public or from step 2); a time beyond the range counts as a censoring in the last
-       interval (as :func:`models.survival.discretise` treats it). Plus noise.
+       Events and censorings in the intervals of :func:`time_edges` over the time range (public
+       or from step 2): half equal, half log-spaced from a thousandth of the range, as many as
+       the noise allows; a time beyond the range counts as a censoring in the last interval (as
+       :func:`models.survival.discretise` treats it). Plus noise.
    ``feature_moments``
        For every numeric column without a public range, with
        :math:`v = (\mathrm{clip}(x, lo, hi) - m) / h \in [-1, 1]`
@@ -52,8 +62,10 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
 4. :func:`shared_setup` at the server, on the sums: the :class:`~models.data.Preprocessor`
    (a public range scales its column to ``[-1, 1]``; a private one clips to it and standardises
    with the noisy mean and standard deviation), the time grid (Kaplan-Meier quantiles of the
-   denoised time histogram, :func:`models.time_grid.time_grid_from_counts`) and the time scale
-   (mean and standard deviation of the denoised histogram).
+   denoised time histogram, interpolated within its intervals,
+   :func:`models.time_grid.time_grid_from_histogram`), the time scale (mean and standard
+   deviation of the denoised histogram) and the denoised counts (``SharedSetup.time_counts``:
+   the hazard model's start and the recalibration's target, :func:`recalibration_plan`).
 
 Sensitivities (L2, one record of the site) and noise
 ----------------------------------------------------
@@ -61,12 +73,13 @@ Sensitivities (L2, one record of the site) and noise
 release                add/remove one record   replace one record
 =====================  ======================  =====================
 ``record_count``       1                       0
+``time_range``         1                       :math:`\sqrt 2`
 ``range_histograms``   :math:`\sqrt{h}`        :math:`\sqrt{2h}`
 ``time_histogram``     1                       :math:`\sqrt 2`
 ``feature_moments``    :math:`\sqrt{3k}`       :math:`2\sqrt{k}`
 =====================  ======================  =====================
 
-with :math:`h` histograms and :math:`k` columns with moments. A record adds 1 to one bin of each
+with :math:`h` feature histograms and :math:`k` columns with moments. A record adds 1 to one bin of each
 histogram; its moments :math:`(v, v^2, 1)` have norm at most :math:`\sqrt 3` per column; replacing
 it moves one count per histogram (:math:`\sqrt 2`) and changes a column's moments by at most
 :math:`\max_{v, u \in [-1, 1]} \lVert (v - u, v^2 - u^2, 0) \rVert = 2` (:math:`v = 1, u = -1`;
@@ -93,19 +106,16 @@ upward bias of clamping each count at 0; a feature's noisy mean is clipped to it
 noisy variance floored at the noise level of :math:`\sum v^2 / n` (a column whose spread is
 below the noise, e.g. a calendar year on a range of centuries, is better given a public range).
 
-Default noise
--------------
-``DEFAULT_SETUP_NOISE_MULTIPLIER`` (:math:`z = 10`) was chosen on FLCHAIN (5 IID sites of about
-1260 training records; ``benchmarks/setup_statistics.py``): a centralised DP-SGD hazard model
-trained on data encoded with these statistics is as good as with the exact ones (C-index and IBS
-within their seed-to-seed spread at ε = 1 and 10), and composing the set-up with DP-SGD at
-ε = 1 (δ = 1e-5, RDP) needs 8 % more DP-SGD noise (:math:`z = 5`: 66 %; :math:`z = 20`: 1.5 %
-but a coarser grid and a worse IBS). The noise a column can stand depends on the data's size:
-the summed range histograms carry noise :math:`z \sqrt{K h / w}` per bin (:math:`K` sites,
-:math:`h` histograms, :math:`w` their weight), so small federations with many numeric columns
-need a smaller :math:`z` or public ranges; on METABRIC (4 sites of about 380, 9 numeric
-columns; the held-out check) the training times do not stand out at :math:`z = 10`
-(:class:`SetupNoiseError`) unless the follow-up range is public.
+The budget
+----------
+The run's set-up noise multiplier is :func:`setup_noise_multiplier` of ``privacy.epsilon``,
+``privacy.delta`` and ``privacy.setup_share``: the set-up spends that share of the RDP budget of a
+Gaussian mechanism spending the whole ε, so a larger ε gives finer statistics. A hazard model's
+run also plans a recalibration release after training from the same share
+(``RECALIBRATION_SHARE`` of it; :func:`strategies.mechanisms.base.setup_multiplier`). How often
+a set-up falls back or stops over data sets, budgets and federations:
+``python -m benchmarks.setup_failures``; how the share was chosen: ``python -m
+benchmarks.setup_share`` (validation splits through the apps).
 
 References
 ----------
