@@ -99,8 +99,9 @@ def test_without_noise_the_same_protocol_runs_and_the_ledger_says_so(tmp_path):
 
 def test_a_budget_the_set_up_eats_stops_the_run_before_any_release(tmp_path):
     seen = []
-    with pytest.raises(ConfigError, match="spend epsilon .* raise privacy.epsilon or lower split.fit_share"):
-        run_inprocess({**RUN, "privacy.epsilon": 1.0, "output.dir": str(tmp_path)},
+    with pytest.raises(ConfigError, match="spend epsilon .* raise privacy.epsilon or lower privacy.setup_share or "
+                                          "split.fit_share"):
+        run_inprocess({**RUN, "privacy.epsilon": 1.0, "privacy.setup_share": 0.9, "output.dir": str(tmp_path)},
                       observe=lambda message, reply: seen.append(message.metadata.message_type))
     assert seen == [wire.HELLO, wire.HELLO]  # the sites were only asked what they hold
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import KEYS, ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:  # the heavy imports only for type checkers
     from flwr.serverapp.strategy import Strategy
@@ -320,6 +320,9 @@ class Mechanism(ABC):
         True for the split-learning protocol (one modality per site).
     private
         False only for :class:`~strategies.mechanisms.none.NoPrivacy`.
+    reads_setup_share
+        True when the mechanism's set-up noise comes from ``privacy.setup_share``; the others
+        refuse a value other than the default or 0 (:meth:`check_setup_share`).
     """
 
     name: str = ""
@@ -327,6 +330,7 @@ class Mechanism(ABC):
     adjacencies: tuple[str, ...] = ("add-remove",)
     vertical: bool = False
     private: bool = True
+    reads_setup_share: bool = False
 
     # ---------------------------------------------------------------- configuration
 
@@ -343,6 +347,15 @@ class Mechanism(ABC):
             raise ConfigError(
                 f"run config: privacy.adjacency = {cfg.privacy.adjacency!r} is not offered for strategy "
                 f"'{self.name}'; its accountant bounds {' or '.join(self.adjacencies)} neighbours")
+        self.check_setup_share(cfg)
+
+    def check_setup_share(self, cfg: ExperimentConfig) -> None:
+        """Refuse a ``privacy.setup_share`` the mechanism would ignore: a value other than the default
+        (or 0, an exact set-up, which is what a mechanism without a private set-up runs)."""
+        default = KEYS["privacy.setup_share"].default
+        if not self.reads_setup_share and cfg.privacy.setup_share not in (0.0, default):
+            raise ConfigError(f"run config: privacy.setup_share = {cfg.privacy.setup_share:g} has no effect on "
+                              f"strategy '{self.name}', which has no private set-up; leave it at {default:g}")
 
     @abstractmethod
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -382,6 +395,10 @@ class HorizontalMechanism(Mechanism):
     server_side: bool = False
     secure_sum: bool = False
     private_setup: bool = False
+
+    @property
+    def reads_setup_share(self) -> bool:  # type: ignore[override]
+        return self.private_setup
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
