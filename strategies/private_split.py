@@ -82,6 +82,10 @@ __all__ = [
     "smallest_site",
 ]
 
+#: Noise standard deviations above the scan threshold at which :func:`smallest_site` puts a site's smallest size.
+SMALLEST_MARGIN = 2.0
+
+
 def _site_dictionary(dictionary: DataDictionary | None, columns: Sequence[str]) -> DataDictionary:
     """What is public about a site's columns: the run's dictionary entries for them (other
     modalities' entries and its time section do not concern the site), and a two-cut time grid: a
@@ -93,15 +97,18 @@ def _site_dictionary(dictionary: DataDictionary | None, columns: Sequence[str]) 
 
 
 def smallest_site(plan: SetupPlan) -> int:
-    """The fewest training records with which any column of a site's set-up ``plan`` can keep its range.
+    """The fewest training records with which a column of a site's set-up ``plan`` keeps its range
+    with probability at least 0.977 when all its values lie in one bin of the range grid.
 
-    A column's range is found when a window of its range histogram stands out of the noise; the
-    most any window holds is every record, in one bin, and the fallback then needs
-    ``SCAN_THRESHOLD`` noise standard deviations (:mod:`strategies.mechanisms.setup_statistics`).
-    Below this size no column can stand out whatever the data; values spread over ``w`` bins
-    need about ``sqrt(w)`` times more. A function of the public plan only.
+    A column's range is found when a window of its range histogram stands out of the noise
+    (:mod:`strategies.mechanisms.setup_statistics`); the fallback needs ``SCAN_THRESHOLD`` noise
+    standard deviations ``s``, so ``n`` records in one bin pass with probability
+    ``Phi(n / s - SCAN_THRESHOLD)`` (``Phi`` the standard normal CDF), at least ``Phi(2)`` from
+    ``n = (SCAN_THRESHOLD + SMALLEST_MARGIN) s``. Values spread over ``w`` bins need about ``sqrt(w)``
+    times as many. A function of the public plan only (a size fitted to the site's own values
+    would be a release that is not private).
     """
-    return math.ceil(SCAN_THRESHOLD * plan.noise_std("range_histograms"))
+    return math.ceil((SCAN_THRESHOLD + SMALLEST_MARGIN) * plan.noise_std("range_histograms"))
 
 
 # --------------------------------------------------------------------------- label holder
@@ -232,8 +239,10 @@ class PrivateSplitSite:
             raise SetupNoiseError(
                 f"{self.source}: no column's range stood out of the private set-up's noise with {len(train)} training "
                 f"records at privacy.epsilon = {self.plan.epsilon:g} (noise std "
-                f"{plan.noise_std('range_histograms'):.3g} per bin); at this budget a column needs at least {smallest_site(plan)} training records at the "
-                "site: raise privacy.epsilon or privacy.setup_share, or give the columns' ranges in data.dictionary")
+                f"{plan.noise_std('range_histograms'):.3g} per bin); at this budget a column needs about "
+                f"{smallest_site(plan)} training records at a site (all its values in one bin of the range grid; "
+                "spread over w bins, about sqrt(w) times as many): raise privacy.epsilon or privacy.setup_share, or "
+                "give the columns' ranges in data.dictionary")
         return shared.preprocessor, shared.notes
 
     def _encoder(self, v: np.ndarray, ids: pd.Index, residuals: Mapping[str, float] | None,

@@ -218,3 +218,30 @@ def test_the_head_learns_from_releases_and_its_per_record_loss_falls():
     survival = torch.cumprod(torch.sigmoid(-logits), dim=-1).mean(0).numpy()
     c = concordance_index_censored(test.event.astype(bool), test.time, -survival.sum(1))[0]
     assert c > 0.72  # two of three modalities, no noise: about the linear Cox fit's 0.75
+
+
+def test_the_smallest_site_size_keeps_a_one_bin_column_with_probability_phi_2():
+    from strategies.private_split import _site_dictionary, smallest_site
+    from strategies.mechanisms.setup_statistics import SetupPlan
+
+    plan = PrivateSplitPlan(epsilon=1.0, delta=1e-5, num_sites=2, encoder="features")
+    noise = plan_noise(plan)
+    setup = SetupPlan(("x",), {"x"}, noise_multiplier=noise.setup_multiplier, adjacency="replace-one",
+                      dictionary=_site_dictionary(None, ("x",)))
+    smallest, std = smallest_site(setup), setup.noise_std("range_histograms")
+    assert smallest == math.ceil(6 * std)
+
+    def kept(n: int, trials: int = 200) -> float:
+        frame = pd.DataFrame({"x": np.full(n, 5.0) + np.linspace(0, 0.1, n)}, index=[f"r{i}" for i in range(n)])
+        count = 0
+        for trial in range(trials):
+            site = PrivateSplitSite(plan, noise, frame)
+            try:
+                site.fit(list(frame.index), None, np.random.default_rng(trial))
+                count += 1
+            except ValueError as err:
+                assert f"a column needs about {smallest} training records" in str(err)
+        return count / trials
+
+    assert kept(smallest) >= 0.95  # Phi(2) = 0.977
+    assert kept(math.ceil(3 * std)) < 0.5  # Phi(-1) = 0.16, plus the chance of a noise window elsewhere
