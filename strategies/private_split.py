@@ -236,13 +236,12 @@ class PrivateSplitSite:
         zeros = np.zeros(len(train))
         shared, _ = run_setup(plan, {self.source: (train, zeros, zeros)}, {self.source: rng}, num_durations=2)
         if not shared.preprocessor.columns:
-            raise SetupNoiseError(
-                f"{self.source}: no column's range stood out of the private set-up's noise with {len(train)} training "
-                f"records at privacy.epsilon = {self.plan.epsilon:g} (noise std "
-                f"{plan.noise_std('range_histograms'):.3g} per bin); at this budget a column needs about "
-                f"{smallest_site(plan)} training records at a site (all its values in one bin of the range grid; "
-                "spread over w bins, about sqrt(w) times as many): raise privacy.epsilon or privacy.setup_share, or "
-                "give the columns' ranges in data.dictionary")
+            raise SetupNoiseError(  # the size and the keys first: a console line shows its first 300 characters
+                f"{self.source}: {len(train)} training records are too few at privacy.epsilon = {self.plan.epsilon:g}: a "
+                f"column needs about {smallest_site(plan)}; raise privacy.epsilon or privacy.setup_share, or give "
+                "ranges in data.dictionary (no column's range stood out of the set-up's noise, std "
+                f"{plan.noise_std('range_histograms'):.3g} per bin; the size is for values in one bin of the range "
+                "grid, about sqrt(w) times as many over w bins)")
         return shared.preprocessor, shared.notes
 
     def _encoder(self, v: np.ndarray, ids: pd.Index, residuals: Mapping[str, float] | None,

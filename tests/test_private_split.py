@@ -240,7 +240,7 @@ def test_the_smallest_site_size_keeps_a_one_bin_column_with_probability_phi_2():
                 site.fit(list(frame.index), None, np.random.default_rng(trial))
                 count += 1
             except ValueError as err:
-                assert f"a column needs about {smallest} training records" in str(err)
+                assert f"a column needs about {smallest};" in str(err)
         return count / trials
 
     assert kept(smallest) >= 0.95  # Phi(2) = 0.977

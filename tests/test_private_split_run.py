@@ -215,11 +215,9 @@ def test_too_small_a_cohort_for_its_epsilon_stops_with_the_smallest_size_and_the
     smallest = math.ceil((SCAN_THRESHOLD + 2) * z / math.sqrt(share) * math.sqrt(8))  # P(pass) >= Phi(2) in one bin
     text = str(err.value)
     assert "site 'genomic'" in text and "\n" not in text
-    assert (f"no column's range stood out of the private set-up's noise with 96 training records at privacy.epsilon "
-            f"= 1" in text)
-    assert (f"at this budget a column needs about {smallest} training records at a site (all its values in one bin "
-            "of the range grid; spread over w bins, about sqrt(w) times as many)") in text
-    assert "raise privacy.epsilon or privacy.setup_share, or give the columns' ranges in data.dictionary" in text
+    assert (f"genomic.csv: 96 training records are too few at privacy.epsilon = 1: a column needs about {smallest}; "
+            "raise privacy.epsilon or privacy.setup_share, or give ranges in data.dictionary (no column's range stood "
+            "out of the set-up's noise") in text
     assert smallest > 96
     # the remedies it names: public ranges, or a larger budget
     dictionary = folder / "dictionary.json"

@@ -57,7 +57,7 @@ def test_flower_private_split_run_equals_the_in_process_run_and_a_site_error_is_
     line, code = describe_failure(caught.value, resolve(bad)[0])
     assert code == 1 and "ray::" not in line
     # every site is too small; whichever site's reply the server reads first is the one named
+    # the size and the keys come first: they survive the console line's 300 characters
     assert re.search(r"site '([abc])' \(node \d+\) failed on train\.private_split_setup: synthetic_multimodal modality "
-                     r"'\1': no column's range stood out of the private set-up's noise with 320 training records at "
-                     r"privacy\.epsilon = 1 \(noise std [\d.]+ per bin\); at this budget a column needs about \d+ "
-                     r"training records at a site", line), line
+                     r"'\1': 320 training records are too few at privacy\.epsilon = 1: a column needs about \d+; raise "
+                     r"privacy\.epsilon or privacy\.setup_share, or give ranges in data\.dictionary", line), line
