@@ -22,6 +22,7 @@ from flwr_app import interrupt, vertical_task
 from flwr_app.config import ConfigError, ExperimentConfig
 from flwr_app.outputs import RunOutputs
 from flwr_app.vertical_server import FlowerSplitTransport, _fmt, _metrics, check_sites
+from models.data.dictionary import DataDictionary
 from models.data.vertical import VerticalTable, align_modalities
 from models.multimodal import survival_band
 from models.plots import plot_survival_bands
@@ -89,6 +90,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     mechanism = get_mechanism(cfg.strategy)
     assert isinstance(mechanism, PrivateSplitDP)
     plan, noise = _plan(cfg, len(modalities))
+    dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
     outputs.write_manifest(mechanism.manifest(cfg).as_dict())
     ledger = PrivacyLedger(outputs.ledger_path)
     train_ids = [str(i) for i in label_info.train_ids]
@@ -100,15 +102,18 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
              else ", no DP") + f" | head: {cfg.federation.rounds} epochs -> {outputs.directory}", flush=True)
 
     try:
-        widths = transport.private_setup(plan, train_ids, _residuals(plan, label_info))
+        widths, site_notes = transport.private_setup(plan, train_ids, _residuals(plan, label_info), dictionary)
         x_train = concatenate(transport.private_release(train_ids), modalities)
     except SplitSiteError as err:
         for entry in mechanism.ledger_entries(cfg, plan, noise, {name: 1 for name in modalities}, round_=0):
             ledger.record(entry)  # an upper bound: a site may have released before the failure
         raise SplitSiteError(f"{err} (during the set-up and training release). The run stops; "
                              f"{outputs.ledger_path.name} in {outputs.directory} bounds the privacy spent") from err
+    notes = tuple(f"site {name!r}: {note}" for name in modalities for note in site_notes[name])
+    for note in notes:
+        print(note, flush=True)
     released = {name: 1 for name in modalities}
-    for entry in mechanism.ledger_entries(cfg, plan, noise, released, round_=0):
+    for entry in mechanism.ledger_entries(cfg, plan, noise, released, round_=0, notes=notes):
         ledger.record(entry)
 
     def on_epoch(epoch: int, loss: float) -> None:
@@ -126,7 +131,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     except SplitSiteError as err:
         raise SplitSiteError(f"{err} (during the test release). The run stops; {outputs.ledger_path.name} holds "
                              "the privacy spent (each record at most once per site)") from err
-    final = mechanism.ledger_entries(cfg, plan, noise, released, round_=cfg.federation.rounds)
+    final = mechanism.ledger_entries(cfg, plan, noise, released, round_=cfg.federation.rounds, notes=notes)
     for entry in final:
         ledger.record(entry)
     logits = predict_release_head(head, torch.tensor(x_test), passes=cfg.split.mc_samples, seed=cfg.seed)
@@ -144,7 +149,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
         "noise": {"setup_multiplier": noise.setup_multiplier, "fit_multiplier": noise.fit_multiplier,
                   "release_scale": noise.release_scale, "epsilon_before_release": noise.epsilon_before_release},
         "strategy": cfg.strategy, "data": {"name": cfg.data.name}, "model": cfg.model.name,
-        "modalities": list(modalities), "widths": widths, "encoder": plan.encoder,
+        "modalities": list(modalities), "widths": widths, "setup_notes": list(notes), "encoder": plan.encoder,
         "release_noise": plan.release_noise, "epochs": cfg.federation.rounds, "seed": cfg.seed,
         "train_loss": losses,
     }
@@ -158,7 +163,7 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     summary["wall_time_s"] = time.perf_counter() - started
     if cfg.centralized_baseline:
         print("computing the centralised twin (the same protocol, seeds and noise in one process) ...", flush=True)
-        summary["centralized"] = centralized_twin(cfg, table, label_info, plan, noise)
+        summary["centralized"] = centralized_twin(cfg, table, label_info, plan, noise, dictionary)
     outputs.write_summary(summary)
     print(f"final test: {_fmt(test)}  (95% band width {summary['band_width']:.4f})", flush=True)
     if headline["epsilon"] is not None and math.isfinite(headline["epsilon"]):
@@ -172,7 +177,8 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
 
 
 def centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: vertical_task.Labels,
-                     plan: PrivateSplitPlan, noise: NoisePlan) -> dict[str, Any]:
+                     plan: PrivateSplitPlan, noise: NoisePlan, dictionary: DataDictionary | None = None,
+                     ) -> dict[str, Any]:
     """The same protocol with every site in this process (:class:`strategies.private_split.PrivateSplitSites`).
 
     Same plan, noise, noise seeds, head and seeds: its figures equal the run's
@@ -181,7 +187,7 @@ def centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: ve
     modalities = tuple(table.modalities)
     sites = PrivateSplitSites(plan, noise,
                               {name: (table.modalities[name], table.categorical.get(name, ())) for name in modalities},
-                              noise_seed=vertical_task.simulation_noise_seed(cfg))
+                              noise_seed=vertical_task.simulation_noise_seed(cfg), dictionary=dictionary)
     residuals = _residuals(plan, label_info)
     train_ids = [str(i) for i in label_info.train_ids]
     sites.fit(train_ids, None if residuals is None else dict(zip(train_ids, residuals.tolist())))

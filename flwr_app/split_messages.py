@@ -9,8 +9,9 @@ Message types (``<category>.<action>``, routed by the ClientApp):
 
 Strategy ``private_split`` (:mod:`strategies.private_split`) answers the same hello, then:
 
-``train.private_split_setup``    the public plan, the training IDs and (``score``) their residuals;
-                                 the site runs its private set-up and fits its encoder -> its width
+``train.private_split_setup``    the public plan, the run's public data dictionary, the training IDs
+                                 and (``score``) their residuals; the site runs its private set-up
+                                 and fits its encoder -> its width and the set-up's notes
 ``query.private_split_release``  a list of IDs -> each record's one release (b, dim), from the cache
                                  when it was released before
 
@@ -26,6 +27,7 @@ import json
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from models.data.dictionary import DataDictionary
 from strategies.accounting.private_split import PrivateSplitPlan
 from strategies.split import PredictRequest, SiteConfig, SiteReply, SiteRequest
 
@@ -112,31 +114,42 @@ def decode_reply(content: RecordDict) -> tuple[str, SiteReply]:
 _PRIVATE = "private_split"
 
 
-def encode_private_setup(plan: PrivateSplitPlan, modality: str, train_ids: list[str],
-                         residuals: np.ndarray | None) -> RecordDict:
+def encode_private_setup(plan: PrivateSplitPlan, modality: str, train_ids: list[str], residuals: np.ndarray | None,
+                         dictionary: DataDictionary | None = None) -> RecordDict:
     content = RecordDict({f"{_PRIVATE}.request": ConfigRecord({
-        "plan": json.dumps(dataclasses.asdict(plan)), "modality": modality, "train_ids": train_ids})})
+        "plan": json.dumps(dataclasses.asdict(plan)), "modality": modality, "train_ids": train_ids,
+        "dictionary": "" if dictionary is None else json.dumps(dictionary.to_dict())})})
     if residuals is not None:
         content[f"{_PRIVATE}.arrays"] = ArrayRecord({"residuals": Array(np.ascontiguousarray(residuals,
                                                                                               dtype=np.float64))})
     return content
 
 
-def decode_private_setup(content: RecordDict) -> tuple[PrivateSplitPlan, str, list[str], np.ndarray | None]:
+def decode_private_setup(content: RecordDict,
+                         ) -> tuple[PrivateSplitPlan, str, list[str], np.ndarray | None, DataDictionary | None]:
+    """The plan, modality, training IDs, residuals and public data dictionary (checked) of a set-up request."""
     request = content.config_records[f"{_PRIVATE}.request"]
     plan = PrivateSplitPlan(**json.loads(str(request["plan"])))
     arrays = content.array_records.get(f"{_PRIVATE}.arrays")
     residuals = arrays["residuals"].numpy() if arrays is not None else None
-    return plan, str(request["modality"]), [str(i) for i in request["train_ids"]], residuals
+    text = str(request["dictionary"])
+    dictionary = DataDictionary.from_mapping(json.loads(text), source="the label holder's data dictionary") if text \
+        else None
+    return plan, str(request["modality"]), [str(i) for i in request["train_ids"]], residuals, dictionary
 
 
-def encode_private_setup_reply(modality: str, dim: int) -> RecordDict:
-    return RecordDict({f"{_PRIVATE}.site": ConfigRecord({"modality": modality, "dim": int(dim)})})
+def encode_private_setup_reply(modality: str, dim: int, notes: tuple[str, ...] = ()) -> RecordDict:
+    return RecordDict({f"{_PRIVATE}.site": ConfigRecord({"modality": modality, "dim": int(dim),
+                                                          "notes": json.dumps(list(notes))})})
 
 
-def decode_private_setup_reply(content: RecordDict) -> tuple[str, int]:
+def decode_private_setup_reply(content: RecordDict) -> tuple[str, int, tuple[str, ...]]:
+    """The site's modality, embedding width and set-up notes (one sentence each)."""
     site = content.config_records[f"{_PRIVATE}.site"]
-    return str(site["modality"]), int(site["dim"])
+    notes = json.loads(str(site["notes"]))
+    if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+        raise ValueError("the set-up notes must be a list of sentences")
+    return str(site["modality"]), int(site["dim"]), tuple(notes)
 
 
 def encode_private_release(ids: list[str]) -> RecordDict:

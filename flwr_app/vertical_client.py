@@ -18,6 +18,7 @@ from flwr_app import vertical_task
 from flwr_app.config import parse_run_config
 from flwr_app.faults import inject_failure
 from models.multimodal_training import epoch_batches
+from models.data.dictionary import DataDictionary
 from strategies.accounting.private_split import PrivateSplitPlan, plan_noise
 from strategies.private_split import PrivateSplitSite, site_rng
 from strategies.split import SiteConfig, SiteReply, SplitSite
@@ -99,15 +100,17 @@ def predict(message: Message, context: Context) -> Message:
 # --------------------------------------------------------------------------- private_split
 
 
-def _private_site(plan: PrivateSplitPlan, modality: str, context: Context) -> tuple[PrivateSplitSite, int]:
+def _private_site(plan: PrivateSplitPlan, modality: str, context: Context,
+                  dictionary: DataDictionary | None = None) -> tuple[PrivateSplitSite, int]:
     """The site of ``plan`` over this node's modality, and its noise seed. The noise is recomputed here from
-    the public plan: a site never takes the label holder's word for its own noise."""
+    the public plan: a site never takes the label holder's word for its own noise. ``dictionary``: the run's
+    public data dictionary, as the label holder sent it (the set-up's entries for this site's columns)."""
     data = _site_data(context)
     if modality != data.modality:
         raise ValueError(f"the label holder configured modality {modality!r} but this site holds "
                          f"{data.modality!r} ({data.source})")
     site = PrivateSplitSite(plan, plan_noise(plan), data.features, data.categorical, modality=modality,
-                            source=data.source)
+                            source=data.source, dictionary=dictionary)
     return site, data.noise_base_seed
 
 
@@ -119,18 +122,19 @@ def _private_save(site: PrivateSplitSite, calls: int, context: Context) -> None:
 
 
 def private_setup(message: Message, context: Context) -> Message:
-    """Private set-up and encoder fit from the label holder's plan (training IDs, and residuals for ``score``)."""
-    plan, modality, train_ids, residuals = wire.decode_private_setup(message.content)
+    """Private set-up and encoder fit from the label holder's plan (training IDs, residuals for ``score``, and the
+    public data dictionary)."""
+    plan, modality, train_ids, residuals, dictionary = wire.decode_private_setup(message.content)
     if PRIVATE_CONFIG_STATE in context.state.config_records:
         raise ValueError("this site has already fitted its encoder in this run (a second fit would spend the "
                          "budget again)")
-    site, seed = _private_site(plan, modality, context)
+    site, seed = _private_site(plan, modality, context, dictionary)
     if residuals is not None and len(residuals) != len(train_ids):
         raise ValueError(f"{len(residuals)} residuals for {len(train_ids)} training records")
     site.fit(train_ids, None if residuals is None else dict(zip(train_ids, residuals.tolist())),
              site_rng(seed, modality, 0))
     _private_save(site, 0, context)
-    return Message(content=wire.encode_private_setup_reply(modality, site.dim), reply_to=message)
+    return Message(content=wire.encode_private_setup_reply(modality, site.dim, site.notes), reply_to=message)
 
 
 def private_release(message: Message, context: Context) -> Message:

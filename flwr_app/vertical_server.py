@@ -27,6 +27,7 @@ from flwr_app import interrupt, vertical_task
 from flwr_app import split_messages as wire
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
+from models.data.dictionary import DataDictionary
 from models.data.vertical import VerticalTable, align_modalities
 from models.metrics import evaluate_survival, restricted_mean_survival_time
 from models.multimodal import build_multisurv, survival_band
@@ -148,20 +149,21 @@ class FlowerSplitTransport:
     # ------------------------------------------------------------------ private_split
 
     def private_setup(self, plan: PrivateSplitPlan, train_ids: list[str], residuals: np.ndarray | None,
-                      ) -> dict[str, int]:
-        """Send every site the plan (and the residuals); returns each site's embedding width."""
+                      dictionary: DataDictionary | None = None) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+        """Send every site the plan, the public data dictionary (and the residuals); returns each site's
+        embedding width and its set-up's notes (the columns its fallbacks settled or left out)."""
         content = wire.encode_private_setup
-        replies = self._by_modality(wire.PRIVATE_SETUP, {name: content(plan, name, train_ids, residuals)
+        replies = self._by_modality(wire.PRIVATE_SETUP, {name: content(plan, name, train_ids, residuals, dictionary)
                                                          for name in self.nodes})
-        widths = {}
+        widths, notes = {}, {}
         for name, reply in replies.items():
-            modality, width = self._decoded(name, wire.decode_private_setup_reply, reply, "set-up")
+            modality, width, notes[name] = self._decoded(name, wire.decode_private_setup_reply, reply, "set-up")
             if modality != name or width < 1:
                 raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused set-up reply: "
                                      f"modality {modality!r}, width {width}")
             widths[name] = width
         self.widths = widths
-        return widths
+        return widths, notes
 
     def private_release(self, ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Every site's one release of ``ids``, checked: shape, finite values, a release count of 1."""

@@ -332,8 +332,8 @@ class DataConfig:
                                                     "whichever modality file holds them (a column holding text is "
                                                     "categorical without it)")
     dictionary: str = setting("", "a public data dictionary (JSON or YAML: numeric ranges, category levels, a time "
-                                  "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp takes "
-                                  "as public, at no privacy cost")
+                                  "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp/"
+                                  "distributed_dp and of private_split's sites takes as public, at no privacy cost")
 
     @property
     def deployed(self) -> bool:
@@ -449,10 +449,12 @@ class PrivacyConfig:
                                       "paper's rule)", bounds=Bounds(0.0, 1.0, low_closed=True, high_closed=True))
     min_site_records: int = setting(0, "nbafl/ls_adp/row_dp: m in the sensitivity 2C/m; 0 = the smallest site's "
                                        "training records (simulation only)", bounds=NON_NEGATIVE)
-    setup_share: float = setting(0.2, "dp_sgd/bdp/distributed_dp: share of the privacy budget spent on the set-up "
-                                      "releases (counts, ranges, moments, time histogram): their noise is that of one "
-                                      "Gaussian mechanism spending this share of the RDP budget of epsilon, so a larger "
-                                      "epsilon gives finer statistics; 0 = exact set-up (not covered by epsilon)",
+    setup_share: float = setting(0.2, "dp_sgd/bdp/distributed_dp/private_split: share of the privacy budget spent on "
+                                      "the set-up releases (counts, ranges, moments, time histogram): their noise is "
+                                      "that of one Gaussian mechanism spending this share of the RDP budget of "
+                                      "epsilon (private_split: every site's set-up together), so a larger epsilon "
+                                      "gives finer statistics; 0 = exact set-up (not covered by epsilon; not "
+                                      "private_split)",
                                  bounds=Bounds(0.0, 1.0, low_closed=True))
     max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
                                    "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",

@@ -7,7 +7,12 @@ or learns nothing. This protocol spends the record's budget where it buys utilit
 1. **Private preprocessing.** Each site fits its modality's preprocessing (clip ranges, means and
    standard deviations of the numeric columns; the categorical levels are schema) from noisy sums
    of its training records: the horizontal set-up's mechanism
-   (:mod:`strategies.mechanisms.setup_statistics`) run at one site under replace-one adjacency.
+   (:mod:`strategies.mechanisms.setup_statistics`) run at one site under replace-one adjacency,
+   with the noise of ``privacy.setup_share`` of the budget. What the run's data dictionary
+   (``data.dictionary``) lists for the site's columns is public and costs nothing; a column whose
+   range does not stand out of the noise is left out of the site's model (a note to the label
+   holder), and a site left without any column stops with the smallest training size its
+   columns need (:func:`smallest_site`).
 2. **Private encoder.** Each site fits a linear encoder ``x ↦ Wᵀx`` from one Gaussian release of
    a statistic of its training records (``split.encoder``):
 
@@ -65,7 +70,7 @@ from strategies.accounting.private_split import (
     NoisePlan,
     PrivateSplitPlan,
 )
-from strategies.mechanisms.setup_statistics import SetupNoiseError, SetupPlan, run_setup
+from strategies.mechanisms.setup_statistics import SCAN_THRESHOLD, SetupNoiseError, SetupPlan, run_setup
 
 __all__ = [
     "PrivateSplitSite",
@@ -74,11 +79,36 @@ __all__ = [
     "concatenate",
     "martingale_residuals",
     "site_rng",
+    "smallest_site",
 ]
 
-def _dictionary() -> DataDictionary:
-    # A site has no labels: a public two-cut time grid makes the set-up release no time statistic.
-    return DataDictionary(time_grid=(0.0, 1.0), time_max=1.0, source="private_split (no time statistics at a site)")
+#: Noise standard deviations above the scan threshold at which :func:`smallest_site` puts a site's smallest size.
+SMALLEST_MARGIN = 2.0
+
+
+def _site_dictionary(dictionary: DataDictionary | None, columns: Sequence[str]) -> DataDictionary:
+    """What is public about a site's columns: the run's dictionary entries for them (other
+    modalities' entries and its time section do not concern the site), and a two-cut time grid: a
+    site has no labels, so its set-up releases no time statistic."""
+    public = dictionary or DataDictionary()
+    return DataDictionary({c: r for c, r in public.numeric.items() if c in columns},
+                          {c: k for c, k in public.categorical.items() if c in columns},
+                          time_grid=(0.0, 1.0), time_max=1.0, source=public.source)
+
+
+def smallest_site(plan: SetupPlan) -> int:
+    """The fewest training records with which a column of a site's set-up ``plan`` keeps its range
+    with probability at least 0.977 when all its values lie in one bin of the range grid.
+
+    A column's range is found when a window of its range histogram stands out of the noise
+    (:mod:`strategies.mechanisms.setup_statistics`); the fallback needs ``SCAN_THRESHOLD`` noise
+    standard deviations ``s``, so ``n`` records in one bin pass with probability
+    ``Phi(n / s - SCAN_THRESHOLD)`` (``Phi`` the standard normal CDF), at least ``Phi(2)`` from
+    ``n = (SCAN_THRESHOLD + SMALLEST_MARGIN) s``. Values spread over ``w`` bins need about ``sqrt(w)``
+    times as many. A function of the public plan only (a size fitted to the site's own values
+    would be a release that is not private).
+    """
+    return math.ceil((SCAN_THRESHOLD + SMALLEST_MARGIN) * plan.noise_std("range_histograms"))
 
 
 # --------------------------------------------------------------------------- label holder
@@ -144,11 +174,15 @@ class PrivateSplitSite:
         The modality's name (default ``source``).
     source : str
         Name of the data for error messages.
+    dictionary : DataDictionary, optional
+        The run's public data dictionary (``data.dictionary``); the entries for the site's columns
+        are taken as public.
     """
 
     def __init__(self, plan: PrivateSplitPlan, noise: NoisePlan, features: pd.DataFrame,
-                 categorical: Sequence[str] = (), *, modality: str = "", source: str = "site") -> None:
-        self.plan, self.noise, self.source = plan, noise, source
+                 categorical: Sequence[str] = (), *, modality: str = "", source: str = "site",
+                 dictionary: DataDictionary | None = None) -> None:
+        self.plan, self.noise, self.source, self.dictionary = plan, noise, source, dictionary
         self.modality = modality or source
         self.categorical = tuple(categorical)
         self.features = features.copy()
@@ -159,6 +193,8 @@ class PrivateSplitSite:
         self.preprocessor: Preprocessor | None = None
         self.projection: np.ndarray | None = None
         self.released: dict[str, np.ndarray] = {}
+        #: What the set-up's fallbacks did (:meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
+        self.notes: tuple[str, ...] = ()
 
     @property
     def dim(self) -> int:
@@ -173,43 +209,60 @@ class PrivateSplitSite:
         if self.projection is not None:
             raise ValueError(f"{self.source}: the encoder is already fitted (a second fit would spend the budget "
                              "again)")
-        plan, noise = self.plan, self.noise
         training = self.features.index.isin([str(i) for i in train_ids]) & self.held.to_numpy()
         if not training.any():
             raise ValueError(f"{self.source}: holds none of the cohort's training records")
         train = self.features.loc[training]
-        numeric = frozenset(str(c) for c in self.features.columns
-                            if c not in set(self.categorical) and is_numeric_feature(self.features[c]))
-        setup_plan = SetupPlan(tuple(map(str, self.features.columns)), numeric, noise_multiplier=noise.setup_multiplier,
-                               adjacency="replace-one", dictionary=_dictionary())
-        zeros = np.zeros(len(train))
-        try:
-            shared, _ = run_setup(setup_plan, {self.source: (train, zeros, zeros)}, {self.source: rng},
-                                  num_durations=2)
-        except SetupNoiseError as err:  # its advice (public ranges, less noise) is the horizontal set-up's
-            detail = str(err).split(" (std")[0].replace("set-up statistics: ", "")
-            raise SetupNoiseError(f"{self.source}: too few training records ({len(train)}) for the private set-up: "
-                                  f"{detail}") from None
-        self.preprocessor = shared.preprocessor
+        self.preprocessor, self.notes = self._setup(train, rng)
         x = self.preprocessor.transform(train)
         width = x.shape[1]
         v = clip_rows(x / math.sqrt(width), 1.0)  # rows of L2 norm <= 1: the statistics' per-record bound
+        self.projection = self._encoder(v, train.index, residuals, rng)
+
+    def _setup(self, train: pd.DataFrame, rng: np.random.Generator) -> tuple[Preprocessor, tuple[str, ...]]:
+        """The site's private set-up over its training records: the preprocessing and the fallbacks' notes.
+
+        Raises
+        ------
+        SetupNoiseError
+            When no column is left (every numeric range hidden by the noise, no categorical
+            column), naming the smallest training size (:func:`smallest_site`) and the keys that help.
+        """
+        columns = tuple(map(str, self.features.columns))
+        numeric = frozenset(c for c in columns
+                            if c not in set(self.categorical) and is_numeric_feature(self.features[c]))
+        plan = SetupPlan(columns, numeric, noise_multiplier=self.noise.setup_multiplier, adjacency="replace-one",
+                         dictionary=_site_dictionary(self.dictionary, columns))
+        zeros = np.zeros(len(train))
+        shared, _ = run_setup(plan, {self.source: (train, zeros, zeros)}, {self.source: rng}, num_durations=2)
+        if not shared.preprocessor.columns:
+            raise SetupNoiseError(  # the size and the keys first: a console line shows its first 300 characters
+                f"{self.source}: {len(train)} training records are too few at privacy.epsilon = {self.plan.epsilon:g}: a "
+                f"column needs about {smallest_site(plan)}; raise privacy.epsilon or privacy.setup_share, or give "
+                "ranges in data.dictionary (no column's range stood out of the set-up's noise, std "
+                f"{plan.noise_std('range_histograms'):.3g} per bin; the size is for values in one bin of the range "
+                "grid, about sqrt(w) times as many over w bins)")
+        return shared.preprocessor, shared.notes
+
+    def _encoder(self, v: np.ndarray, ids: pd.Index, residuals: Mapping[str, float] | None,
+                 rng: np.random.Generator) -> np.ndarray:
+        """The projection ``W`` from ``v`` (rows of L2 norm <= 1) and one noisy statistic (``split.encoder``)."""
+        plan, noise, width = self.plan, self.noise, v.shape[1]
         if plan.encoder == "features":
-            self.projection = np.eye(width)
-        elif plan.encoder == "score":
+            return np.eye(width)
+        if plan.encoder == "score":
             if residuals is None:
                 raise ValueError(f"{self.source}: the score encoder needs the training records' residuals")
-            m = np.array([residuals.get(str(i), np.nan) for i in train.index], dtype=np.float64)
+            m = np.array([residuals.get(str(i), np.nan) for i in ids], dtype=np.float64)
             if not np.all(np.isfinite(m)) or m.min() < -RESIDUAL_CLIP or m.max() > 1.0:
                 raise ValueError(f"{self.source}: the residuals must give every training record a value in "
                                  f"[-{RESIDUAL_CLIP:g}, 1]")
             score = v.T @ m + rng.normal(size=width) * noise.fit_multiplier * FIT_SENSITIVITY["score"]
             norm = np.linalg.norm(score)
-            self.projection = (score / norm if norm > 0 else score)[:, None]
-        else:
-            upper = np.triu(rng.normal(size=(width, width))) * noise.fit_multiplier * FIT_SENSITIVITY["pca"]
-            values, vectors = np.linalg.eigh(v.T @ v + upper + np.triu(upper, 1).T)  # symmetric noise
-            self.projection = vectors[:, np.argsort(values)[::-1][:min(plan.dim, width)]]
+            return (score / norm if norm > 0 else score)[:, None]
+        upper = np.triu(rng.normal(size=(width, width))) * noise.fit_multiplier * FIT_SENSITIVITY["pca"]
+        values, vectors = np.linalg.eigh(v.T @ v + upper + np.triu(upper, 1).T)  # symmetric noise
+        return vectors[:, np.argsort(values)[::-1][:min(plan.dim, width)]]
 
     def embed(self, frame: pd.DataFrame) -> np.ndarray:
         """Embeddings before clipping and noise: the encoder ``x ↦ Wᵀx`` on the preprocessed features."""
@@ -273,8 +326,10 @@ class PrivateSplitSites:
     """
 
     def __init__(self, plan: PrivateSplitPlan, noise: NoisePlan,
-                 modalities: Mapping[str, tuple[pd.DataFrame, Sequence[str]]], *, noise_seed: int) -> None:
-        self.sites = {name: PrivateSplitSite(plan, noise, frame, categorical, modality=name, source=name)
+                 modalities: Mapping[str, tuple[pd.DataFrame, Sequence[str]]], *, noise_seed: int,
+                 dictionary: DataDictionary | None = None) -> None:
+        self.sites = {name: PrivateSplitSite(plan, noise, frame, categorical, modality=name, source=name,
+                                             dictionary=dictionary)
                       for name, (frame, categorical) in modalities.items()}
         self.noise_seed = noise_seed
         self.calls = 0

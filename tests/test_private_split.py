@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -20,10 +21,10 @@ from models.time_grid import make_time_grid
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
 from strategies.accounting.private_split import (
     FIT_SENSITIVITY,
-    SETUP_MULTIPLIER,
     PrivateSplitPlan,
     plan_noise,
     record_epsilon,
+    setup_multiplier,
 )
 from strategies.private_split import (
     PrivateSplitSite,
@@ -64,7 +65,7 @@ def test_each_option_spends_its_budget_as_dp_accounting_counts_it(encoder, relea
     plan = PrivateSplitPlan(epsilon=epsilon, delta=1e-5, num_sites=3, encoder=encoder, release_noise=release_noise,
                             clip_norm=0.7)
     noise = plan_noise(plan)
-    assert noise.setup_multiplier == SETUP_MULTIPLIER
+    assert noise.setup_multiplier == setup_multiplier(plan) > 0
     assert (noise.fit_multiplier > 0) == (encoder != "features")
     assert noise.epsilon == pytest.approx(epsilon, rel=1e-4)  # the whole budget, nothing more
     assert noise.epsilon_before_release < noise.epsilon
@@ -75,9 +76,34 @@ def test_each_option_spends_its_budget_as_dp_accounting_counts_it(encoder, relea
     assert record_epsilon(plan, noise, releases=2) > epsilon + 0.5
 
 
+@pytest.mark.parametrize("sites", [1, 2, 3])
+@pytest.mark.parametrize(("epsilon", "share"), [(1.0, 0.2), (10.0, 0.2), (10.0, 0.05), (3.0, 0.5)])
+def test_the_sites_set_ups_together_spend_the_set_up_share_as_dp_accounting_counts_it(epsilon, share, sites):
+    plan = PrivateSplitPlan(epsilon=epsilon, delta=1e-5, num_sites=sites, setup_share=share)
+    z = plan_noise(plan).setup_multiplier
+    # the K set-ups (one Gaussian of multiplier z each, RDP K alpha / 2z^2) compose to one Gaussian of z / sqrt(K) ...
+    together = RdpAccountant(list(DEFAULT_RDP_ORDERS))
+    together.compose(dp_accounting.GaussianDpEvent(z), sites)
+    assert together.get_epsilon(1e-5) == pytest.approx(_single(z / math.sqrt(sites)), rel=1e-9)
+    # ... whose RDP is `share` times that of the one Gaussian spending (epsilon, delta) alone
+    full = z * math.sqrt(share / sites)
+    assert _single(full) == pytest.approx(epsilon, rel=2e-2)  # opacus' calibration, dp-accounting's orders
+    assert _single(full * 1.05) < epsilon < _single(full / 1.05)
+    # the whole plan still spends exactly epsilon, with more set-up noise for a smaller share
+    assert plan_noise(plan).epsilon == pytest.approx(epsilon, rel=1e-4)
+    if share > 0.05:
+        assert plan_noise(dataclasses.replace(plan, setup_share=share / 2)).setup_multiplier > z
+
+
+def _single(z: float) -> float:
+    accountant = RdpAccountant(list(DEFAULT_RDP_ORDERS))
+    accountant.compose(dp_accounting.GaussianDpEvent(z))
+    return accountant.get_epsilon(1e-5)
+
+
 def test_a_budget_the_set_up_eats_is_refused_naming_the_keys():
-    with pytest.raises(ValueError, match="privacy.epsilon or lower split.fit_share"):
-        plan_noise(PrivateSplitPlan(epsilon=1.0, delta=1e-5, num_sites=3))
+    with pytest.raises(ValueError, match="privacy.epsilon or lower privacy.setup_share or split.fit_share"):
+        plan_noise(PrivateSplitPlan(epsilon=1.0, delta=1e-5, num_sites=3, setup_share=0.9))
     assert math.isinf(record_epsilon(PrivateSplitPlan(epsilon=math.inf, delta=1e-5, num_sites=2),
                                      plan_noise(PrivateSplitPlan(epsilon=math.inf, delta=1e-5, num_sites=2))))
 
@@ -192,3 +218,30 @@ def test_the_head_learns_from_releases_and_its_per_record_loss_falls():
     survival = torch.cumprod(torch.sigmoid(-logits), dim=-1).mean(0).numpy()
     c = concordance_index_censored(test.event.astype(bool), test.time, -survival.sum(1))[0]
     assert c > 0.72  # two of three modalities, no noise: about the linear Cox fit's 0.75
+
+
+def test_the_smallest_site_size_keeps_a_one_bin_column_with_probability_phi_2():
+    from strategies.private_split import _site_dictionary, smallest_site
+    from strategies.mechanisms.setup_statistics import SetupPlan
+
+    plan = PrivateSplitPlan(epsilon=1.0, delta=1e-5, num_sites=2, encoder="features")
+    noise = plan_noise(plan)
+    setup = SetupPlan(("x",), {"x"}, noise_multiplier=noise.setup_multiplier, adjacency="replace-one",
+                      dictionary=_site_dictionary(None, ("x",)))
+    smallest, std = smallest_site(setup), setup.noise_std("range_histograms")
+    assert smallest == math.ceil(6 * std)
+
+    def kept(n: int, trials: int = 200) -> float:
+        frame = pd.DataFrame({"x": np.full(n, 5.0) + np.linspace(0, 0.1, n)}, index=[f"r{i}" for i in range(n)])
+        count = 0
+        for trial in range(trials):
+            site = PrivateSplitSite(plan, noise, frame)
+            try:
+                site.fit(list(frame.index), None, np.random.default_rng(trial))
+                count += 1
+            except ValueError as err:
+                assert f"a column needs about {smallest};" in str(err)
+        return count / trials
+
+    assert kept(smallest) >= 0.95  # Phi(2) = 0.977
+    assert kept(math.ceil(3 * std)) < 0.5  # Phi(-1) = 0.16, plus the chance of a noise window elsewhere

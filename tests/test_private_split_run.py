@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import dp_accounting
 import numpy as np
@@ -99,8 +100,9 @@ def test_without_noise_the_same_protocol_runs_and_the_ledger_says_so(tmp_path):
 
 def test_a_budget_the_set_up_eats_stops_the_run_before_any_release(tmp_path):
     seen = []
-    with pytest.raises(ConfigError, match="spend epsilon .* raise privacy.epsilon or lower split.fit_share"):
-        run_inprocess({**RUN, "privacy.epsilon": 1.0, "output.dir": str(tmp_path)},
+    with pytest.raises(ConfigError, match="spend epsilon .* raise privacy.epsilon or lower privacy.setup_share or "
+                                          "split.fit_share"):
+        run_inprocess({**RUN, "privacy.epsilon": 1.0, "privacy.setup_share": 0.9, "output.dir": str(tmp_path)},
                       observe=lambda message, reply: seen.append(message.metadata.message_type))
     assert seen == [wire.HELLO, wire.HELLO]  # the sites were only asked what they hold
 
@@ -152,3 +154,125 @@ def test_own_vertical_files_run_privately_and_equal_their_twin(tmp_path):
     assert summary["modalities"] == ["clinical", "genomic"] and summary["privacy"]["epsilon"] == pytest.approx(10.0)
     assert summary["test"]["c_index"] == summary["centralized"]["test"]["c_index"]
     assert summary["widths"] == {"clinical": 1, "genomic": 1}
+
+
+# --------------------------------------------------------------------------- small cohorts (issue 24, item 6)
+
+METABRIC_DICTIONARY = {  # public knowledge, not the data: log2 expression intensities and adult ages
+    "numeric": {"x0": [4, 16], "x1": [4, 16], "x2": [4, 16], "x3": [4, 16], "x8": [20, 100]},
+    "categorical": {column: ["0.0", "1.0"] for column in ("x4", "x5", "x6", "x7")},
+}
+
+
+def metabric_sample(folder, n: int = 120, seed: int = 0) -> dict:
+    """A random ``n``-record sample of METABRIC as a user's vertical files (labels, genomic, clinical)."""
+    from models.data.vertical import METABRIC_CATEGORICAL, load_metabric_vertical
+
+    table = load_metabric_vertical()
+    rows = np.sort(np.random.default_rng(seed).choice(len(table.ids), n, replace=False))
+    ids = table.ids[rows]
+    import pandas as pd
+
+    pd.DataFrame({"id": ids, "time": table.time[rows], "event": table.event[rows]}).to_csv(folder / "labels.csv",
+                                                                                          index=False)
+    for name, frame in table.modalities.items():
+        frame.iloc[rows].set_axis(ids).rename_axis("id").reset_index().to_csv(folder / f"{name}.csv", index=False)
+    return {"strategy.name": "private_split", "data.name": "vertical_files",
+            "data.labels_path": str(folder / "labels.csv"),
+            "data.modality_paths": f"{folder / 'genomic.csv'},{folder / 'clinical.csv'}",
+            "data.categorical_cols": ",".join(METABRIC_CATEGORICAL["clinical"]), "baseline.centralized": False}
+
+
+@pytest.fixture(scope="module")
+def small_cohort(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("metabric120")
+    return folder, metabric_sample(folder)
+
+
+def test_a_120_record_cohort_runs_at_epsilon_10_at_every_seed(small_cohort):
+    folder, files = small_cohort
+    c_index = []
+    for seed in range(5):
+        summary = run_inprocess({**files, "privacy.epsilon": 10.0, "seed": seed, "federation.rounds": 20,
+                                 "output.dir": str(folder / f"run{seed}")})
+        assert summary["privacy"]["epsilon"] == pytest.approx(10.0, rel=1e-4)
+        assert summary["widths"] == {"genomic": 1, "clinical": 1}
+        c_index.append(summary["test"]["c_index"])
+    assert np.mean(c_index) > 0.5  # 24 test records a seed: a loose bound, the figures are in privacy-methods.md
+
+
+def test_too_small_a_cohort_for_its_epsilon_stops_with_the_smallest_size_and_the_keys(small_cohort):
+    from strategies.mechanisms.setup_statistics import RELEASE_WEIGHTS, SCAN_THRESHOLD
+
+    folder, files = small_cohort
+    with pytest.raises(SplitSiteError) as err:
+        run_inprocess({**files, "privacy.epsilon": 1.0, "output.dir": str(folder / "eps1")})
+    cfg = resolve({**files, "privacy.epsilon": 1.0})[1]
+    z = plan_noise(get_mechanism("private_split").plan(cfg, num_sites=2)).setup_multiplier
+    # genomic: 4 numeric columns, replace-one: range histograms of sensitivity sqrt(2 * 4) and weight 0.3 of 0.45
+    share = RELEASE_WEIGHTS["range_histograms"] / (RELEASE_WEIGHTS["range_histograms"]
+                                                   + RELEASE_WEIGHTS["feature_moments"])
+    smallest = math.ceil((SCAN_THRESHOLD + 2) * z / math.sqrt(share) * math.sqrt(8))  # P(pass) >= Phi(2) in one bin
+    text = str(err.value)
+    assert "site 'genomic'" in text and "\n" not in text
+    assert (f"genomic.csv: 96 training records are too few at privacy.epsilon = 1: a column needs about {smallest}; "
+            "raise privacy.epsilon or privacy.setup_share, or give ranges in data.dictionary (no column's range stood "
+            "out of the set-up's noise") in text
+    assert smallest > 96
+    # the remedies it names: public ranges, or a larger budget
+    dictionary = folder / "dictionary.json"
+    dictionary.write_text(json.dumps(METABRIC_DICTIONARY))
+    assert run_inprocess({**files, "privacy.epsilon": 1.0, "data.dictionary": str(dictionary),
+                          "federation.rounds": 2, "output.dir": str(folder / "eps1_dictionary")})["widths"]
+
+
+def test_the_dictionary_makes_a_sites_columns_public_at_no_cost(small_cohort, monkeypatch):
+    from strategies.mechanisms import setup_statistics
+
+    folder, files = small_cohort
+    dictionary = folder / "genomic_dictionary.json"
+    dictionary.write_text(json.dumps({"numeric": {"x0": [4, 16], "x2": [4, 16], "x8": [20, 100]},
+                                      "categorical": {"x4": ["0.0", "1.0"]}, "time": {"max": 400}}))
+    released = {}
+    release_ranges = setup_statistics.release_ranges
+
+    def observed(plan, features, time, rng):
+        release = release_ranges(plan, features, time, rng)
+        released[tuple(features.columns)] = release
+        return release
+
+    monkeypatch.setattr(setup_statistics, "release_ranges", observed)
+    runs = {}
+    for name, extra in (("private", {}), ("public", {"data.dictionary": str(dictionary)})):
+        runs[name] = run_inprocess({**files, "privacy.epsilon": 10.0, "federation.rounds": 2, **extra,
+                                    "output.dir": str(folder / f"dictionary_{name}")})
+        genomic = released[("x0", "x1", "x2", "x3")]
+        clinical = released[("x4", "x5", "x6", "x7", "x8")]
+        public = name == "public"
+        # the release omits what the dictionary lists: no range histogram of x0, x2 (genomic) and x8 (clinical)
+        assert sorted(genomic.histograms) == (["x1", "x3"] if public else ["x0", "x1", "x2", "x3"])
+        assert sorted(clinical.histograms) == ([] if public else ["x8"])
+        assert sorted(clinical.levels) == (["x5", "x6", "x7"] if public else ["x4", "x5", "x6", "x7"])
+    # the plan's epsilon does not grow (every site's set-up is still charged: an upper bound)
+    assert runs["public"]["privacy"]["epsilon"] == pytest.approx(runs["private"]["privacy"]["epsilon"], rel=1e-12)
+    ledger = [json.loads(line) for line in (folder / "dictionary_public" / "ledger.jsonl").read_text().splitlines()]
+    assert any(f"public at no cost: the ranges and levels listed in {dictionary}" in sentence
+               for sentence in ledger[-1]["assumptions"])
+    manifest = json.loads((folder / "dictionary_public" / "manifest.json").read_text())
+    assert str(dictionary) in json.dumps(manifest)
+
+
+def test_setup_share_is_read_by_private_split_and_refused_where_it_would_be_ignored():
+    cfg = resolve({**RUN, "privacy.setup_share": 0.05})[1]
+    low = plan_noise(get_mechanism("private_split").plan(cfg, num_sites=2))
+    default = plan_noise(get_mechanism("private_split").plan(resolve(RUN)[1], num_sites=2))
+    assert low.setup_multiplier == pytest.approx(default.setup_multiplier * 2)  # a quarter of the share: twice z
+    with pytest.raises(ConfigError, match=r"privacy.setup_share = 0 \(an exact set-up\) is not offered by strategy "
+                                          "'private_split'"):
+        resolve({**RUN, "privacy.setup_share": 0.0})
+    with pytest.raises(ConfigError, match="privacy.setup_share = 0.05 has no effect on strategy 'split'"):
+        resolve({**RUN, "strategy.name": "split", "privacy.setup_share": 0.05})
+    with pytest.raises(ConfigError, match="privacy.setup_share = 0.05 has no effect on strategy 'nbafl'"):
+        resolve({"strategy.name": "nbafl", "privacy.epsilon": 2.0, "privacy.setup_share": 0.05})
+    with pytest.raises(ConfigError, match="'data.dictionary' = 'd.json' has no effect on strategy 'split'"):
+        resolve({**RUN, "strategy.name": "split", "data.dictionary": "d.json"})

@@ -1,13 +1,14 @@
 r"""Accounting of strategy ``private_split``: the public plan, the noise calibration, the record's ε.
 
 A record meets, at each of the ``K`` modality sites, the site's private set-up (one Gaussian
-mechanism of noise multiplier :data:`SETUP_MULTIPLIER`, replace-one), its encoder statistic (one
-Gaussian mechanism; none for the ``features`` encoder) and the one release of its embedding
+mechanism, replace-one, whose noise multiplier gives the ``K`` sites' set-ups together the share
+``privacy.setup_share`` of the record's RDP budget: :func:`setup_multiplier`), its encoder
+statistic (one Gaussian mechanism; none for the ``features`` encoder) and the one release of its embedding
 (Laplace or Gaussian). The Gaussian mechanisms of every site compose by RDP without amplification
 (opacus, sample rate 1) into ``ε_G`` at δ; each Laplace release of an embedding clipped to L1
 norm ``C`` with scale ``b`` is pure :math:`2C/b`-DP; the record's ε is their sum (basic
 composition). What the sites do is :mod:`strategies.private_split`; this module imports neither
-torch nor pandas (the run config's checks use it).
+torch nor pandas at import time (the run config's checks use it).
 
 References
 ----------
@@ -30,11 +31,11 @@ __all__ = [
     "FIT_SENSITIVITY",
     "RELEASE_NOISES",
     "RESIDUAL_CLIP",
-    "SETUP_MULTIPLIER",
     "NoisePlan",
     "PrivateSplitPlan",
     "plan_noise",
     "record_epsilon",
+    "setup_multiplier",
 ]
 
 #: ``split.encoder`` options of ``private_split``.
@@ -43,10 +44,6 @@ ENCODERS: tuple[str, ...] = ("score", "pca", "features")
 RELEASE_NOISES: tuple[str, ...] = ("laplace", "gaussian")
 #: Martingale residuals are clipped to ``[-RESIDUAL_CLIP, 1]`` (a residual is at most 1 by definition).
 RESIDUAL_CLIP = 2.0
-#: Noise multiplier of each site's set-up releases (all of them together one Gaussian mechanism, replace-one):
-#: the largest of 4, 6, 8, 10 at which every numeric column of the built-in vertical data sets (their first 1,500
-#: records at one site) stands out of the range histogram's noise; it costs about 0.95 of epsilon for two sites.
-SETUP_MULTIPLIER = 6.0
 #: Sensitivity (replace-one, in units of the statistic's clip) of each encoder's Gaussian release.
 FIT_SENSITIVITY: Mapping[str, float] = {"score": 2.0 * RESIDUAL_CLIP, "pca": math.sqrt(2.0), "features": 0.0}
 
@@ -69,7 +66,10 @@ class PrivateSplitPlan:
     dim : int
         Embedding dimensions of the ``pca`` encoder.
     fit_share : float
-        Share of ε spent before the release (set-up and encoder statistic), in (0, 1).
+        Share of ε spent on the encoder statistics beyond the set-up, in (0, 1).
+    setup_share : float
+        Share of the record's RDP budget spent on the ``num_sites`` sites' set-ups together, in
+        (0, 1) (``privacy.setup_share``; :func:`setup_multiplier`).
     """
 
     epsilon: float
@@ -80,6 +80,7 @@ class PrivateSplitPlan:
     clip_norm: float = 1.0
     dim: int = 4
     fit_share: float = 0.1
+    setup_share: float = 0.2
 
     def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
@@ -88,6 +89,8 @@ class PrivateSplitPlan:
             raise ValueError(f"release_noise must be one of {RELEASE_NOISES}, got {self.release_noise!r}")
         if not 0.0 < self.fit_share < 1.0:
             raise ValueError(f"fit_share must be in (0, 1), got {self.fit_share}")
+        if not 0.0 < self.setup_share < 1.0:
+            raise ValueError(f"setup_share must be in (0, 1), got {self.setup_share}")
         if self.num_sites < 1 or self.dim < 1 or not self.clip_norm > 0 or not self.epsilon > 0:
             raise ValueError("num_sites, dim, clip_norm and epsilon must be positive")
 
@@ -145,15 +148,33 @@ def record_epsilon(plan: PrivateSplitPlan, noise: NoisePlan, releases: int = 1) 
     return epsilon
 
 
+def setup_multiplier(plan: PrivateSplitPlan) -> float:
+    r"""Noise multiplier of each site's set-up: the ``K`` sites' set-ups spend ``plan.setup_share`` of the RDP budget.
+
+    A record meets the set-up once at each of the ``K`` sites; each site's releases compose to one
+    Gaussian mechanism of multiplier :math:`z`, so the record's set-up RDP is
+    :math:`K \alpha / (2 z^2)`. With :math:`z = z_\varepsilon \sqrt{K / s}`
+    (:func:`strategies.mechanisms.setup_statistics.setup_noise_multiplier` at share :math:`s / K`)
+    that is exactly :math:`s` times the RDP of the one Gaussian mechanism spending
+    :math:`(\varepsilon, \delta)` alone, at every order. 0 without noise.
+    """
+    if not plan.private:
+        return 0.0
+    from strategies.mechanisms.setup_statistics import setup_noise_multiplier  # scipy and pandas: where it runs
+
+    return setup_noise_multiplier(epsilon=plan.epsilon, delta=plan.delta, share=plan.setup_share / plan.num_sites)
+
+
 @functools.lru_cache(maxsize=32)
 def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
-    """Calibrate the encoder statistic's and the releases' noise to ``plan.epsilon``.
+    """Calibrate the set-up's, the encoder statistic's and the releases' noise to ``plan.epsilon``.
 
-    The set-up takes noise multiplier :data:`SETUP_MULTIPLIER` at every site; the encoder
-    statistics then spend ``fit_share · ε`` more (bisection on their noise multiplier); the
-    releases spend what is left: Laplace scale ``b = 2C · K / (ε − ε_before)``, or the smallest
-    Gaussian std whose RDP composition with everything before stays within ε. Memoised: the
-    label holder and every site compute it from the same public plan, message after message.
+    The set-up takes :func:`setup_multiplier` at every site (``setup_share`` of the RDP budget);
+    the encoder statistics then spend ``fit_share · ε`` more (bisection on their noise
+    multiplier); the releases spend what is left: Laplace scale ``b = 2C · K / (ε − ε_before)``,
+    or the smallest Gaussian std whose RDP composition with everything before stays within ε.
+    Memoised: the label holder and every site compute it from the same public plan, message
+    after message.
 
     Raises
     ------
@@ -162,7 +183,7 @@ def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
     """
     if not plan.private:
         return NoisePlan(0.0, 0.0, 0.0)
-    delta, setup = plan.delta, SETUP_MULTIPLIER
+    delta, setup = plan.delta, setup_multiplier(plan)
     setup_epsilon = epsilon_from_history(_gaussian_history(plan, setup, 0.0), delta=delta)
     fit = 0.0
     if FIT_SENSITIVITY[plan.encoder] > 0:
@@ -172,7 +193,7 @@ def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
     if before >= 0.9 * plan.epsilon:
         raise ValueError(f"the private set-up and encoder statistics of {plan.num_sites} sites spend epsilon "
                          f"{before:.3g} of privacy.epsilon = {plan.epsilon:g}, leaving too little for the release: "
-                         f"raise privacy.epsilon or lower split.fit_share")
+                         f"raise privacy.epsilon or lower privacy.setup_share or split.fit_share")
     if plan.release_noise == "laplace":
         scale = 2.0 * plan.clip_norm * plan.num_sites / (plan.epsilon - before)
     else:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import STRATEGIES, ConfigError, ExperimentConfig
+from strategies.config import KEYS, STRATEGIES, ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:  # the heavy imports only for type checkers
     from flwr.serverapp.strategy import Strategy
@@ -370,6 +370,9 @@ class Mechanism(ABC):
         True for the split-learning protocol (one modality per site).
     private
         False only for :class:`~strategies.mechanisms.none.NoPrivacy`.
+    reads_setup_share
+        True when the mechanism's set-up noise comes from ``privacy.setup_share``; the others
+        refuse a value other than the default or 0 (:meth:`check_setup_share`).
     """
 
     name: str = ""
@@ -378,6 +381,7 @@ class Mechanism(ABC):
     accountants: tuple[str, ...] = ("rdp",)
     vertical: bool = False
     private: bool = True
+    reads_setup_share: bool = False
 
     # ---------------------------------------------------------------- configuration
 
@@ -396,6 +400,7 @@ class Mechanism(ABC):
                 f"'{self.name}'; its accountant bounds {' or '.join(self.adjacencies)} neighbours")
         if self.private:
             self.check_accountant(cfg)
+        self.check_setup_share(cfg)
 
     def check_accountant(self, cfg: ExperimentConfig) -> None:
         """``privacy.accountant`` must be one of :attr:`accountants` (``ConfigError`` naming the key)."""
@@ -404,6 +409,14 @@ class Mechanism(ABC):
                 f"run config: privacy.accountant = {cfg.privacy.accountant!r} is not offered for strategy "
                 f"'{self.name}' (offered: {', '.join(self.accountants)}; 'auto': {self.accountants[0]}); "
                 "docs/privacy.md, 'Accounting', says which accountant bounds which mechanism")
+
+    def check_setup_share(self, cfg: ExperimentConfig) -> None:
+        """Refuse a ``privacy.setup_share`` the mechanism would ignore: a value other than the default
+        (or 0, an exact set-up, which is what a mechanism without a private set-up runs)."""
+        default = KEYS["privacy.setup_share"].default
+        if not self.reads_setup_share and cfg.privacy.setup_share not in (0.0, default):
+            raise ConfigError(f"run config: privacy.setup_share = {cfg.privacy.setup_share:g} has no effect on "
+                              f"strategy '{self.name}', which has no private set-up; leave it at {default:g}")
 
     @abstractmethod
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -443,6 +456,10 @@ class HorizontalMechanism(Mechanism):
     server_side: bool = False
     secure_sum: bool = False
     private_setup: bool = False
+
+    @property
+    def reads_setup_share(self) -> bool:  # type: ignore[override]
+        return self.private_setup
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

@@ -131,6 +131,10 @@ class EmbeddingDP(Mechanism):
                               "adjacency; add/remove is not offered because the server picks the batch IDs and sees "
                               "which records a site holds")
         self.check_accountant(cfg)
+        self.check_setup_share(cfg)
+        if cfg.data.dictionary:
+            raise ConfigError(f"run config: 'data.dictionary' = {cfg.data.dictionary!r} has no effect on strategy "
+                              "'split', whose sites have no private set-up (strategy 'private_split' reads it)")
 
     def planned_releases(self, cfg: ExperimentConfig) -> int:
         """The most times any record's embedding leaves one site: once per epoch (training records) or

@@ -37,6 +37,7 @@ class PrivateSplitDP(Mechanism):
     unit = "record"
     adjacencies = ("replace-one",)
     vertical = True
+    reads_setup_share = True
 
     def check(self, cfg: ExperimentConfig) -> None:
         if cfg.privacy.adjacency not in self.adjacencies:
@@ -47,6 +48,9 @@ class PrivateSplitDP(Mechanism):
                               "(BVFLMSP); private_split releases each record once, calibrated by its own accountant "
                               "(leave them at 'rdp' and false)")
         self.check_accountant(cfg)
+        if cfg.privacy.setup_share == 0:
+            raise ConfigError("run config: privacy.setup_share = 0 (an exact set-up) is not offered by strategy "
+                              "'private_split', whose set-up is private; give public ranges in data.dictionary instead")
         # A budget the set-up and encoder statistics leave nothing of is refused when the run knows its number of
         # sites (flwr_app.private_split_server), before any site fits or releases anything.
 
@@ -55,17 +59,18 @@ class PrivateSplitDP(Mechanism):
         return PrivateSplitPlan(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, num_sites=num_sites,
                                 encoder=cfg.split.encoder, release_noise=cfg.split.release_noise,
                                 clip_norm=cfg.privacy.clip_norm, dim=cfg.split.embedding_dim,
-                                fit_share=cfg.split.fit_share)
+                                fit_share=cfg.split.fit_share, setup_share=cfg.privacy.setup_share)
 
     def ledger_entries(self, cfg: ExperimentConfig, plan: PrivateSplitPlan, noise: NoisePlan,
-                       releases: Mapping[str, int], *, round_: int) -> list[LedgerEntry]:
+                       releases: Mapping[str, int], *, round_: int, notes: tuple[str, ...] = ()) -> list[LedgerEntry]:
         """One entry per modality site (its own mechanisms) and one for the record over every site.
 
         ``releases``: the most times any record's embedding left each site (1 with the cache; 0
-        before the release).
+        before the release). ``notes``: the sites' set-up notes (columns left out), added to the
+        assumptions.
         """
         enabled = cfg.privacy.enabled
-        assumptions = self.assumptions(cfg)
+        assumptions = self.assumptions(cfg) + notes
         mechanism = f"private_split_{plan.encoder}_{plan.release_noise}" if enabled else "none"
 
         def entry(site: str, epsilon: float, count: int) -> LedgerEntry:
@@ -115,24 +120,35 @@ class PrivateSplitDP(Mechanism):
             "unit: one record's features at every site together; adjacency replace-one; the server picks the IDs "
             "and knows which records were released, so no amplification is credited",
             "each site fits its preprocessing from noisy sums of its training records (the set-up mechanism of the "
-            "horizontal strategies at one site, replace-one) and keeps it: the statistics never leave the site, and "
-            "a record's influence on them, hence on every other record's release, is covered",
+            f"horizontal strategies at one site, replace-one; every site's set-up together spends privacy.setup_share "
+            f"= {cfg.privacy.setup_share:g} of the RDP budget of epsilon) and keeps it: the statistics never leave the "
+            "site, and a record's influence on them, hence on every other record's release, is covered"
+            + self._public(cfg),
             encoder + "; computed and kept at the site, covered the same way",
             f"each record's embedding leaves each site once ({release}); the site caches it and answers any later "
             "request for the record with the same values; the label holder trains on the cached releases for as "
             "many epochs as it likes and draws prediction bands from its own Bayesian layers (post-processing)",
-            f"calibration: set-up and encoder statistics spend their share (split.fit_share = {split.fit_share:g} "
-            "beyond the set-up), the releases the rest, split equally over the sites; Gaussian mechanisms compose by "
-            "RDP, the Laplace releases add their pure epsilon (basic composition)",
+            f"calibration: the set-up spends privacy.setup_share = {cfg.privacy.setup_share:g} of the RDP budget, the "
+            f"encoder statistics split.fit_share = {split.fit_share:g} of epsilon beyond it, the releases the rest, "
+            "split equally over the sites; Gaussian mechanisms compose by RDP, the Laplace releases add their pure "
+            "epsilon (basic composition)",
             f"per-site epsilon: that site's mechanisms only; '{RECORD_LEVEL}': every site's together (the record-level "
             "figure and the run's headline)",
             "not covered: which record IDs each site holds (the server learns it at alignment), and the categorical "
-            "levels a site's preprocessing uses (schema)",
+            "levels a site's preprocessing uses (schema; public where data.dictionary lists them)",
             noise,
             "semi-honest label holder: the sites apply the plan it sends (they recompute the noise from the public "
             "plan and refuse a second release of a record); the residuals it sends are labels, not a site's data",
             uncovered_sentence(self.manifest(cfg)),
         )
+
+    @staticmethod
+    def _public(cfg: ExperimentConfig) -> str:
+        """What the run's data dictionary makes public at the sites (the horizontal set-up's wording)."""
+        if not cfg.data.dictionary:
+            return ""
+        return (f"; public at no cost: the ranges and levels listed in {cfg.data.dictionary} for a site's columns (the "
+                "label holder sends the dictionary to every site; its time section concerns no site)")
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
         private = cfg.privacy.enabled
@@ -155,9 +171,13 @@ class PrivateSplitDP(Mechanism):
             ReleasedValue("release count", "the most releases of any record at the site", "private split release",
                           True, "a function of the server's own requests",
                           ("query.private_split_release/private_split.privacy.*",)),
+            ReleasedValue("set-up notes", "which of the site's columns its private set-up left out (no range stood "
+                          "out of the noise) or settled by the scan fallback", "private split set-up", private,
+                          "post-processing of the site's set-up releases" if private else "computed without noise",
+                          ("train.private_split_setup/private_split.site.notes",)),
             ReleasedValue("categorical levels", "the levels the site's preprocessing one-hot encodes", "none (kept at "
                           "the site)", False, "schema: the set-up releases levels as they are; they shape the "
-                          "embeddings' columns"),
+                          "embeddings' columns" + self._public(cfg)),
         ]
         return Manifest(self.name, self.unit if private else "none", tuple(releases))
 
