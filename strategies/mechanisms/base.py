@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import KEYS, STRATEGIES, ConfigError, ExperimentConfig
+from strategies.config import STRATEGIES, ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:  # the heavy imports only for type checkers
     from flwr.serverapp.strategy import Strategy
@@ -372,7 +372,7 @@ class Mechanism(ABC):
         False only for :class:`~strategies.mechanisms.none.NoPrivacy`.
     reads_setup_share
         True when the mechanism's set-up noise comes from ``privacy.setup_share``; the others
-        refuse a value other than the default or 0 (:meth:`check_setup_share`).
+        refuse any but 0, what ``auto`` gives them (:meth:`check_setup_share`).
     """
 
     name: str = ""
@@ -411,12 +411,11 @@ class Mechanism(ABC):
                 "docs/privacy.md, 'Accounting', says which accountant bounds which mechanism")
 
     def check_setup_share(self, cfg: ExperimentConfig) -> None:
-        """Refuse a ``privacy.setup_share`` the mechanism would ignore: a value other than the default
-        (or 0, an exact set-up, which is what a mechanism without a private set-up runs)."""
-        default = KEYS["privacy.setup_share"].default
-        if not self.reads_setup_share and cfg.privacy.setup_share not in (0.0, default):
+        """Refuse a ``privacy.setup_share`` the mechanism would ignore: any but 0 (what ``auto`` resolves
+        to for a mechanism without a private set-up)."""
+        if not self.reads_setup_share and cfg.privacy.setup_share != 0:
             raise ConfigError(f"run config: privacy.setup_share = {cfg.privacy.setup_share:g} has no effect on "
-                              f"strategy '{self.name}', which has no private set-up; leave it at {default:g}")
+                              f"strategy '{self.name}', which has no private set-up; leave it at auto (0 here)")
 
     @abstractmethod
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
