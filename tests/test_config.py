@@ -322,7 +322,8 @@ def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_va
     def training(cfg):
         return {"train.local_epochs": cfg.train.local_epochs, "train.batch_size": cfg.train.batch_size,
                 "train.lr": cfg.train.lr, "privacy.clip_norm": cfg.privacy.clip_norm,
-                "federation.rounds": cfg.federation.rounds, "split.risk_layer": cfg.split.risk_layer}
+                "federation.rounds": cfg.federation.rounds, "split.risk_layer": cfg.split.risk_layer,
+                "privacy.setup_share": cfg.privacy.setup_share}
 
     assert training(parse_flat({"strategy.name": "fedavg"})) == dict(TRAINING_DEFAULTS)
     for strategy in ("dp_sgd", "bdp"):
