@@ -20,7 +20,6 @@ No BatchNorm by default: it breaks per-sample gradients (DP-SGD) and FedAvg of r
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager

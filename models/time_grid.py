@@ -147,6 +147,21 @@ def time_grid_from_histograms(
     return time_grid_from_counts(edges[1:], events, censored, num_durations=num_durations, scheme=scheme)
 
 
+def _checked_counts(points: np.ndarray, events: np.ndarray,
+                    censored: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(points, events, censored)`` as float arrays, refused unless 1-D of one length with finite,
+    non-negative, strictly increasing points."""
+    points = np.asarray(points, dtype=np.float64)
+    events = np.asarray(events, dtype=np.float64)
+    censored = np.asarray(censored, dtype=np.float64)
+    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
+        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
+                         f"{events.shape}, {censored.shape}")
+    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
+        raise ValueError("points must be finite, non-negative and strictly increasing")
+    return points, events, censored
+
+
 def time_grid_from_counts(
     points: np.ndarray, events: np.ndarray, censored: np.ndarray, *, num_durations: int, scheme: str = "quantiles",
 ) -> np.ndarray:
@@ -166,14 +181,7 @@ def time_grid_from_counts(
     num_durations, scheme
         As in :func:`make_time_grid`.
     """
-    points = np.asarray(points, dtype=np.float64)
-    events = np.asarray(events, dtype=np.float64)
-    censored = np.asarray(censored, dtype=np.float64)
-    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
-        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
-                         f"{events.shape}, {censored.shape}")
-    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
-        raise ValueError("points must be finite, non-negative and strictly increasing")
+    points, events, censored = _checked_counts(points, events, censored)
     counts = events + censored
     if not (np.all(np.isfinite(counts)) and np.all(events >= 0) and np.all(censored >= 0) and counts.sum() > 0):
         raise ValueError("events and censored must be finite, non-negative counts, not all zero")
@@ -300,15 +308,8 @@ def interval_hazard(
     -------
     ndarray of float64, shape (T,), in [0, 1]
     """
-    points = np.asarray(points, dtype=np.float64)
-    events = np.asarray(events, dtype=np.float64)
-    censored = np.asarray(censored, dtype=np.float64)
+    points, events, censored = _checked_counts(points, events, censored)
     cuts = np.asarray(cuts, dtype=np.float64)
-    if points.ndim != 1 or events.shape != points.shape or censored.shape != points.shape:
-        raise ValueError(f"points, events and censored must be 1-D of one length, got {points.shape}, "
-                         f"{events.shape}, {censored.shape}")
-    if not np.all(np.isfinite(points)) or np.any(points < 0) or np.any(np.diff(points) <= 0):
-        raise ValueError("points must be finite, non-negative and strictly increasing")
     if not (np.all(np.isfinite(events + censored)) and np.all(events >= 0) and np.all(censored >= 0)
             and events.sum() > 0):
         raise ValueError("events and censored must be finite, non-negative counts with at least one event")
