@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -524,3 +525,17 @@ def test_early_events_get_their_own_intervals_under_noise():
         first = np.mean(time[event == 1] <= shared.cuts[1])
         assert first < 0.12, (z, shared.cuts[:4])
         assert np.sum(shared.cuts < 20.0) >= 4  # several cuts among the early deaths
+
+
+def test_honest_range_releases_are_plausible_and_inflated_ones_are_not():
+    """Each histogram is judged against its own release's noise: with every feature range public the
+    times' histogram (its own release) is still noisy, and an honest site passes."""
+    features, time, _ = table(600, seed=11)
+    public = DataDictionary.from_mapping({"numeric": {"age": [0, 120], "dose": [0, 50], "flag": [0, 1]}})
+    for dictionary in (None, public):
+        plan = SetupPlan.for_features(features, noise_multiplier=3.0, dictionary=dictionary)
+        for seed in range(20):
+            release = release_ranges(plan, features, time, np.random.default_rng(seed))
+            assert setup.implausible_ranges(release, plan) == "", (dictionary, seed)
+        inflated = dataclasses.replace(release, time=release.time + 50 * plan.noise_std("time_range"))
+        assert "range histogram of 'time'" in setup.implausible_ranges(inflated, plan)

@@ -962,10 +962,11 @@ def implausible_ranges(release: RangeRelease, plan: SetupPlan, *, tolerance: flo
     record count, ``s`` the bins' noise std and ``t`` = ``tolerance`` (a margin no honest noise
     reaches). A site that injects counts to stretch the federation's clip ranges fails this.
     """
-    std = plan.noise_std("range_histograms")
     count = release.count + tolerance * plan.noise_std("record_count")
-    histograms = dict(release.histograms) | ({"time": release.time} if release.time is not None else {})
-    for column, counts in histograms.items():
+    histograms = {column: (counts, plan.noise_std("range_histograms")) for column, counts in release.histograms.items()}
+    if release.time is not None:  # the times' histogram is its own release, with its own noise
+        histograms["time"] = (release.time, plan.noise_std("time_range"))
+    for column, (counts, std) in histograms.items():
         if counts.min() < -tolerance * std or counts.max() > count + tolerance * std:
             return f"the range histogram of '{column}' has bins outside [0, {count:.0f}] beyond its noise"
         if counts.sum() > count + tolerance * std * math.sqrt(counts.size):
