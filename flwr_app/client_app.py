@@ -24,19 +24,19 @@ from flwr_app.faults import inject_failure, tamper
 from models.data import SiteData
 from strategies.horizontal import (
     BASELINE_EVENTS,
-    RECALIBRATION_EXPONENTS,
-    RECALIBRATION_HORIZONS,
     BASELINE_RISK,
     PRIVACY_STATE_KEY,
+    RECALIBRATION_EXPONENTS,
+    RECALIBRATION_HORIZONS,
     RESUMED_PRIVACY_STATE,
     SITE_KEY,
     UNDEFINED_KEY,
     WEIGHT_KEY,
 )
-from strategies import secure_aggregation as secagg
 from models.recalibration import power_sums
-from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
+from strategies import secure_aggregation as secagg
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
+from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
 from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
@@ -213,7 +213,8 @@ def recalibration(message: Message, context: Context) -> Message:
     inject_failure(cfg, site=site.name, server_round=server_round, message="recalibration")
     horizons = np.asarray(config[RECALIBRATION_HORIZONS], dtype=np.float64)
     multiplier = recalibration_multiplier(cfg)
-    if multiplier <= 0 or horizons.ndim != 1 or not 1 <= horizons.size <= len(RECALIBRATION_QUANTILES) or not np.all(np.isfinite(horizons)):
+    planned = horizons.ndim == 1 and 1 <= horizons.size <= len(RECALIBRATION_QUANTILES)
+    if multiplier <= 0 or not planned or not np.all(np.isfinite(horizons)):
         raise ValueError("recalibration query refused: this run's config plans no recalibration release, or the "
                          f"horizons are not 1 to {len(RECALIBRATION_QUANTILES)} finite times ({horizons.tolist()})")
     times, surv = model.predict_survival(site.train.x)

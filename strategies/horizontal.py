@@ -49,8 +49,8 @@ from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Stra
 from flwr.supercore import log
 
 from models.metrics import UNDEFINED_REASONS
-from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from models.recalibration import cut_exponents, fit_exponents
+from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
@@ -58,8 +58,8 @@ from strategies.replies import (
     check_arrays,
     check_breslow,
     check_count,
-    check_power_sums,
     check_evaluation,
+    check_power_sums,
     error_message,
     suspect_evaluations,
 )

@@ -245,9 +245,10 @@ def setup_sentence(cfg: ExperimentConfig, private_setup: bool) -> str:
             f"{cfg.privacy.setup_share:g} of the RDP budget of epsilon) under {cfg.privacy.adjacency} adjacency, "
             f"composed by {ACCOUNTANT_NAMES[cfg.privacy.accountant]} with the site's training; the preprocessing, time grid, "
             "CoxTime time scale, FedAvg weights and sampling rate are post-processing of them" + public
-            + (f"; after training, a recalibration release (noisy sums of the final model's predicted survival powers "
-               f"over the site's training records, noise multiplier {recalibration_multiplier(cfg):.4g}, "
-               "RECALIBRATION_SHARE of privacy.setup_share) planned and composed with them"
+            + (f"; after training, where the federation is large enough for it (the entry's prior then lists it), a "
+               "recalibration release (noisy sums of the final model's predicted survival powers over the site's "
+               f"training records, noise multiplier {recalibration_multiplier(cfg):.4g}, RECALIBRATION_SHARE of "
+               "privacy.setup_share) planned before training and composed with them"
                if recalibrates(cfg) else ""))
 
 
