@@ -60,8 +60,10 @@ def run(name: str, path: Path, share: float, epsilon: float, seed: int, out: Pat
             "ledger_epsilon": summary["privacy"]["epsilon"]}
 
 
-def ranking(rows: list[dict]) -> list[tuple[float, float]]:
-    """(mean rank, share), best first: ranks within each (data, ε, seed) of C (higher better), IBS and gap."""
+def ranking(rows: list[dict], setting: str = "share") -> list[tuple[float, object]]:
+    """(mean rank, setting), best first: ranks within each (data, ε, seed) of C (higher better), IBS and gap.
+
+    ``setting``: the row key that names what is compared."""
     groups = collections.defaultdict(list)
     for row in rows:
         groups[(row["data"], row["epsilon"], row["seed"])].append(row)
@@ -70,8 +72,8 @@ def ranking(rows: list[dict]) -> list[tuple[float, float]]:
         for key, sign in (("c_index", -1.0), ("ibs", 1.0), ("gap", 1.0)):
             order = sorted(group, key=lambda row: sign * row[key])
             for position, row in enumerate(order):
-                ranks[row["share"]].append(position / max(1, len(order) - 1))
-    return sorted((float(np.mean(values)), share) for share, values in ranks.items())
+                ranks[row[setting]].append(position / max(1, len(order) - 1))
+    return sorted(((float(np.mean(values)), name) for name, values in ranks.items()), key=lambda item: item[0])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,21 +17,25 @@ are those of the model); only the level of the curves moves.
 The mean :math:`m_h(c) = \frac1n \sum_i S(t_h \mid x_i)^{c}` is decreasing in :math:`c`; it is
 known from its values at the exponents ``EXPONENTS`` (sums :math:`\sum_i S_i^{c}`, each term in
 :math:`[0, 1]`, which is what a differentially private site releases with noise:
-:mod:`strategies.mechanisms.setup_statistics`), and interpolated linearly in
-:math:`(c, \log m)` (exact for a population of identical records, where
-:math:`\log m = c \log S`), extrapolated within ``EXPONENT_RANGE``.
+:mod:`strategies.mechanisms.setup_statistics`) and at :math:`c = 0` (:math:`m = 1`, exact), and
+interpolated linearly in :math:`(c, \log m)` (exact for a population of identical records, where
+:math:`\log m = c \log S`), extrapolated within ``EXPONENT_RANGE``. :math:`\log m(c)` is convex
+(a log Laplace transform), so an extrapolated :math:`c` is an under-correction rather than an
+over-correction.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 __all__ = ["EXPONENTS", "EXPONENT_RANGE", "apply_exponents", "cut_exponents", "fit_exponents", "power_sums"]
 
 #: The exponents at which a site sums its records' predicted survival powers.
-EXPONENTS: tuple[float, ...] = (0.5, 1.0, 2.0)
+EXPONENTS: tuple[float, ...] = (1.0, 2.0, 4.0)
 #: The exponents a recalibration may take (beyond it the target is not trusted).
-EXPONENT_RANGE: tuple[float, float] = (0.25, 4.0)
+EXPONENT_RANGE: tuple[float, float] = (0.1, 10.0)
 
 
 def power_sums(surv_at_horizons: np.ndarray) -> np.ndarray:
@@ -52,26 +56,42 @@ def fit_exponents(sums: np.ndarray, count: float, target: np.ndarray) -> np.ndar
     ``sums``: :func:`power_sums` (possibly summed over sites, plus noise), shape ``(H, |C|)``;
     ``count``: the number of records they sum over (possibly noisy); ``target``: the target
     survival at each horizon. The means are clipped to ``(0, 1]`` and made non-increasing in
-    :math:`c` (noise can break the order), then :math:`c` is interpolated linearly in
-    :math:`\log m` (extrapolated from the outer pair), and the result clipped to ``EXPONENT_RANGE``.
-    A horizon whose target or means are unusable (0 or 1) keeps :math:`c = 1`.
+    :math:`c`; where they are strictly decreasing, :math:`c` is interpolated linearly in
+    :math:`\log m` (extrapolated from the outer pair). Where noise flattens them (curves near 1,
+    whose powers differ by less than the noise), :math:`c = \log(\text{target}) / \log m(1)`, exact
+    for identical records. A horizon with no usable target or mean takes the exponent of the
+    nearest usable horizon (1 when there is none), so the exponents do not jump back to 1 between
+    horizons. The result is clipped to ``EXPONENT_RANGE``.
     """
     sums = np.asarray(sums, dtype=np.float64)
     target = np.asarray(target, dtype=np.float64)
     if sums.shape != (target.size, len(EXPONENTS)) or not (np.all(np.isfinite(sums)) and np.isfinite(count)):
         raise ValueError(f"sums must be {target.size} x {len(EXPONENTS)} finite numbers, got shape {sums.shape}")
-    grid = np.asarray(EXPONENTS)
-    result = np.ones(target.size)
-    for h in range(target.size):
-        means = np.minimum.accumulate(np.clip(sums[h] / max(count, 1.0), 1e-9, 1.0))
-        log_m = np.log(means)
-        if not 0.0 < target[h] < 1.0 or np.any(np.diff(log_m) >= 0):
-            continue  # a flat (or all-one) curve cannot be moved by a power
-        goal = np.log(target[h])
-        j = int(np.clip(np.searchsorted(-log_m, -goal) - 1, 0, log_m.size - 2))  # the pair around the goal
-        slope = (grid[j + 1] - grid[j]) / (log_m[j + 1] - log_m[j])
-        result[h] = np.clip(grid[j] + slope * (goal - log_m[j]), *EXPONENT_RANGE)
-    return result
+    result = np.array([_exponent(sums[h] / max(count, 1.0), target[h]) for h in range(target.size)])
+    usable = np.flatnonzero(np.isfinite(result))
+    if usable.size == 0:
+        return np.ones(target.size)
+    nearest = usable[np.abs(np.arange(target.size)[:, None] - usable[None, :]).argmin(axis=1)]
+    return np.clip(result[nearest], *EXPONENT_RANGE)
+
+
+def _exponent(means: np.ndarray, target: float) -> float:
+    """One horizon's exponent from its mean powers at ``EXPONENTS`` (NaN when none can be fitted).
+
+    The exact point :math:`m(0) = 1` anchors the interpolation below the smallest exponent.
+    """
+    means = np.minimum.accumulate(np.clip(means, 1e-9, 1.0))
+    log_m = np.concatenate(([0.0], np.log(means)))
+    if not 0.0 < target < 1.0:
+        return math.nan
+    goal = math.log(target)
+    if np.any(np.diff(log_m) >= 0):
+        plain = log_m[1 + EXPONENTS.index(1.0)]
+        return goal / plain if plain < 0 else math.nan
+    grid = np.concatenate(([0.0], EXPONENTS))
+    j = int(np.clip(np.searchsorted(-log_m, -goal) - 1, 0, log_m.size - 2))  # the pair around the goal
+    slope = (grid[j + 1] - grid[j]) / (log_m[j + 1] - log_m[j])
+    return float(grid[j] + slope * (goal - log_m[j]))
 
 
 def cut_exponents(cuts: np.ndarray, horizons: np.ndarray, exponents: np.ndarray) -> np.ndarray:

@@ -22,6 +22,9 @@ and central_dp at ε = 1, 10 rounds, seeds 0-2 (1000 sites: seed 0; a round take
 ``states``: SBA over the 40 states with at least 100 loans, dp_sgd at ε = 1, seeds 0-2.
 ``distributed``: SBA over the 40 states with at least 100 loans and over the 4 regions, distributed_dp at
 ε = 1, seeds 0-4.
+``field``: every bundled real data set (FLCHAIN, METABRIC, GBSG, WHAS at 5 i.i.d. sites, SBA over the 4
+regions): fedavg, and dp_sgd and distributed_dp at ε = 1 and 10, seeds 0-4; its table (``field-table``) has
+the time-dependent C, the Kaplan-Meier-null IBS and the calibration gap at the median follow-up beside C and IBS.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ SEEDS5 = range(5)
 OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0}
 SBA_REGIONS = {"data.name": "sba", "federation.partition": "region"}
 SBA_STATES = {"data.name": "sba", "federation.partition": "State", "federation.min_site_records": 100}
+FIELD_DATA = ("flchain", "metabric", "gbsg", "whas", "sba")
 
 
 def _plans() -> dict[str, list[dict[str, Any]]]:
@@ -68,8 +72,13 @@ def _plans() -> dict[str, list[dict[str, Any]]]:
                    for partition in (SBA_STATES, SBA_REGIONS) for seed in SEEDS5]
     states = [{**SBA_STATES, "strategy.name": "dp_sgd", "privacy.epsilon": 1, "seed": seed,
                "baseline.centralized": False} for seed in range(3)]
+    field = [{**({"data.name": name} if name != "sba" else SBA_REGIONS), "strategy.name": strategy, "seed": seed,
+              "baseline.centralized": False, **({"privacy.epsilon": epsilon} if epsilon else {})}
+             for name in FIELD_DATA for seed in SEEDS5
+             for strategy, epsilon in (("fedavg", 0), ("dp_sgd", 1), ("dp_sgd", 10), ("distributed_dp", 1),
+                                       ("distributed_dp", 10))]
     return {"main": main, "states": states, "old_recipe": old, "site_size": size, "central_dp_sites": central,
-            "distributed": distributed}
+            "distributed": distributed, "field": field}
 
 
 PLANS = _plans()
@@ -92,13 +101,29 @@ def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
             run_dir = Path(directory) / hashlib.sha1(_key(config).encode()).hexdigest()[:12]
             try:
                 summary = run_inprocess({**config, "output.dir": str(run_dir)})
+                calibration = summary.get("calibration", {})
                 row = {"config": config, "test": summary["test"], "oot": summary.get("oot"),
-                       "epsilon": summary["privacy"].get("epsilon"), "centralized": summary.get("centralized")}
+                       "epsilon": summary["privacy"].get("epsilon"), "centralized": summary.get("centralized"),
+                       "calibration": {key: calibration.get(key) for key in ("median_gap", "ibs_km_null")},
+                       "commit": _commit()}
             except Exception as err:  # a failed run is a row, and the plan goes on
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"[:500]}
         row["wall_s"] = round(time.perf_counter() - started, 1)
         append_jsonl(out, row)
         print(_key(config), row.get("error") or {k: round(v, 4) for k, v in row["test"].items()}, flush=True)
+
+
+def _commit() -> str:
+    """The checked-out commit (with ``+`` when the tree has changes), or "" outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def _setting(config: dict[str, Any]) -> tuple:
@@ -153,6 +178,30 @@ def table(rows: Iterable[dict[str, Any]]) -> str:
             f"{_mean_std([row['test']['c_index'] for row in ok])} | {_mean_std([row['test']['ibs'] for row in ok])} | "
             f"{f'{max(epsilons):.3f}' if epsilons else '–'} | {kind} | {_mean_std([c['c_index'] for c in central])} | "
             f"{_mean_std([c['ibs'] for c in central])} |")
+    return "\n".join(lines)
+
+
+def field_table(rows: Iterable[dict[str, Any]]) -> str:
+    """Mean ± std over seeds per (data, strategy, ε): C, time-dependent C, IBS, the Kaplan-Meier-null IBS and the
+    absolute gap between mean predicted and Kaplan-Meier survival at the median follow-up (pooled test split)."""
+    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    for row in rows:
+        config = row["config"]
+        groups[(FIELD_DATA.index(config["data.name"]), config["data.name"], config["strategy.name"] != "fedavg",
+                config["strategy.name"], config.get("privacy.epsilon", 0))].append(row)
+    lines = ["| data | strategy | ε | seeds | C | C_td | IBS | Kaplan–Meier IBS | gap at median | ε (max) | commit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (_, data, _, strategy, epsilon), members in sorted(groups.items()):
+        ok = [row for row in members if "error" not in row]
+        epsilons = [row["epsilon"] for row in ok if row.get("epsilon") is not None]
+        commits = ", ".join(sorted({row.get("commit", "") for row in ok}))
+        lines.append(
+            f"| {data} | {strategy} | {epsilon or '–'} | {len(ok)}"
+            f"{f' ({len(members) - len(ok)} failed)' if len(ok) < len(members) else ''} | "
+            + " | ".join(_mean_std([row["test"][key] for row in ok]) for key in ("c_index", "c_index_td", "ibs"))
+            + " | " + " | ".join(_mean_std([row["calibration"][key] for row in ok]) for key in ("ibs_km_null",
+                                                                                                  "median_gap"))
+            + f" | {f'{max(epsilons):.3f}' if epsilons else '–'} | {commits} |")
     return "\n".join(lines)
 
 
@@ -227,11 +276,14 @@ def main() -> None:
     runner.add_argument("--out", type=Path, required=True)
     tables = sub.add_parser("table", help="Markdown table of saved rows")
     tables.add_argument("rows", type=Path, nargs="+")
+    fields = sub.add_parser("field-table", help="Markdown table of the field plan's rows")
+    fields.add_argument("rows", type=Path, nargs="+")
     args = parser.parse_args()
     if args.command == "run":
         run(PLANS[args.plan], args.out)
-    else:
-        print(table(json.loads(line) for path in args.rows for line in path.read_text().splitlines() if line))
+        return
+    rows = [json.loads(line) for path in args.rows for line in path.read_text().splitlines() if line]
+    print(field_table(rows) if args.command == "field-table" else table(rows))
 
 
 if __name__ == "__main__":

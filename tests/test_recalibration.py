@@ -30,7 +30,7 @@ def test_power_sums_are_sums_of_powers_and_move_by_at_most_one_per_record():
 def test_the_fitted_power_meets_the_target_exactly_for_identical_records():
     """For a population of identical records log m(c) = c log S, so the interpolation is exact."""
     surv = np.full((200, 3), [0.9, 0.7, 0.5])
-    target = np.array([0.8, 0.6, 0.3])
+    target = np.array([0.95, 0.6, 0.03])  # below the first exponent (anchored at m(0) = 1), between, beyond
     exponents = rc.fit_exponents(rc.power_sums(surv), 200, target)
     np.testing.assert_allclose(exponents, np.log(target) / np.log([0.9, 0.7, 0.5]), rtol=1e-9)
     np.testing.assert_allclose(rc.apply_exponents(surv[:1], exponents)[0], target, rtol=1e-9)
@@ -54,6 +54,13 @@ def test_the_fitted_power_meets_the_target_of_a_mixed_population_to_interpolatio
 def test_unusable_means_keep_the_curve_and_powers_never_lift_a_curve_over_time():
     flat = rc.fit_exponents(np.ones((1, len(rc.EXPONENTS))) * 10, 10, np.array([0.5]))
     assert flat.tolist() == [1.0]  # every record at S = 1: no power moves it
+    # a horizon without a usable target takes its neighbour's exponent, not 1 (no jump back between horizons)
+    surv = np.full((100, 3), [0.9, 0.8, 0.7])
+    filled = rc.fit_exponents(rc.power_sums(surv), 100, np.array([0.81, 0.64, 1.0]))
+    np.testing.assert_allclose(filled, [2.0, 2.0, 2.0], rtol=1e-9)
+    # means flattened by noise (not decreasing in c) fall back to log(target) / log m(1)
+    noisy = np.array([[90.0, 91.0, 80.0]])
+    np.testing.assert_allclose(rc.fit_exponents(noisy, 100, np.array([0.81])), [math.log(0.81) / math.log(0.9)])
     surv = np.array([[0.9, 0.8, 0.7]])
     lifted = rc.apply_exponents(surv, np.array([2.0, 1.0, 0.5]))
     assert np.all(np.diff(lifted[0]) <= 0)
