@@ -1,7 +1,7 @@
 """The measured trade-offs of docs/when-to-use-what.md: runs through the apps, and their tables.
 
-``python -m simulations.tradeoffs run PLAN --out rows.jsonl``   run every configuration of a plan (resumable:
-configurations already in ``rows.jsonl`` are skipped)
+``python -m simulations.tradeoffs run PLAN --out rows.jsonl [--strategies a,b]``   run every configuration of a
+plan, or those of the named strategies (resumable: configurations already in ``rows.jsonl`` are skipped)
 ``python -m simulations.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
 
 Every run is a whole federation through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`,
@@ -274,13 +274,15 @@ def main() -> None:
     runner = sub.add_parser("run", help="run a plan")
     runner.add_argument("plan", choices=sorted(PLANS))
     runner.add_argument("--out", type=Path, required=True)
+    runner.add_argument("--strategies", default="", help="run only these strategies (comma-separated)")
     tables = sub.add_parser("table", help="Markdown table of saved rows")
     tables.add_argument("rows", type=Path, nargs="+")
     fields = sub.add_parser("field-table", help="Markdown table of the field plan's rows")
     fields.add_argument("rows", type=Path, nargs="+")
     args = parser.parse_args()
     if args.command == "run":
-        run(PLANS[args.plan], args.out)
+        chosen = set(filter(None, args.strategies.split(",")))
+        run([config for config in PLANS[args.plan] if not chosen or config["strategy.name"] in chosen], args.out)
         return
     rows = [json.loads(line) for path in args.rows for line in path.read_text().splitlines() if line]
     print(field_table(rows) if args.command == "field-table" else table(rows))
