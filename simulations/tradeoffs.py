@@ -113,14 +113,18 @@ def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
         print(_key(config), row.get("error") or {k: round(v, 4) for k, v in row["test"].items()}, flush=True)
 
 
+#: The paths whose uncommitted changes would change what a run computes (docs and reports do not).
+RUN_CODE = ("models", "strategies", "flwr_app", "conf", "pyproject.toml", "simulations/engine.py")
+
+
 def _commit() -> str:
-    """The checked-out commit (with ``+`` when the tree has changes), or "" outside a git checkout."""
+    """The checked-out commit, with ``+`` when ``RUN_CODE`` has uncommitted changes; "" outside a git checkout."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *RUN_CODE],
+                               capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
