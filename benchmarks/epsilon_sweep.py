@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simulations.engine import ray_cluster, run_inprocess, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
+from simulations.results_file import code_commit  # noqa: E402
 
 DP_STRATEGIES = ("dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     inprocess_total = sum(row["inprocess_s"] for row in rows)
     report = {"benchmark": "epsilon_sweep", "runs": len(rows), "flower_total_s": round(flower_total, 1),
               "inprocess_total_s": round(inprocess_total, 1), "ratio": round(flower_total / inprocess_total, 3),
-              "target_flower_total_s": 1200, "rows": rows}
+              "target_flower_total_s": 1200, "commit": code_commit(), "rows": rows}
     print(json.dumps(report, indent=2))
     return report
 

@@ -122,8 +122,10 @@ def flchain_sweep(results: Path, out: Path) -> str:
             cells.append("–" if run.empty else
                          f"C {run['c_index'].iloc[0]:.3f}, ε {_number(float(run['epsilon_spent'].iloc[0]))}")
         lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    produced = (f"produced by commit {sweep['commit']}" if sweep.get("commit") else
+                "measured on 2026-11-23, before the private set-up, the recalibration and the DP recipes of today")
     lines += ["", f"Source: {_link(results / 'benchmarks' / 'epsilon_sweep.json', out)} "
-              "(`python benchmarks/epsilon_sweep.py`)."]
+              f"(`python benchmarks/epsilon_sweep.py`), {produced}."]
     return "\n".join(lines)
 
 

@@ -10,12 +10,15 @@ import csv
 import json
 import math
 import statistics
+import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "append_runs", "mean_std", "read_rows"]
+__all__ = ["append_jsonl", "append_runs", "code_commit", "mean_std", "read_rows"]
+
+PROJECT = Path(__file__).resolve().parent.parent
 
 
 def mean_std(values: Iterable[float], digits: int = 3) -> str:
@@ -65,3 +68,19 @@ def append_runs(
             handle.flush()
             for row in rows:
                 print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
+
+
+#: The paths whose uncommitted changes would change what a run computes (docs and reports do not).
+RUN_CODE = ("models", "strategies", "flwr_app", "conf", "pyproject.toml", "simulations/engine.py")
+
+
+def code_commit() -> str:
+    """The checked-out commit, with ``+`` when ``RUN_CODE`` has uncommitted changes; "" outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=PROJECT)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *RUN_CODE],
+                               capture_output=True, text=True, check=True, cwd=PROJECT)
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")

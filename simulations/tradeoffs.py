@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from simulations.results_file import append_jsonl
+from simulations.results_file import append_jsonl, code_commit
 
 SEEDS5 = range(5)
 OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0}
@@ -105,29 +105,12 @@ def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
                 row = {"config": config, "test": summary["test"], "oot": summary.get("oot"),
                        "epsilon": summary["privacy"].get("epsilon"), "centralized": summary.get("centralized"),
                        "calibration": {key: calibration.get(key) for key in ("median_gap", "ibs_km_null")},
-                       "commit": _commit()}
+                       "commit": code_commit()}
             except Exception as err:  # a failed run is a row, and the plan goes on
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"[:500]}
         row["wall_s"] = round(time.perf_counter() - started, 1)
         append_jsonl(out, row)
         print(_key(config), row.get("error") or {k: round(v, 4) for k, v in row["test"].items()}, flush=True)
-
-
-#: The paths whose uncommitted changes would change what a run computes (docs and reports do not).
-RUN_CODE = ("models", "strategies", "flwr_app", "conf", "pyproject.toml", "simulations/engine.py")
-
-
-def _commit() -> str:
-    """The checked-out commit, with ``+`` when ``RUN_CODE`` has uncommitted changes; "" outside a git checkout."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *RUN_CODE],
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def _setting(config: dict[str, Any]) -> tuple:
