@@ -44,7 +44,8 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.horizontal import SurvivalFedAvg, TooFewSitesError, make_aggregator, site_metrics, weighted_nanmean
+from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, robust_refusal, site_metrics,
+                                   weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -221,12 +222,27 @@ def main(grid: Grid, context: Context) -> None:
     run_horizontal(cfg, grid, outputs, started=started)
 
 
+def _sites_per_round(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_sites: int) -> int:
+    """How many sites Flower samples for a round's training (``fraction_train`` of them, at least the minimum)."""
+    return min(num_sites, max(int(num_sites * cfg.federation.fraction_train),
+                              mechanism.min_train_sites(cfg, num_sites=num_sites)))
+
+
+def _check_aggregation(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_sites: int) -> None:
+    """Refuse a robust aggregator that the sites of a round are too few for (``ConfigError`` naming the keys)."""
+    federation = cfg.federation
+    if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
+                                malicious=federation.max_malicious, sites=_sites_per_round(cfg, mechanism, num_sites)):
+        raise ConfigError(f"run config: {reason}")
+
+
 def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, started: float) -> None:
     """A horizontal federation: set-up, ``federation.rounds`` rounds with every reply checked, outputs."""
     mechanism = horizontal_mechanism(cfg.strategy)
     dataset: FederatedDataset | None = None
     left_out: dict[int, str] = {}
     if cfg.data.deployed:
+        _check_aggregation(cfg, mechanism, cfg.federation.num_sites)  # before the set-up releases anything
         wait_for_sites(grid, cfg.federation.num_sites)
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
@@ -234,6 +250,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         recalibration = setup.recalibration
     else:
         dataset = task.load_federation(cfg)
+        _check_aggregation(cfg, mechanism, dataset.num_sites)
         agreed = task.federation_setup(cfg)
         model, setups, setup_notes = task.build_model(cfg, dataset), agreed.setups, agreed.notes
         recalibration = agreed.recalibration
@@ -251,6 +268,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         needs_baseline=model.needs_baseline, grid_size=len(model.cuts), timeout=cfg.federation.timeout_s,
         aggregator=make_aggregator(cfg.federation.aggregation, trim_fraction=cfg.federation.trim_fraction,
                                    malicious=cfg.federation.max_malicious, weighted_by_key="num-examples",
+                                   sites=_sites_per_round(cfg, mechanism, num_sites),
                                    **fedavg_kwargs),
         server_optimizer=make_server_optimizer(cfg.federation),
         **fedavg_kwargs,

@@ -416,10 +416,11 @@ class FederationConfig:
                                        "(split: to each round trip)", bounds=POSITIVE)
     aggregation: str = setting("fedavg", "fedavg (weighted mean), or Flower's robust aggregators (not with "
                                          "central_dp)", choices=AGGREGATIONS)
-    trim_fraction: float = setting(0.2, "trimmed_mean: share of the values cut off at each tail",
-                                   bounds=Bounds(0.0, 0.5, low_closed=True))
-    max_malicious: int = setting(1, "krum: sites it tolerates (needs more than 2 x max_malicious + 2 sites in a "
-                                    "round)", bounds=NON_NEGATIVE)
+    trim_fraction: float = setting(0.2, "trimmed_mean: share of the sites cut off at each tail (int(trim_fraction x "
+                                        "sites) of a round; refused when that is 0: below ceil(1 / trim_fraction) "
+                                        "sites a round)", bounds=Bounds(0.0, 0.5, low_closed=True))
+    max_malicious: int = setting(1, "krum: sites it tolerates (refused below 2 x max_malicious + 3 sites a round; "
+                                    "median below 3)", bounds=NON_NEGATIVE)
     server_optimizer: str = setting("fedavg", "Flower's server optimiser applied to each round's aggregate (after "
                                               "central_dp's noise and any robust aggregator): fedavg (none), fedadam, "
                                               "fedyogi, fedadagrad, fedavgm", choices=tuple(SERVER_OPTIMIZERS))

@@ -183,22 +183,60 @@ def _numbers(record: MetricRecord) -> dict[str, Any]:
     return {key: value for key, value in record.items() if not isinstance(value, list)}
 
 
-def make_aggregator(name: str, *, trim_fraction: float, malicious: int, **fedavg_kwargs: Any) -> Strategy | None:
-    """Flower's robust aggregator ``name`` (None for the weighted mean of FedAvg itself).
+def robust_minimum(name: str, *, trim_fraction: float, malicious: int) -> float:
+    """The fewest updates with which aggregator ``name`` does what it says (1 for FedAvg's mean).
+
+    ``trimmed_mean`` cuts ``int(trim_fraction * n)`` updates at each tail (Flower's ``FedTrimmedAvg``):
+    at least one needs ``n >= ceil(1 / trim_fraction)``; ``median`` resists one outlier from 3 updates;
+    ``krum`` with ``malicious`` = f needs ``n >= 2 f + 3``.
+    """
+    if name == "trimmed_mean":
+        return max(3, math.ceil(1.0 / trim_fraction - 1e-9)) if trim_fraction > 0 else math.inf
+    if name == "median":
+        return 3
+    if name == "krum":
+        return 2 * malicious + 3
+    return 1
+
+
+def robust_refusal(name: str, *, trim_fraction: float, malicious: int, sites: int) -> str:
+    """Why ``sites`` updates a round are too few for aggregator ``name`` ("" when they are enough)."""
+    needed = robust_minimum(name, trim_fraction=trim_fraction, malicious=malicious)
+    if sites >= needed:
+        return ""
+    if name == "trimmed_mean" and trim_fraction == 0:
+        return "federation.aggregation = 'trimmed_mean' with federation.trim_fraction = 0 trims nothing: set it above 0"
+    if name == "trimmed_mean":
+        return (f"federation.aggregation = 'trimmed_mean' with federation.trim_fraction = {trim_fraction:g} trims "
+                f"int({trim_fraction:g} x {sites}) = {int(trim_fraction * sites)} of the {sites} sites of a round "
+                f"at each tail; it needs at least {needed} sites a round at this trim_fraction"
+                + (f" (or federation.trim_fraction >= {1 / sites:.3g})" if sites >= 3 else ""))
+    if name == "krum":
+        return (f"federation.aggregation = 'krum' with federation.max_malicious = {malicious} needs at least "
+                f"2 x {malicious} + 3 = {needed} sites a round; {sites} take part")
+    return f"federation.aggregation = 'median' needs at least 3 sites a round to outvote one; {sites} take part"
+
+
+def make_aggregator(name: str, *, trim_fraction: float, malicious: int, sites: int,
+                    **fedavg_kwargs: Any) -> Strategy | None:
+    """Flower's robust aggregator ``name`` (None for the weighted mean of FedAvg itself), for ``sites``
+    updates a round; ``ConfigError`` naming the keys when they are too few for it (:func:`robust_minimum`).
 
     ``trimmed_mean``: ``FedTrimmedAvg`` (coordinate-wise mean without the ``trim_fraction`` largest
     and smallest values); ``median``: ``FedMedian`` (coordinate-wise median); ``krum``: ``Krum``
-    with ``malicious`` tolerated sites (it needs ``n > 2 malicious + 2`` sites per round).
+    with ``malicious`` tolerated sites.
     """
-    if name == "fedavg":
-        return None
+    if name not in AGGREGATIONS:
+        raise ConfigError(f"run config: 'federation.aggregation' = {name!r}; choose one of {', '.join(AGGREGATIONS)}")
+    if reason := robust_refusal(name, trim_fraction=trim_fraction, malicious=malicious, sites=sites):
+        raise ConfigError(f"run config: {reason}")
     if name == "trimmed_mean":
         return FedTrimmedAvg(beta=trim_fraction, **fedavg_kwargs)
     if name == "median":
         return FedMedian(**fedavg_kwargs)
     if name == "krum":
         return Krum(num_malicious_nodes=malicious, **fedavg_kwargs)
-    raise ConfigError(f"run config: 'federation.aggregation' = {name!r}; choose one of {', '.join(AGGREGATIONS)}")
+    return None
 
 
 class SurvivalFedAvg(FedAvg):
@@ -565,6 +603,12 @@ class SurvivalFedAvg(FedAvg):
         if not contributing:
             return None, None
         if self.aggregator is not None:
+            federation = self.cfg.federation
+            if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
+                                         malicious=federation.max_malicious, sites=len(contributing)):
+                log(WARNING, "Round %s: %s accepted updates are too few (%s): the global model stays as it is",
+                    server_round, len(contributing), reason)
+                return None, None
             return self.aggregator.aggregate_train(server_round, contributing)
         return super().aggregate_train(server_round, contributing)
 

@@ -117,3 +117,32 @@ def test_a_split_site_that_under_reports_its_releases_is_refused(tmp_path, monke
     with pytest.raises(SplitSiteError, match=r"site 'a' \(node \d+\) sent a refused train\.split_step reply: the "
                                              r"privacy report counts 0\.0 releases"):
         run_inprocess({**vertical, "output.dir": str(tmp_path)})
+
+
+def test_robust_aggregators_are_refused_below_the_sites_they_need():
+    """trimmed_mean must trim at least one site at each tail, krum needs 2f + 3 sites, the median 3."""
+    from strategies.config import ConfigError
+    from strategies.horizontal import make_aggregator, robust_minimum
+
+    assert robust_minimum("trimmed_mean", trim_fraction=0.2, malicious=1) == 5
+    assert robust_minimum("trimmed_mean", trim_fraction=0.34, malicious=1) == 3
+    assert robust_minimum("krum", trim_fraction=0.2, malicious=1) == 5
+    assert make_aggregator("trimmed_mean", trim_fraction=0.2, malicious=1, sites=5) is not None
+    with pytest.raises(ConfigError, match=r"trims int\(0.2 x 3\) = 0 .* at least 5 sites .*trim_fraction >= 0.333"):
+        make_aggregator("trimmed_mean", trim_fraction=0.2, malicious=1, sites=3)
+    with pytest.raises(ConfigError, match=r"max_malicious = 1 needs at least 2 x 1 \+ 3 = 5 sites a round; 3 take"):
+        make_aggregator("krum", trim_fraction=0.2, malicious=1, sites=3)
+    with pytest.raises(ConfigError, match="'median' needs at least 3 sites"):
+        make_aggregator("median", trim_fraction=0.2, malicious=1, sites=2)
+
+
+def test_trimmed_mean_that_trims_nothing_is_refused_before_the_set_up_and_one_that_trims_keeps_the_model(
+        tmp_path, clean):
+    from strategies.config import ConfigError
+
+    poisoned = {**SMALL, "debug.fail_mode": "poisoned_update", "federation.aggregation": "trimmed_mean"}
+    with pytest.raises(ConfigError, match="federation.trim_fraction = 0.2 trims"):
+        run_inprocess({**poisoned, "output.dir": str(tmp_path / "refused")})
+    assert not (tmp_path / "refused" / "ledger.jsonl").exists()
+    trimmed = run_inprocess({**poisoned, "federation.trim_fraction": 0.34, "output.dir": str(tmp_path / "trimmed")})
+    assert abs(trimmed["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.02
