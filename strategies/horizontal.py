@@ -93,9 +93,17 @@ class TooFewSitesError(RuntimeError):
     """Fewer sites' updates were accepted in a round than the federation's minimum; the run cannot go on."""
 
 
+#: A failure's reason is cut to this many characters (a hostile reply must not flood metrics.jsonl and checkpoints).
+MAX_REASON_CHARS = 1000
+#: A reply's metric record may carry at most this many keys (more are refused by count, unread).
+MAX_METRIC_KEYS = 64
+
+
 def failure(phase: str, site: str, node: int, reason: str) -> dict[str, Any]:
-    """One named failure of a round: which message, which site (and node), why."""
-    return {"phase": phase, "site": site, "node": int(node), "reason": reason}
+    """One named failure of a round: which message, which site (and node), why (cut to ``MAX_REASON_CHARS``)."""
+    if len(reason) > MAX_REASON_CHARS:
+        reason = f"{reason[:MAX_REASON_CHARS - 40]} ... ({len(reason) - MAX_REASON_CHARS + 40} characters cut)"
+    return {"phase": phase, "site": site[:200], "node": int(node), "reason": reason}
 
 
 @dataclass
@@ -357,6 +365,8 @@ class SurvivalFedAvg(FedAvg):
             node = message.metadata.src_node_id
             site, reason = self._identity(message)
             metrics = _metric_record(message)
+            if not reason and metrics is not None and len(metrics) > MAX_METRIC_KEYS:
+                reason = f"the reply's metric record has {len(metrics)} keys; at most {MAX_METRIC_KEYS} are read"
             if not reason:
                 reason = "the reply must carry exactly one metric record" if metrics is None else check(site, metrics)
             if reason:

@@ -47,6 +47,14 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+def _names(label: str, names: list[str], shown: int = 5) -> str:
+    """``label`` and the first ``shown`` names, with how many more ("" for none)."""
+    if not names:
+        return ""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{label} {len(names)}: {', '.join(name[:80] for name in names[:shown])}{more}"
+
+
 def check_arrays(reference: Mapping[str, np.ndarray], update: Mapping[str, np.ndarray]) -> str:
     """Why ``update`` is not a valid version of the model ``reference`` ("" when it is).
 
@@ -57,8 +65,7 @@ def check_arrays(reference: Mapping[str, np.ndarray], update: Mapping[str, np.nd
     extra = sorted(set(update) - set(reference))
     if missing or extra:
         return ("model update has other parameters than the global model: "
-                + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                              f"unexpected {', '.join(extra)}" if extra else "") if part))
+                + "; ".join(part for part in (_names("missing", missing), _names("unexpected", extra)) if part))
     for name, expected in reference.items():
         value = update[name]
         if value.shape != expected.shape:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from simulations.engine import run_inprocess
@@ -146,3 +147,38 @@ def test_trimmed_mean_that_trims_nothing_is_refused_before_the_set_up_and_one_th
     assert not (tmp_path / "refused" / "ledger.jsonl").exists()
     trimmed = run_inprocess({**poisoned, "federation.trim_fraction": 0.34, "output.dir": str(tmp_path / "trimmed")})
     assert abs(trimmed["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.02
+
+
+def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_count(tmp_path, monkeypatch):
+    """A reply with 10^4 metric keys is refused by its count; no failure reason exceeds 1,000 characters."""
+    from flwr_app import task
+    from strategies.horizontal import MAX_REASON_CHARS, failure
+    from strategies.replies import check_arrays
+
+    assert len(failure("train", "site-0", 1, "x" * 10**6)["reason"]) <= MAX_REASON_CHARS
+    reference = {"w": np.zeros(2, dtype=np.float32)}
+    flood = {**reference, **{f"extra.{i}": np.zeros(1, dtype=np.float32) for i in range(10**4)}}
+    reason = check_arrays(reference, flood)
+    assert reason.startswith("model update has other parameters than the global model: unexpected 10000: ")
+    assert len(reason) < 1000
+
+    original = task.evaluate
+
+    def flooded(model, test, **kwargs):
+        metrics = original(model, test, **kwargs)
+        if np.array_equal(test.time, site_one_times):
+            metrics.update({f"k{i}": 0.0 for i in range(10**4)})
+        return metrics
+
+    cfg = {**SMALL, "debug.fail_site": "", "federation.rounds": 1}
+    from simulations.engine import resolve
+
+    dataset = task.load_federation(resolve(cfg)[1])
+    site_one_times = dataset.sites[1].test.time
+    monkeypatch.setattr(task, "evaluate", flooded)
+    summary = run_inprocess({**cfg, "output.dir": str(tmp_path)})
+    (line,) = _lines(tmp_path / "metrics.jsonl")
+    assert [(f["phase"], f["site"]) for f in line["failures"]] == [("evaluate", "site-1")], line["failures"]
+    assert line["failures"][0]["reason"].endswith("keys; at most 64 are read")
+    assert len((tmp_path / "metrics.jsonl").read_text(encoding="utf-8")) < 50_000
+    assert "site-1" not in summary["sites"]
