@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 from collections.abc import Iterator
@@ -128,14 +129,47 @@ def raise_if_requested(completed: int, *, of: int, directory: Path, resumable: b
                         signum=signum, completed=completed)
 
 
+def _note(signum: int) -> None:
+    """The first signal: request a stop and say so on stderr (once, whoever notes it first)."""
+    with _lock:
+        global _signum
+        if _signum is not None:
+            return
+        _signum = signum
+    # os.write, not print: this may run inside a write to sys.stderr (the handler) or beside one (the watcher).
+    with contextlib.suppress(OSError):
+        os.write(2, f"{_name(signum)} received: the run stops after the round in progress (its checkpoint is "
+                    f"written); send it again to stop at once\n".encode())
+
+
+def _watch(read_fd: int) -> None:
+    """Note the first signal as soon as it arrives (the byte the C-level handler writes to the wakeup fd).
+
+    Python runs a signal's handler in the main thread only, when it next executes bytecode; a main
+    thread blocked in a C call (Flower's simulation runtime, Ray) would note the signal rounds later.
+    """
+    while True:
+        try:
+            select.select([read_fd], [], [])
+            data = os.read(read_fd, 64)
+        except (OSError, ValueError):
+            return  # the block ended and closed the pipe
+        if not data:
+            return
+        for signum in data:
+            if signum in SIGNALS:
+                _note(signum)
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """For the block, SIGINT and SIGTERM request a stop (:func:`request`) instead of ending the process.
 
-    The first signal is noted (one line on stderr) and the ServerApp stops after the round in
+    The first signal is noted at once (one line on stderr; a thread watches the signal wakeup fd, so
+    a main thread blocked in C code does not delay it) and the ServerApp stops after the round in
     progress. A second one, inside :func:`at_once_allowed` and before the ServerApp has stopped,
-    raises :class:`Interrupted` in the main thread at once; elsewhere (the run is already
-    stopping, or cleaning up) it changes nothing. The previous handlers come back when the block
+    raises :class:`Interrupted` in the main thread; elsewhere (the run is already stopping, or
+    cleaning up) it changes nothing. The previous handlers and wakeup fd come back when the block
     ends, and any request is cleared when it starts. Outside the main thread (where Python cannot
     set handlers) the block changes nothing.
     """
@@ -143,24 +177,30 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    calls = 0
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if requested() is not None:
-            if _at_once.is_set() and not _stopped.is_set():
-                raise Interrupted(signum)
-            return
-        request(signum)
-        # os.write, not print: the handler may interrupt the main thread inside a write to sys.stderr.
-        with contextlib.suppress(OSError):
-            os.write(2, f"{_name(signum)} received: the run stops after the round in progress (its checkpoint is "
-                        f"written); send it again to stop at once\n".encode())
+        nonlocal calls
+        calls += 1
+        _note(signum)
+        if calls > 1 and _at_once.is_set() and not _stopped.is_set():
+            raise Interrupted(signum)
 
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=_watch, args=(read_fd,), name="fedsurv-signal-watch", daemon=True)
+    watcher.start()
     previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
     try:
         yield
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(write_fd)  # the watcher reads end-of-file and returns
+        watcher.join(timeout=1)
+        os.close(read_fd)
 
 
 @contextlib.contextmanager

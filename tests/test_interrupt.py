@@ -132,6 +132,31 @@ def test_the_first_signal_requests_a_stop_and_a_second_stops_at_once_only_while_
     interrupt.raise_if_requested(1, of=5, directory=Path("/run"))  # no request: nothing happens
 
 
+def test_a_signal_is_noted_at_once_while_the_main_thread_is_blocked_in_c_code():
+    """Python runs handlers in the main thread only, between bytecodes; Flower's runtime blocks it in C calls for
+    whole rounds, so the stop request must not wait for the handler (the wakeup fd's watcher notes it)."""
+    import hashlib
+
+    seen = []
+
+    def later() -> None:
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        seen.append(interrupt.requested())
+
+    with interrupt.stop_on_signals():
+        sender = threading.Thread(target=later)
+        sender.start()
+        started = time.monotonic()
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 3_000_000)  # C code, GIL released: no handler runs till it returns
+        blocked_s = time.monotonic() - started
+        sender.join()
+    interrupt.clear()
+    assert blocked_s > 0.4, "the C call returned too soon to tell"
+    assert seen == [signal.SIGINT]
+
+
 def test_stop_on_signals_outside_the_main_thread_changes_nothing():
     seen = []
 
