@@ -35,6 +35,7 @@ accepted than ``min_train_nodes`` (that round is not aggregated).
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -379,15 +380,41 @@ class SurvivalFedAvg(FedAvg):
     def record_failures(
         self, server_round: int, phase: str, messages: Iterable[Message], replies: Iterable[Message],
     ) -> list[Message]:
-        """Record every error reply and every message left unanswered; return the replies, sorted by node."""
-        replies = sorted(replies, key=lambda message: message.metadata.src_node_id)
-        for message in replies:
-            if message.has_error():
-                self._fail(server_round, phase, message.metadata.src_node_id, error_message(message.error.reason))
-        answered = {message.metadata.src_node_id for message in replies}
-        for node in sorted({message.metadata.dst_node_id for message in messages} - answered):
+        """Record every error reply and every message left unanswered; return the usable replies, sorted by node.
+
+        A reply belongs to the node its message was sent to (``reply_to_message_id``), whatever node it
+        says it comes from: an error reply is filed under that node's site; a reply labelled as another
+        node, and every reply of a node that answered one message more than once, is refused and filed
+        under the node the message went to, never under the node it names. A reply to no message of
+        the round is filed as unattributable.
+        """
+        messages = list(messages)
+        sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
+                if message.metadata.message_id}
+        by_target: dict[int, list[Message]] = collections.defaultdict(list)
+        for reply in replies:
+            target = sent.get(reply.metadata.reply_to_message_id) if sent else reply.metadata.src_node_id
+            if target is None:
+                self._record(server_round).failures.append(failure(
+                    phase, "unattributable", reply.metadata.src_node_id, "a reply to no message of this round"))
+                continue
+            by_target[target].append(reply)
+        kept = []
+        for target, group in sorted(by_target.items()):
+            reply = group[0]
+            if len(group) > 1:
+                self._fail(server_round, phase, target, f"{len(group)} replies to one message: none is used")
+            elif reply.has_error():
+                self._fail(server_round, phase, target, error_message(reply.error.reason))
+                kept.append(reply)
+            elif reply.metadata.src_node_id != target:
+                self._fail(server_round, phase, target,
+                           f"its reply came back labelled as node {reply.metadata.src_node_id}: refused")
+            else:
+                kept.append(reply)
+        for node in sorted({message.metadata.dst_node_id for message in messages} - set(by_target)):
             self._fail(server_round, phase, node, f"no reply within {self.timeout:g} s")
-        return replies
+        return kept
 
     # ------------------------------------------------------------------ the rounds
 
