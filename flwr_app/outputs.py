@@ -91,7 +91,14 @@ class RunOutputs:
         if held:
             raise ConfigError(f"run config: output.dir = {str(directory)!r} already holds a run ({', '.join(held)}); "
                               f"choose a new directory, or continue that run with resume.from = {str(directory)!r}")
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / ".fedsurv-write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError(f"run config: output.dir = {str(directory)!r} cannot be written: "
+                              f"{err.strerror or err}") from None
         return cls(directory)
 
     @property

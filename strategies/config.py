@@ -546,7 +546,8 @@ class DebugConfig:
 class ExperimentConfig:
     """Everything one run needs, parsed once at the edge."""
 
-    seed: int = setting(0, "one seed drives splits, partitions, initialisation and local shuffling")
+    seed: int = setting(0, "one seed drives splits, partitions, initialisation and local shuffling",
+                        bounds=NON_NEGATIVE)
     strategy: str = setting("fedavg", "the federation and its privacy mechanism", choices=tuple(STRATEGIES),
                             key="strategy.name")
     data: DataConfig

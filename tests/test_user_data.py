@@ -196,3 +196,34 @@ def test_a_split_learning_run_cannot_be_loaded_and_says_why(tmp_path):
     assert (tmp_path / "model.pt").is_file()
     with pytest.raises(ValueError, match="a split-learning run: .* each modality's encoder stays at its site"):
         load_run(tmp_path)
+
+
+def test_a_gzip_csv_is_read_and_binary_non_utf8_or_corrupt_files_are_refused_naming_the_file(tmp_path):
+    import gzip
+    import os
+
+    from models.data.datasets import read_frame
+
+    (tmp_path / "cohort.csv.gz").write_bytes(gzip.compress(b"time,event,x\n1,1,2\n2,0,3\n"))
+    assert read_frame(tmp_path / "cohort.csv.gz").shape == (2, 3)
+    cases = {"random.csv": os.urandom(2000), "latin1.csv": "time,event,name\n1,1,caf\xe9\n".encode("latin-1"),
+             "fake.csv.gz": b"time,event\n1,1\n"}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataValidationError) as refused:
+            read_frame(tmp_path / name)
+        message = str(refused.value)
+        assert message.startswith(f"{tmp_path / name}: ") and "\n" not in message
+        assert ("not UTF-8 text" if name.endswith(".csv") else "not a readable CSV file") in message
+
+
+def test_a_negative_seed_and_an_unwritable_output_dir_are_refused_naming_the_key(tmp_path):
+    from strategies.config import ConfigError
+
+    with pytest.raises(ConfigError, match="seed"):
+        resolve({"seed": -1})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"output.dir = .*a-file/run' cannot be written"):
+        run_inprocess({"federation.num_sites": 2, "federation.rounds": 1, "baseline.centralized": False,
+                       "output.dir": str(blocker / "run")})

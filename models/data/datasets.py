@@ -133,6 +133,12 @@ def read_frame(path: str | Path) -> pd.DataFrame:
         return pd.read_csv(path, low_memory=False)
     except pd.errors.EmptyDataError:
         raise DataValidationError(f"{path}: empty file (no header, no data rows)") from None
+    except UnicodeDecodeError as err:
+        raise DataValidationError(f"{path}: not UTF-8 text at byte {err.start} (a binary file, or another encoding: "
+                                  "save it as UTF-8 CSV, optionally .gz, or as Parquet)") from None
+    except (pd.errors.ParserError, OSError, EOFError) as err:  # a malformed CSV, a corrupt .gz or .zip
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataValidationError(f"{path}: not a readable CSV file ({first[:200]})") from None
 
 
 def split_labels(series: pd.Series, *, source: str, column: str) -> np.ndarray:
