@@ -326,6 +326,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
             "sites": site_metrics(record) if record else {},
             "failures": record.failures if record else [],
+            "flags": [{"phase": "evaluate", "site": site, "reason": reason}
+                      for site, reason in sorted(record.evaluate_flags.items())] if record else [],
             "elapsed_s": time.perf_counter() - started,
         }
         if diverged:
@@ -349,6 +351,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             + (f"  [{len(line['failures'])} failed: "
                + ", ".join(sorted({f"{f['site']} ({f['phase']})" for f in line["failures"]})) + "]"
                if line["failures"] else "")
+            + (f"  [{len(line['flags'])} flagged: " + ", ".join(f["site"] for f in line["flags"]) + "]"
+               if line["flags"] else "")
             + (f"  [{diverged}]" if diverged else ""),
             flush=True,
         )
@@ -399,6 +403,7 @@ def _write_results(
         "test": {key: value for key, value in test.items() if not key.startswith("oot_")},
         "test_source": test_source,
         "sites": site_metrics(last) if last else {},
+        "sites_mean": weighted_nanmean(sites),
         "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
                     "uncovered": [release.value for release in mechanism.manifest(cfg).uncovered]},
         "strategy": cfg.strategy,

@@ -560,6 +560,9 @@ class ExperimentConfig:
                                   "outputs/<time>-<data>-<strategy> (flwr run)", key="output.dir")
     server_evaluation: bool = setting(True, "simulation only: evaluate the global model on the pooled test split "
                                             "each round", key="evaluation.server_side")
+    evaluation_screen: bool = setting(False, "leave a site whose test metrics stand far outside the other sites' out of "
+                                             "the sites' mean, as a named failure; off: its metrics are kept and "
+                                             "flagged (heterogeneous sites are normal)", key="evaluation.screen")
     centralized_baseline: bool = setting(True, "simulation only: also train the same model on the pooled training "
                                                "data", key="baseline.centralized")
     resume_from: str = setting("", "horizontal: a run directory (or its checkpoint.pt) to continue after its last "

@@ -116,14 +116,16 @@ class RoundRecord:
     counts it), and every site that did not answer in time (``None``: it may have sent its update
     late). A site whose ClientApp failed (an error reply) released nothing that round. ``train_sites``: the accepted reports. ``privacy_states``: the state each accepted
     site reported (JSON). ``failures``: ``{"phase", "site", "node", "reason"}`` of every error,
-    missing or refused reply. ``shortfall`` says why the round was not aggregated (too few sites),
-    empty otherwise.
+    missing or refused reply. ``evaluate_flags``: sites whose test metrics stand far outside the
+    others' (kept unless ``evaluation.screen``), and why. ``shortfall`` says why the round was not
+    aggregated (too few sites), empty otherwise.
     """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     released: dict[str, dict[str, float] | None] = field(default_factory=dict)
     evaluate_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     evaluate_undefined: dict[str, dict[str, str]] = field(default_factory=dict)
+    evaluate_flags: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
@@ -182,9 +184,11 @@ def _undefined(message: Message, metrics: Mapping[str, float]) -> dict[str, str]
 
 
 def site_metrics(record: RoundRecord) -> dict[str, dict[str, Any]]:
-    """Each evaluated site's test metrics, sorted by site, with ``undefined`` (metric -> why it is NaN) where any is."""
+    """Each evaluated site's test metrics, sorted by site, with ``undefined`` (metric -> why it is NaN) where any is
+    and ``flag`` (why its figures are unusual) where the screen flagged them."""
     return {site: {**metrics, **({"undefined": record.evaluate_undefined[site]}
-                                 if record.evaluate_undefined.get(site) else {})}
+                                 if record.evaluate_undefined.get(site) else {}),
+                   **({"flag": record.evaluate_flags[site]} if site in record.evaluate_flags else {})}
             for site, metrics in sorted(record.evaluate_sites.items())}
 
 
@@ -669,9 +673,10 @@ class SurvivalFedAvg(FedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Check each site's evaluation; keep the accepted sites' metrics; return their NaN-aware weighted mean.
 
-        Refused replies (identity, unknown metric, out of range, implausible held-out count) and
-        sites whose figures stand far outside the others' (:func:`~strategies.replies.suspect_evaluations`)
-        are named failures and left out of the mean.
+        Refused replies (identity, unknown metric, out of range, implausible held-out count) are named
+        failures and left out of the mean. A site whose figures stand far outside the others'
+        (:func:`~strategies.replies.suspect_evaluations`) is flagged and kept (heterogeneous sites are
+        normal), or, with ``evaluation.screen``, a named failure left out of the mean.
         """
         record = self._record(server_round)
         checked: dict[str, tuple[int, dict[str, float]]] = {}
@@ -683,10 +688,12 @@ class SurvivalFedAvg(FedAvg):
             record.evaluate_undefined[site] = _undefined(message, checked[site][1])
         suspects = suspect_evaluations({site: metrics for site, (_, metrics) in checked.items()})
         for site, (node, metrics) in sorted(checked.items()):
-            if site in suspects:
+            if site in suspects and self.cfg.evaluation_screen:
                 self._fail(server_round, "evaluate", node, f"implausible test metrics: {suspects[site]}")
-            else:
-                record.evaluate_sites[site] = metrics
+                continue
+            if site in suspects:
+                record.evaluate_flags[site] = f"unusual test metrics: {suspects[site]}"
+            record.evaluate_sites[site] = metrics
         if not record.evaluate_sites:
             return None
         return MetricRecord(weighted_nanmean(record.evaluate_sites))

@@ -23,7 +23,7 @@ MODES = {  # mode -> (strategy overrides, the phase whose reply is refused, word
     "wrong_shape": ({}, "train", "has shape"),
     "inflated_count": ({}, "train", "num-examples = 1e+12"),
     "spoofed_name": ({}, "train", "claims to come from site 'site-0'"),
-    "forged_metrics": ({}, "evaluate", "implausible test metrics"),
+    "forged_metrics": ({"evaluation.screen": True}, "evaluate", "implausible test metrics"),
     "forged_epsilon": (DP_SGD, "train", "epsilon = 1e-09 does not match"),
 }
 
@@ -51,15 +51,32 @@ def test_a_hostile_site_is_named_and_the_model_is_unharmed(tmp_path, clean, mode
     for line in metrics:
         assert [(f["phase"], f["site"]) for f in line["failures"]] == [(phase, "site-1")], line["failures"]
         assert words in line["failures"][0]["reason"]
-    reference = clean["dp_sgd" if overrides else "fedavg"]
+    private = overrides.get("strategy.name") == "dp_sgd"
+    reference = clean["dp_sgd" if private else "fedavg"]
     assert abs(summary["test"]["c_index"] - reference["test"]["c_index"]) < 0.01
     # the ledger is strict JSON (no NaN) and its epsilons are the server's, not the forged ones
     text = (tmp_path / "ledger.jsonl").read_text(encoding="utf-8")
     assert "NaN" not in text and "Infinity" not in text
-    if overrides:
+    if private:
         assert summary["privacy"]["epsilon"] == pytest.approx(reference["privacy"]["epsilon"])
     if phase == "evaluate":  # the forged figures are left out of the sites' mean
         assert "site-1" not in summary["sites"]
+
+
+def test_unusual_test_metrics_are_flagged_and_kept_unless_screening_is_asked_for(tmp_path):
+    """Heterogeneity is not a failure: by default a site whose figures stand far outside the others' is flagged
+    in metrics.jsonl, on the console and in summary.json, kept in the sites' mean, and named in no failure."""
+    summary = run_inprocess({**SMALL, "debug.fail_mode": "forged_metrics", "output.dir": str(tmp_path)})
+    for line in _lines(tmp_path / "metrics.jsonl"):
+        assert line["failures"] == []
+        assert [(f["phase"], f["site"]) for f in line["flags"]] == [("evaluate", "site-1")]
+        assert line["flags"][0]["reason"].startswith("unusual test metrics: ")
+        assert "site-1" in line["sites"]
+    assert summary["sites"]["site-1"]["flag"].startswith("unusual test metrics: ")
+    assert set(summary["sites"]) == {"site-0", "site-1", "site-2"}
+    weights = {site: metrics["num-examples"] for site, metrics in summary["sites"].items()}
+    expected = sum(weights[site] * summary["sites"][site]["c_index"] for site in weights) / sum(weights.values())
+    assert summary["sites_mean"]["c_index"] == pytest.approx(expected)
 
 
 def test_a_well_formed_poisoned_update_is_kept_out_only_by_a_robust_aggregator(tmp_path, clean):
