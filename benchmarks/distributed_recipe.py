@@ -3,6 +3,9 @@
 ``python -m benchmarks.distributed_recipe [--clips 1,5] [--lrs 0.02,0.05] [--data flchain,metabric,gbsg,whas]
 [--epsilons 1,10] [--seeds 0] [--out rows.jsonl]``
 
+The saved rows (``docs/results/benchmarks/distributed_recipe.jsonl``, 11 settings) came from three runs: the
+defaults; ``--clips 10 --lrs 0.01,0.02`` and ``--clips 5 --lrs 0.01``; ``--clips 20,40 --lrs 0.005,0.01``.
+
 The validation files are those of :mod:`benchmarks.setup_share` (each seed's training records of the default
 federation, 80 % ``train`` and 20 % ``test``; the seed's test records are never read). Each (clip norm, learning
 rate) runs ``distributed_dp`` at each ε for ``federation.rounds`` = 60 through the ServerApp and ClientApp
@@ -15,24 +18,8 @@ the ranking at the end.
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-from pathlib import Path
 
-from benchmarks.setup_share import ranking, validation_csv
-from simulations.engine import run_inprocess
-from simulations.results_file import append_jsonl
-
-
-def run(name: str, path: Path, clip: float, lr: float, epsilon: float, seed: int, out: Path) -> dict:
-    summary = run_inprocess({"data.name": "csv", "data.path": str(path), "data.split_col": "split",
-                             "strategy.name": "distributed_dp", "privacy.epsilon": epsilon,
-                             "privacy.clip_norm": clip, "train.lr": lr, "seed": seed,
-                             "baseline.centralized": False, "output.dir": str(out)})
-    return {"data": name, "setting": f"clip {clip:g}, lr {lr:g}", "epsilon": epsilon, "seed": seed,
-            "c_index": summary["test"]["c_index"], "ibs": summary["test"]["ibs"],
-            "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
-            "ledger_epsilon": summary["privacy"]["epsilon"]}
+from benchmarks.setup_share import run_grid
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,21 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for name in args.data.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                path = validation_csv(name, seed, Path(folder))
-                for epsilon in (float(e) for e in args.epsilons.split(",")):
-                    for clip in (float(c) for c in args.clips.split(",")):
-                        for lr in (float(r) for r in args.lrs.split(",")):
-                            out = Path(folder) / f"run_{name}_{seed}_{epsilon:g}_{clip:g}_{lr:g}"
-                            row = run(name, path, clip, lr, epsilon, seed, out)
-                            rows.append(row)
-                            print(json.dumps(row), flush=True)
-                            if args.out:
-                                append_jsonl(args.out, row)
-    print(json.dumps({"ranking (mean rank, setting)": ranking(rows, "setting")}))
+    settings = {f"clip {clip:g}, lr {lr:g}": {"strategy.name": "distributed_dp", "privacy.clip_norm": clip,
+                                              "train.lr": lr}
+                for clip in (float(c) for c in args.clips.split(",")) for lr in (float(r) for r in args.lrs.split(","))}
+    run_grid(settings, data=args.data, seeds=args.seeds, epsilons=args.epsilons, out=args.out)
 
 
 if __name__ == "__main__":

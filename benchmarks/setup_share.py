@@ -51,19 +51,43 @@ def validation_csv(name: str, seed: int, folder: Path) -> Path:
     return path
 
 
-def run(name: str, path: Path, share: float, epsilon: float, seed: int, out: Path) -> dict:
+def validation_row(name: str, path: Path, overrides: dict, *, setting: str, epsilon: float, seed: int,
+                   out: Path) -> dict:
+    """One run through the apps on a validation file (:func:`validation_csv`) and its validation scores."""
     summary = run_inprocess({"data.name": "csv", "data.path": str(path), "data.split_col": "split",
-                             "strategy.name": "dp_sgd", "privacy.epsilon": epsilon, "privacy.setup_share": share,
-                             "seed": seed, "baseline.centralized": False, "output.dir": str(out)})
-    return {"data": name, "share": share, "epsilon": epsilon, "seed": seed, "c_index": summary["test"]["c_index"],
-            "ibs": summary["test"]["ibs"], "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
+                             "privacy.epsilon": epsilon, "seed": seed, "baseline.centralized": False,
+                             "output.dir": str(out), **overrides})
+    return {"data": name, "setting": setting, "epsilon": epsilon, "seed": seed,
+            "c_index": summary["test"]["c_index"], "ibs": summary["test"]["ibs"],
+            "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
             "ledger_epsilon": summary["privacy"]["epsilon"]}
 
 
-def ranking(rows: list[dict], setting: str = "share") -> list[tuple[float, object]]:
+def run_grid(settings: dict[str, dict], *, data: str, seeds: str, epsilons: str, out: str) -> list[dict]:
+    """Every setting (name -> run-config overrides) on every data set's validation file, seed and ε; one JSON
+    line printed (and appended to ``out``, if given) per run; then the ranking."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in data.split(","):
+            for seed in (int(s) for s in seeds.split(",")):
+                path = validation_csv(name, seed, Path(folder))
+                for epsilon in (float(e) for e in epsilons.split(",")):
+                    for index, (setting, overrides) in enumerate(settings.items()):
+                        run_dir = Path(folder) / f"run_{name}_{seed}_{epsilon:g}_{index}"
+                        row = validation_row(name, path, overrides, setting=setting, epsilon=epsilon, seed=seed,
+                                             out=run_dir)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        if out:
+                            append_jsonl(out, row)
+    print(json.dumps({"ranking (mean rank, setting)": ranking(rows)}))
+    return rows
+
+
+def ranking(rows: list[dict], setting: str = "setting") -> list[tuple[float, object]]:
     """(mean rank, setting), best first: ranks within each (data, ε, seed) of C (higher better), IBS and gap.
 
-    ``setting``: the row key that names what is compared."""
+    ``setting``: the row key that names what is compared (the saved rows of the share grid: ``share``)."""
     groups = collections.defaultdict(list)
     for row in rows:
         groups[(row["data"], row["epsilon"], row["seed"])].append(row)
@@ -84,20 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for name in args.data.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                path = validation_csv(name, seed, Path(folder))
-                for epsilon in (float(e) for e in args.epsilons.split(",")):
-                    for share in (float(s) for s in args.shares.split(",")):
-                        out = Path(folder) / f"run_{name}_{seed}_{epsilon:g}_{share:g}"
-                        row = run(name, path, share, epsilon, seed, out)
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                        if args.out:
-                            append_jsonl(args.out, row)
-    print(json.dumps({"ranking (mean rank, share)": ranking(rows)}))
+    settings = {f"share {share:g}": {"strategy.name": "dp_sgd", "privacy.setup_share": share}
+                for share in (float(s) for s in args.shares.split(","))}
+    run_grid(settings, data=args.data, seeds=args.seeds, epsilons=args.epsilons, out=args.out)
 
 
 if __name__ == "__main__":
