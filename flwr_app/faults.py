@@ -10,8 +10,8 @@ A site named by ``debug.fail_site`` misbehaves from round ``debug.fail_round`` o
   record count with poisoned weights, a forged epsilon or a spoofed site name in its training
   replies, or forged test metrics in its evaluation replies. The server must refuse the reply and
   name the site. ``poisoned_update`` is the one the checks cannot see: a well-formed update whose
-  weights are all multiplied by -10; only a robust aggregator (``federation.aggregation``) keeps
-  it from the model.
+  weights are all multiplied by ``debug.fail_scale`` (-10); only the bounded mean
+  (``federation.update_bound``) or a robust aggregator (``federation.aggregation``) keeps it from the model.
 
 Nothing else about the run changes.
 """
@@ -72,7 +72,7 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
     transposed; ``inflated_count``: ``num-examples`` 1e12 and every weight times -10 (a site
     trying to take the model over); ``forged_epsilon``: the reported epsilon 1e-9;
     ``spoofed_name``: the reply names another site; ``forged_metrics``: C-index 0.99 and IBS 0
-    in the evaluation reply; ``poisoned_update``: every weight times -10, nothing else changed.
+    in the evaluation reply; ``poisoned_update``: every weight times ``debug.fail_scale``, nothing else changed.
     A secure-aggregation site's masked vector (its training reply) becomes NaN (``nan_weights``) or
     one coordinate short (``wrong_shape``).
     """
@@ -93,7 +93,8 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
         elif mode == "wrong_shape":
             arrays[first] = np.ascontiguousarray(arrays[first].T)
         else:
-            arrays = {key: value * -10.0 for key, value in arrays.items()}
+            factor = cfg.debug.fail_scale if mode == "poisoned_update" else -10.0
+            arrays = {key: (value * factor).astype(value.dtype) for key, value in arrays.items()}
             if mode == "inflated_count":
                 content["metrics"]["num-examples"] = 1e12
         content["arrays"] = ArrayRecord({key: Array(value) for key, value in arrays.items()})

@@ -231,6 +231,9 @@ def _sites_per_round(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_
 def _check_aggregation(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_sites: int) -> None:
     """Refuse a robust aggregator that the sites of a round are too few for (``ConfigError`` naming the keys)."""
     federation = cfg.federation
+    if 0 < federation.update_bound < 1:
+        raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} would bound most honest "
+                          "updates (it multiplies the median distance): use 0 (off) or a value >= 1")
     if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
                                 malicious=federation.max_malicious, sites=_sites_per_round(cfg, mechanism, num_sites)):
         raise ConfigError(f"run config: {reason}")
@@ -326,8 +329,11 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
             "sites": site_metrics(record) if record else {},
             "failures": record.failures if record else [],
-            "flags": [{"phase": "evaluate", "site": site, "reason": reason}
-                      for site, reason in sorted(record.evaluate_flags.items())] if record else [],
+            "flags": ([{"phase": "train", "site": site, "reason": reason}
+                       for site, reason in sorted(record.train_flags.items())]
+                      + [{"phase": "evaluate", "site": site, "reason": reason}
+                         for site, reason in sorted(record.evaluate_flags.items())]) if record else [],
+            "update_spread": dict(sorted(record.update_spread.items())) if record else {},
             "elapsed_s": time.perf_counter() - started,
         }
         if diverged:
@@ -351,7 +357,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             + (f"  [{len(line['failures'])} failed: "
                + ", ".join(sorted({f"{f['site']} ({f['phase']})" for f in line["failures"]})) + "]"
                if line["failures"] else "")
-            + (f"  [{len(line['flags'])} flagged: " + ", ".join(f["site"] for f in line["flags"]) + "]"
+            + (f"  [{len(line['flags'])} flagged: " + ", ".join(f"{f['site']} ({f['phase']})" for f in line["flags"])
+               + "]"
                if line["flags"] else "")
             + (f"  [{diverged}]" if diverged else ""),
             flush=True,

@@ -299,14 +299,17 @@ def field_section(results: Path, out: Path) -> str:
     from simulations import tradeoffs
 
     folder = results / "tradeoffs"
+    rows = tradeoffs.load_rows(folder, "field")
     return "\n".join([
+        "At ε = 1 (the README's table; mean ± std over seeds 0–4, the ledger's ε):", "",
+        tradeoffs.field_headline(rows), "",
         "FLCHAIN, METABRIC, GBSG and WHAS at 5 i.i.d. sites and SBA over its 4 census regions, hazard MLP, the "
         "defaults (the DP recipes, the private set-up and the recalibration), mean ± std over seeds 0–4 on the "
         "pooled test split. C_td is Antolini's time-dependent C; the Kaplan–Meier IBS is that of the covariate-free "
         "training Kaplan–Meier curve (the bar a useful model is below); the gap is |mean predicted − Kaplan–Meier "
         "survival| at the median training follow-up. The commit column names the code that produced the rows "
         "(what each shows: " + _link(out.parent / "when-to-use-what.md", out, "when-to-use-what.md") + "):", "",
-        tradeoffs.field_table(tradeoffs.load_rows(folder, "field")), "",
+        tradeoffs.field_table(rows), "",
         f"Source: {_link(folder / 'field.jsonl', out)} (`python -m simulations.tradeoffs run field --out ROWS`)."])
 
 

@@ -192,6 +192,29 @@ def field_table(rows: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The README's headline rows of the field plan: (federation label, data set, strategy); ε = 1 for the DP ones.
+FIELD_HEADLINE: tuple[tuple[str, str, str], ...] = tuple(
+    (label, data, strategy) for label, data in (("FLCHAIN, 5 sites", "flchain"), ("METABRIC, 5 sites", "metabric"),
+                                                ("SBA loans, 4 regions", "sba"))
+    for strategy in ("fedavg", "dp_sgd", "distributed_dp"))
+
+
+def field_headline(rows: Iterable[dict[str, Any]]) -> str:
+    """The README's table: C, IBS and the Kaplan-Meier IBS (mean ± std over seeds) and the largest ε, at ε = 1."""
+    rows = [row for row in rows if "error" not in row]
+    lines = ["| federation | strategy | ε | C | IBS | Kaplan–Meier IBS |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, data, strategy in FIELD_HEADLINE:
+        members = [row for row in rows if row["config"]["data.name"] == data
+                   and row["config"]["strategy.name"] == strategy and row["config"].get("privacy.epsilon", 1) == 1]
+        epsilons = [row["epsilon"] for row in members if row.get("epsilon") is not None]
+        lines.append(f"| {label} | {strategy if epsilons else f'{strategy} (no DP)'} | "
+                     f"{f'{max(epsilons):.3f}' if epsilons else '–'} | "
+                     f"{_mean_std([row['test']['c_index'] for row in members])} | "
+                     f"{_mean_std([row['test']['ibs'] for row in members])} | "
+                     f"{_moments([row['calibration']['ibs_km_null'] for row in members])[0]:.3f} |")
+    return "\n".join(lines)
+
+
 def load_rows(folder: Path, *names: str) -> list[dict[str, Any]]:
     """The saved rows of the named plans (``folder/<name>.jsonl``)."""
     return [json.loads(line) for name in names for line in (folder / f"{name}.jsonl").read_text().splitlines()

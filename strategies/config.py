@@ -416,6 +416,11 @@ class FederationConfig:
                                        "(split: to each round trip)", bounds=POSITIVE)
     aggregation: str = setting("fedavg", "fedavg (weighted mean), or Flower's robust aggregators (not with "
                                          "central_dp)", choices=AGGREGATIONS)
+    update_bound: float = setting(5.0, "fedavg: each update's pull away from the sites' coordinate-wise median is "
+                                        "bounded to update_bound x the median of those distances (centred clipping, "
+                                        "3 or more updates a round; not with central_dp or distributed_dp); a site "
+                                        "beyond it is flagged; 0: the plain weighted mean",
+                                  bounds=NON_NEGATIVE)
     trim_fraction: float = setting(0.2, "trimmed_mean: share of the sites cut off at each tail (int(trim_fraction x "
                                         "sites) of a round; refused when that is 0: below ceil(1 / trim_fraction) "
                                         "sites a round)", bounds=Bounds(0.0, 0.5, low_closed=True))
@@ -536,8 +541,9 @@ class DebugConfig:
     fail_message: str = setting("train", "the message it fails on (split: train, every round trip)",
                                 choices=("train", "evaluate", "breslow"))
     fail_mode: str = setting("raise", "raise (an error reply), hang (no reply within federation.timeout_s), or a "
-                                      "hostile reply the server must refuse (poisoned_update: only a robust "
-                                      "federation.aggregation stops it)", choices=("raise", "hang") + HOSTILE_MODES)
+                                      "hostile reply the server must refuse (poisoned_update: a well-formed one, "
+                                      "which only bounds or a robust federation.aggregation stop)", choices=("raise", "hang") + HOSTILE_MODES)
+    fail_scale: float = setting(-10.0, "poisoned_update: the factor of every weight of the hostile site's update")
     stop_after_round: int = setting(0, "simulation tests: the ServerApp stops after this round's checkpoint (0 = "
                                        "never), as a crash would", bounds=NON_NEGATIVE)
 

@@ -94,6 +94,8 @@ class TooFewSitesError(RuntimeError):
     """Fewer sites' updates were accepted in a round than the federation's minimum; the run cannot go on."""
 
 
+#: Mechanisms whose noise or accounting rests on the plain mean of the updates (no bounded mean for them).
+UNBOUNDED_MEAN_STRATEGIES = frozenset({"central_dp", "distributed_dp"})
 #: A failure's reason is cut to this many characters (a hostile reply must not flood metrics.jsonl and checkpoints).
 MAX_REASON_CHARS = 1000
 #: A reply's metric record may carry at most this many keys (more are refused by count, unread).
@@ -117,7 +119,9 @@ class RoundRecord:
     late). A site whose ClientApp failed (an error reply) released nothing that round. ``train_sites``: the accepted reports. ``privacy_states``: the state each accepted
     site reported (JSON). ``failures``: ``{"phase", "site", "node", "reason"}`` of every error,
     missing or refused reply. ``evaluate_flags``: sites whose test metrics stand far outside the
-    others' (kept unless ``evaluation.screen``), and why. ``shortfall`` says why the round was not
+    others' (kept unless ``evaluation.screen``), and why; ``train_flags``: sites whose update's pull
+    was bounded (:func:`centred_clip`), and why; ``update_spread``: each update's distance from the
+    coordinate-wise median over the median distance. ``shortfall`` says why the round was not
     aggregated (too few sites), empty otherwise.
     """
 
@@ -126,6 +130,8 @@ class RoundRecord:
     evaluate_sites: dict[str, dict[str, float]] = field(default_factory=dict)
     evaluate_undefined: dict[str, dict[str, str]] = field(default_factory=dict)
     evaluate_flags: dict[str, str] = field(default_factory=dict)
+    train_flags: dict[str, str] = field(default_factory=dict)
+    update_spread: dict[str, float] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
@@ -194,6 +200,29 @@ def site_metrics(record: RoundRecord) -> dict[str, dict[str, Any]]:
 
 def _numbers(record: MetricRecord) -> dict[str, Any]:
     return {key: value for key, value in record.items() if not isinstance(value, list)}
+
+
+def centred_clip(updates: np.ndarray, weights: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""The weighted mean of ``updates`` with each one's pull from the coordinate-wise median bounded.
+
+    .. math::
+
+        v = \operatorname{median}_i x_i, \quad \tau = b \cdot \operatorname{median}_i \lVert x_i - v\rVert,
+        \quad \bar x = v + \sum_i w_i \min\Bigl(1, \frac{\tau}{\lVert x_i - v\rVert}\Bigr)(x_i - v)
+
+    (centred clipping, Karimireddy, He & Jaggi, ICML 2021, one step from the median). When no update is
+    farther than :math:`\tau` it is exactly the weighted mean :math:`\sum_i w_i x_i`; one update, however
+    large, moves it by at most :math:`w_i \tau`. ``updates``: shape ``(k, d)``; ``weights``: shape ``(k,)``,
+    summing to 1; ``bound``: :math:`b \ge 1`. Returns the aggregate, each update's scale (1: untouched) and
+    its distance over the median distance.
+    """
+    centre = np.median(updates, axis=0)
+    distance = np.linalg.norm(updates - centre, axis=1)
+    typical = float(np.median(distance))
+    spread = distance / typical if typical > 0 else np.where(distance > 0, np.inf, 1.0)
+    tau = bound * typical
+    scale = np.minimum(1.0, np.divide(tau, distance, out=np.ones_like(distance), where=distance > 0))
+    return centre + (weights * scale) @ (updates - centre), scale, spread
 
 
 def robust_minimum(name: str, *, trim_fraction: float, malicious: int) -> float:
@@ -643,6 +672,8 @@ class SurvivalFedAvg(FedAvg):
                         and float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY]) > 0]
         if not contributing:
             return None, None
+        if self.aggregator is None and self._bounds_updates(len(contributing)):
+            return self._bounded_mean(server_round, contributing), None
         if self.aggregator is not None:
             federation = self.cfg.federation
             if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
@@ -652,6 +683,38 @@ class SurvivalFedAvg(FedAvg):
                 return None, None
             return self.aggregator.aggregate_train(server_round, contributing)
         return super().aggregate_train(server_round, contributing)
+
+    def _bounds_updates(self, count: int) -> bool:
+        """Whether this round's weighted mean bounds each update's pull (:func:`centred_clip`): ``update_bound``
+        set, 3 or more updates, and a mechanism whose accounting does not rest on the plain mean."""
+        return (self.cfg.federation.update_bound > 0 and count >= 3
+                and self.cfg.strategy not in UNBOUNDED_MEAN_STRATEGIES)
+
+    def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord:
+        """The weighted mean of the accepted updates with each one's pull bounded; flags the sites it bounded."""
+        record = self._record(server_round)
+        arrays = [next(iter(message.content.array_records.values())) for message in contributing]
+        names = list(arrays[0].keys())
+        shapes = {name: arrays[0][name].numpy().shape for name in names}
+        dtypes = {name: arrays[0][name].numpy().dtype for name in names}
+        vectors = np.stack([np.concatenate([array[name].numpy().astype(np.float64).ravel() for name in names])
+                            for array in arrays])
+        weights = np.array([float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY])
+                            for message in contributing])
+        mean, scale, spread = centred_clip(vectors, weights / weights.sum(), self.cfg.federation.update_bound)
+        for message, factor, ratio in zip(contributing, scale, spread):
+            site = self.node_sites.get(message.metadata.dst_node_id, "unnamed site")
+            record.update_spread[site] = float(ratio)
+            if factor < 1.0:
+                record.train_flags[site] = (
+                    f"update {ratio:.3g} x the median distance from the sites' coordinate-wise median: its pull was "
+                    f"bounded to {self.cfg.federation.update_bound:g} x (federation.update_bound)")
+        parts, start = {}, 0
+        for name in names:
+            size = int(np.prod(shapes[name]))
+            parts[name] = mean[start:start + size].reshape(shapes[name]).astype(dtypes[name])
+            start += size
+        return ArrayRecord({name: Array(parts[name]) for name in names})
 
     # ------------------------------------------------------------------ evaluation
 

@@ -79,16 +79,26 @@ def test_unusual_test_metrics_are_flagged_and_kept_unless_screening_is_asked_for
     assert summary["sites_mean"]["c_index"] == pytest.approx(expected)
 
 
-def test_a_well_formed_poisoned_update_is_kept_out_only_by_a_robust_aggregator(tmp_path, clean):
-    """``poisoned_update`` passes every check (it is a well-formed update): FedAvg's mean takes it in,
-    Flower's coordinate-wise median does not."""
-    poisoned = {**SMALL, "debug.fail_mode": "poisoned_update"}
-    mean = run_inprocess({**poisoned, "output.dir": str(tmp_path / "mean")})
-    median = run_inprocess({**poisoned, "federation.aggregation": "median", "output.dir": str(tmp_path / "median")})
-    assert all(not line["failures"] for line in _lines(tmp_path / "mean" / "metrics.jsonl"))
+@pytest.mark.parametrize("scale", [-10.0, 1e3, 1e6, -5.0])
+def test_a_well_formed_scaled_update_is_bounded_by_default_and_decides_the_plain_mean(tmp_path, clean, scale):
+    """A finite, well-formed update (every weight times ``scale``) passes every check. The default mean bounds its
+    pull from the coordinate-wise median (the site is flagged, the model is unharmed); the plain mean
+    (``federation.update_bound=0``) takes it in; Flower's coordinate-wise median keeps it out too."""
+    poisoned = {**SMALL, "debug.fail_mode": "poisoned_update", "debug.fail_scale": scale}
+    bounded = run_inprocess({**poisoned, "output.dir": str(tmp_path / "bounded")})
     clean_c = clean["fedavg"]["test"]["c_index"]
-    assert mean["test"]["c_index"] < clean_c - 0.05
-    assert abs(median["test"]["c_index"] - clean_c) < 0.02
+    assert abs(bounded["test"]["c_index"] - clean_c) < 0.01
+    for line in _lines(tmp_path / "bounded" / "metrics.jsonl"):
+        assert not line["failures"]
+        assert [(f["phase"], f["site"]) for f in line["flags"]] == [("train", "site-1")], line["flags"]
+        assert line["update_spread"]["site-1"] > 5 >= max(line["update_spread"][s] for s in ("site-0", "site-2"))
+    if scale == -10.0:
+        mean = run_inprocess({**poisoned, "federation.update_bound": 0, "output.dir": str(tmp_path / "mean")})
+        assert all(not line["flags"] for line in _lines(tmp_path / "mean" / "metrics.jsonl"))
+        assert mean["test"]["c_index"] < clean_c - 0.05
+        median = run_inprocess({**poisoned, "federation.aggregation": "median",
+                                "output.dir": str(tmp_path / "median")})
+        assert abs(median["test"]["c_index"] - clean_c) < 0.02
 
 
 def test_a_split_site_whose_embeddings_are_not_finite_stops_the_run_naming_it(tmp_path, monkeypatch):
@@ -227,3 +237,21 @@ def test_a_duplicate_or_relabelled_reply_is_refused_under_the_node_it_answers(tm
         assert [(f["phase"], f["site"]) for f in line["failures"]] == [("train", "site-1")], line["failures"]
         assert words in line["failures"][0]["reason"]
     assert abs(summary["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.01
+
+
+def test_the_bounded_mean_is_the_weighted_mean_until_an_update_is_far_and_then_bounds_its_pull():
+    from strategies.horizontal import centred_clip
+
+    rng = np.random.default_rng(0)
+    updates, weights = rng.normal(size=(5, 20)), np.array([0.1, 0.2, 0.3, 0.25, 0.15])
+    mean, scale, _ = centred_clip(updates, weights, 5.0)
+    np.testing.assert_allclose(mean, weights @ updates, rtol=1e-12)
+    assert np.all(scale == 1.0)
+    far = updates.copy()
+    far[2] *= 1e6
+    bounded, scale, spread = centred_clip(far, weights, 5.0)
+    centre = np.median(far, axis=0)
+    tau = 5.0 * np.median(np.linalg.norm(far - centre, axis=1))
+    assert scale[2] < 1 and np.all(np.delete(scale, 2) == 1.0) and spread[2] > 1e5
+    others = centre + np.delete(weights, 2) @ (np.delete(far, 2, axis=0) - centre)
+    assert np.linalg.norm(bounded - others) <= weights[2] * tau * (1 + 1e-9)  # its pull is at most w tau
