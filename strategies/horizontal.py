@@ -673,7 +673,9 @@ class SurvivalFedAvg(FedAvg):
         if not contributing:
             return None, None
         if self.aggregator is None and self._bounds_updates(len(contributing)):
-            return self._bounded_mean(server_round, contributing), None
+            bounded = self._bounded_mean(server_round, contributing)
+            if bounded is not None:
+                return bounded, None
         if self.aggregator is not None:
             federation = self.cfg.federation
             if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
@@ -690,8 +692,9 @@ class SurvivalFedAvg(FedAvg):
         return (self.cfg.federation.update_bound > 0 and count >= 3
                 and self.cfg.strategy not in UNBOUNDED_MEAN_STRATEGIES)
 
-    def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord:
-        """The weighted mean of the accepted updates with each one's pull bounded; flags the sites it bounded."""
+    def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord | None:
+        """The weighted mean of the accepted updates with each one's pull bounded, flagging the sites it bounded;
+        None when it bounded none (the plain weighted mean, which FedAvg computes, is then the same)."""
         record = self._record(server_round)
         arrays = [next(iter(message.content.array_records.values())) for message in contributing]
         names = list(arrays[0].keys())
@@ -709,6 +712,8 @@ class SurvivalFedAvg(FedAvg):
                 record.train_flags[site] = (
                     f"update {ratio:.3g} x the median distance from the sites' coordinate-wise median: its pull was "
                     f"bounded to {self.cfg.federation.update_bound:g} x (federation.update_bound)")
+        if np.all(scale == 1.0):
+            return None
         parts, start = {}, 0
         for name in names:
             size = int(np.prod(shapes[name]))
