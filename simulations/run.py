@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import hydra
@@ -81,9 +82,26 @@ def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int
     return f"error: {type(err).__name__}: {line}" + (f" (traceback in {where})" if where else ""), 1
 
 
+#: Set once a Hydra entry point's task has started: a SystemExit(1) before it is Hydra's own configuration error.
+_TASK_STARTED = threading.Event()
+
+
+def run_hydra(entry: Callable[[], Any]) -> None:
+    """Call a ``@hydra.main`` entry point; Hydra's own configuration errors (an unknown config group option, a bad
+    override), which it reports before any task starts and ends with exit status 1, end with status 2, as every
+    configuration error of fedsurv's does."""
+    try:
+        entry()
+    except SystemExit as ended:
+        if ended.code == 1 and not _TASK_STARTED.is_set():
+            raise SystemExit(2) from None
+        raise
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Run the experiment; return the test C-index (Hydra sweepers may optimise it)."""
+    _TASK_STARTED.set()
     flat = flatten(cfg)
     if not flat["output.dir"] and not flat["resume.from"]:  # a resumed run continues in its own directory
         flat["output.dir"] = HydraConfig.get().runtime.output_dir
@@ -95,4 +113,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra(main)

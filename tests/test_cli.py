@@ -58,3 +58,12 @@ def test_a_directory_that_holds_a_run_is_refused_in_one_line(tmp_path):
         f"error: run config: output.dir = '{tmp_path}' already holds a run (metrics.jsonl); choose a new directory, "
         f"or continue that run with resume.from = '{tmp_path}'"]
     assert (tmp_path / "metrics.jsonl").read_text() == '{"round": 1}\n'
+
+
+@pytest.mark.parametrize("override", ["data=nosuch", "federation.nosuch=1"])
+def test_hydras_own_configuration_errors_exit_2_too(tmp_path, override):
+    """An unknown config group option or key is reported by Hydra before any run starts; it exits 2, as every
+    configuration error does (a run that fails while running exits 1)."""
+    result = run_cli(tmp_path, override)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
