@@ -207,6 +207,8 @@ HORIZONTAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.hor
 VERTICAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.vertical and name != DEPLOYED_DATA)
 HORIZONTAL_MODELS = tuple(name for name, model in MODELS.items() if not model.vertical)
 VERTICAL_MODELS = tuple(name for name, model in MODELS.items() if model.vertical)
+#: ``federation.update_bound``'s default (a mechanism or aggregator that ignores the key refuses any other value).
+DEFAULT_UPDATE_BOUND = 5.0
 #: Robust aggregators offered (``federation.aggregation``), all Flower's own (:mod:`strategies.horizontal`).
 AGGREGATIONS: tuple[str, ...] = ("fedavg", "trimmed_mean", "median", "krum")
 
@@ -416,7 +418,7 @@ class FederationConfig:
                                        "(split: to each round trip)", bounds=POSITIVE)
     aggregation: str = setting("fedavg", "fedavg (weighted mean), or Flower's robust aggregators (not with "
                                          "central_dp)", choices=AGGREGATIONS)
-    update_bound: float = setting(5.0, "fedavg: each update's pull away from the sites' coordinate-wise median is "
+    update_bound: float = setting(DEFAULT_UPDATE_BOUND, "fedavg: each update's pull away from the sites' coordinate-wise median is "
                                         "bounded to update_bound x the median of those distances (centred clipping, "
                                         "3 or more updates a round; not with central_dp or distributed_dp); a site "
                                         "beyond it is flagged; 0: the plain weighted mean",

@@ -255,3 +255,13 @@ def test_the_bounded_mean_is_the_weighted_mean_until_an_update_is_far_and_then_b
     assert scale[2] < 1 and np.all(np.delete(scale, 2) == 1.0) and spread[2] > 1e5
     others = centre + np.delete(weights, 2) @ (np.delete(far, 2, axis=0) - centre)
     assert np.linalg.norm(bounded - others) <= weights[2] * tau * (1 + 1e-9)  # its pull is at most w tau
+
+
+@pytest.mark.parametrize("overrides", [{"strategy.name": "central_dp", "privacy.epsilon": 1.0},
+                                       {"federation.aggregation": "median"}])
+def test_an_update_bound_that_the_run_would_ignore_is_refused(tmp_path, overrides):
+    from strategies.config import ConfigError
+
+    with pytest.raises(ConfigError, match="federation.update_bound = 3 bounds FedAvg's weighted mean, which"):
+        run_inprocess({**SMALL, "debug.fail_site": "", **overrides, "federation.update_bound": 3,
+                       "output.dir": str(tmp_path)})
