@@ -17,19 +17,13 @@ the ranking at the end.
 
 from __future__ import annotations
 
-import argparse
-
-from benchmarks.setup_share import run_grid
+from benchmarks.setup_share import grid_parser, run_grid
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = grid_parser(__doc__.splitlines()[0], seeds="0")
     parser.add_argument("--clips", default="1,5")
     parser.add_argument("--lrs", default="0.02,0.05")
-    parser.add_argument("--data", default="flchain,metabric,gbsg,whas")
-    parser.add_argument("--epsilons", default="1,10")
-    parser.add_argument("--seeds", default="0")
-    parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     settings = {f"clip {clip:g}, lr {lr:g}": {"strategy.name": "distributed_dp", "privacy.clip_norm": clip,
                                               "train.lr": lr}

@@ -100,13 +100,19 @@ def ranking(rows: list[dict], setting: str = "setting") -> list[tuple[float, obj
     return sorted(((float(np.mean(values)), name) for name, values in ranks.items()), key=lambda item: item[0])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shares", default="0.1,0.2,0.3,0.45")
+def grid_parser(description: str, *, seeds: str) -> argparse.ArgumentParser:
+    """The options every validation grid takes (:func:`run_grid`): data sets, ε, seeds and the rows file."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data", default="flchain,metabric,gbsg,whas")
     parser.add_argument("--epsilons", default="1,10")
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--seeds", default=seeds)
     parser.add_argument("--out", default="")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = grid_parser(__doc__.splitlines()[0], seeds="0,1")
+    parser.add_argument("--shares", default="0.1,0.2,0.3,0.45")
     args = parser.parse_args(argv)
     settings = {f"share {share:g}": {"strategy.name": "dp_sgd", "privacy.setup_share": share}
                 for share in (float(s) for s in args.shares.split(","))}

@@ -26,8 +26,8 @@ import atexit
 import os
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
@@ -83,7 +83,7 @@ def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int
 
 
 #: Set once a Hydra entry point's task has started: a SystemExit(1) before it is Hydra's own configuration error.
-_TASK_STARTED = threading.Event()
+TASK_STARTED = threading.Event()
 
 
 def run_hydra(entry: Callable[[], Any]) -> None:
@@ -93,7 +93,7 @@ def run_hydra(entry: Callable[[], Any]) -> None:
     try:
         entry()
     except SystemExit as ended:
-        if ended.code == 1 and not _TASK_STARTED.is_set():
+        if ended.code == 1 and not TASK_STARTED.is_set():
             raise SystemExit(2) from None
         raise
 
@@ -101,7 +101,7 @@ def run_hydra(entry: Callable[[], Any]) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Run the experiment; return the test C-index (Hydra sweepers may optimise it)."""
-    _TASK_STARTED.set()
+    TASK_STARTED.set()
     flat = flatten(cfg)
     if not flat["output.dir"] and not flat["resume.from"]:  # a resumed run continues in its own directory
         flat["output.dir"] = HydraConfig.get().runtime.output_dir

@@ -569,11 +569,11 @@ def _hydra_main() -> None:
 
     from flwr_app.interrupt import StopRequested
     from simulations.hydra_config import flatten
-    from simulations.run import _TASK_STARTED, describe_failure, exit_with, run_hydra
+    from simulations.run import TASK_STARTED, describe_failure, exit_with, run_hydra
 
     @hydra.main(version_base="1.3", config_path="../conf", config_name="sweep")
     def main(cfg: DictConfig) -> float | None:
-        _TASK_STARTED.set()
+        TASK_STARTED.set()
         hydra_cfg = HydraConfig.get()
         job_dir = Path(hydra_cfg.runtime.output_dir)
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
