@@ -74,6 +74,13 @@ def _calibration_line(calibration: Mapping[str, Any]) -> str:
             f"{calibration['ibs_km_null']:.4f}")
 
 
+def _rollback_text(rolled_back: Mapping[str, Any]) -> str:
+    """A console line's account of a round whose model diverged and was rolled back."""
+    cause = (f"updates that stood out: {', '.join(rolled_back['sites'])}" if rolled_back["sites"]
+             else "no site's update stood out")
+    return f"rolled back to round {rolled_back['to_round']}'s model: {rolled_back['reason']}; {cause}"
+
+
 def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None,
           exponents: np.ndarray | None = None) -> None:
     model.net.load_state_dict(arrays.to_torch_state_dict())
@@ -344,6 +351,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         }
         if diverged:
             line["diverged"] = diverged
+        if record and record.rolled_back:
+            line["rolled_back"] = record.rolled_back
         if record and record.shortfall:
             line["not_aggregated"] = record.shortfall
         outputs.append_metrics(line)
@@ -366,7 +375,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             + (f"  [{len(line['flags'])} flagged: " + ", ".join(f"{f['site']} ({f['phase']})" for f in line["flags"])
                + "]"
                if line["flags"] else "")
-            + (f"  [{diverged}]" if diverged else ""),
+            + (f"  [{diverged}]" if diverged else "")
+            + (f"  [{_rollback_text(record.rolled_back)}]" if record and record.rolled_back else ""),
             flush=True,
         )
         if server_round == cfg.debug.stop_after_round:

@@ -51,7 +51,7 @@ from flwr.supercore import log
 
 from models.metrics import UNDEFINED_REASONS
 from models.recalibration import cut_exponents, fit_exponents
-from strategies.config import AGGREGATIONS, ConfigError, ExperimentConfig
+from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
@@ -100,6 +100,27 @@ UNBOUNDED_MEAN_STRATEGIES = frozenset({"central_dp", "distributed_dp"})
 MAX_REASON_CHARS = 1000
 #: A reply's metric record may carry at most this many keys (more are refused by count, unread).
 MAX_METRIC_KEYS = 64
+#: A global model whose parameter norm grows more than this factor (from at least 1) in one round has diverged.
+MAX_NORM_GROWTH = 100.0
+
+
+def divergence(previous: ArrayRecord, new: ArrayRecord) -> str:
+    """Why the global model ``new`` has diverged from ``previous`` ("" if it has not).
+
+    Diverged: a weight is not finite, or the parameter norm is more than :data:`MAX_NORM_GROWTH` times
+    the previous model's (or 1, if that is smaller): no honest round of training moves a model that
+    far, while one finite update scaled x1e3 does.
+    """
+    norms = []
+    for record in (previous, new):
+        squares = [np.square(array.numpy().astype(np.float64)).sum() for array in record.values()]
+        norms.append(math.sqrt(math.fsum(squares)))
+    if not math.isfinite(norms[1]):
+        return "the new global model has non-finite weights"
+    if norms[1] > MAX_NORM_GROWTH * max(1.0, norms[0]):
+        return (f"the new global model's parameter norm is {norms[1]:.3g}, more than {MAX_NORM_GROWTH:g} x the "
+                f"previous model's {norms[0]:.3g}")
+    return ""
 
 
 def failure(phase: str, site: str, node: int, reason: str) -> dict[str, Any]:
@@ -122,7 +143,10 @@ class RoundRecord:
     others' (kept unless ``evaluation.screen``), and why; ``train_flags``: sites whose update's pull
     was bounded (:func:`centred_clip`), and why; ``update_spread``: each update's distance from the
     coordinate-wise median over the median distance. ``shortfall`` says why the round was not
-    aggregated (too few sites), empty otherwise.
+    aggregated (too few sites), empty otherwise. ``rolled_back``: when the round's new global model
+    diverged (:func:`divergence`, or most sites' predictions not finite), ``{"to_round", "reason",
+    "sites"}``: the round kept the model of round ``to_round``; ``sites`` are the sites whose updates
+    stood out that round (none named when no update did).
     """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -135,6 +159,7 @@ class RoundRecord:
     failures: list[dict[str, Any]] = field(default_factory=list)
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
+    rolled_back: dict[str, Any] = field(default_factory=dict)
 
 
 def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
@@ -196,6 +221,17 @@ def site_metrics(record: RoundRecord) -> dict[str, dict[str, Any]]:
                                  if record.evaluate_undefined.get(site) else {}),
                    **({"flag": record.evaluate_flags[site]} if site in record.evaluate_flags else {})}
             for site, metrics in sorted(record.evaluate_sites.items())}
+
+
+def _predictions_diverged(record: RoundRecord) -> str:
+    """Why the round's model has diverged by its evaluation ("" if not): more than half of the sites whose
+    evaluation was accepted find its predictions not finite (one site's claim cannot roll a round back)."""
+    evaluated = len(record.evaluate_sites)
+    broken = sorted(site for site, reasons in record.evaluate_undefined.items()
+                    if site in record.evaluate_sites and UNDEFINED_REASONS["not_finite"] in reasons.values())
+    if evaluated and 2 * len(broken) > evaluated:
+        return f"the new global model's predictions are not finite at {len(broken)} of {evaluated} sites"
+    return ""
 
 
 def _numbers(record: MetricRecord) -> dict[str, Any]:
@@ -337,6 +373,9 @@ class SurvivalFedAvg(FedAvg):
         #: model's cuts; ``exponents``: its result, one per cut (None until then, or without one).
         self.recalibration: tuple[RecalibrationPlan, np.ndarray] | None = None
         self.exponents: np.ndarray | None = None
+        self._recalibrated = False
+        #: The last round whose model did not diverge, and that model (where a diverged round goes back to).
+        self.last_good: tuple[int, ArrayRecord | None] = (0, None)
 
     def _record(self, server_round: int) -> RoundRecord:
         return self.rounds.setdefault(server_round, RoundRecord())
@@ -473,6 +512,7 @@ class SurvivalFedAvg(FedAvg):
         site sees another's.
         """
         outer = self if outer is None else outer
+        self.last_good = (first_round - 1, arrays)
         for server_round in range(first_round, last_round + 1):
             record = self._record(server_round)
             self.global_arrays = arrays
@@ -480,7 +520,7 @@ class SurvivalFedAvg(FedAvg):
             if self.mechanism.secure_sum:
                 released = self.secure_round(grid, server_round, arrays, messages)
                 arrays = arrays if released is arrays else self._step(server_round, arrays, released)
-                self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
+                arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
                 continue
             if site_states:
                 messages = [self._with_own_state(message, site_states) for message in messages]
@@ -500,7 +540,7 @@ class SurvivalFedAvg(FedAvg):
                                     f"minimum {self.min_train_nodes}: the round was not aggregated")
             elif aggregated is not None:
                 arrays = self._step(server_round, arrays, aggregated)
-            self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
+            arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
         return arrays
 
     def _step(self, server_round: int, arrays: ArrayRecord, aggregated: ArrayRecord) -> ArrayRecord:
@@ -509,18 +549,58 @@ class SurvivalFedAvg(FedAvg):
                                                                                           aggregated)
 
     def _evaluate_and_close(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy,
-                            end_of_round: Callable[[int, ArrayRecord], None]) -> None:
-        """A round's evaluation, then ``end_of_round``; :class:`TooFewSitesError` if the round was not aggregated."""
+                            end_of_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+        """A round's evaluation, then ``end_of_round``; returns the model the round keeps.
+
+        A new global model that has diverged (:func:`divergence`) is rolled back to the last good one
+        before any site sees it; one whose predictions most evaluating sites find not finite is rolled
+        back after the evaluation, which then runs again on the model kept (:meth:`_roll_back`).
+        :class:`TooFewSitesError` after ``end_of_round`` if the round was not aggregated.
+        """
         record = self._record(server_round)
-        messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
-        replies = self.record_failures(server_round, "evaluate", messages,
-                                       grid.send_and_receive(messages, timeout=self.timeout))
-        outer.aggregate_evaluate(server_round, replies)
+        if reason := divergence(self.last_good[1], arrays):
+            arrays = self._roll_back(server_round, reason)
+        self._evaluate(grid, server_round, arrays, outer)
+        if not record.rolled_back and (reason := _predictions_diverged(record)):
+            arrays = self._roll_back(server_round, reason)
+            record.evaluate_sites.clear()
+            record.evaluate_undefined.clear()
+            record.evaluate_flags.clear()
+            self._evaluate(grid, server_round, arrays, outer)
+        if not record.rolled_back:
+            self.last_good = (server_round, arrays)
         end_of_round(server_round, arrays)
         if record.shortfall:
             raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
                                    + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
                                                for f in record.failures))
+        return arrays
+
+    def _evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy) -> None:
+        messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+        replies = self.record_failures(server_round, "evaluate", messages,
+                                       grid.send_and_receive(messages, timeout=self.timeout))
+        outer.aggregate_evaluate(server_round, replies)
+
+    def _roll_back(self, server_round: int, reason: str) -> ArrayRecord:
+        """Record that ``server_round``'s model diverged and return the last good model, which the round keeps.
+
+        The sites named are those whose update stood out from the others that round (an update
+        spread above the bound, :meth:`_bounded_mean`); the sites that only received or evaluated
+        the diverged model are never named. The sites' updates were released all the same (their
+        privacy spend stands). A recalibration computed for the diverged model is dropped, not asked again
+        (each site releases it once).
+        """
+        record = self._record(server_round)
+        limit = self.cfg.federation.update_bound or DEFAULT_UPDATE_BOUND
+        sites = sorted(site for site, spread in record.update_spread.items() if spread > limit)
+        record.rolled_back = {"to_round": self.last_good[0], "reason": reason, "sites": sites}
+        if self.exponents is not None and server_round == self.cfg.federation.rounds and self.recalibration:
+            self.exponents = None
+            record.rolled_back["recalibration"] = "dropped: it was computed for the diverged model"
+        log(WARNING, "Round %s: %s; the global model goes back to round %s's (%s)", server_round, reason,
+            self.last_good[0], f"caused by {', '.join(sites)}" if sites else "no site's update stood out")
+        return self.last_good[1]
 
     def secure_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, messages: list[Message]) -> ArrayRecord:
         """A round of a mechanism with a secure sum: the sites selected by ``messages`` send their integer vectors
@@ -528,8 +608,13 @@ class SurvivalFedAvg(FedAvg):
         takes the mechanism's step. Returns the new global model (the old one when the round is not aggregated).
 
         Every site asked for its vector counts as having released it (the round's plan is its report);
-        a round with more than ``privacy.max_dropouts`` drop-outs is not unmasked (its shortfall).
+        a round with more than ``privacy.max_dropouts`` drop-outs is not unmasked (its shortfall). An unmasked
+        sum beyond what honest sites can produce (the mechanism's ``server_step`` says why) is refused as a
+        round-level failure (:func:`_refuse_secure_sum`: phase ``secagg_sum``, site ``unattributable``): the
+        global model and the server's optimiser state stay as they were, the spend counts, and the run goes on;
+        it stops when :data:`MAX_REFUSED_SUMS` consecutive rounds' sums were refused.
         """
+        from strategies.mechanisms.distributed_dp import count_std as _count_std
         from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
 
         record = self._record(server_round)
@@ -559,11 +644,12 @@ class SurvivalFedAvg(FedAvg):
         count = sum(self.setups[sites[node]].count for node in result.included)
         new, self.server_state, reason = self.mechanism.server_step(
             current, centred(result.total, plan.modulus), plan, count=count, lr=self.cfg.train.lr,
-            state=self.server_state)
+            state=self.server_state, sites=len(result.included),
+            count_std=max(_count_std(self.setups[sites[node]].prior) for node in result.included))
         if reason:
-            record.failures.append(failure("secagg_sum", "the sum of " + ", ".join(sites[n] for n in result.included),
-                                           0, reason))
-            record.shortfall = f"{reason}; the round was not aggregated"
+            _refuse_secure_sum(record, server_round, reason, included=[sites[n] for n in result.included],
+                               dropped=[f"{f['site']} ({f['phase']})" for f in record.failures],
+                               streak=_refused_sum_streak(self.rounds, server_round) + 1)
             return arrays
         for node in result.included:
             record.train_sites[sites[node]] = plan.report()
@@ -672,7 +758,7 @@ class SurvivalFedAvg(FedAvg):
                         and float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY]) > 0]
         if not contributing:
             return None, None
-        if self.aggregator is None and self._bounds_updates(len(contributing)):
+        if len(contributing) >= 3:
             bounded = self._bounded_mean(server_round, contributing)
             if bounded is not None:
                 return bounded, None
@@ -686,15 +772,17 @@ class SurvivalFedAvg(FedAvg):
             return self.aggregator.aggregate_train(server_round, contributing)
         return super().aggregate_train(server_round, contributing)
 
-    def _bounds_updates(self, count: int) -> bool:
-        """Whether this round's weighted mean bounds each update's pull (:func:`centred_clip`): ``update_bound``
-        set, 3 or more updates, and a mechanism whose accounting does not rest on the plain mean."""
-        return (self.cfg.federation.update_bound > 0 and count >= 3
+    def _bounds_updates(self) -> bool:
+        """Whether the weighted mean bounds each update's pull (:func:`centred_clip`): ``update_bound`` set, no robust
+        aggregator, and a mechanism whose accounting does not rest on the plain mean."""
+        return (self.cfg.federation.update_bound > 0 and self.aggregator is None
                 and self.cfg.strategy not in UNBOUNDED_MEAN_STRATEGIES)
 
     def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord | None:
-        """The weighted mean of the accepted updates with each one's pull bounded, flagging the sites it bounded;
-        None when it bounded none (the plain weighted mean, which FedAvg computes, is then the same)."""
+        """Record each of 3 or more accepted updates' spread (its distance from the coordinate-wise median over the
+        median distance); where the run bounds updates (:meth:`_bounds_updates`), return their weighted mean with
+        each one's pull bounded and flag the sites it bounded; None otherwise, or when it bounded none (the plain
+        weighted mean, which FedAvg computes, is then the same)."""
         record = self._record(server_round)
         arrays = [next(iter(message.content.array_records.values())) for message in contributing]
         names = list(arrays[0].keys())
@@ -704,15 +792,17 @@ class SurvivalFedAvg(FedAvg):
                             for array in arrays])
         weights = np.array([float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY])
                             for message in contributing])
-        mean, scale, spread = centred_clip(vectors, weights / weights.sum(), self.cfg.federation.update_bound)
+        bounds = self._bounds_updates()
+        mean, scale, spread = centred_clip(vectors, weights / weights.sum(),
+                                           self.cfg.federation.update_bound if bounds else DEFAULT_UPDATE_BOUND)
         for message, factor, ratio in zip(contributing, scale, spread):
             site = self.node_sites.get(message.metadata.dst_node_id, "unnamed site")
             record.update_spread[site] = float(ratio)
-            if factor < 1.0:
+            if bounds and factor < 1.0:
                 record.train_flags[site] = (
                     f"update {ratio:.3g} x the median distance from the sites' coordinate-wise median: its pull was "
                     f"bounded to {self.cfg.federation.update_bound:g} x (federation.update_bound)")
-        if np.all(scale == 1.0):
+        if not bounds or np.all(scale == 1.0):
             return None
         parts, start = {}, 0
         for name in names:
@@ -732,7 +822,8 @@ class SurvivalFedAvg(FedAvg):
             if self.baseline is not None:
                 config[BASELINE_EVENTS] = self.baseline[0].tolist()
                 config[BASELINE_RISK] = self.baseline[1].tolist()
-        if self.recalibration is not None and server_round == self.cfg.federation.rounds:
+        if self.recalibration is not None and server_round == self.cfg.federation.rounds and not self._recalibrated:
+            self._recalibrated = True  # each site releases its recalibration sums once
             self.exponents = self._collect_recalibration(server_round, arrays, grid)
         if self.exponents is not None:
             config[RECALIBRATION_EXPONENTS] = self.exponents.tolist()
@@ -851,3 +942,36 @@ class SurvivalFedAvg(FedAvg):
 def _held_out_bound(count: float, test_fraction: float) -> float:
     """The most held-out records a site with ``count`` training records can plausibly report (twice the split's)."""
     return 2.0 * count * test_fraction / (1.0 - test_fraction) + 10.0
+
+
+#: A run with a secure sum stops once this many consecutive rounds' unmasked sums were refused (one refused
+#: round keeps the model and goes on: secure aggregation cannot say which site to leave out).
+MAX_REFUSED_SUMS = 3
+#: The failure entry of a refused secure sum names no site: the server sees only the sum.
+UNATTRIBUTABLE = "unattributable"
+
+
+def _refused_sum_streak(rounds: Mapping[int, RoundRecord], server_round: int) -> int:
+    """How many rounds right before ``server_round`` had their unmasked secure sum refused (phase ``secagg_sum``)."""
+    streak, previous = 0, server_round - 1
+    while previous in rounds and any(f["phase"] == "secagg_sum" for f in rounds[previous].failures):
+        streak, previous = streak + 1, previous - 1
+    return streak
+
+
+def _refuse_secure_sum(record: RoundRecord, server_round: int, reason: str, *, included: list[str],
+                       dropped: list[str], streak: int) -> None:
+    """Record a refused unmasked sum as a round-level failure naming the stage and the drop-outs, no site.
+
+    The round is not aggregated but the run goes on (no shortfall) unless this is the
+    :data:`MAX_REFUSED_SUMS`-th refused round in a row: then the shortfall stops the run with a named error.
+    """
+    text = (f"stage: the sum check, after the masked-vector collection and the unmasking; {reason}. Sites in the "
+            f"sum: {', '.join(included)}; drop-outs and failures before it: {'; '.join(dropped) or 'none'}. The round "
+            "was not aggregated (the global model stays; every site asked released its vector, so its spend counts); "
+            f"{streak} consecutive refused round(s), the run stops at {MAX_REFUSED_SUMS}")
+    record.failures.append(failure("secagg_sum", UNATTRIBUTABLE, 0, text))
+    if streak >= MAX_REFUSED_SUMS:
+        record.shortfall = (f"the unmasked secure sum was refused in {streak} consecutive rounds (up to round "
+                            f"{server_round}): a site keeps sending vectors outside the protocol and secure "
+                            "aggregation cannot say which; the run stops")

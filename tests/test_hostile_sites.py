@@ -265,3 +265,47 @@ def test_an_update_bound_that_the_run_would_ignore_is_refused(tmp_path, override
     with pytest.raises(ConfigError, match="federation.update_bound = 3 bounds FedAvg's weighted mean, which"):
         run_inprocess({**SMALL, "debug.fail_site": "", **overrides, "federation.update_bound": 3,
                        "output.dir": str(tmp_path)})
+
+
+def test_a_diverging_model_is_rolled_back_naming_only_the_site_that_caused_it_and_never_checkpointed(
+        tmp_path, clean):
+    """With the bound off (``federation.update_bound=0``), site-1 sends its update x1e6 from round 2: the new global
+    model's norm explodes, so rounds 2 and 3 keep round 1's model (``rolled_back`` names site-1 alone); no honest
+    site is named anywhere; the checkpoint holds round 1's model, so ``resume.from`` never starts from a poisoned
+    one; the final model is within 0.01 of the clean run's C."""
+    import torch
+
+    poisoned = {**SMALL, "debug.fail_mode": "poisoned_update", "debug.fail_scale": 1e6, "debug.fail_round": 2,
+                "federation.update_bound": 0, "output.dir": str(tmp_path)}
+    summary = run_inprocess(poisoned)
+    lines = _lines(tmp_path / "metrics.jsonl")
+    assert "rolled_back" not in lines[0]
+    for line in lines[1:]:
+        assert line["rolled_back"]["to_round"] == 1 and line["rolled_back"]["sites"] == ["site-1"]
+        assert "parameter norm" in line["rolled_back"]["reason"]
+        assert line["failures"] == [] and line["global_test"] == lines[0]["global_test"]
+    assert abs(summary["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.01
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert checkpoint["round"] == 3
+    assert max(float(value.abs().max()) for value in checkpoint["arrays"].values()) < 100
+
+
+def test_divergence_is_non_finite_weights_or_an_exploding_norm_and_one_site_cannot_claim_it():
+    from flwr.app import Array, ArrayRecord
+
+    from models.metrics import UNDEFINED_REASONS
+    from strategies.horizontal import RoundRecord, _predictions_diverged, divergence
+
+    def record(*values):
+        return ArrayRecord({"w": Array(np.asarray(values, dtype=np.float32))})
+
+    assert divergence(record(3.0, 4.0), record(30.0, 40.0)) == ""  # x10: a large step, not a divergence
+    assert "parameter norm is 5e+03" in divergence(record(3.0, 4.0), record(3000.0, 4000.0))
+    assert divergence(record(0.0, 0.0), record(60.0, 80.0)) == ""  # from a zero model: bounded by 100 x 1
+    assert "non-finite" in divergence(record(3.0, 4.0), record(np.nan, 4.0))
+    broken = {"c_index": UNDEFINED_REASONS["not_finite"]}
+    rounds = RoundRecord(evaluate_sites={f"site-{i}": {"c_index": float("nan")} for i in range(3)},
+                         evaluate_undefined={"site-1": broken})
+    assert _predictions_diverged(rounds) == ""  # one site's claim rolls nothing back
+    rounds.evaluate_undefined["site-2"] = broken
+    assert _predictions_diverged(rounds) == "the new global model's predictions are not finite at 2 of 3 sites"
