@@ -100,6 +100,8 @@ UNBOUNDED_MEAN_STRATEGIES = frozenset({"central_dp", "distributed_dp"})
 MAX_REASON_CHARS = 1000
 #: A reply's metric record may carry at most this many keys (more are refused by count, unread).
 MAX_METRIC_KEYS = 64
+#: A reply may carry at most this many bytes besides a model's worth of arrays (more are refused by count, unread).
+MAX_REPLY_EXTRA_BYTES = 2_000_000
 #: A global model whose parameter norm grows more than this factor (from at least 1) in one round has diverged.
 MAX_NORM_GROWTH = 100.0
 
@@ -232,6 +234,23 @@ def _predictions_diverged(record: RoundRecord) -> str:
     if evaluated and 2 * len(broken) > evaluated:
         return f"the new global model's predictions are not finite at {len(broken)} of {evaluated} sites"
     return ""
+
+
+def _value_bytes(value: Any) -> int:
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_value_bytes(item) for item in value)
+    return 8
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """The bytes a message's records carry: its arrays' data, each key, 8 per number, each string's length."""
+    arrays = sum(len(array.data) for record in content.array_records.values() for array in record.values())
+    values = sum(len(key) + _value_bytes(value)
+                 for record in (*content.metric_records.values(), *content.config_records.values())
+                 for key, value in record.items())
+    return arrays + values
 
 
 def _numbers(record: MetricRecord) -> dict[str, Any]:
@@ -458,7 +477,7 @@ class SurvivalFedAvg(FedAvg):
         says it comes from: an error reply is filed under that node's site; a reply labelled as another
         node, and every reply of a node that answered one message more than once, is refused and filed
         under the node the message went to, never under the node it names. A reply to no message of
-        the round is filed as unattributable.
+        the round is filed as unattributable. A reply heavier than :meth:`_reply_limit` is refused by its size.
         """
         messages = list(messages)
         sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
@@ -482,11 +501,19 @@ class SurvivalFedAvg(FedAvg):
             elif reply.metadata.src_node_id != target:
                 self._fail(server_round, phase, target,
                            f"its reply came back labelled as node {reply.metadata.src_node_id}: refused")
+            elif (size := payload_bytes(reply.content)) > self._reply_limit():
+                self._fail(server_round, phase, target, f"its reply carries {size} bytes, more than the "
+                           f"{self._reply_limit()} a reply may (a model's worth of arrays + {MAX_REPLY_EXTRA_BYTES})")
             else:
                 kept.append(reply)
         for node in sorted({message.metadata.dst_node_id for message in messages} - set(by_target)):
             self._fail(server_round, phase, node, f"no reply within {self.timeout:g} s")
         return kept
+
+    def _reply_limit(self) -> int:
+        """The most bytes a reply may carry: the global model's arrays and :data:`MAX_REPLY_EXTRA_BYTES`."""
+        model = self.global_arrays
+        return MAX_REPLY_EXTRA_BYTES + (0 if model is None else sum(len(array.data) for array in model.values()))
 
     # ------------------------------------------------------------------ the rounds
 

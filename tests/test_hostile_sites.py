@@ -211,10 +211,14 @@ def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_coun
     assert "site-1" not in summary["sites"]
 
 
-@pytest.mark.parametrize("tamper", ["duplicate", "relabelled"])
-def test_a_duplicate_or_relabelled_reply_is_refused_under_the_node_it_answers(tmp_path, clean, monkeypatch, tamper):
-    """site-1 (node 2) answers its training message twice, or its reply comes back labelled as node 1 (site-0):
-    the reply is refused and filed under site-1, the node the message went to; no honest site is named."""
+@pytest.mark.parametrize("tamper", ["duplicate", "relabelled", "heavy"])
+def test_a_duplicate_relabelled_or_heavy_reply_is_refused_under_the_node_it_answers(tmp_path, clean, monkeypatch,
+                                                                                    tamper):
+    """site-1 (node 2) answers its training message twice, or its reply comes back labelled as node 1 (site-0), or
+    it carries 3 MB of padding: the reply is refused and filed under site-1, the node the message went to (the
+    heavy one by its size, unread); no honest site is named."""
+    from flwr.app import ConfigRecord
+
     from simulations import engine
 
     original = engine.InProcessGrid.send_and_receive
@@ -226,13 +230,16 @@ def test_a_duplicate_or_relabelled_reply_is_refused_under_the_node_it_answers(tm
             hostile = [reply for reply in replies if reply.metadata.src_node_id == 2]
             if tamper == "duplicate":
                 replies += hostile
+            elif tamper == "heavy":
+                hostile[0].content["padding"] = ConfigRecord({"x": "x" * 3_000_000})
             else:
                 hostile[0].metadata.__dict__["_src_node_id"] = 1
         return replies
 
     monkeypatch.setattr(engine.InProcessGrid, "send_and_receive", tampered)
     summary = run_inprocess({**SMALL, "debug.fail_site": "", "output.dir": str(tmp_path)})
-    words = "2 replies to one message" if tamper == "duplicate" else "labelled as node 1"
+    words = {"duplicate": "2 replies to one message", "relabelled": "labelled as node 1",
+             "heavy": "bytes, more than the"}[tamper]
     for line in _lines(tmp_path / "metrics.jsonl"):
         assert [(f["phase"], f["site"]) for f in line["failures"]] == [("train", "site-1")], line["failures"]
         assert words in line["failures"][0]["reason"]
