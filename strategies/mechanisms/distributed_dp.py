@@ -57,7 +57,8 @@ from strategies.mechanisms.base import (
 )
 from strategies.mechanisms.dp_sgd import require_decomposable_loss
 
-__all__ = ["DistributedDP", "RoundPlan", "WRAP_PROBABILITY", "round_plan"]
+__all__ = ["REFUSAL_PROBABILITY", "DistributedDP", "RoundPlan", "SumBound", "WRAP_PROBABILITY", "count_std",
+           "round_plan"]
 
 #: The largest probability that a round's integer sum wraps around the modulus (the choice of gamma).
 WRAP_PROBABILITY = 1e-9
@@ -65,6 +66,35 @@ WRAP_PROBABILITY = 1e-9
 #: (the agreed count is noisy under a private set-up).
 RECORD_MARGIN = 2.0
 RECORD_SLACK = 1000.0
+#: The largest probability that the sum check refuses an honest round (the record-count tail, the noise's norm tail
+#: and its coordinate tail each contribute at most a third of it).
+REFUSAL_PROBABILITY = 1e-9
+
+
+@dataclass(frozen=True)
+class SumBound:
+    """What the unmasked sum of an honest round cannot exceed, but with probability :data:`REFUSAL_PROBABILITY`.
+
+    ``records``: the most training records the included sites can hold; ``data``: ``records * Delta``,
+    the most their rounded clipped gradients can sum to in L2 norm; ``noise``: the noise sum's L2 tail;
+    ``norm = data + noise``; ``coordinate``: the bound on every coordinate's absolute value.
+    """
+
+    records: float
+    data: float
+    noise: float
+    norm: float
+    coordinate: float
+
+
+def count_std(prior: Sequence[tuple[float, float, int]]) -> float:
+    """An upper bound on the noise standard deviation of a site's agreed record count, from its set-up history.
+
+    The count is one of the set-up's Gaussian releases, of sensitivity 1 (add/remove), so its noise
+    multiplier is its standard deviation; the largest multiplier in ``prior`` is at least that
+    (0 for an exact set-up, whose counts are exact).
+    """
+    return max((float(z) for z, _, _ in prior), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -104,6 +134,36 @@ class RoundPlan:
         """An honest round's integer sum has L2 norm below this, but with probability :data:`WRAP_PROBABILITY`:
         at most ``record_bound`` records of norm Delta, plus noise below ``tail * Delta`` in every coordinate."""
         return self.record_bound * self.l2 + math.sqrt(self.dim) * _tail(self) * self.l2
+
+    def sum_bound(self, *, records: float, sites: int, count_std: float = 0.0) -> SumBound:
+        r"""The bound of an honest round's unmasked (centred) integer sum over ``sites`` included sites.
+
+        ``records``: their agreed record count; ``count_std``: the noise standard deviation of one
+        site's agreed count (0 when counts are exact). With :math:`p` = :data:`REFUSAL_PROBABILITY` / 3
+        for each of the three tails (record count, noise norm, noise coordinates):
+
+        * records: the true count is at most :math:`n_{\max} = \text{records} + m/2 + \sigma_c
+          \sqrt{m}\sqrt{2\ln(1/p)}` (the agreed count is the noisy count rounded, Gaussian noise);
+        * data: each record's rounded scaled clipped gradient has L2 norm at most :math:`\Delta = \gamma C
+          + \sqrt d/2` and every coordinate at most :math:`\gamma C + 1/2`, so the data part is at most
+          :math:`n_{\max}\Delta` in norm (triangle inequality: reached only when every record's gradient
+          points the same way at norm :math:`C`);
+        * noise: each coordinate of the sum of :math:`m` draws of :math:`N_{\mathbb Z}(0, s^2)` is
+          :math:`ms^2`-sub-Gaussian (Canonne, Kamath & Steinke 2020), so :math:`E e^{\lambda X^2} \le
+          (1 - 2\lambda m s^2)^{-1/2}` as for a Gaussian, and Laurent & Massart's chi-square tail (2000,
+          Lemma 1; its proof uses only that bound) gives :math:`\lVert N \rVert^2 \le ms^2(d + 2\sqrt{dx}
+          + 2x)`, :math:`x = \ln(1/p)`; per coordinate :math:`\sqrt m s \sqrt{2\ln(2d/p)}`.
+        """
+        sites = max(int(sites), 1)
+        p = REFUSAL_PROBABILITY / 3
+        x = math.log(1.0 / p)
+        n_max = float(records) + sites / 2 + float(count_std) * math.sqrt(sites) * math.sqrt(2.0 * x)
+        data = n_max * self.l2
+        spread = math.sqrt(sites) * self.local_sigma
+        noise = spread * math.sqrt(self.dim + 2.0 * math.sqrt(self.dim * x) + 2.0 * x)
+        coordinate = n_max * (self.l2 - math.sqrt(self.dim) / 2 + 0.5) + spread * math.sqrt(
+            2.0 * math.log(2.0 * self.dim / p))
+        return SumBound(records=n_max, data=data, noise=noise, norm=data + noise, coordinate=coordinate)
 
     def report(self) -> dict[str, float]:
         """The figures the ledger recomputes ε from (the server records them for every site that was asked)."""
@@ -227,19 +287,28 @@ class DistributedDP(HorizontalMechanism):
         return site_contribution(model, data, plan, clip_norm=cfg.privacy.clip_norm, seed=seed)
 
     def server_step(self, arrays: Mapping[str, np.ndarray], total: np.ndarray, plan: RoundPlan, *, count: float,
-                    lr: float, state: dict[str, Any] | None) -> tuple[dict[str, np.ndarray] | None, dict[str, Any], str]:
+                    lr: float, state: dict[str, Any] | None, sites: int | None = None,
+                    count_std: float = 0.0) -> tuple[dict[str, np.ndarray] | None, dict[str, Any], str]:
         """The server's step from the unmasked sum (centred integers): ``(new arrays, optimiser state, "")``, or
-        ``(None, state, reason)`` when the sum's norm is implausible for an honest round.
+        ``(None, state, reason)`` when the sum is beyond what an honest round can produce (:meth:`RoundPlan.sum_bound`
+        of the ``sites`` included sites, ``count`` their agreed records; ``sites`` defaults to the round's parties).
 
-        The gradient estimate is ``total / (gamma * count)``, ``count`` the agreed record count of the
+        The check is on the centred sum, the very integers the step divides: whatever a site's vector
+        wrapped around the modulus to, the step can move the model no further than an honest round's sum
+        would. The gradient estimate is ``total / (gamma * count)``, ``count`` the agreed record count of the
         sites whose vectors are in the sum; Adam (Kingma & Ba 2015; betas 0.9, 0.999, eps 1e-8) with
         learning rate ``lr``, its moments kept at the server.
         """
-        norm = float(np.linalg.norm(total.astype(np.float64)))
-        if not norm <= plan.norm_bound:
-            return None, state or {}, (f"the unmasked sum has L2 norm {norm:.4g}, above {plan.norm_bound:.4g}, the most "
-                                       "an honest round reaches (a site sent a vector outside the protocol, or shares "
-                                       "that did not combine)")
+        sites = plan.parties if sites is None else sites
+        bound = plan.sum_bound(records=count, sites=sites, count_std=count_std)
+        values = total.astype(np.float64)
+        norm, largest = float(np.linalg.norm(values)), float(np.max(np.abs(values), initial=0.0))
+        if not (norm <= bound.norm and largest <= bound.coordinate):
+            return None, state or {}, (
+                f"the unmasked sum of {sites} sites has L2 norm {norm:.4g} and largest coordinate {largest:.4g}, "
+                f"beyond what honest sites can produce ({bound.norm:.4g} = {bound.records:.6g} records x Delta "
+                f"{plan.l2:.4g} + noise tail {bound.noise:.4g}; coordinates {bound.coordinate:.4g}): a vector outside "
+                "the protocol is in the sum, and secure aggregation cannot say whose contribution did it")
         gradient = total.astype(np.float64) / (plan.gamma * count)
         state = dict(state or {"step": 0, "m": np.zeros(plan.dim), "v": np.zeros(plan.dim)})
         beta1, beta2, eps = 0.9, 0.999, 1e-8
