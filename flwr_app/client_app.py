@@ -10,6 +10,7 @@ Message handling only: decode the global model, call the training / evaluation c
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -40,7 +41,7 @@ from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
 from strategies.mechanisms.registry import horizontal_mechanism
 
 app = ClientApp()
-PRIVACY_STATE = "privacy.state"
+PRIVACY_STATE = deployment.PRIVACY_STATE
 #: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
 SECAGG_STATE = "secagg.state"
 SECAGG_ROUND = "secagg.round"
@@ -55,6 +56,7 @@ app.query("site_time_histogram")(deployment.histogram)
 app.query("setup_ranges")(deployment.setup_ranges)
 app.query("setup_moments")(deployment.setup_moments)
 app.train("site_setup")(deployment.setup)
+app.query("setup_site_name")(deployment.identity)
 
 
 def _site(context: Context) -> tuple[SiteData, int]:
@@ -115,6 +117,29 @@ def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     return None
 
 
+def _caught_up(context: Context, cfg: ExperimentConfig, mechanism: HorizontalMechanism, model: Any, site: SiteData,
+               setup: SiteSetUp, seed: int, state: dict | None) -> dict | None:
+    """``state`` with the rounds the server charged this site while its SuperNode was down (a rejoined deployed site).
+
+    The server counts a round it asked the site for and got no reply to as released (the update may
+    have left); the site's handed-back state lacks it. The site runs its mechanism's round that many
+    times on a copy of the model, releasing nothing, so that its accountant charges them too (its
+    reports then match the server's ledger and its budget stays as the ledger has it).
+    """
+    pending = context.state.config_records.get(deployment.CATCH_UP_STATE)
+    if pending is None:
+        return state
+    for _ in range(int(pending["rounds"])):
+        update = mechanism.site_round(copy.deepcopy(model), site.train, cfg, seed=seed, state=state, setup=setup)
+        if update.state is None:  # a mechanism without a privacy state has nothing to catch up
+            break
+        state = update.state
+    del context.state[deployment.CATCH_UP_STATE]
+    if state is not None:
+        context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
+    return state
+
+
 def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp:
     """The site's set-up: its record count as agreed with the server, and the smallest agreed count."""
     if cfg.data.deployed:
@@ -140,7 +165,8 @@ def train(message: Message, context: Context) -> Message:
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
     config = message.content["config"]
     setup = _setup(cfg, context, site)
-    previous = _privacy_state(context, config)
+    previous = _caught_up(context, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index),
+                          _privacy_state(context, config))
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
     privacy_state = None

@@ -18,6 +18,10 @@ the simulation's (up to summation order) and the time grid is the simulation's r
 histogram's resolution. Nothing else leaves a site before training; the statistics are sent
 without noise (the privacy ledger says so). Evaluation is federated: each site reports the global
 model's metrics on its own test part.
+
+A SuperNode that restarts (its node state is empty) gets the agreed set-up again before its next
+message (:class:`RejoiningSites`): the same values every site received, its own last privacy state
+and the rounds the server has charged it since; nothing new leaves any site.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ import functools
 import json
 import math
 import operator
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
@@ -71,6 +77,14 @@ SETUP = "train.site_setup"
 PAYLOAD = "deployment"
 SPEC_STATE = "deployment.spec"
 SETUP_STATE = "deployment.setup"
+#: Asks a node that appears after the set-up which site it is (its site name only; nothing else).
+IDENTITY = "query.setup_site_name"
+#: The site's privacy state (its accountant) in its node state, across rounds.
+PRIVACY_STATE = "privacy.state"
+#: In the node state of a rejoined site: how many rounds the server charged it that its handed-back state lacks.
+CATCH_UP_STATE = "deployment.catch_up"
+#: Begins the error a site raises when its node state holds no set-up (the server recognises it and sends it again).
+NO_SETUP = "[no set-up]"
 #: A site reporting more training records than this many times the sites' median is refused at set-up.
 MAX_COUNT_RATIO = 100.0
 #: A site whose largest time, or a feature's spread or mean, stands this many times outside the sites' is refused.
@@ -95,8 +109,13 @@ def _ask(
                 for node, content in contents.items()]
     answered: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        node = reply.metadata.src_node_id
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
+            if message.metadata.message_id}  # the grid names each message as it pushes it
+    for reply in replies:  # a reply belongs to the node asked (the SuperLink answers for a node gone offline)
+        node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        if node not in contents:
+            continue
         if reply.has_error():
             failed[node] = error_message(reply.error.reason)
         else:
@@ -195,6 +214,165 @@ class ParticipatingSites(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+def privacy_position(rounds: Mapping[int, Any], site: str) -> tuple[str | None, int]:
+    """``site``'s last privacy state the server holds and how many rounds it has charged the site since.
+
+    ``rounds``: the strategy's round records (``privacy_states``: the state of each accepted training
+    reply; ``released``: every round the server counts as released by the site, accepted, refused or
+    unanswered). Returns ``(state JSON or None, rounds charged after it)``.
+    """
+    state, since = None, 0
+    for server_round in sorted(rounds):
+        record = rounds[server_round]
+        if site in record.privacy_states:
+            state, since = record.privacy_states[site], 0
+        elif site in record.released:
+            since += 1
+    return state, since
+
+
+class RejoiningSites(ParticipatingSites):
+    """A deployment's grid: the sites that passed the set-up, and a site whose SuperNode restarted or came back late
+    gets the agreed set-up again before its next message.
+
+    A SuperNode killed and restarted keeps its node ID (Flower binds it to the registered key) but
+    its node state is empty: it would fail every later message (``NO_SETUP``). This grid sends
+    such a node, before the next message to it, the set-up message every site received
+    (:data:`SETUP`: the same preprocessing, time grid, agreed counts and set-up history; nothing new
+    leaves any site), with its own last privacy state as the server holds it and the rounds the
+    server has charged it since (``history``, :func:`privacy_position`; the site charges them to
+    its accountant before it trains again, so its budget never restarts). A node is sent it again
+
+    * when the SuperLink says it was activated again since the set-up (``last_activated_at``), or
+    * when it answers a message with the ``NO_SETUP`` error (then before its next message);
+
+    a node ID that was not at the set-up is asked only which site it is (:data:`IDENTITY`) and takes
+    that site's place if it is a site of the set-up whose node is no longer connected (one node per
+    site: never a live site's); any other is never sent a message.
+
+    The SuperLink's error reply for a node that went offline is given the seconds the server
+    waited for it (``"node went offline ... (seen after 47 s)"``); the strategy files it once,
+    under the site of the node asked.
+    """
+
+    def __init__(self, grid: Grid, setup: SiteSetup, node_sites: dict[int, str], *,
+                 history: Callable[[str], tuple[str | None, int]] | None = None, timeout: float = 600.0,
+                 pull_interval: float | None = None) -> None:
+        super().__init__(grid, node_sites)
+        self._setup = setup
+        self._node_sites = node_sites  # the strategy's own mapping: a node that takes a site's place is named there
+        self._history = history or (lambda site: (None, 0))
+        self._timeout = timeout
+        self._pull_interval = pull_interval if pull_interval is not None else min(
+            1.0, float(getattr(grid, "pull_interval", 1.0)))
+        self._activated = self._activations()
+        self._pending: set[int] = set()
+        self._refused: dict[int, str] = dict(setup.left_out)  # a site left out at set-up is never asked again
+
+    def _activations(self) -> dict[int, str]:
+        """Node -> when the SuperLink last activated it (empty where the grid does not say)."""
+        try:
+            return {int(info.node_id): str(info.last_activated_at) for info in self._grid.get_nodes()
+                    if getattr(info, "last_activated_at", "")}
+        except (AttributeError, NotImplementedError):
+            return {}
+
+    def get_node_ids(self) -> Iterable[int]:
+        connected = set(self._grid.get_node_ids())
+        for node, activated in self._activations().items():
+            if node in self._node_sites and node in self._activated and activated != self._activated[node]:
+                print(f"site '{self._node_sites[node]}' (node {node}) connected again (activated {activated}): "
+                      "the agreed set-up goes to it before its next message", flush=True)
+                self._pending.add(node)
+            self._activated[node] = activated
+        newcomers = sorted(connected - set(self._node_sites) - set(self._refused))
+        if newcomers:
+            self._name(newcomers, connected)
+        return [node for node in sorted(self._node_sites) if node in connected]
+
+    def _name(self, nodes: list[int], connected: set[int]) -> None:
+        """Ask each new node which site it is; one claiming a set-up site whose node is gone takes its place."""
+        messages = [Message(content=_payload({}), dst_node_id=node, message_type=IDENTITY) for node in nodes]
+        claims: dict[int, str] = {}
+        for reply in self._grid.send_and_receive(messages, timeout=min(self._timeout, 60.0)):
+            if not reply.has_error():
+                claims[reply.metadata.src_node_id] = str(_read(reply).get("site", ""))
+        for node in nodes:
+            name = claims.get(node)
+            holder = next((held for held, site in self._node_sites.items() if site == name), None)
+            if name is None:
+                self._refused[node] = "did not say which site it is"
+            elif name not in self._setup.setups:
+                self._refused[node] = f"claims to be {name!r}, which is not a site of this run's set-up"
+            elif holder is not None and holder in connected:
+                self._refused[node] = f"claims to be site {name!r}, whose node {holder} is connected"
+            else:
+                if holder is not None:
+                    del self._node_sites[holder]
+                self._node_sites[node] = name
+                self._pending.add(node)
+                print(f"site '{name}' is back as node {node}" + (f" (was node {holder})" if holder is not None else "")
+                      + ": the agreed set-up goes to it before its next message", flush=True)
+                continue
+            print(f"node {node} joined after the set-up and is sent no message: {self._refused[node]}", flush=True)
+
+    def _send_setup_again(self, nodes: Iterable[int]) -> None:
+        """The agreed set-up (as every site received it) to ``nodes``, with each site's own privacy position."""
+        setup = self._setup
+        contents = {}
+        for node in sorted(nodes):
+            site = self._node_sites[node]
+            agreed = setup.setups[site]
+            state, catch_up = self._history(site)
+            contents[node] = {"spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
+                              "prior": [list(entry) for entry in agreed.prior], "privacy_state": state,
+                              "catch_up": catch_up}
+        answered, failed = _ask(self._grid, SETUP, contents, self._timeout)
+        for node in answered:
+            self._pending.discard(node)
+            state, catch_up = contents[node]["privacy_state"], contents[node]["catch_up"]
+            print(f"site '{self._node_sites[node]}' (node {node}) rejoined: the agreed set-up sent again"
+                  + (", with its last privacy state" if state is not None else "")
+                  + (f" and {catch_up} round(s) charged since" if catch_up else ""), flush=True)
+        for node, reason in failed.items():
+            print(f"site '{self._node_sites[node]}' (node {node}): the set-up could not be sent again: {reason}",
+                  flush=True)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        targets = {message.metadata.dst_node_id for message in messages}
+        if self._pending & targets:
+            self._send_setup_again(self._pending & targets)
+        started = time.monotonic()
+        ids = {message_id: message.metadata.dst_node_id
+               for message_id, message in zip(self._grid.push_messages(messages), messages) if message_id}
+        waiting = set(ids)
+        replies: list[Message] = []
+        while waiting:
+            for reply in self._grid.pull_messages(list(waiting)):
+                waiting.discard(reply.metadata.reply_to_message_id)
+                self._explain(reply, ids.get(reply.metadata.reply_to_message_id), time.monotonic() - started)
+                replies.append(reply)
+            if not waiting or (timeout is not None and time.monotonic() - started >= timeout):
+                break
+            time.sleep(self._pull_interval)
+        return replies
+
+    def _explain(self, reply: Message, node: int | None, elapsed: float) -> None:
+        """Give the SuperLink's offline error its detection time; note a node that has lost its set-up."""
+        if not reply.has_error() or node is None:
+            return
+        if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+            reply.error = Error(code=ErrorCode.NODE_UNAVAILABLE, reason=(
+                f"no reply: node {node} went offline (no heartbeat within the SuperLink's patience; seen after "
+                f"{elapsed:.0f} s)"))
+        elif NO_SETUP in reply.error.reason and node in self._node_sites:
+            self._pending.add(node)
+            reply.error = Error(code=reply.error.code, reason=(
+                "its node state holds no set-up (its SuperNode restarted): the agreed set-up goes to it again "
+                "before its next message"))
 
 
 def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> SiteSetup:
@@ -388,8 +566,8 @@ def _site_table(cfg: ExperimentConfig, context: Context) -> tuple[RawTable, np.n
 def stored_spec(context: Context) -> task.SiteSpec:
     """The shared preprocessing and time grid this site received at set-up."""
     if SPEC_STATE not in context.state.config_records:
-        raise ValueError("this site has no shared preprocessing in its node state: the server's set-up "
-                         f"({SUMMARY}, {HISTOGRAM}, {SETUP}) did not reach it")
+        raise ValueError(f"{NO_SETUP} this site has no shared preprocessing in its node state: the server's set-up "
+                         f"({SETUP}) did not reach it (or its SuperNode restarted)")
     return task.SiteSpec.from_json(str(context.state.config_records[SPEC_STATE]["json"]))
 
 
@@ -451,20 +629,36 @@ def histogram(message: Message, context: Context) -> Message:
 
 
 def setup(message: Message, context: Context) -> Message:
-    """Keep the server's shared preprocessing, time grid and the agreed record counts in the node state."""
+    """Keep the server's shared preprocessing, time grid and the agreed record counts in the node state.
+
+    A set-up sent again to a restarted SuperNode (:class:`RejoiningSites`) also carries the site's own
+    last privacy state as the server holds it and ``catch_up``, the rounds the server has charged the
+    site since: kept only where the node state holds no privacy state (the site's own always wins);
+    the site charges those rounds to its accountant before it next trains (the ClientApp's ``train``).
+    """
     request = _read(message)
     context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
     context.state[SETUP_STATE] = ConfigRecord({"count": float(request["count"]),
                                                "min_count": float(request["min_count"]),
                                                "prior": json.dumps(request.get("prior", []))})
+    if PRIVACY_STATE not in context.state.config_records:
+        if request.get("privacy_state") is not None:
+            context.state[PRIVACY_STATE] = ConfigRecord({"json": str(request["privacy_state"])})
+        if int(request.get("catch_up", 0)) > 0:
+            context.state[CATCH_UP_STATE] = ConfigRecord({"rounds": int(request["catch_up"])})
     return Message(content=_payload({}), reply_to=message)
+
+
+def identity(message: Message, context: Context) -> Message:
+    """Which site this node is (its node config's ``site-name``): asked of a node that appears after the set-up."""
+    return Message(content=_payload({"site": site_name(context)}), reply_to=message)
 
 
 def stored_setup(context: Context) -> SiteSetUp:
     """The record counts this site agreed with the server at set-up."""
     if SETUP_STATE not in context.state.config_records:
-        raise ValueError("this site has no agreed record count in its node state: the server's set-up did not "
-                         "reach it")
+        raise ValueError(f"{NO_SETUP} this site has no agreed record count in its node state: the server's set-up "
+                         "did not reach it (or its SuperNode restarted)")
     record = context.state.config_records[SETUP_STATE]
     prior = tuple((float(noise), float(rate), int(count)) for noise, rate, count in json.loads(str(record["prior"])))
     return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]), prior=prior)

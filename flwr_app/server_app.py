@@ -295,7 +295,10 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         survival.node_sites = node_sites
     else:  # simulation: every node says once which site it is; a node that cannot is left out
         left_out = survival.identify_sites(grid)
-    if left_out:
+    if cfg.data.deployed:  # the sites left out get no further message; a restarted site gets the set-up again
+        grid = deployment.RejoiningSites(grid, setup, survival.node_sites, timeout=cfg.federation.timeout_s,
+                                         history=lambda site: deployment.privacy_position(survival.rounds, site))
+    elif left_out:
         grid = deployment.ParticipatingSites(grid, survival.node_sites)  # the sites left out get no further message
     description = (f"{len(survival.node_sites)} sites' own files" if cfg.data.deployed else
                    f"{len(survival.node_sites)} sites, partition '{cfg.federation.partition}'")

@@ -1,0 +1,223 @@
+"""A deployed site whose SuperNode restarts (empty node state) gets the agreed set-up again and trains
+(:class:`flwr_app.deployment.RejoiningSites`, with a grid whose nodes run the site-side handlers directly)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+
+from flwr_app import client_app, deployment, task
+from flwr_app.deployment import RejoiningSites, SiteSetup, privacy_position
+from models.data import FeatureStatistics, Preprocessor
+from strategies.horizontal import RoundRecord
+from strategies.mechanisms.base import SiteSetUp, SiteUpdate
+
+TRAIN = "train"
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Messages built outside a run need the identity the in-process runner sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from simulations.engine import INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+
+
+def _setup() -> SiteSetup:
+    frame = pd.DataFrame({"age": [50.0, 60.0, 70.0], "sex": ["F", "M", "F"]})
+    spec = task.SiteSpec(Preprocessor.from_statistics(FeatureStatistics.from_frame(frame)),
+                         np.array([0.0, 10.0, 20.0]), (10.0, 5.0))
+    prior = ((3.0, 1.0, 1),)
+    setups = {"site-a": SiteSetUp(count=100.0, min_count=80.0, prior=prior),
+              "site-b": SiteSetUp(count=80.0, min_count=80.0, prior=prior)}
+    return SiteSetup(spec, {1: "site-a", 2: "site-b"}, {9: "left out at set-up"}, setups)
+
+
+class NodeGrid:
+    """Nodes that answer with the deployment's site-side handlers; ``TRAIN`` needs the set-up in the node state."""
+
+    def __init__(self, setup: SiteSetup) -> None:
+        self.nodes = {node: SimpleNamespace(state=RecordDict(), node_config={"site-name": site}, node_id=node)
+                      for node, site in setup.sites.items()}
+        self.online = set(self.nodes)
+        self.activated = {node: "t0" for node in self.nodes}
+        self.messaged: list[tuple[int, str]] = []
+        self.pushed: dict[str, Message] = {}
+        for node, site in setup.sites.items():  # the set-up every site received
+            agreed = setup.setups[site]
+            self._answer(Message(content=deployment._payload({
+                "spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
+                "prior": [list(entry) for entry in agreed.prior]}), dst_node_id=node, message_type=deployment.SETUP))
+        self.messaged.clear()
+
+    def restart(self, node: int, *, activated: str = "t1", site: str | None = None) -> None:
+        """The node's SuperNode restarts: its node state is empty (``site``: under that site's name)."""
+        name = site or self.nodes.get(node, SimpleNamespace(node_config={})).node_config.get("site-name")
+        self.nodes[node] = SimpleNamespace(state=RecordDict(), node_config={"site-name": name}, node_id=node)
+        self.online.add(node)
+        self.activated[node] = activated
+
+    def get_node_ids(self):
+        return sorted(self.online)
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=node, last_activated_at=self.activated[node]) for node in sorted(self.online)]
+
+    def _answer(self, message: Message) -> Message:
+        node, kind = message.metadata.dst_node_id, message.metadata.message_type
+        self.messaged.append((node, kind))
+        context = self.nodes[node]
+        try:
+            if kind == deployment.SETUP:
+                return deployment.setup(message, context)
+            if kind == deployment.IDENTITY:
+                return deployment.identity(message, context)
+            deployment.stored_spec(context)
+            deployment.stored_setup(context)
+            return Message(content=RecordDict({"c": ConfigRecord({"ok": 1})}), reply_to=message)
+        except ValueError as err:
+            return Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=message)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id
+            self.pushed[message.metadata.message_id] = message
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for message_id in message_ids:
+            message = self.pushed.pop(message_id)
+            if message.metadata.dst_node_id in self.online:
+                replies.append(self._answer(message))
+            else:  # the SuperLink's reply for a node that stopped sending heartbeats
+                replies.append(Message(error=Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
+                                       reply_to=message))
+        return replies
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+
+def _round(grid: RejoiningSites) -> dict[int, Message]:
+    """One message to every participating node; node -> its reply (by the message it answers)."""
+    messages = [Message(content=RecordDict(), dst_node_id=node, message_type=TRAIN) for node in grid.get_node_ids()]
+    replies = list(grid.send_and_receive(messages, timeout=5))
+    sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages}
+    return {sent[reply.metadata.reply_to_message_id]: reply for reply in replies}
+
+
+def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_before_its_next_message():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    node_sites = dict(setup.sites)
+    rounds = {1: RoundRecord(released={"site-a": {}, "site-b": {}}, privacy_states={"site-a": '{"s": 1}',
+                                                                                     "site-b": '{"s": 1}'}),
+              2: RoundRecord(released={"site-a": {}, "site-b": None}, privacy_states={"site-a": '{"s": 2}'})}
+    grid = RejoiningSites(nodes, setup, node_sites, history=lambda site: privacy_position(rounds, site), timeout=5,
+                          pull_interval=0)
+    assert all(not reply.has_error() for reply in _round(grid).values())
+    nodes.restart(2)  # same node ID (Flower binds it to the key), empty node state, activated again
+    nodes.messaged.clear()
+    replies = _round(grid)
+    assert all(not reply.has_error() for reply in replies.values()) and set(replies) == {1, 2}
+    assert nodes.messaged[0] == (2, deployment.SETUP)  # the set-up first, to node 2 only
+    assert sorted(nodes.messaged[1:]) == [(1, TRAIN), (2, TRAIN)]
+    state = nodes.nodes[2].state.config_records
+    assert deployment.stored_setup(nodes.nodes[2]) == setup.setups["site-b"]
+    assert deployment.stored_spec(nodes.nodes[2]).to_json() == setup.spec.to_json()
+    assert state[deployment.PRIVACY_STATE]["json"] == '{"s": 1}'  # its own last state, never another site's
+    assert state[deployment.CATCH_UP_STATE]["rounds"] == 1  # round 2 was charged to it without its state
+    nodes.messaged.clear()
+    _round(grid)
+    assert sorted(nodes.messaged) == [(1, TRAIN), (2, TRAIN)]  # sent once
+
+
+def test_a_node_that_says_it_has_no_setup_gets_it_before_its_next_message():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5, pull_interval=0)
+    nodes.restart(2, activated="t0")  # the SuperLink does not say it was activated again
+    replies = _round(grid)
+    assert replies[2].has_error() and "holds no set-up" in replies[2].error.reason
+    assert "no set-up" in replies[2].error.reason and not replies[1].has_error()
+    nodes.messaged.clear()
+    replies = _round(grid)
+    assert nodes.messaged[0] == (2, deployment.SETUP) and sorted(nodes.messaged[1:]) == [(1, TRAIN), (2, TRAIN)]
+    assert not any(reply.has_error() for reply in replies.values())
+
+
+def test_the_superlinks_offline_reply_says_when_the_server_saw_it():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5, pull_interval=0)
+    messages = [Message(content=RecordDict(), dst_node_id=node, message_type=TRAIN) for node in grid.get_node_ids()]
+    nodes.online.discard(2)
+    replies = {reply.metadata.reply_to_message_id: reply for reply in grid.send_and_receive(messages, timeout=5)}
+    error = replies[messages[1].metadata.message_id].error
+    assert error.code == ErrorCode.NODE_UNAVAILABLE
+    assert error.reason.startswith("no reply: node 2 went offline") and "seen after 0 s" in error.reason
+    assert grid.get_node_ids() == [1]
+
+
+def test_a_new_node_takes_a_site_only_when_that_sites_node_is_gone():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    node_sites = dict(setup.sites)
+    grid = RejoiningSites(nodes, setup, node_sites, timeout=5, pull_interval=0)
+    nodes.restart(7, site="site-a")  # claims a live site
+    nodes.restart(8, site="site-z")  # not a site of the set-up
+    nodes.restart(9, site="site-b")  # left out at set-up: never asked again, though it claims a site
+    assert grid.get_node_ids() == [1, 2] and node_sites == setup.sites
+    nodes.online.discard(2)
+    nodes.restart(5, site="site-b")  # site-b's key registered again: a new node ID, the old node gone
+    nodes.messaged.clear()
+    assert grid.get_node_ids() == [1, 5] and node_sites == {1: "site-a", 5: "site-b"}
+    assert nodes.messaged == [(5, deployment.IDENTITY)]  # 7, 8 and 9 are asked nothing again
+    assert not any(reply.has_error() for reply in _round(grid).values())
+    assert (5, deployment.SETUP) in nodes.messaged and all(node not in (7, 8, 9) for node, _ in nodes.messaged)
+
+
+def test_privacy_position_counts_the_rounds_charged_after_the_last_state():
+    rounds = {1: RoundRecord(released={"a": {}}, privacy_states={"a": "s1"}),
+              2: RoundRecord(released={"a": None}), 3: RoundRecord(), 4: RoundRecord(released={"a": None})}
+    assert privacy_position(rounds, "a") == ("s1", 2)
+    assert privacy_position(rounds, "b") == (None, 0)
+    assert privacy_position({1: RoundRecord(released={"a": None})}, "a") == (None, 1)
+
+
+def test_a_handed_back_state_never_replaces_the_sites_own():
+    setup = _setup()
+    context = SimpleNamespace(state=RecordDict({deployment.PRIVACY_STATE: ConfigRecord({"json": '{"own": 1}'})}))
+    agreed = setup.setups["site-a"]
+    message = Message(content=deployment._payload({
+        "spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count, "prior": [],
+        "privacy_state": '{"server": 1}', "catch_up": 2}), dst_node_id=1, message_type=deployment.SETUP)
+    message.metadata.__dict__["_message_id"] = message.object_id
+    deployment.setup(message, context)
+    assert context.state.config_records[deployment.PRIVACY_STATE]["json"] == '{"own": 1}'
+    assert deployment.CATCH_UP_STATE not in context.state.config_records
+
+
+def test_a_rejoined_site_charges_the_rounds_it_missed_before_it_trains():
+    class Counting:
+        def site_round(self, model, data, cfg, *, seed, state, setup):
+            return SiteUpdate({}, {"rounds": (state or {"rounds": 0})["rounds"] + 1})
+
+    context = SimpleNamespace(state=RecordDict({deployment.CATCH_UP_STATE: ConfigRecord({"rounds": 2})}))
+    site = SimpleNamespace(train=None)
+    state = client_app._caught_up(context, None, Counting(), object(), site, None, 0, {"rounds": 1})
+    assert state == {"rounds": 3}
+    assert json.loads(context.state.config_records[deployment.PRIVACY_STATE]["json"]) == {"rounds": 3}
+    assert deployment.CATCH_UP_STATE not in context.state.config_records
+    assert client_app._caught_up(context, None, Counting(), object(), site, None, 0, state) == state  # once
