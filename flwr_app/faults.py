@@ -73,17 +73,26 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
     trying to take the model over); ``forged_epsilon``: the reported epsilon 1e-9;
     ``spoofed_name``: the reply names another site; ``forged_metrics``: C-index 0.99 and IBS 0
     in the evaluation reply; ``poisoned_update``: every weight times ``debug.fail_scale``, nothing else changed.
-    A secure-aggregation site's masked vector (its training reply) becomes NaN (``nan_weights``) or
-    one coordinate short (``wrong_shape``).
+    A secure-aggregation site's masked vector (its training reply) becomes NaN (``nan_weights``), one
+    coordinate short (``wrong_shape``) or its masked values times ``debug.fail_scale`` mod M
+    (``poisoned_update``: after masking, so the masks no longer cancel and the unmasked sum is garbage
+    that the server's sum check must refuse without naming a site).
     """
     mode = cfg.debug.fail_mode
     if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg, site, server_round):
         return content
-    if MASKED_ARRAY in content.array_records and mode in ("nan_weights", "wrong_shape"):
-        # a secure-aggregation reply: a non-integer vector, or one coordinate short
+    if MASKED_ARRAY in content.array_records and mode in ("nan_weights", "wrong_shape", "poisoned_update"):
+        # a secure-aggregation reply: a non-integer vector, one coordinate short, or (poisoned_update) the masked
+        # vector times debug.fail_scale mod M, whose masks then no longer cancel
         masked = content[MASKED_ARRAY][MASKED_ARRAY].numpy()
-        masked = np.full(masked.shape, np.nan) if mode == "nan_weights" else masked[:-1].copy()
-        content[MASKED_ARRAY] = ArrayRecord({MASKED_ARRAY: Array(masked)})
+        if mode == "nan_weights":
+            masked = np.full(masked.shape, np.nan)
+        elif mode == "wrong_shape":
+            masked = masked[:-1].copy()
+        elif mode == "poisoned_update":
+            scaled = np.round(masked.astype(np.float64) * cfg.debug.fail_scale)
+            masked = np.mod(scaled, float(2 ** cfg.privacy.modulus_bits)).astype(np.int64)
+        content[MASKED_ARRAY] = ArrayRecord({MASKED_ARRAY: Array(np.ascontiguousarray(masked))})
         return content
     if mode in ("nan_weights", "wrong_shape", "inflated_count", "poisoned_update"):
         arrays = {key: array.numpy() for key, array in content["arrays"].items()}

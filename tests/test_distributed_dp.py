@@ -272,3 +272,171 @@ def test_configs_without_an_honest_survivor_are_refused():
     with pytest.raises(ConfigError, match="hazard_mlp"):
         resolve({**RUN, "model.name": "cox_mlp"})
 
+
+
+# ---------------------------------------------------------------------------------------------- the sum check
+
+
+def _small_plan(parties=4, records=400.0, dim=60):
+    return round_plan(epsilon=1.0, delta=1e-5, rounds=3, parties=parties, max_dropouts=1, colluding=0,
+                      records=records, dim=dim, modulus_bits=48, clip=1.0)
+
+
+def _honest_sum(plan, rng, sizes, *, aligned):
+    """The integer sum of honest sites: each record's gradient at the clip norm, all in one direction (the worst
+    case) or in random ones, scaled, rounded, summed, plus each site's N_Z(0, s^2) noise."""
+    direction = rng.normal(size=plan.dim)
+    total = np.zeros(plan.dim, dtype=np.int64)
+    for n in sizes:
+        g = np.tile(direction, (n, 1)) if aligned else rng.normal(size=(n, plan.dim))
+        g *= plan.gamma / np.linalg.norm(g, axis=1, keepdims=True)  # gamma * C, C = 1
+        total += np.round(g).astype(np.int64).sum(0)
+        total += sample_discrete_gaussian(rng, plan.local_sigma ** 2, plan.dim)
+    return total
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_honest_sums_are_never_refused(aligned):
+    """Honest rounds (worst-case aligned gradients and random ones; 1 to 4 included sites) stay within the bound."""
+    plan = _small_plan()
+    mechanism = DistributedDP()
+    arrays = {"w": np.zeros(plan.dim, dtype=np.float32)}
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        sites = 1 + trial % 4
+        sizes = [100] * sites
+        total = _honest_sum(plan, rng, sizes, aligned=aligned)
+        new, _, reason = mechanism.server_step(arrays, total, plan, count=float(sum(sizes)), lr=0.01, state=None,
+                                               sites=sites)
+        assert reason == "" and new is not None, (trial, reason)
+        bound = plan.sum_bound(records=float(sum(sizes)), sites=sites)
+        assert np.linalg.norm(total) <= bound.norm and np.abs(total).max() <= bound.coordinate
+
+
+def test_the_bound_is_records_times_delta_plus_the_noise_tail():
+    plan = _small_plan()
+    bound = plan.sum_bound(records=300.0, sites=3)
+    assert bound.records == pytest.approx(301.5)  # exact counts: the agreed count plus half a record per site
+    assert bound.data == pytest.approx(301.5 * plan.l2)
+    x = math.log(3 / 1e-9)
+    noise = math.sqrt(3) * plan.local_sigma * math.sqrt(plan.dim + 2 * math.sqrt(plan.dim * x) + 2 * x)
+    assert bound.noise == pytest.approx(noise) and bound.norm == pytest.approx(bound.data + noise)
+    # a noisy set-up count widens it by the count's Gaussian tail, and it is far below the wrap-around bound
+    noisy = plan.sum_bound(records=300.0, sites=3, count_std=20.0)
+    assert noisy.records == pytest.approx(301.5 + 20.0 * math.sqrt(3) * math.sqrt(2 * x))
+    assert noisy.norm < plan.norm_bound
+
+
+@pytest.mark.parametrize("scale", [1e3, -1e3, 50.0])
+def test_a_contribution_scaled_beyond_the_honest_bound_is_refused_and_names_no_site(scale):
+    plan = _small_plan()
+    rng = np.random.default_rng(5)
+    honest = _honest_sum(plan, rng, [100] * 3, aligned=True)
+    hostile = _honest_sum(plan, rng, [100], aligned=True)
+    total = honest + np.round(hostile * scale).astype(np.int64)
+    new, state, reason = DistributedDP().server_step({"w": np.zeros(plan.dim, np.float32)}, total, plan,
+                                                     count=400.0, lr=0.01, state=None, sites=4)
+    assert new is None and state == {}
+    assert "beyond what honest sites can produce" in reason and "cannot say whose contribution" in reason
+    assert "site-" not in reason
+
+
+def test_a_scaled_contribution_within_the_honest_worst_case_passes_the_check():
+    """The limit of a check on the sum alone: x -5 of one of four sites whose gradients all point one way gives a
+    sum of -2 sites' worth, which honest sites can produce; it is not refused (docs/privacy.md says so)."""
+    plan = _small_plan()
+    rng = np.random.default_rng(6)
+    sites = [_honest_sum(plan, rng, [100], aligned=True) for _ in range(4)]
+    direction = sites[0] / np.linalg.norm(sites[0])
+    sites = [np.round(direction * np.linalg.norm(s)).astype(np.int64) for s in sites]  # one direction
+    total = sites[0] + sites[1] + sites[2] - 5 * sites[3]
+    _, _, reason = DistributedDP().server_step({"w": np.zeros(plan.dim, np.float32)}, total, plan, count=400.0,
+                                               lr=0.01, state=None, sites=4)
+    assert reason == ""
+
+
+def test_a_wrapped_sum_is_judged_on_its_centred_value():
+    """Whatever a vector wrapped to mod M, the check bounds the centred sum, the integers the step divides: a sum
+    pushed across the modulus reads as a large centred value and is refused."""
+    plan = _small_plan()
+    honest = _honest_sum(plan, np.random.default_rng(8), [100] * 4, aligned=False)
+    for shift in (plan.modulus // 2, plan.modulus // 4, 3 * plan.modulus // 4):
+        wrapped = secagg.centred(np.mod(honest + shift, plan.modulus), plan.modulus)
+        _, _, reason = DistributedDP().server_step({"w": np.zeros(plan.dim, np.float32)}, wrapped, plan,
+                                                   count=400.0, lr=0.01, state=None, sites=4)
+        assert "beyond what honest sites can produce" in reason, shift
+
+
+def _hostile_vectors(monkeypatch, mode):
+    """site-1 (``task.round_seed(seed, round, 1)``) sends, through the real ClientApp: its contribution x 1e3 before
+    masking (``scale``), an all-zero masked vector (``zero``), its masked vector reduced mod M/2
+    (``wrong_modulus``), or its previous round's masked vector (``replayed``, from round 2 on)."""
+    import threading
+
+    from flwr_app import task
+
+    local, previous = threading.local(), {}
+    contribution, site_mask = DistributedDP.contribution, secagg.site_mask
+
+    def hostile_contribution(self, model, data, cfg, plan, *, seed):
+        vector = contribution(self, model, data, cfg, plan, seed=seed)
+        local.hostile = any(seed == task.round_seed(cfg.seed, r, 1) for r in range(1, cfg.federation.rounds + 1))
+        return vector * 1000 if local.hostile and mode == "scale" else vector
+
+    def hostile_mask(state, sources, ciphertexts, vector):
+        masked = site_mask(state, sources, ciphertexts, vector)
+        if not getattr(local, "hostile", False):
+            return masked
+        if mode == "zero":
+            return np.zeros_like(masked)
+        if mode == "wrong_modulus":
+            return np.mod(masked, state.modulus // 2)
+        if mode == "replayed":
+            masked, previous["masked"] = previous.get("masked", masked), masked
+        return masked
+
+    monkeypatch.setattr(DistributedDP, "contribution", hostile_contribution)
+    monkeypatch.setattr(secagg, "site_mask", hostile_mask)
+
+
+@pytest.mark.parametrize("mode", ["poisoned_update", "scale", "zero", "wrong_modulus", "replayed"])
+def test_a_sum_outside_the_protocol_is_refused_unattributed_and_the_run_goes_on(tmp_path, monkeypatch, mode):
+    steps = []
+    server_step = DistributedDP.server_step
+
+    def recorded(self, *args, **kwargs):
+        new, state, reason = server_step(self, *args, **kwargs)
+        steps.append(reason)
+        return new, state, reason
+
+    monkeypatch.setattr(DistributedDP, "server_step", recorded)
+    overrides = {"debug.fail_site": "site-1", "debug.fail_mode": "poisoned_update"}
+    if mode != "poisoned_update":  # poisoned_update: the masked vector x -10 mod M (flwr_app.faults)
+        _hostile_vectors(monkeypatch, mode)
+        overrides = {}
+    summary = run_inprocess({**RUN, **overrides, "output.dir": str(tmp_path / "out")})
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    refused = [1, 2] if mode != "replayed" else [2]  # a replay needs a previous round
+    assert [bool(reason) for reason in steps] == [r in refused for r in (1, 2)]
+    for line in lines:
+        failures = [(f["phase"], f["site"]) for f in line["failures"]]
+        assert failures == ([("secagg_sum", "unattributable")] if line["round"] in refused else []), failures
+        assert "not_aggregated" not in line
+        if failures:
+            reason = line["failures"][0]["reason"]
+            for words in ("stage: the sum check", "cannot say whose contribution", "drop-outs and failures before "
+                          "it: none", "1 consecutive refused round" if line["round"] == refused[0] else "2 consec"):
+                assert words in reason, words
+    assert summary["test"]["c_index"] > 0.3
+    # the spend of a refused round counts: every site was asked for its vector in both rounds
+    ledger = [json.loads(line) for line in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 8 and ledger[-1]["steps"] == 2
+    assert summary["privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_sum_refused_in_three_consecutive_rounds_stops_the_run_with_a_named_error(tmp_path):
+    with pytest.raises(TooFewSitesError, match="refused in 3 consecutive rounds.*cannot say which"):
+        run_inprocess({**RUN, "federation.rounds": 3, "debug.fail_site": "site-1", "debug.fail_mode": "poisoned_update",
+                       "output.dir": str(tmp_path / "out")})
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2, 3] and "not_aggregated" in lines[-1]
