@@ -36,6 +36,7 @@ accepted than ``min_train_nodes`` (that round is not aggregated).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -236,6 +237,15 @@ def _predictions_diverged(record: RoundRecord) -> str:
     return ""
 
 
+def _digest(arrays: ArrayRecord) -> bytes:
+    """A digest of a model's names and bytes (to recognise the same update sent twice)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key, array in arrays.items():
+        digest.update(key.encode())
+        digest.update(array.data)
+    return digest.digest()
+
+
 def _value_bytes(value: Any) -> int:
     if isinstance(value, (str, bytes)):
         return len(value)
@@ -393,6 +403,9 @@ class SurvivalFedAvg(FedAvg):
         self.recalibration: tuple[RecalibrationPlan, np.ndarray] | None = None
         self.exponents: np.ndarray | None = None
         self._recalibrated = False
+        #: Each site's updates (digest -> the round and the digest of the global model it was sent then).
+        self._sent_updates: dict[str, dict[bytes, tuple[int, bytes]]] = {}
+        self._global_digest: tuple[int, bytes] = (0, b"")
         #: The last round whose model did not diverge, and that model (where a diverged round goes back to).
         self.last_good: tuple[int, ArrayRecord | None] = (0, None)
 
@@ -720,7 +733,7 @@ class SurvivalFedAvg(FedAvg):
         assert self.global_arrays is not None
         reason = check_arrays({key: array.numpy() for key, array in self.global_arrays.items()},
                               {key: array.numpy() for key, array in update.items()})
-        if reason:
+        if reason or (reason := self._replay(server_round, site, update)):
             return reason, None, float(count), None
         previous = self.site_reports(site, server_round - 1)
         reason = self.mechanism.verify(self.cfg, numbers, setup=self.setups[site], previous=previous)
@@ -736,6 +749,20 @@ class SurvivalFedAvg(FedAvg):
             except ValueError:
                 return "the privacy state is not a JSON object of reasonable size", None, float(count), None
         return "", {key: float(value) for key, value in numbers.items()}, float(count), state
+
+    def _replay(self, server_round: int, site: str, update: ArrayRecord) -> str:
+        """Why ``update`` is refused as a replay ("" if it is not): bit for bit an update ``site`` sent in an earlier
+        round, when it was sent another global model (training from another model never gives the same bits; from
+        the same one, after a rolled-back round, it can)."""
+        assert self.global_arrays is not None
+        if self._global_digest[0] != server_round:
+            self._global_digest = (server_round, _digest(self.global_arrays))
+        seen = self._sent_updates.setdefault(site, {})
+        earlier = seen.setdefault(_digest(update), (server_round, self._global_digest[1]))
+        if earlier[1] != self._global_digest[1]:
+            return (f"its update is bit for bit the one it sent in round {earlier[0]}, when it was sent another "
+                    "global model: a replay")
+        return ""
 
     def screen_train(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """Check every training reply; record accepted reports and named failures; return the accepted replies.

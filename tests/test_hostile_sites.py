@@ -211,17 +211,18 @@ def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_coun
     assert "site-1" not in summary["sites"]
 
 
-@pytest.mark.parametrize("tamper", ["duplicate", "relabelled", "heavy"])
-def test_a_duplicate_relabelled_or_heavy_reply_is_refused_under_the_node_it_answers(tmp_path, clean, monkeypatch,
-                                                                                    tamper):
+@pytest.mark.parametrize("tamper", ["duplicate", "relabelled", "heavy", "stale"])
+def test_a_duplicate_relabelled_heavy_or_replayed_reply_is_refused_under_the_node_it_answers(
+        tmp_path, clean, monkeypatch, tamper):
     """site-1 (node 2) answers its training message twice, or its reply comes back labelled as node 1 (site-0), or
-    it carries 3 MB of padding: the reply is refused and filed under site-1, the node the message went to (the
-    heavy one by its size, unread); no honest site is named."""
+    it carries 3 MB of padding, or from round 2 on it sends its round-1 update again: the reply is refused and filed
+    under site-1, the node the message went to (the heavy one by its size, unread); no honest site is named."""
     from flwr.app import ConfigRecord
 
     from simulations import engine
 
     original = engine.InProcessGrid.send_and_receive
+    stale = {}
 
     def tampered(grid, messages, *, timeout=None):
         messages = list(messages)
@@ -232,6 +233,9 @@ def test_a_duplicate_relabelled_or_heavy_reply_is_refused_under_the_node_it_answ
                 replies += hostile
             elif tamper == "heavy":
                 hostile[0].content["padding"] = ConfigRecord({"x": "x" * 3_000_000})
+            elif tamper == "stale":
+                first = stale.setdefault("arrays", hostile[0].content["arrays"])
+                hostile[0].content["arrays"] = first
             else:
                 hostile[0].metadata.__dict__["_src_node_id"] = 1
         return replies
@@ -239,8 +243,11 @@ def test_a_duplicate_relabelled_or_heavy_reply_is_refused_under_the_node_it_answ
     monkeypatch.setattr(engine.InProcessGrid, "send_and_receive", tampered)
     summary = run_inprocess({**SMALL, "debug.fail_site": "", "output.dir": str(tmp_path)})
     words = {"duplicate": "2 replies to one message", "relabelled": "labelled as node 1",
-             "heavy": "bytes, more than the"}[tamper]
+             "heavy": "bytes, more than the", "stale": "bit for bit the one it sent in round 1"}[tamper]
     for line in _lines(tmp_path / "metrics.jsonl"):
+        if tamper == "stale" and line["round"] == 1:
+            assert line["failures"] == []
+            continue
         assert [(f["phase"], f["site"]) for f in line["failures"]] == [("train", "site-1")], line["failures"]
         assert words in line["failures"][0]["reason"]
     assert abs(summary["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.01
