@@ -14,7 +14,7 @@ from strategies import secure_aggregation as secagg
 from strategies.accounting.distributed_dp import ddg_epsilon, ddg_rdp, ddg_rho, ddg_tau, l1_bound
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
 from strategies.config import ConfigError
-from strategies.horizontal import TooFewSitesError
+from strategies.horizontal import MAX_REFUSED_SUMS, TooFewSitesError
 from strategies.mechanisms.discrete_gaussian import discrete_gaussian_moments, sample_discrete_gaussian
 from strategies.mechanisms.distributed_dp import DistributedDP, round_plan
 
@@ -244,7 +244,8 @@ def test_a_run_finishes_and_the_server_sum_is_the_sites_noisy_sum(tmp_path, monk
     assert last["steps"] == 2 and last["sample_rate"] == 1.0 and last["adjacency"] == "add-remove"
     text = " ".join(last["assumptions"])
     for phrase in ("on the union", "noise split", "D = 1", "t = 0", "honest-but-curious", "SecAgg+",
-                   "quantisation bound", "wrap-around"):
+                   "quantisation bound", "wrap-around", "cannot attribute",
+                   f"{MAX_REFUSED_SUMS} consecutive refusals stop the run"):
         assert phrase in text, phrase
 
 

@@ -365,6 +365,13 @@ class DistributedDP(HorizontalMechanism):
             setup_sentence(cfg, self.uses_private_setup(cfg)),
             "the server divides the sum by gamma and the agreed record count and takes one Adam step (lr = train.lr): "
             "post-processing",
+            "what secure aggregation cannot attribute: the server sees only the sum, so it cannot say whose vector is "
+            "outside the protocol; it refuses an unmasked (centred) sum beyond what honest sites can produce (L2 norm "
+            "n_max*Delta plus the noise's chi-square tail, n_max the included sites' agreed records plus their count "
+            f"noise's tail; every coordinate likewise; an honest round is refused with probability <= "
+            f"{REFUSAL_PROBABILITY:g}) as an unattributable round-level failure: the model stays, the round's spend "
+            "counts, 3 consecutive refusals stop the run. A contribution that keeps the sum within that bound (e.g. "
+            "one site's vector sign-flipped or scaled a few times) is neither detected nor named",
             *record_level_closing(cfg, self.manifest(cfg)),
         )
 
