@@ -441,3 +441,16 @@ def test_a_sum_refused_in_three_consecutive_rounds_stops_the_run_with_a_named_er
                        "output.dir": str(tmp_path / "out")})
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["round"] for line in lines] == [1, 2, 3] and "not_aggregated" in lines[-1]
+
+
+def test_a_refused_sum_names_the_drop_outs_before_it(tmp_path, monkeypatch):
+    """site-2 fails (a named drop-out at the masked-vector stage); site-1's all-zero masked vector spoils the sum
+    of the others, which is refused naming no site but listing site-2's drop-out."""
+    _hostile_vectors(monkeypatch, "zero")
+    run_inprocess({**RUN, "federation.rounds": 1, "debug.fail_site": "site-2", "output.dir": str(tmp_path / "out")})
+    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert [(f["phase"], f["site"]) for f in line["failures"]] == [("secagg_masked", "site-2"),
+                                                                   ("secagg_sum", "unattributable")]
+    reason = line["failures"][1]["reason"]
+    assert "unmasked sum of 3 sites" in reason and "site-2 (secagg_masked)" in reason
+    assert "Sites in the sum: site-0, site-1, site-3" in reason
