@@ -245,3 +245,74 @@ def test_vertical_split_run_with_labels_file_completes(deployment):
     assert (out / "survival_bands.npz").exists()
     for site in SITES:
         deployment.stop(site)
+
+
+def _supernode_status(deployment: Deployment, node_id: int) -> str:
+    listed = json.loads(deployment.run(BIN / "flwr", "supernode", "list", CONNECTION, "--format", "json").stdout)
+    return next((node["status"] for node in listed["nodes"] if int(node["node-id"]) == node_id), "")
+
+
+def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_trains(deployment):
+    """kill -9 one SuperNode during round 2 of a dp_sgd run, restart it with the same key once the SuperLink has it
+    offline (before, Flower refuses to activate it: exit 305): it keeps its node ID, gets the agreed set-up again,
+    trains in a later round, the run finishes, and its absence is filed once, under its site's name, with the time
+    the server saw it."""
+    flchain = _sksurv_flchain().drop(columns=["chapter"]).sample(n=1500, random_state=1)
+    configs = {}
+    for site, rows in zip(SITES, np.array_split(np.arange(len(flchain)), len(SITES))):
+        path = deployment.root / f"rejoin-{site}.csv"
+        flchain.iloc[rows].to_csv(path, index=False)
+        configs[site] = f"data-path='{path}' site-name='{site}'"
+        deployment.start_supernode(site, configs[site])
+    dictionary = deployment.root / "rejoin_dictionary.json"  # as in the test above: the private set-up's public facts
+    dictionary.write_text(json.dumps({"numeric": {"flc.grp": [1, 10], "sample.yr": [1995, 2003]},
+                                      "categorical": {"mgus": ["no", "yes"], "sex": ["F", "M"]}}))
+    out = deployment.root / "rejoin"
+    rounds = 6
+    run_id = deployment.submit(
+        "data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
+        f"privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
+        f"federation.rounds={rounds} evaluation.server_side=false baseline.centralized=false "
+        f"data.dictionary='{dictionary}' output.dir='{out}'")
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline, deployment.log("superlink")[-4000:]
+        time.sleep(0.5)
+    killed = SITES[-1]
+    listed = json.loads(deployment.run(BIN / "flwr", "supernode", "list", CONNECTION, "--format", "json").stdout)
+    online = [int(node["node-id"]) for node in listed["nodes"] if node["status"] == "online"]
+    os.killpg(deployment.processes.pop(killed).pid, signal.SIGKILL)  # kill -9: SuperNode and its ClientApps
+    killed_at = time.monotonic()
+    # The SuperLink marks it offline once it misses its heartbeats (up to 2 x 30 s); its node ID is the one its
+    # registered key was given, so the restarted SuperNode is the same node.
+    while all(_supernode_status(deployment, node) == "online" for node in online):
+        assert time.monotonic() - killed_at < 120, deployment.log("superlink")[-4000:]
+        time.sleep(1)
+    offline_after = time.monotonic() - killed_at
+    deployment.start_supernode(killed, configs[killed])
+    run = deployment.wait_finished(run_id, timeout=600)
+    assert run["status"] == "finished:completed", (run, deployment.log("superlink")[-4000:])
+
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["round"] for line in lines] == list(range(1, rounds + 1))
+    filed = [(line["round"], failure) for line in lines for failure in line["failures"]]
+    assert len(filed) == 1, filed  # once: not also as unanswered, never as an unnamed site
+    (round_filed, failure), = filed
+    assert failure["site"] == killed and round_filed == 2 and failure["phase"] == "train"
+    assert "went offline" in failure["reason"] and "seen after" in failure["reason"]
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    trained = sorted(entry["round"] for entry in ledger if entry["site"] == killed
+                     and not any("no accepted reply" in text for text in entry["assumptions"]))
+    assert trained[0] == 1 and trained[-1] == rounds and 2 not in trained  # accepted again after it rejoined
+    assert set(lines[-1]["sites"]) == set(SITES)
+    log = (out / "run.log").read_text()
+    assert f"site '{killed}'" in log and "rejoined: the agreed set-up sent again" in log
+    Path("/tmp/rejoin_log.txt").write_text(
+        f"kill -9 {killed} during round 2; `flwr supernode list` had it offline after {offline_after:.0f} s; "
+        "restarted with its key\n"
+        + "".join(text + "\n" for text in log.splitlines() if killed in text or text.startswith("round"))
+        + "".join(json.dumps({"round": line["round"], "failures": line["failures"], "sites": sorted(line["sites"])})
+                  + "\n" for line in lines))
+    for site in SITES:
+        deployment.stop(site)
