@@ -73,13 +73,16 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     ------
     ConfigError
         On an unknown key, data set, model or strategy, a value of the wrong type or out of
-        range, keys that do not go together, or a configuration the strategy's mechanism cannot
-        honour. The message names the key.
+        range, keys that do not go together, a key the strategy's mechanism does not honour at a
+        value but its default (:meth:`~strategies.mechanisms.base.Mechanism.check_keys`), or a
+        configuration the mechanism cannot honour. The message names the key.
     """
     from strategies.mechanisms.registry import get_mechanism  # the mechanisms need torch; the schema does not
 
     cfg = parse_flat(flat)
-    get_mechanism(cfg.strategy).check(cfg)
+    mechanism = get_mechanism(cfg.strategy)
+    mechanism.check_keys(cfg)
+    mechanism.check(cfg)
     return cfg
 
 
@@ -306,6 +309,7 @@ def configuration_page() -> str:
     for section, rows in sections.items():
         lines += ["", f"### {section}", "", "| key | type | default | values | meaning |", "| --- | --- | --- | --- | --- |",
                   *rows]
+    lines += _mechanism_keys_section()
     lines += ["", "## Group defaults", "", "### Data sets (`data.name`; Hydra `data=<name>`)", "",
               "| data set | horizontal | split | `data.test_fraction` (auto) | what it is |", "| --- | --- | --- | --- | --- |"]
     for name, data in DATA_SETS.items():
@@ -327,6 +331,24 @@ def configuration_page() -> str:
         sets = ", ".join(f"`privacy.{key}={_toml(value)}`" for key, value in preset.items()) or "nothing (the defaults)"
         lines.append(f"| `{name}` | {sets} |")
     return "\n".join(lines) + "\n"
+
+
+def _mechanism_keys_section() -> list[str]:
+    """Which strategies honour each key whose effect depends on the mechanism (``Mechanism.honours``)."""
+    from strategies.config import mechanism_keys
+    from strategies.mechanisms.registry import MECHANISMS  # no torch: the mechanisms import it where a site trains
+
+    lines = ["", "## Keys that depend on the strategy", "",
+             "Each strategy's mechanism declares the keys below that it honours; `parse_run_config` refuses any other",
+             "of them at a value but its default (for an `auto` key: what `auto` gives that strategy), in one line",
+             "that names the key, its value, the strategy and why (the strategy ignores it, or its effect would stack",
+             "on the mechanism's own). Every other key applies to every strategy.", "",
+             "| key | honoured by | refused by |", "| --- | --- | --- |"]
+    for name in mechanism_keys():
+        honoured = [strategy for strategy, mechanism in MECHANISMS.items() if name in mechanism.honours]
+        refused = [strategy for strategy in MECHANISMS if strategy not in honoured]
+        lines.append(f"| `{name}` | {', '.join(honoured) or 'none'} | {', '.join(refused) or 'none'} |")
+    return lines
 
 
 def generated_files(root: Path = PROJECT_ROOT) -> dict[Path, str]:

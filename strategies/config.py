@@ -23,6 +23,7 @@ Flower apps.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 import types
@@ -631,6 +632,70 @@ def defaults() -> dict[str, Any]:
     return {name: key.default for name, key in KEYS.items()}
 
 
+# ------------------------------------------------------------------ which keys depend on the strategy's mechanism
+
+#: The keys whose effect depends on the strategy's mechanism (``fnmatch`` patterns): each mechanism declares the
+#: ones it honours (:attr:`strategies.mechanisms.base.Mechanism.honours`) and refuses any other at a value but its
+#: default (:meth:`~strategies.mechanisms.base.Mechanism.check_keys`). A new key of these groups is refused by
+#: every mechanism until one declares it.
+MECHANISM_KEYS: tuple[str, ...] = (
+    "privacy.*", "split.*", "train.local_epochs", "train.batch_size", "train.lr", "train.weight_decay",
+    "train.proximal_mu", "model.hidden", "model.activation", "model.dropout", "model.penalty", "data.dictionary",
+    "federation.num_sites", "federation.partition", "federation.dirichlet_alpha", "federation.min_site_records",
+    "federation.fraction_train", "federation.min_sites", "federation.aggregation", "federation.update_bound",
+    "federation.trim_fraction", "federation.max_malicious", "federation.server_optimizer", "federation.server_lr",
+    "federation.server_momentum", "resume.from",
+)
+#: The keys every strategy honours (``fnmatch`` patterns; a key that :data:`MECHANISM_KEYS` names is not one of
+#: them). A test fails on a key that neither list names.
+COMMON_KEYS: tuple[str, ...] = (
+    "seed", "strategy.name", "data.*", "model.name", "model.num_durations", "model.time_grid", "train.num_threads",
+    "federation.rounds", "federation.timeout_s", "output.dir", "evaluation.*", "baseline.*", "debug.*",
+)
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def mechanism_keys() -> tuple[str, ...]:
+    """Every key of :data:`MECHANISM_KEYS`, in the schema's order."""
+    return tuple(name for name in KEYS if _matches(name, MECHANISM_KEYS))
+
+
+def unclassified_keys() -> tuple[str, ...]:
+    """The keys that neither :data:`MECHANISM_KEYS` nor :data:`COMMON_KEYS` names (a test keeps it empty)."""
+    return tuple(name for name in KEYS if not _matches(name, MECHANISM_KEYS) and not _matches(name, COMMON_KEYS))
+
+
+def key_value(cfg: ExperimentConfig, name: str) -> Any:
+    """The value of run-config key ``name`` in ``cfg`` (``"privacy.clip_norm"`` -> ``cfg.privacy.clip_norm``)."""
+    key = KEYS[name]
+    return getattr(getattr(cfg, key.group) if key.group else cfg, key.attribute)
+
+
+def run_defaults(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every key's default for ``cfg``'s strategy, model and data set (``auto`` resolved as :func:`parse_flat` does)."""
+    values = {name: None if key.setting.auto and _is_auto(key.default) else _value(key, key.default)
+              for name, key in KEYS.items()}
+    values.update({"strategy.name": cfg.strategy, "model.name": cfg.model.name, "data.name": cfg.data.name})
+    _resolve_auto(values)
+    return values
+
+
+def show_value(value: Any) -> str:
+    """A value as a refusal writes it: ``'fedadam'``, ``0.1``, ``inf``, ``true``, ``'a,b'``, ``auto``."""
+    if value is None:
+        return AUTO
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return repr(",".join(str(item) for item in value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 # ------------------------------------------------------------------ parsing
 
 
@@ -798,13 +863,9 @@ def _check_pairing(cfg: ExperimentConfig) -> None:
 
 
 def _check_server_optimizer(cfg: ExperimentConfig) -> None:
-    """The server optimiser and FedProx are for horizontal runs; its learning rate and momentum only where it has them."""
+    """The server optimiser's learning rate and momentum only where it has them (which strategies take a server
+    optimiser or FedProx's term at all is each mechanism's declaration, ``Mechanism.honours``)."""
     federation = cfg.federation
-    if STRATEGIES[cfg.strategy].vertical:
-        if federation.server_optimizer != "fedavg" or cfg.train.proximal_mu > 0:
-            raise ConfigError(f"run config: 'federation.server_optimizer' = {federation.server_optimizer!r} and "
-                              f"'train.proximal_mu' = {cfg.train.proximal_mu:g} apply to horizontal runs only; "
-                              f"strategy {cfg.strategy!r} trains by split learning (use fedavg and 0)")
     option = SERVER_OPTIMIZERS[federation.server_optimizer]
     for key, value, parameter in (("server_lr", federation.server_lr, option.lr),
                                   ("server_momentum", federation.server_momentum, option.momentum)):
@@ -825,10 +886,9 @@ def _check_faults(cfg: ExperimentConfig) -> None:
                           "defaults ('' and 0)")
     if not STRATEGIES[cfg.strategy].vertical:
         return
-    if cfg.resume_from or debug.stop_after_round:
-        raise ConfigError("run config: 'resume.from' and 'debug.stop_after_round' apply to horizontal runs only: a "
-                          "split run keeps each site's encoder in that site's node state, which no server checkpoint "
-                          "can restore")
+    if debug.stop_after_round:  # resume.from: the split mechanisms do not honour it (Mechanism.honours)
+        raise ConfigError("run config: 'debug.stop_after_round' applies to horizontal runs only: a split run keeps "
+                          "each site's encoder in that site's node state, which no server checkpoint can restore")
     if debug.fail_site and debug.fail_message != "train":
         raise ConfigError(f"run config: a split run's sites answer training round trips only; "
                           f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")

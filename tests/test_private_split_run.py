@@ -108,7 +108,7 @@ def test_a_budget_the_set_up_eats_stops_the_run_before_any_release(tmp_path):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"split.calibration": "paper"}, "belong to strategy 'split'"),
+    ({"split.calibration": "paper"}, "split.calibration = 'paper' belongs to strategy 'split'"),
     ({"privacy.adjacency": "add-remove"}, "replace-one"),
     ({"split.encoder": "svd"}, "split.encoder"),
 ])
@@ -274,5 +274,5 @@ def test_setup_share_is_read_by_private_split_and_refused_where_it_would_be_igno
         resolve({**RUN, "strategy.name": "split", "privacy.setup_share": 0.05})
     with pytest.raises(ConfigError, match="privacy.setup_share = 0.05 has no effect on strategy 'nbafl'"):
         resolve({"strategy.name": "nbafl", "privacy.epsilon": 2.0, "privacy.setup_share": 0.05})
-    with pytest.raises(ConfigError, match="'data.dictionary' = 'd.json' has no effect on strategy 'split'"):
+    with pytest.raises(ConfigError, match="data.dictionary = 'd.json' has no effect on strategy 'split'"):
         resolve({**RUN, "strategy.name": "split", "data.dictionary": "d.json"})

@@ -220,9 +220,11 @@ def test_an_optimizer_state_of_another_optimizer_is_refused():
      "'federation.server_momentum' must be in"),
     ({"federation.server_optimizer": "sgd"}, "'federation.server_optimizer' = 'sgd'; choose one of"),
     ({"strategy.name": "split", "data.name": "synthetic_multimodal", "federation.server_optimizer": "fedadam"},
-     "apply to horizontal runs only"),
+     "federation.server_optimizer = 'fedadam' has no effect on strategy 'split'"),
     ({"strategy.name": "split", "data.name": "synthetic_multimodal", "train.proximal_mu": 0.1},
-     "apply to horizontal runs only"),
+     "train.proximal_mu = 0.1 has no effect on strategy 'split'"),
+    ({"strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "federation.server_optimizer": "fedadam"},
+     "federation.server_optimizer = 'fedadam' would stack on the server Adam step"),
 ])
 def test_bad_optimizer_settings_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

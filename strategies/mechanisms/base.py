@@ -2,7 +2,9 @@
 
 A :class:`Mechanism` owns everything about one way of protecting a site's records:
 
-* its configuration checks (:meth:`Mechanism.check`), run once when the run config is parsed;
+* the keys it honours (:attr:`Mechanism.honours`: any other key whose effect depends on the mechanism is
+  refused at a value but its default, :meth:`Mechanism.check_keys`) and its configuration checks
+  (:meth:`Mechanism.check`), run once when the run config is parsed;
 * the site's step (:meth:`Mechanism.site_round`): local training and whatever noise the mechanism
   adds before the update leaves the site, with the site's privacy state carried between rounds;
 * its accounting at the server (:meth:`Mechanism.ledger_entry`): the ledger entry of a site after a
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import STRATEGIES, ConfigError, ExperimentConfig
+from strategies.config import AUTO, KEYS, STRATEGIES, ConfigError, ExperimentConfig, key_value, mechanism_keys, run_defaults, show_value
 
 if TYPE_CHECKING:  # the heavy imports only for type checkers
     from flwr.serverapp.strategy import Strategy
@@ -44,7 +46,13 @@ if TYPE_CHECKING:  # the heavy imports only for type checkers
     from models.survival import SurvivalModel
 
 __all__ = [
+    "AGGREGATION",
+    "BUDGET",
+    "HORIZONTAL",
     "HorizontalMechanism",
+    "LOCAL_TRAINING",
+    "PRIVATE_SETUP",
+    "SERVER_OPTIMIZER",
     "Manifest",
     "Mechanism",
     "ReleasedValue",
@@ -57,6 +65,30 @@ __all__ = [
     "uncovered_sentence",
     "update_release",
 ]
+
+
+# The keys a mechanism may honour (strategies.config.MECHANISM_KEYS), in the groups the mechanisms declare them by.
+
+#: A horizontal federation's sites, partition and sampling, a site's network and resumption from a checkpoint (no
+#: split-learning strategy reads them).
+HORIZONTAL: frozenset[str] = frozenset({
+    "federation.num_sites", "federation.partition", "federation.dirichlet_alpha", "federation.min_site_records",
+    "federation.fraction_train", "federation.min_sites", "model.hidden", "model.activation", "model.dropout",
+    "resume.from"})
+#: Local mini-batch training at a site (FedProx's term included).
+LOCAL_TRAINING: frozenset[str] = frozenset({"train.local_epochs", "train.batch_size", "train.lr", "train.weight_decay",
+                                            "train.proximal_mu"})
+#: How the server combines the sites' updates: FedAvg's bounded weighted mean or a robust aggregator.
+AGGREGATION: frozenset[str] = frozenset({"federation.aggregation", "federation.update_bound",
+                                         "federation.trim_fraction", "federation.max_malicious"})
+#: Flower's server optimiser, stepped toward each round's aggregate.
+SERVER_OPTIMIZER: frozenset[str] = frozenset({"federation.server_optimizer", "federation.server_lr",
+                                              "federation.server_momentum"})
+#: Every DP mechanism's target and clipping.
+BUDGET: frozenset[str] = frozenset({"privacy.epsilon", "privacy.delta", "privacy.clip_norm", "privacy.accountant",
+                                    "privacy.adjacency"})
+#: A private set-up: its share of the budget and the public data dictionary it takes.
+PRIVATE_SETUP: frozenset[str] = frozenset({"privacy.setup_share", "data.dictionary"})
 
 
 @dataclass(frozen=True)
@@ -371,9 +403,13 @@ class Mechanism(ABC):
         True for the split-learning protocol (one modality per site).
     private
         False only for :class:`~strategies.mechanisms.none.NoPrivacy`.
-    reads_setup_share
-        True when the mechanism's set-up noise comes from ``privacy.setup_share``; the others
-        refuse any but 0, what ``auto`` gives them (:meth:`check_setup_share`).
+    honours
+        The keys of :data:`strategies.config.MECHANISM_KEYS` this mechanism reads; any other of
+        them must keep its default (:meth:`check_keys`), so a key it would ignore, or one whose
+        effect would stack on its own, is refused rather than accepted.
+    refusals
+        Why it refuses some keys it does not honour, as the words that follow ``<key> = <value>``
+        in the refusal (e.g. ``"would stack on ..."``); otherwise ``"has no effect on strategy ..."``.
     """
 
     name: str = ""
@@ -382,7 +418,8 @@ class Mechanism(ABC):
     accountants: tuple[str, ...] = ("rdp",)
     vertical: bool = False
     private: bool = True
-    reads_setup_share: bool = False
+    honours: frozenset[str] = frozenset()
+    refusals: Mapping[str, str] = {}
 
     # ---------------------------------------------------------------- configuration
 
@@ -401,7 +438,25 @@ class Mechanism(ABC):
                 f"'{self.name}'; its accountant bounds {' or '.join(self.adjacencies)} neighbours")
         if self.private:
             self.check_accountant(cfg)
-        self.check_setup_share(cfg)
+
+    def check_keys(self, cfg: ExperimentConfig) -> None:
+        """Refuse, in one line naming the key, its value, the strategy and why, any key of
+        :data:`~strategies.config.MECHANISM_KEYS` that this mechanism does not honour (:attr:`honours`) at a value
+        but its default for the run (``auto`` resolved for the run's strategy, model and data set)."""
+        from strategies.mechanisms.registry import MECHANISMS  # the registry imports this module
+
+        default = run_defaults(cfg)
+        for name in mechanism_keys():
+            value = key_value(cfg, name)
+            if name in self.honours or value == default[name]:
+                continue
+            why = self.refusals.get(name, f"has no effect on strategy '{self.name}'")
+            keep = show_value(default[name])
+            if KEYS[name].setting.auto and keep != AUTO:
+                keep = f"{AUTO} (here {keep})"
+            takers = [other.name for other in MECHANISMS.values() if name in other.honours]
+            raise ConfigError(f"run config: {name} = {show_value(value)} {why}; leave it at {keep}; "
+                              + (f"honoured by {', '.join(takers)}" if takers else "no strategy honours it"))
 
     def check_accountant(self, cfg: ExperimentConfig) -> None:
         """``privacy.accountant`` must be one of :attr:`accountants` (``ConfigError`` naming the key)."""
@@ -410,13 +465,6 @@ class Mechanism(ABC):
                 f"run config: privacy.accountant = {cfg.privacy.accountant!r} is not offered for strategy "
                 f"'{self.name}' (offered: {', '.join(self.accountants)}; 'auto': {self.accountants[0]}); "
                 "docs/privacy.md, 'Accounting', says which accountant bounds which mechanism")
-
-    def check_setup_share(self, cfg: ExperimentConfig) -> None:
-        """Refuse a ``privacy.setup_share`` the mechanism would ignore: any but 0 (what ``auto`` resolves
-        to for a mechanism without a private set-up)."""
-        if not self.reads_setup_share and cfg.privacy.setup_share != 0:
-            raise ConfigError(f"run config: privacy.setup_share = {cfg.privacy.setup_share:g} has no effect on "
-                              f"strategy '{self.name}', which has no private set-up; leave it at auto (0 here)")
 
     @abstractmethod
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
@@ -456,10 +504,6 @@ class HorizontalMechanism(Mechanism):
     server_side: bool = False
     secure_sum: bool = False
     private_setup: bool = False
-
-    @property
-    def reads_setup_share(self) -> bool:  # type: ignore[override]
-        return self.private_setup
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

@@ -38,6 +38,12 @@ from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ExperimentConfig
 from strategies.mechanisms.base import (
+    AGGREGATION,
+    BUDGET,
+    HORIZONTAL,
+    LOCAL_TRAINING,
+    PRIVATE_SETUP,
+    SERVER_OPTIMIZER,
     Manifest,
     HorizontalMechanism,
     ReleasedValue,
@@ -78,6 +84,7 @@ class BayesianDP(HorizontalMechanism):
     private_setup = True
     unit = "record"
     adjacencies = ("add-remove", "replace-one")
+    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

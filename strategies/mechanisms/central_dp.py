@@ -36,6 +36,10 @@ from strategies.accounting.rdp import (
 )
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    BUDGET,
+    HORIZONTAL,
+    LOCAL_TRAINING,
+    SERVER_OPTIMIZER,
     Manifest,
     HorizontalMechanism,
     SiteSetUp,
@@ -72,6 +76,13 @@ class CentralDP(HorizontalMechanism):
     server_side = True
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
+    honours = HORIZONTAL | LOCAL_TRAINING | SERVER_OPTIMIZER | BUDGET | {"model.penalty"}
+    refusals = {
+        "federation.aggregation": "is not offered with strategy 'central_dp', which calibrates its noise to the mean "
+                                  "of the clipped updates",
+        "federation.update_bound": "bounds FedAvg's weighted mean, which strategy 'central_dp' does not take (its "
+                                   "noise is calibrated to the plain mean of the clipped updates)",
+    }
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -79,10 +90,6 @@ class CentralDP(HorizontalMechanism):
             raise ConfigError(
                 "run config: strategy 'central_dp' is accounted without sub-sampling amplification and needs every "
                 "site in every round: set federation.fraction_train = 1.0")
-        if cfg.federation.aggregation != "fedavg":
-            raise ConfigError(
-                f"run config: strategy 'central_dp' calibrates its noise to the mean of the clipped updates; "
-                f"federation.aggregation = {cfg.federation.aggregation!r} is not offered with it (use 'fedavg')")
 
     def noise_multiplier(self, cfg: ExperimentConfig) -> float:
         privacy = cfg.privacy

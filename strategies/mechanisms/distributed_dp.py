@@ -47,6 +47,9 @@ from strategies.accounting.distributed_dp import ddg_epsilon, l1_bound
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    BUDGET,
+    HORIZONTAL,
+    PRIVATE_SETUP,
     HorizontalMechanism,
     Manifest,
     ReleasedValue,
@@ -250,6 +253,20 @@ class DistributedDP(HorizontalMechanism):
     adjacencies = ("add-remove",)
     private_setup = True
     secure_sum = True
+    honours = (HORIZONTAL - {"resume.from"}) | BUDGET | PRIVATE_SETUP | {
+        "train.lr", "privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits"}
+    refusals = {
+        **{key: "has no effect on strategy 'distributed_dp', whose round is one full-batch gradient step at the global "
+                "model, not local training (only the non-private centralised baseline would read it)"
+           for key in ("train.local_epochs", "train.batch_size", "train.weight_decay", "train.proximal_mu")},
+        "federation.server_optimizer": "would stack on the server Adam step (lr = train.lr) that strategy "
+                                       "'distributed_dp' takes from the unmasked sum",
+        "federation.aggregation": "cannot run with strategy 'distributed_dp', which gives the server only the sum",
+        "federation.update_bound": "bounds FedAvg's weighted mean, which strategy 'distributed_dp' does not take (the "
+                                   "server sees only the sum)",
+        "resume.from": "is not offered for strategy 'distributed_dp' (the server's optimiser state is not in the "
+                       "checkpoint)",
+    }
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -261,12 +278,6 @@ class DistributedDP(HorizontalMechanism):
                 f"run config: strategy 'distributed_dp' with about {selected} sites per round cannot tolerate "
                 f"privacy.max_dropouts = {cfg.privacy.max_dropouts} and privacy.colluding_sites = "
                 f"{cfg.privacy.colluding_sites}: k - privacy.max_dropouts - privacy.colluding_sites must be >= 1")
-        if cfg.federation.aggregation != "fedavg":
-            raise ConfigError(f"run config: federation.aggregation = {cfg.federation.aggregation!r}: strategy "
-                              "'distributed_dp' gives the server only the sum, so no robust aggregator can run")
-        if cfg.resume_from:
-            raise ConfigError("run config: 'resume.from' is not offered for strategy 'distributed_dp' (the server's "
-                              "optimiser state is not in the checkpoint)")
 
     def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp) -> RoundPlan:
         """This round's public parameters (ConfigError naming the keys when they cannot be met)."""

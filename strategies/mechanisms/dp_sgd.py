@@ -36,6 +36,12 @@ from strategies.accounting.rdp import (
 )
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    AGGREGATION,
+    BUDGET,
+    HORIZONTAL,
+    LOCAL_TRAINING,
+    PRIVATE_SETUP,
+    SERVER_OPTIMIZER,
     Manifest,
     HorizontalMechanism,
     ReleasedValue,
@@ -122,6 +128,7 @@ class DPSGD(HorizontalMechanism):
     unit = "record"
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
+    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

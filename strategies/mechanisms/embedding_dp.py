@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import BUDGET, Manifest, Mechanism, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
 from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
 from strategies.validation import check_choice, check_count, check_positive, check_probability
@@ -123,6 +123,14 @@ class EmbeddingDP(Mechanism):
     unit = "record"
     adjacencies = ("replace-one",)
     vertical = True
+    honours = BUDGET | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities", "split.embedding_dim",
+                        "split.encoder_layers", "split.head_layers", "split.dropout", "split.similarity_weight",
+                        "split.calibration", "split.mc_samples", "split.clean_inference", "split.risk_layer"}
+    refusals = {
+        "data.dictionary": "has no effect on strategy 'split', whose sites have no private set-up",
+        "resume.from": "is not offered for strategy 'split': a split run keeps each site's encoder in that site's node "
+                       "state, which no server checkpoint can restore",
+    }
 
     def check(self, cfg: ExperimentConfig) -> None:
         # The vertical data set and model are the schema's checks (strategies.config.parse_flat).
@@ -131,10 +139,6 @@ class EmbeddingDP(Mechanism):
                               "adjacency; add/remove is not offered because the server picks the batch IDs and sees "
                               "which records a site holds")
         self.check_accountant(cfg)
-        self.check_setup_share(cfg)
-        if cfg.data.dictionary:
-            raise ConfigError(f"run config: 'data.dictionary' = {cfg.data.dictionary!r} has no effect on strategy "
-                              "'split', whose sites have no private set-up (strategy 'private_split' reads it)")
 
     def planned_releases(self, cfg: ExperimentConfig) -> int:
         """The most times any record's embedding leaves one site: once per epoch (training records) or

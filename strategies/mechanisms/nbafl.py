@@ -56,6 +56,11 @@ from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
 from strategies.mechanisms.base import (
+    AGGREGATION,
+    BUDGET,
+    HORIZONTAL,
+    LOCAL_TRAINING,
+    SERVER_OPTIMIZER,
     Manifest,
     HorizontalMechanism,
     ReleasedValue,
@@ -137,6 +142,9 @@ class WeightPerturbation(HorizontalMechanism):
 
     def __init__(self, method: str) -> None:
         self.name = check_choice(method, WEIGHT_PERTURBATION, "method")
+        own = {"nbafl": (), "ls_adp": ("privacy.uniform_mix",), "row_dp": ("privacy.uniform_mix", "privacy.dispersion")}
+        self.honours = (HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET
+                        | {"model.penalty", "privacy.allocation", "privacy.min_site_records", *own[self.name]})
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

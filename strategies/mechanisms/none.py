@@ -6,8 +6,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strategies.accounting.ledger import LedgerEntry
-from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import HorizontalMechanism, Manifest, ReleasedValue, SiteSetUp, SiteUpdate, update_release
+from strategies.config import ExperimentConfig
+from strategies.mechanisms.base import (
+    AGGREGATION,
+    HORIZONTAL,
+    LOCAL_TRAINING,
+    SERVER_OPTIMIZER,
+    HorizontalMechanism,
+    Manifest,
+    ReleasedValue,
+    SiteSetUp,
+    SiteUpdate,
+    update_release,
+)
 
 __all__ = ["NoPrivacy"]
 
@@ -19,13 +30,8 @@ class NoPrivacy(HorizontalMechanism):
     pooled_baseline = True
     unit = "none"
     private = False
-
-    def check(self, cfg: ExperimentConfig) -> None:
-        if cfg.privacy.enabled:
-            raise ConfigError(
-                f"run config: strategy '{self.name}' adds no noise, so it cannot meet privacy.epsilon = "
-                f"{cfg.privacy.epsilon}; set privacy.epsilon = inf or choose a DP strategy")
-        super().check(cfg)
+    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | {"model.penalty"}
+    refusals = {"privacy.epsilon": "cannot be met: strategy 'fedavg' adds no noise (or choose a DP strategy)"}
 
     def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
                    setup: SiteSetUp) -> SiteUpdate:

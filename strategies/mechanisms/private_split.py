@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import BUDGET, PRIVATE_SETUP, Manifest, Mechanism, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.embedding_dp import RECORD_LEVEL
 from strategies.accounting.private_split import NoisePlan, PrivateSplitPlan, record_epsilon
 
@@ -37,16 +37,20 @@ class PrivateSplitDP(Mechanism):
     unit = "record"
     adjacencies = ("replace-one",)
     vertical = True
-    reads_setup_share = True
+    honours = BUDGET | PRIVATE_SETUP | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities",
+                                        "split.embedding_dim", "split.mc_samples", "split.risk_layer", "split.encoder",
+                                        "split.release_noise", "split.fit_share"}
+    refusals = {
+        **{key: "belongs to strategy 'split' (BVFLMSP): strategy 'private_split' releases each record once, "
+                "calibrated by its own accountant" for key in ("split.calibration", "split.clean_inference")},
+        "resume.from": "is not offered for strategy 'private_split': a split run keeps each site's encoder in that "
+                       "site's node state, which no server checkpoint can restore",
+    }
 
     def check(self, cfg: ExperimentConfig) -> None:
         if cfg.privacy.adjacency not in self.adjacencies:
             raise ConfigError("run config: strategy 'private_split' protects a record's features under replace-one "
                               "adjacency (the server sees which records each site holds); add/remove is not offered")
-        if cfg.split.calibration != "rdp" or cfg.split.clean_inference:
-            raise ConfigError("run config: 'split.calibration' and 'split.clean_inference' belong to strategy 'split' "
-                              "(BVFLMSP); private_split releases each record once, calibrated by its own accountant "
-                              "(leave them at 'rdp' and false)")
         self.check_accountant(cfg)
         if cfg.privacy.setup_share == 0:
             raise ConfigError("run config: privacy.setup_share = 0 (an exact set-up) is not offered by strategy "
