@@ -45,8 +45,8 @@ from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import DEFAULT_UPDATE_BOUND
-from strategies.horizontal import (UNBOUNDED_MEAN_STRATEGIES, SurvivalFedAvg, TooFewSitesError, make_aggregator,
-                                   robust_refusal, site_metrics, weighted_nanmean)
+from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, robust_refusal, site_metrics,
+                                   weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -242,11 +242,10 @@ def _check_aggregation(cfg: ExperimentConfig, mechanism: HorizontalMechanism, nu
     if 0 < federation.update_bound < 1:
         raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} would bound most honest "
                           "updates (it multiplies the median distance): use 0 (off) or a value >= 1")
-    ignored = ("strategy " + repr(cfg.strategy) if cfg.strategy in UNBOUNDED_MEAN_STRATEGIES else
-               f"federation.aggregation = {federation.aggregation!r}" if federation.aggregation != "fedavg" else "")
-    if ignored and federation.update_bound != DEFAULT_UPDATE_BOUND:
+    if federation.aggregation != "fedavg" and federation.update_bound != DEFAULT_UPDATE_BOUND:
         raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} bounds FedAvg's weighted "
-                          f"mean, which {ignored} does not take; leave it at {DEFAULT_UPDATE_BOUND:g}")
+                          f"mean, which federation.aggregation = {federation.aggregation!r} does not take; leave it at "
+                          f"{DEFAULT_UPDATE_BOUND:g}")
     if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
                                 malicious=federation.max_malicious, sites=_sites_per_round(cfg, mechanism, num_sites)):
         raise ConfigError(f"run config: {reason}")

@@ -95,8 +95,6 @@ class TooFewSitesError(RuntimeError):
     """Fewer sites' updates were accepted in a round than the federation's minimum; the run cannot go on."""
 
 
-#: Mechanisms whose noise or accounting rests on the plain mean of the updates (no bounded mean for them).
-UNBOUNDED_MEAN_STRATEGIES = frozenset({"central_dp", "distributed_dp"})
 #: A failure's reason is cut to this many characters (a hostile reply must not flood metrics.jsonl and checkpoints).
 MAX_REASON_CHARS = 1000
 #: A reply's metric record may carry at most this many keys (more are refused by count, unread).
@@ -828,9 +826,10 @@ class SurvivalFedAvg(FedAvg):
 
     def _bounds_updates(self) -> bool:
         """Whether the weighted mean bounds each update's pull (:func:`centred_clip`): ``update_bound`` set, no robust
-        aggregator, and a mechanism whose accounting does not rest on the plain mean."""
+        aggregator, and a mechanism that honours ``federation.update_bound`` (central_dp's and distributed_dp's
+        accounting rests on the plain mean)."""
         return (self.cfg.federation.update_bound > 0 and self.aggregator is None
-                and self.cfg.strategy not in UNBOUNDED_MEAN_STRATEGIES)
+                and "federation.update_bound" in self.mechanism.honours)
 
     def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord | None:
         """Record each of 3 or more accepted updates' spread (its distance from the coordinate-wise median over the
