@@ -268,7 +268,7 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     dictionary.write_text(json.dumps({"numeric": {"flc.grp": [1, 10], "sample.yr": [1995, 2003]},
                                       "categorical": {"mgus": ["no", "yes"], "sex": ["F", "M"]}}))
     out = deployment.root / "rejoin"
-    rounds = 6
+    rounds = 4
     run_id = deployment.submit(
         "data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
         f"privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
@@ -313,6 +313,9 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
         "restarted with its key\n"
         + "".join(text + "\n" for text in log.splitlines() if killed in text or text.startswith("round"))
         + "".join(json.dumps({"round": line["round"], "failures": line["failures"], "sites": sorted(line["sites"])})
-                  + "\n" for line in lines))
+                  + "\n" for line in lines)
+        + "".join(f"ledger {killed} round {entry['round']}: steps {entry['steps']}, epsilon {entry['epsilon']:.3f}"
+                  + (" (no accepted reply: counted as released)" if entry["round"] not in trained else "") + "\n"
+                  for entry in ledger if entry["site"] == killed))
     for site in SITES:
         deployment.stop(site)
