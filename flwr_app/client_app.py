@@ -29,6 +29,7 @@ from strategies.horizontal import (
     PRIVACY_STATE_KEY,
     RECALIBRATION_EXPONENTS,
     RECALIBRATION_HORIZONS,
+    RESUMED_CATCH_UP,
     RESUMED_PRIVACY_STATE,
     SITE_KEY,
     UNDEFINED_KEY,
@@ -117,25 +118,30 @@ def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     return None
 
 
-def _caught_up(context: Context, cfg: ExperimentConfig, mechanism: HorizontalMechanism, model: Any, site: SiteData,
-               setup: SiteSetUp, seed: int, state: dict | None) -> dict | None:
-    """``state`` with the rounds the server charged this site while its SuperNode was down (a rejoined deployed site).
+def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: HorizontalMechanism,
+               model: Any, site: SiteData, setup: SiteSetUp, seed: int) -> dict | None:
+    """The site's privacy state (:func:`_privacy_state`), with the rounds the server charged it while it held none.
 
-    The server counts a round it asked the site for and got no reply to as released (the update may
-    have left); the site's handed-back state lacks it. The site runs its mechanism's round that many
-    times on a copy of the model, releasing nothing, so that its accountant charges them too (its
-    reports then match the server's ledger and its budget stays as the ledger has it).
+    The server counts a round it asked the site for and got no reply to (or refused) as released (the
+    update may have left); a state handed back to the site (a rejoined deployed site: in its node
+    state; a resumed run, whose node states start empty: :data:`RESUMED_CATCH_UP` in the config) lacks
+    those rounds. The site runs its mechanism's round that many times on a copy of the model,
+    releasing nothing, so that its accountant charges them too (its reports then match the server's
+    ledger and its budget stays as the ledger has it).
     """
+    state = _privacy_state(context, config)
     pending = context.state.config_records.get(deployment.CATCH_UP_STATE)
-    if pending is None:
-        return state
-    for _ in range(int(pending["rounds"])):
+    rounds = int(pending["rounds"]) if pending is not None else 0
+    if pending is None and PRIVACY_STATE not in context.state.config_records and state is not None:
+        rounds = int(config.get(RESUMED_CATCH_UP, 0))
+    for _ in range(rounds):
         update = mechanism.site_round(copy.deepcopy(model), site.train, cfg, seed=seed, state=state, setup=setup)
         if update.state is None:  # a mechanism without a privacy state has nothing to catch up
             break
         state = update.state
-    del context.state[deployment.CATCH_UP_STATE]
-    if state is not None:
+    if pending is not None:
+        del context.state[deployment.CATCH_UP_STATE]
+    if rounds and state is not None:
         context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
     return state
 
@@ -165,8 +171,7 @@ def train(message: Message, context: Context) -> Message:
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
     config = message.content["config"]
     setup = _setup(cfg, context, site)
-    previous = _caught_up(context, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index),
-                          _privacy_state(context, config))
+    previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index))
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
     privacy_state = None

@@ -216,23 +216,6 @@ class ParticipatingSites(Grid):
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
-def privacy_position(rounds: Mapping[int, Any], site: str) -> tuple[str | None, int]:
-    """``site``'s last privacy state the server holds and how many rounds it has charged the site since.
-
-    ``rounds``: the strategy's round records (``privacy_states``: the state of each accepted training
-    reply; ``released``: every round the server counts as released by the site, accepted, refused or
-    unanswered). Returns ``(state JSON or None, rounds charged after it)``.
-    """
-    state, since = None, 0
-    for server_round in sorted(rounds):
-        record = rounds[server_round]
-        if site in record.privacy_states:
-            state, since = record.privacy_states[site], 0
-        elif site in record.released:
-            since += 1
-    return state, since
-
-
 class RejoiningSites(ParticipatingSites):
     """A deployment's grid: the sites that passed the set-up, and a site whose SuperNode restarted or came back late
     gets the agreed set-up again before its next message.

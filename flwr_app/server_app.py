@@ -14,7 +14,7 @@ are the sites' own.
 Fault tolerance: a site that fails or does not answer in a round is recorded in that round's
 ``failures`` and the round goes on with the others, down to ``federation.min_sites`` (see
 :meth:`strategies.horizontal.SurvivalFedAvg.run_rounds`). After every round the server writes
-``checkpoint.pt`` (the global model, the strategy's records, every site's last privacy state and
+``checkpoint.pt`` (the global model, the strategy's records, with every site's privacy states, and
 the configuration); ``resume.from`` continues a stopped run from its last checkpoint.
 """
 
@@ -45,8 +45,8 @@ from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import DEFAULT_UPDATE_BOUND
-from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, robust_refusal, site_metrics,
-                                   weighted_nanmean)
+from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position, robust_refusal,
+                                   site_metrics, weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -176,12 +176,12 @@ def _differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "
 
 @dataclass
 class _Resumed:
-    """Where a resumed run starts: the global model after ``last_round`` and every site's privacy state."""
+    """Where a resumed run starts: the global model after ``last_round`` and the ledger (the strategy's round records,
+    with every site's privacy states, are loaded into it)."""
 
     arrays: ArrayRecord
     last_round: int
     ledger: PrivacyLedger
-    privacy_states: dict[str, str]
 
 
 def _resume(cfg: ExperimentConfig, outputs: RunOutputs, survival: SurvivalFedAvg) -> _Resumed:
@@ -206,7 +206,7 @@ def _resume(cfg: ExperimentConfig, outputs: RunOutputs, survival: SurvivalFedAvg
     print(f"resuming {outputs.directory} after round {last_round} of {cfg.federation.rounds}"
           + (f" (dropped {dropped} metrics line(s) of later rounds written before the checkpoint)" if dropped else ""),
           flush=True)
-    return _Resumed(ArrayRecord(checkpoint["arrays"]), last_round, ledger, dict(checkpoint["privacy_states"]))
+    return _Resumed(ArrayRecord(checkpoint["arrays"]), last_round, ledger)
 
 
 @app.main()
@@ -296,7 +296,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         left_out = survival.identify_sites(grid)
     if cfg.data.deployed:  # the sites left out get no further message; a restarted site gets the set-up again
         grid = deployment.RejoiningSites(grid, setup, survival.node_sites, timeout=cfg.federation.timeout_s,
-                                         history=lambda site: deployment.privacy_position(survival.rounds, site))
+                                         history=lambda site: privacy_position(survival.rounds, site))
     elif left_out:
         grid = deployment.ParticipatingSites(grid, survival.node_sites)  # the sites left out get no further message
     description = (f"{len(survival.node_sites)} sites' own files" if cfg.data.deployed else
@@ -307,7 +307,6 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     strategy: Strategy = mechanism.wrap_strategy(survival, cfg, num_sites=num_sites)
     resumed = _resume(cfg, outputs, survival) if cfg.resume_from else None
     ledger = resumed.ledger if resumed else PrivacyLedger(outputs.ledger_path)
-    privacy_states = resumed.privacy_states if resumed else {}
     manifest = mechanism.manifest(cfg)
     outputs.write_manifest(manifest.as_dict())
     print(
@@ -358,11 +357,9 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         if record and record.shortfall:
             line["not_aggregated"] = record.shortfall
         outputs.append_metrics(line)
-        privacy_states.update(record.privacy_states if record else {})
         outputs.save_checkpoint({
             "format": CHECKPOINT_FORMAT, "round": server_round, "config": json.dumps(run_identity(cfg)),
             "arrays": arrays.to_torch_state_dict(), "strategy": survival.state_dict(),
-            "privacy_states": dict(privacy_states),
         })
         shown = global_test or line["sites_mean"]
         train_loss = line["train"].get("train_loss")
@@ -391,7 +388,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         arrays = survival.run_rounds(
             grid, arrays=resumed.arrays if resumed else ArrayRecord(model.net.state_dict()),
             first_round=resumed.last_round + 1 if resumed else 1, last_round=cfg.federation.rounds,
-            end_of_round=end_of_round, outer=strategy, site_states=dict(privacy_states),
+            end_of_round=end_of_round, outer=strategy, resumed=resumed is not None,
         )
     except TooFewSitesError as err:
         raise TooFewSitesError(f"{err}. The outputs up to this round and its checkpoint are in {outputs.directory}; "

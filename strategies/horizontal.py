@@ -85,6 +85,9 @@ PRIVACY_STATE_KEY = "privacy_state"
 #: In a resumed run's train config: the receiving site's own privacy state from the checkpoint (JSON), for a
 #: site whose node state is empty (a new run starts with empty node states). Each site gets only its own.
 RESUMED_PRIVACY_STATE = "resume.privacy_state"
+#: In a resumed run's train config, beside :data:`RESUMED_PRIVACY_STATE`: the rounds the server has charged the site
+#: since that state (released without an accepted reply), which the site charges to its accountant before training.
+RESUMED_CATCH_UP = "resume.catch_up"
 #: Query asking a node which site it is (the server names every node once, at the start of a run).
 SITE_NAME_QUERY = "query.site_name"
 #: The most a site's privacy state may weigh (it is kept in every checkpoint).
@@ -242,6 +245,23 @@ def _digest(arrays: ArrayRecord) -> bytes:
         digest.update(key.encode())
         digest.update(array.data)
     return digest.digest()
+
+
+def privacy_position(rounds: Mapping[int, Any], site: str) -> tuple[str | None, int]:
+    """``site``'s last privacy state the server holds and how many rounds it has charged the site since.
+
+    ``rounds``: the strategy's round records (``privacy_states``: the state of each accepted training
+    reply; ``released``: every round the server counts as released by the site, accepted, refused or
+    unanswered). Returns ``(state JSON or None, rounds charged after it)``.
+    """
+    state, since = None, 0
+    for server_round in sorted(rounds):
+        record = rounds[server_round]
+        if site in record.privacy_states:
+            state, since = record.privacy_states[site], 0
+        elif site in record.released:
+            since += 1
+    return state, since
 
 
 def _value_bytes(value: Any) -> int:
@@ -531,7 +551,7 @@ class SurvivalFedAvg(FedAvg):
     def run_rounds(
         self, grid: Grid, *, arrays: ArrayRecord, first_round: int, last_round: int,
         end_of_round: Callable[[int, ArrayRecord], None], outer: Strategy | None = None,
-        site_states: Mapping[str, str] | None = None,
+        resumed: bool = False,
     ) -> ArrayRecord:
         """Rounds ``first_round`` to ``last_round`` from the global model ``arrays``; return the final model.
 
@@ -545,9 +565,9 @@ class SurvivalFedAvg(FedAvg):
         still released their updates, so their spend is kept), ``end_of_round`` runs, and
         :class:`TooFewSitesError` stops the run.
 
-        ``site_states`` (a resumed run: site name -> its privacy state from the checkpoint): each
-        training message carries its own site's state only (:data:`RESUMED_PRIVACY_STATE`); no
-        site sees another's.
+        ``resumed`` (a run resumed from a checkpoint, whose round records are loaded): each training
+        message carries its own site's last privacy state only (:data:`RESUMED_PRIVACY_STATE`), and the
+        rounds charged to the site since (:data:`RESUMED_CATCH_UP`); no site sees another's.
         """
         outer = self if outer is None else outer
         self.last_good = (first_round - 1, arrays)
@@ -560,8 +580,8 @@ class SurvivalFedAvg(FedAvg):
                 arrays = arrays if released is arrays else self._step(server_round, arrays, released)
                 arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
                 continue
-            if site_states:
-                messages = [self._with_own_state(message, site_states) for message in messages]
+            if resumed:
+                messages = [self._with_own_state(message) for message in messages]
             replies = self.record_failures(server_round, "train", messages,
                                            grid.send_and_receive(messages, timeout=self.timeout))
             # A site that did not answer in time may still have trained and sent its update late (the server
@@ -694,13 +714,17 @@ class SurvivalFedAvg(FedAvg):
         assert new is not None
         return ArrayRecord({key: Array(value) for key, value in new.items()})
 
-    def _with_own_state(self, message: Message, site_states: Mapping[str, str]) -> Message:
-        """``message`` with its destination site's own saved privacy state added to its config (if it has one)."""
+    def _with_own_state(self, message: Message) -> Message:
+        """``message`` with its destination site's own last privacy state as the server holds it, and the rounds
+        charged to the site since (:func:`privacy_position`), added to its config (if it has a state)."""
         site = self.node_sites.get(message.metadata.dst_node_id)
-        if site not in site_states:
+        state, since = privacy_position(self.rounds, site) if site is not None else (None, 0)
+        if state is None:
             return message
         config = ConfigRecord(dict(message.content[self.configrecord_key]))
-        config[RESUMED_PRIVACY_STATE] = site_states[site]
+        config[RESUMED_PRIVACY_STATE] = state
+        if since:
+            config[RESUMED_CATCH_UP] = since
         content = RecordDict({self.arrayrecord_key: message.content[self.arrayrecord_key],
                               self.configrecord_key: config})
         return Message(content=content, dst_node_id=message.metadata.dst_node_id,

@@ -13,7 +13,8 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flwr_app import client_app, deployment, task
-from flwr_app.deployment import RejoiningSites, SiteSetup, privacy_position
+from flwr_app.deployment import RejoiningSites, SiteSetup
+from strategies.horizontal import privacy_position
 from models.data import FeatureStatistics, Preprocessor
 from strategies.horizontal import RoundRecord
 from strategies.mechanisms.base import SiteSetUp, SiteUpdate
@@ -209,15 +210,29 @@ def test_a_handed_back_state_never_replaces_the_sites_own():
     assert deployment.CATCH_UP_STATE not in context.state.config_records
 
 
-def test_a_rejoined_site_charges_the_rounds_it_missed_before_it_trains():
-    class Counting:
-        def site_round(self, model, data, cfg, *, seed, state, setup):
-            return SiteUpdate({}, {"rounds": (state or {"rounds": 0})["rounds"] + 1})
+class _Counting:
+    def site_round(self, model, data, cfg, *, seed, state, setup):
+        return SiteUpdate({}, {"rounds": (state or {"rounds": 0})["rounds"] + 1})
 
-    context = SimpleNamespace(state=RecordDict({deployment.CATCH_UP_STATE: ConfigRecord({"rounds": 2})}))
+
+def test_a_rejoined_site_charges_the_rounds_it_missed_before_it_trains():
+    context = SimpleNamespace(state=RecordDict({deployment.CATCH_UP_STATE: ConfigRecord({"rounds": 2}),
+                                                deployment.PRIVACY_STATE: ConfigRecord({"json": '{"rounds": 1}'})}))
     site = SimpleNamespace(train=None)
-    state = client_app._caught_up(context, None, Counting(), object(), site, None, 0, {"rounds": 1})
+    state = client_app._caught_up(context, ConfigRecord(), None, _Counting(), object(), site, None, 0)
     assert state == {"rounds": 3}
     assert json.loads(context.state.config_records[deployment.PRIVACY_STATE]["json"]) == {"rounds": 3}
     assert deployment.CATCH_UP_STATE not in context.state.config_records
-    assert client_app._caught_up(context, None, Counting(), object(), site, None, 0, state) == state  # once
+    assert client_app._caught_up(context, ConfigRecord(), None, _Counting(), object(), site, None, 0) == state  # once
+
+
+def test_a_resumed_site_charges_the_rounds_released_after_its_checkpointed_state_once():
+    """A resumed run: the node state is empty; the train config hands back the site's last state and the rounds the
+    server charged it since (a round it did not answer before the crash); the site charges them once."""
+    from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE
+
+    context = SimpleNamespace(state=RecordDict())
+    config = ConfigRecord({RESUMED_PRIVACY_STATE: '{"rounds": 1}', RESUMED_CATCH_UP: 2})
+    site = SimpleNamespace(train=None)
+    assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}
+    assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}

@@ -16,7 +16,7 @@ import torch
 from flwr_app.config import ConfigError
 from flwr_app.server_app import RunStopped
 from simulations.engine import run_inprocess
-from strategies.horizontal import RESUMED_PRIVACY_STATE, SITE_KEY
+from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE, SITE_KEY
 
 SMALL = {"federation.num_sites": 3, "baseline.centralized": False, "evaluation.server_side": True}
 
@@ -68,7 +68,7 @@ def test_each_resumed_site_is_sent_its_own_privacy_state_only(dp_sgd_full, tmp_p
     _, overrides, _ = dp_sgd_full
     with pytest.raises(RunStopped):
         run_inprocess({**overrides, "output.dir": str(tmp_path), "debug.stop_after_round": 2})
-    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["privacy_states"]
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["strategy"]["rounds"][2]["privacy_states"]
     sent = {}
 
     def observe(message, reply):
@@ -81,7 +81,8 @@ def test_each_resumed_site_is_sent_its_own_privacy_state_only(dp_sgd_full, tmp_p
     run_inprocess({**overrides, "resume.from": str(tmp_path)}, observe=observe)
     assert len(saved) == 3 and set(sent) == set(saved)
     for site, states in sent.items():
-        assert states == [saved[site], saved[site]]  # rounds 3 and 4: its own state, and nobody else's
+        assert states[0] == saved[site]  # round 3: its own state, and nobody else's
+        assert states[1] != saved[site] and json.loads(states[1])  # round 4: its own state after round 3
 
 
 def test_lines_written_after_the_last_checkpoint_are_dropped_and_rerun(dp_sgd_full, tmp_path):
@@ -128,3 +129,32 @@ def test_resume_refuses_another_configuration(dp_sgd_full, tmp_path):
     with pytest.raises(ConfigError, match="leave output.dir empty"):
         run_inprocess({**overrides, "resume.from": str(tmp_path / "run"), "output.dir": str(tmp_path / "other")})
     assert (tmp_path / "run" / "ledger.jsonl").read_text() == before  # nothing touched
+
+
+def test_a_site_charged_a_round_it_did_not_answer_catches_up_when_the_run_resumes(tmp_path):
+    """dp_sgd: site-1 does not answer round 2 (it hangs past federation.timeout_s), which the server counts as
+    released; the run stops after round 2 and resumes with site-1 well. Its checkpointed state is round 1's, so its
+    resumed training message carries one round to catch up: its round-3 and round-4 reports match the ledger's
+    recomputation (accepted, no failure) and its ledger counts 4 released rounds within the budget."""
+    overrides = {**SMALL, "strategy.name": "dp_sgd", "privacy.epsilon": 2.0, "federation.rounds": 4}
+    hang = {"debug.fail_site": "site-1", "debug.fail_mode": "hang", "debug.fail_round": 2,
+            "federation.timeout_s": 8.0}
+    with pytest.raises(RunStopped):
+        run_inprocess({**overrides, **hang, "output.dir": str(tmp_path), "debug.stop_after_round": 2})
+    catch_up = {}
+
+    def observe(message, reply):
+        if message.metadata.message_type == "train" and not reply.has_error():
+            site = str(reply.content[SITE_KEY]["name"])
+            catch_up.setdefault(site, []).append(message.content["config"].get(RESUMED_CATCH_UP, 0))
+
+    summary = run_inprocess({**overrides, "resume.from": str(tmp_path), "federation.timeout_s": 8.0}, observe=observe)
+    metrics = _read_jsonl(tmp_path / "metrics.jsonl")
+    assert [f["site"] for f in metrics[1]["failures"]] == ["site-1"]
+    assert metrics[2]["failures"] == metrics[3]["failures"] == []
+    assert catch_up == {"site-0": [0, 0], "site-1": [1, 0], "site-2": [0, 0]}
+    ledger = _read_jsonl(tmp_path / "ledger.jsonl")
+    site_1 = [entry for entry in ledger if entry["site"] == "site-1"]
+    assert [entry["round"] for entry in site_1] == [1, 2, 3, 4]
+    assert site_1[0]["epsilon"] < site_1[2]["epsilon"] < site_1[3]["epsilon"] <= 2.0 + 1e-9
+    assert summary["privacy"]["epsilon"] <= 2.0 + 1e-9
