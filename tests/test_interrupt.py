@@ -198,7 +198,11 @@ def _group_processes(pgid: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_finishes_it(tmp_path):
+@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["SIGINT-to-the-group", "SIGTERM-to-the-pid"])
+def test_a_signal_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_finishes_it(tmp_path, signum, to_group):
+    """Ctrl-C in a terminal signals the whole process group; a process manager (systemd, supervisord, a batch
+    system's first notice) signals the main PID alone: either stops the run after the round in progress."""
     run_dir = tmp_path / "run"
     settings = ["federation.num_sites=3", "federation.rounds=4", "baseline.centralized=false"]
     command = [sys.executable, "-m", "simulations.run", *settings]
@@ -217,7 +221,10 @@ def test_ctrl_c_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_fin
     reader.start()
     try:
         assert first_round.wait(timeout=300), "".join(lines) + process.stderr.read()
-        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+        if to_group:
+            os.killpg(process.pid, signum)  # Ctrl-C: the whole foreground group
+        else:
+            os.kill(process.pid, signum)
         sent = time.monotonic()
         returncode = process.wait(timeout=120)
         stop_s = time.monotonic() - sent
@@ -225,10 +232,11 @@ def test_ctrl_c_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_fin
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     stderr = process.stderr.read().strip().splitlines()
-    print(f"SIGINT -> exit code {returncode} after {stop_s:.1f} s", file=sys.stderr)
-    assert returncode == 130, stderr
+    name = signal.Signals(signum).name
+    print(f"{name} -> exit code {returncode} after {stop_s:.1f} s", file=sys.stderr)
+    assert returncode == 128 + signum, stderr
     assert stop_s < 60
-    assert stderr[-1].startswith("stopped: SIGINT: the run stopped after round")
+    assert stderr[-1].startswith(f"stopped: {name}: the run stopped after round")
     assert stderr[-1].endswith(f"resume.from={run_dir}")
     assert not any("Traceback" in line for line in stderr)
     deadline = time.monotonic() + 5
@@ -236,7 +244,9 @@ def test_ctrl_c_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_fin
         time.sleep(0.2)
     assert not left, left
     completed = torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"]
-    assert completed in (1, 2)  # the round in progress when the signal came (round 2 unless it had not started)
+    # the round in progress when the signal came: round 2 unless it had not started, or (rounds take under a second
+    # here, and a signal to the PID alone lets the sites finish) had just ended
+    assert completed in (1, 2, 3)
     assert [line["round"] for line in _read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, completed + 1))
     assert (run_dir / "run.log").read_text(encoding="utf-8").splitlines()[-1] == stderr[-1]
 
