@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flwr_app import interrupt
 from simulations.engine import ray_cluster, run_inprocess, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 from simulations.results_file import code_commit  # noqa: E402
@@ -76,4 +77,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_app import interrupt
 from models.data import load_table
 from models.data.files import resolve_data_dir
 from simulations.engine import run_inprocess
@@ -108,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupt.run_stoppable(main))

@@ -25,6 +25,7 @@ from typing import Any
 
 from flwr.app import Array, ArrayRecord, Message
 
+from flwr_app import interrupt
 from simulations import engine
 
 HOSTILE_NODE, HOSTILE_SITE = 2, "site-1"
@@ -105,6 +106,8 @@ def run_mode(mode: str, seed: int, folder: Path) -> dict[str, Any]:
     try:
         with tampered_training(MODES.get(mode)):
             summary = engine.run_inprocess({**RUN, "seed": seed, "output.dir": str(out)})
+    except interrupt.StopRequested:
+        raise
     except Exception as err:  # noqa: BLE001 - a run the hostile site stopped is a result here
         return {"mode": mode, "seed": seed, "finished": False, "error": f"{type(err).__name__}: {err}"[:300],
                 "named": sorted(named_sites(out)) if (out / "metrics.jsonl").exists() else []}
@@ -149,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupt.run_stoppable(main))

@@ -36,6 +36,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flwr_app import interrupt
 from simulations.engine import run_inprocess, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 
@@ -114,4 +115,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

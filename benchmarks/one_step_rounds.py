@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.flower_overhead import bare_federation  # noqa: E402
-from flwr_app import task  # noqa: E402
+from flwr_app import interrupt, task  # noqa: E402
 from simulations.engine import resolve, run_inprocess  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 
@@ -117,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

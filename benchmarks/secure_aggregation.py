@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flwr_app import interrupt
 from simulations.engine import run_inprocess  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 from strategies import secure_aggregation  # noqa: E402
@@ -104,4 +105,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flwr_app import interrupt
 from simulations.engine import resolve, run_inprocess  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 from strategies.accounting.ledger import PrivacyLedger  # noqa: E402
@@ -75,4 +76,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

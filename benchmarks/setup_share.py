@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from flwr_app import interrupt
 from models.data import load_table
 from models.data.federated import SPLIT_STREAM, assign_sites, train_test_positions
 from models.data.files import resolve_data_dir
@@ -120,4 +122,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

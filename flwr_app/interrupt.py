@@ -10,6 +10,9 @@ looks for a request between rounds, once the round's outputs and checkpoint are 
   the first SIGINT or SIGTERM into a request (:func:`request`); a second one, while the round is
   still running (:func:`at_once_allowed`), stops at once (:class:`Interrupted` in the main
   thread; the last written checkpoint stays valid).
+* :func:`run_stoppable` does the same for a command-line entry point whose runs go one after
+  another in this process (the in-process grid of the sweeps and benchmarks): the run in progress
+  stops after its round, no other starts, and it exits with ``128 + signal``.
 * :func:`raise_if_requested` (the ServerApp, at the end of every round or split epoch) raises
   :class:`StopRequested` when a stop was requested; the run can then continue from its
   checkpoint with ``resume.from``.
@@ -29,13 +32,14 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
 __all__ = ["Interrupted", "StopRequested", "at_once_allowed", "clear", "raise_if_requested", "request", "requested",
-           "stop_on_signals"]
+           "raise_before_run", "run_stoppable", "stop_on_signals"]
 
 #: The signals that stop a run.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -215,3 +219,23 @@ def at_once_allowed() -> Iterator[None]:
         yield
     finally:
         _at_once.clear()
+
+
+def run_stoppable(main: Callable[[], int | None]) -> int:
+    """Run ``main`` (a command-line entry point whose runs go one after another in this process) and return its exit
+    code: SIGINT or SIGTERM stops the run in progress after its round (:func:`stop_on_signals`; the in-process
+    runner starts no other, :func:`raise_before_run`), prints one line and returns ``128 + signal``; a second signal
+    stops at once. What was written up to then stays."""
+    with stop_on_signals(), at_once_allowed():
+        try:
+            return int(main() or 0)
+        except (StopRequested, Interrupted) as stop:
+            how = "the run in progress stopped after its round" if isinstance(stop, StopRequested) else "stopped at once"
+            print(f"stopped: {_name(stop.signum)}: {how}; what was written up to then is kept", file=sys.stderr)
+            return stop.exit_code
+
+
+def raise_before_run() -> None:
+    """Raise :class:`StopRequested` if a stop was requested before a run starts (a runner calls it first)."""
+    if (signum := requested()) is not None:
+        raise StopRequested(f"{_name(signum)}: no run starts after a stop was requested", signum=signum, completed=0)

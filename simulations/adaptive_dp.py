@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_app import interrupt
 from simulations.hydra_config import parse_value
 from simulations.results_file import append_runs, read_rows
 
@@ -263,4 +265,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_app import interrupt
 from simulations.hydra_config import parse_value
 from simulations.results_file import append_runs, mean_std, read_rows
 
@@ -321,4 +323,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

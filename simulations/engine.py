@@ -505,8 +505,10 @@ def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, M
     :func:`run_simulation` does, with one node per site (split: per modality), or one per entry of
     ``node_configs`` (a deployment's sites, each reading its own file). ``observe`` and
     ``node_configs`` are passed to :class:`InProcessGrid`. Whatever the ServerApp raises (a failed
-    run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates.
+    run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates; no run starts
+    once a stop was requested (:func:`flwr_app.interrupt.run_stoppable`).
     """
+    interrupt.raise_before_run()
     fused, cfg, outputs = _prepare(overrides, "run_inprocess")
     num_nodes = len(node_configs) if node_configs is not None else _num_sites(cfg)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID

@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_app import interrupt
 from simulations.hydra_config import parse_value
 from simulations.results_file import append_runs, mean_std, read_rows
 
@@ -247,4 +249,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

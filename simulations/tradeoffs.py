@@ -34,12 +34,14 @@ import collections
 import hashlib
 import json
 import math
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from flwr_app import interrupt
 from simulations.results_file import append_jsonl, code_commit
 
 SEEDS5 = range(5)
@@ -106,6 +108,8 @@ def run(plan: Iterable[dict[str, Any]], out: Path) -> None:
                        "epsilon": summary["privacy"].get("epsilon"), "centralized": summary.get("centralized"),
                        "calibration": {key: calibration.get(key) for key in ("median_gap", "ibs_km_null")},
                        "commit": code_commit()}
+            except interrupt.StopRequested:
+                raise  # a signal stops the plan: this run leaves no row, and a later call runs it again
             except Exception as err:  # a failed run is a row, and the plan goes on
                 row = {"config": config, "error": f"{type(err).__name__}: {err}"[:500]}
         row["wall_s"] = round(time.perf_counter() - started, 1)
@@ -299,4 +303,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupt.run_stoppable(main))

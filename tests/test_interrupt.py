@@ -85,15 +85,38 @@ def test_a_stop_ends_the_run_after_the_round_and_resuming_gives_the_uninterrupte
     assert resumed["test"] == pytest.approx(full["test"], rel=1e-9)
 
 
+def test_an_entry_point_of_in_process_runs_stops_after_the_round_on_sigterm_and_starts_no_other_run(tmp_path, capsys):
+    """A sweep or benchmark (``interrupt.run_stoppable``) sent SIGTERM during its first run's round 2: that run stops
+    after round 2 with its checkpoint, the second run never starts, and the entry point returns 143."""
+    started, sent = [], []
+
+    def kill_during_round_2(message, reply):
+        if message.metadata.message_type == "train" and message.content["config"]["server-round"] == 2 and not sent:
+            sent.append(True)  # once: a second signal would stop the run at once
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def main():
+        for index in range(2):
+            started.append(index)
+            run_inprocess({**SMALL, "output.dir": str(tmp_path / str(index))}, observe=kill_during_round_2)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    assert interrupt.run_stoppable(main) == 143
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handlers come back
+    assert started == [0]
+    assert torch.load(tmp_path / "0" / "checkpoint.pt", weights_only=True)["round"] == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "stopped: SIGTERM: the run in progress stopped after its round; what was written up to then is kept")
+
+
 def test_a_split_run_stops_between_epochs_with_its_ledger_counting_what_was_sent(tmp_path):
     """The round trip that ends epoch 1 also carries epoch 2's first batch: epoch 1's ledger counts 2 releases."""
     tiny = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 300,
             "model.name": "bayesian_multisurv", "model.num_durations": 10, "federation.rounds": 3,
             "train.batch_size": 64, "split.embedding_dim": 16, "split.encoder_layers": 1, "split.head_layers": 1,
             "split.mc_samples": 4, "privacy.epsilon": 8.0, "output.dir": str(tmp_path)}
-    interrupt.request(signal.SIGINT)  # already before the first epoch: the run stops after it
     with pytest.raises(interrupt.StopRequested, match="after epoch 1 of 3.*cannot be resumed") as stopped:
-        run_inprocess(tiny)
+        run_inprocess(tiny, observe=lambda message, reply: interrupt.request(signal.SIGINT))  # from its first message
     assert stopped.value.completed == 1
     assert [line["round"] for line in _read_jsonl(tmp_path / "metrics.jsonl")] == [1]
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()

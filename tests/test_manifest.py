@@ -18,6 +18,13 @@ from simulations.engine import resolve, run_inprocess
 from strategies.mechanisms.registry import MECHANISMS, get_mechanism
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False}
+
+
+def _settings(overrides):
+    """SMALL and ``overrides``; a split run has one site per modality (federation.num_sites is refused there)."""
+    split = str(overrides.get("strategy.name", "")).endswith("split")
+    return {**{key: value for key, value in SMALL.items() if not (split and key == "federation.num_sites")},
+            **overrides}
 RUNS = {
     "fedavg": {},
     "fedavg cox": {"model.name": "cox_mlp"},
@@ -57,7 +64,7 @@ def _observed(overrides, tmp_path, node_configs=None):
         if not reply.has_error():
             seen.extend((message.metadata.message_type, key) for key in sent_keys(reply.content))
 
-    run_inprocess({**SMALL, **overrides, "output.dir": str(tmp_path / "out")}, observe=observe,
+    run_inprocess({**_settings(overrides), "output.dir": str(tmp_path / "out")}, observe=observe,
                   node_configs=node_configs)
     return seen
 
@@ -66,7 +73,7 @@ def _observed(overrides, tmp_path, node_configs=None):
 def test_every_key_a_site_sends_is_in_the_manifest(tmp_path, run):
     overrides = RUNS[run]
     seen = _observed(overrides, tmp_path)
-    _, cfg = resolve({**SMALL, **overrides})
+    _, cfg = resolve(_settings(overrides))
     manifest = get_mechanism(cfg.strategy).manifest(cfg)
     assert seen
     unlisted = sorted({f"{kind}/{key}" for kind, key in seen if not manifest.covers(kind, key)})
@@ -92,7 +99,7 @@ def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path, strategy, s
     if strategy == "dp_sgd":
         overrides |= {"privacy.epsilon": 2.0, "privacy.setup_share": 0.2}  # 2400 records, OS-entropy noise
     seen = _observed(overrides, tmp_path, node_configs=configs)
-    _, cfg = resolve({**SMALL, **overrides})
+    _, cfg = resolve(_settings(overrides))
     manifest = get_mechanism(strategy).manifest(cfg)
     recalibration = {"query.recalibration"} if cfg.strategy == "dp_sgd" else set()  # the planned release
     assert {kind for kind, _ in seen} == set_up | {"train", "evaluate"} | recalibration  # set-up reply: empty
