@@ -44,7 +44,6 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.config import DEFAULT_UPDATE_BOUND
 from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position, robust_refusal,
                                    site_metrics, weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism
@@ -239,13 +238,6 @@ def _sites_per_round(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_
 def _check_aggregation(cfg: ExperimentConfig, mechanism: HorizontalMechanism, num_sites: int) -> None:
     """Refuse a robust aggregator that the sites of a round are too few for (``ConfigError`` naming the keys)."""
     federation = cfg.federation
-    if 0 < federation.update_bound < 1:
-        raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} would bound most honest "
-                          "updates (it multiplies the median distance): use 0 (off) or a value >= 1")
-    if federation.aggregation != "fedavg" and federation.update_bound != DEFAULT_UPDATE_BOUND:
-        raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} bounds FedAvg's weighted "
-                          f"mean, which federation.aggregation = {federation.aggregation!r} does not take; leave it at "
-                          f"{DEFAULT_UPDATE_BOUND:g}")
     if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
                                 malicious=federation.max_malicious, sites=_sites_per_round(cfg, mechanism, num_sites)):
         raise ConfigError(f"run config: {reason}")

@@ -811,6 +811,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     hints = typing.get_type_hints(ExperimentConfig)
     cfg = ExperimentConfig(**top, **{group: hints[group](**items) for group, items in groups.items()})
     _check_pairing(cfg)
+    _check_dependent_keys(cfg)
     _check_server_optimizer(cfg)
     _check_faults(cfg)
     _check_vertical_files(cfg)
@@ -835,6 +836,32 @@ def _resolve_auto(values: dict[str, Any]) -> None:
     for name, default in TRAINING_DEFAULTS.items():
         if values[name] is None:
             values[name] = strategy.recipe.get(name, default)
+
+
+#: Models whose loss takes ``model.penalty`` (the Cox kinds).
+PENALISED_MODELS = ("cox_mlp", "cox_time")
+
+
+def _check_dependent_keys(cfg: ExperimentConfig) -> None:
+    """Refuse a key that only one value of another key reads, set away from its default with any other value (the
+    run would ignore it), and an ``update_bound`` below 1."""
+    federation, default = cfg.federation, defaults()
+    if 0 < federation.update_bound < 1:
+        raise ConfigError(f"run config: federation.update_bound = {federation.update_bound:g} would bound most honest "
+                          "updates (it multiplies the median distance): use 0 (off) or a value >= 1")
+    readers = (("federation.trim_fraction", federation.trim_fraction, federation.aggregation == "trimmed_mean",
+                "federation.aggregation = 'trimmed_mean'", f"federation.aggregation = {federation.aggregation!r}"),
+               ("federation.max_malicious", federation.max_malicious, federation.aggregation == "krum",
+                "federation.aggregation = 'krum'", f"federation.aggregation = {federation.aggregation!r}"),
+               ("federation.update_bound", federation.update_bound, federation.aggregation == "fedavg",
+                "FedAvg's weighted mean (federation.aggregation = 'fedavg')",
+                f"federation.aggregation = {federation.aggregation!r}"),
+               ("model.penalty", cfg.model.penalty, cfg.model.name in PENALISED_MODELS,
+                f"model.name = {' or '.join(map(repr, PENALISED_MODELS))}", f"model.name = {cfg.model.name!r}"))
+    for key, value, read, reader, other in readers:
+        if not read and value != default[key]:
+            raise ConfigError(f"run config: {key} = {value:g} is read only with {reader}, which {other} is not; "
+                              f"leave it at {default[key]:g}")
 
 
 def _check_pairing(cfg: ExperimentConfig) -> None:
