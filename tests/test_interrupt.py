@@ -100,6 +100,7 @@ def test_an_entry_point_of_in_process_runs_stops_after_the_round_on_sigterm_and_
             started.append(index)
             run_inprocess({**SMALL, "output.dir": str(tmp_path / str(index))}, observe=kill_during_round_2)
 
+    assert interrupt.run_stoppable(lambda: {"rows": 3}) == 0 and interrupt.run_stoppable(lambda: 2) == 2  # no stop
     previous = signal.getsignal(signal.SIGTERM)
     assert interrupt.run_stoppable(main) == 143
     assert signal.getsignal(signal.SIGTERM) is previous  # the handlers come back
