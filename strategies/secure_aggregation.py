@@ -13,7 +13,8 @@ see below). Four stages, each one round trip of query messages, as in Flower's
    its recipient (ECDH + Fernet, ``symmetric_encryption``), and sends the ciphertexts;
 2. **masked vector** (:data:`MASKED`): the server forwards the ciphertexts; the site computes its
    integer vector ``x`` (the caller's function) and sends ``y = x + PRG(b) + sum_v ±PRG(s_uv) mod M``
-   (``secaggplus_utils.pseudo_rand_gen``; ``s_uv`` the ECDH key it shares with neighbour ``v``);
+   (:func:`mask_stream`, ChaCha20 keyed by :func:`self_mask_key` / :func:`pairwise_mask_key`; ``s_uv``
+   the ECDH secret it shares with neighbour ``v``);
 3. **unmask** (:data:`UNMASK`): the server names the surviving and the dropped neighbours; each site
    returns its shares of the survivors' ``b`` and of the dropped sites' first secret keys. With at
    least ``threshold`` shares each, the server removes every survivor's private mask and the
@@ -29,9 +30,17 @@ total, and the server with ``t`` colluders learns nothing but that total. A secr
 ``threshold > t`` shares, and ``threshold <= num_shares - D`` so that ``D`` drop-outs still leave
 enough. :func:`protocol_parameters` picks both.
 
-What Flower's building blocks are: ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
-from a 32-byte key; that is Flower's mask generator, used here unchanged (no cryptography is
-written here), and the documentation lists it among the assumptions.
+The mask generator (issue 26): Flower's ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
+from its 32-byte key, so 2^32 guesses strip a mask; it is not used. Every mask here is a ChaCha20
+key stream (``cryptography``, which Flower installs) turned into integers mod M by :func:`mask_stream`;
+each stream's 256-bit key is derived with HKDF-SHA256 from the full secret: the 48-byte raw ECDH
+secret (P-384) of the pair's first key pairs for a pairwise mask (:func:`pairwise_mask_key`), the
+32-byte Shamir-shared random seed for a site's private mask (:func:`self_mask_key`), with a label
+that separates the two and, for a pair, the two node ids. Key pairs and seeds are drawn fresh at every
+run of the protocol (:func:`site_setup`, :func:`site_share_keys`), so no key, and hence no stream,
+repeats across rounds; a fixed nonce is therefore safe. No secret shorter than 128 bits is accepted
+(:data:`MIN_SECRET_BYTES`). The site's masking and the server's unmasking call the same functions.
+No cryptographic primitive is written here.
 
 Site side: pure functions of a :class:`SiteState` (kept in the node state between stages) and the
 message's values. Server side: :class:`SecureSum` runs the four stages over a ``Grid``. No
@@ -47,14 +56,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
-from flwr.common.secure_aggregation.secaggplus_utils import (
-    pseudo_rand_gen,
-    share_keys_plaintext_concat,
-    share_keys_plaintext_separate,
-)
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
 from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import (
     bytes_to_private_key,
@@ -74,8 +83,11 @@ __all__ = [
     "SecureSumResult",
     "SiteState",
     "centred",
+    "mask_stream",
     "masked_reply",
+    "pairwise_mask_key",
     "protocol_parameters",
+    "self_mask_key",
     "site_mask",
     "site_setup",
     "site_share_keys",
@@ -105,6 +117,71 @@ def protocol_parameters(selected: int, *, max_dropouts: int, colluding: int) -> 
                          f"{colluding} colluding sites (needs k - D - t >= 1 and k >= 2)")
     num_shares = min(selected, 2 * (max_dropouts + colluding) + 3)
     return num_shares, num_shares - max_dropouts
+
+
+# ---------------------------------------------------------------------------------------------- the masks
+
+#: The shortest secret a mask key is derived from (128 bits); the secrets used are 32 and 48 bytes.
+MIN_SECRET_BYTES = 16
+#: ChaCha20's 16-byte nonce (counter and nonce, all zero): each key expands exactly one stream.
+_NONCE = bytes(16)
+_SELF_LABEL = b"fedsurv secagg v1 self mask"
+_PAIRWISE_LABEL = b"fedsurv secagg v1 pairwise mask"
+
+
+def _derive(secret: bytes, info: bytes) -> bytes:
+    """A 256-bit ChaCha20 key: HKDF-SHA256 (no salt) of the whole ``secret``, bound to ``info``."""
+    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"secure aggregation: a mask secret must be at least {MIN_SECRET_BYTES} bytes, got "
+                         f"{len(secret) if isinstance(secret, bytes) else type(secret).__name__}")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+def self_mask_key(seed: bytes) -> bytes:
+    """The key of a site's private mask: HKDF-SHA256 of its whole Shamir-shared seed (32 random bytes)."""
+    return _derive(seed, _SELF_LABEL)
+
+
+def pairwise_mask_key(private_key: bytes, public_key: bytes, nodes: tuple[int, int]) -> bytes:
+    """The key of the pairwise mask of ``nodes``: HKDF-SHA256 of the raw ECDH secret of ``private_key`` (one
+    node's first secret key, serialised) and ``public_key`` (the other's first public key), bound to the two
+    node ids (in increasing order, so both ends, and the server with a reconstructed key, get the same key)."""
+    secret = bytes_to_private_key(private_key).exchange(ec.ECDH(), bytes_to_public_key(public_key))
+    low, high = sorted(int(node) for node in nodes)
+    return _derive(secret, _PAIRWISE_LABEL + f" {low} {high}".encode())
+
+
+def mask_stream(key: bytes, *, modulus: int, dimension: int) -> np.ndarray:
+    """``dimension`` integers uniform on ``[0, modulus)`` (int64) from the ChaCha20 key stream of ``key``.
+
+    ``key``: 32 bytes, used for this one stream only (:func:`self_mask_key`, :func:`pairwise_mask_key`),
+    with an all-zero nonce. The key stream is read as 64-bit little-endian words (vectorised, no loop over
+    coordinates). When ``modulus`` is a power of two (``2 <= M <= 2^63``), each word is masked to its low
+    ``log2(M)`` bits, which is exactly uniform. Otherwise words are drawn by rejection sampling: a word
+    ``w >= 2^64 - (2^64 mod M)`` is discarded and the others give ``w mod M`` (exactly uniform; fewer than
+    half the words are discarded), taken in stream order, so the output is a prefix-stable function of the
+    key. Deterministic: the same key, modulus and dimension give the same vector.
+    """
+    if not isinstance(key, bytes) or len(key) != 32:
+        raise ValueError("mask_stream: the key must be 32 bytes")
+    if not 2 <= modulus <= 2 ** 63:
+        raise ValueError(f"mask_stream: the modulus must be in [2, 2^63], got {modulus}")
+    if dimension < 0:
+        raise ValueError(f"mask_stream: negative dimension {dimension}")
+    stream = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
+    if modulus & (modulus - 1) == 0:
+        words = np.frombuffer(stream.update(bytes(8 * dimension)), dtype="<u8")
+        return (words & np.uint64(modulus - 1)).astype(np.int64)
+    limit = np.uint64(2 ** 64 - 2 ** 64 % modulus)
+    out = np.empty(dimension, dtype=np.int64)
+    filled = 0
+    while filled < dimension:
+        need = dimension - filled
+        words = np.frombuffer(stream.update(bytes(8 * (need + need // 2 + 16))), dtype="<u8")
+        kept = words[words < limit][:need]
+        out[filled:filled + kept.size] = (kept % np.uint64(modulus)).astype(np.int64)
+        filled += kept.size
+    return out
 
 
 def centred(total: np.ndarray, modulus: int) -> np.ndarray:
@@ -233,11 +310,11 @@ def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[by
     if len(neighbours) + 1 < state.threshold:
         raise ValueError(f"secure aggregation: shares from {len(neighbours)} neighbours, fewer than the threshold "
                          f"{state.threshold} with this site")
-    shape = [vector.shape]
-    masked = vector + pseudo_rand_gen(state.seed, state.modulus, shape)[0]
+    size = vector.size
+    masked = vector + mask_stream(self_mask_key(state.seed), modulus=state.modulus, dimension=size)
     for node in neighbours:
-        key = generate_shared_key(bytes_to_private_key(state.sk1), bytes_to_public_key(state.public_keys[node][0]))
-        mask = pseudo_rand_gen(key, state.modulus, shape)[0]
+        key = pairwise_mask_key(state.sk1, state.public_keys[node][0], (state.node, node))
+        mask = mask_stream(key, modulus=state.modulus, dimension=size)
         masked = masked + mask if state.node > node else masked - mask
     state.stage = MASKED
     return np.mod(masked, state.modulus).astype(np.int64)
@@ -434,11 +511,12 @@ class SecureSum:
             try:
                 secret = combine_shares(shares[node])
                 if node in included:
-                    total = np.mod(total - pseudo_rand_gen(secret, self.modulus, [total.shape])[0], self.modulus)
+                    mask = mask_stream(self_mask_key(secret), modulus=self.modulus, dimension=self.dimension)
+                    total = np.mod(total - mask, self.modulus)
                     continue
                 for other in sorted(neighbours[node] & included):
-                    key = generate_shared_key(bytes_to_private_key(secret), bytes_to_public_key(keys[other][0]))
-                    mask = pseudo_rand_gen(key, self.modulus, [total.shape])[0]
+                    key = pairwise_mask_key(secret, keys[other][0], (node, other))
+                    mask = mask_stream(key, modulus=self.modulus, dimension=self.dimension)
                     total = np.mod(total + mask if node > other else total - mask, self.modulus)
             except ValueError as err:
                 result.shortfall = f"node {node}'s shares do not combine into a valid secret ({err}): no sum"

@@ -365,9 +365,15 @@ class DistributedDP(HorizontalMechanism):
             f"s^2 = (noise_multiplier*Delta)^2/(k - D - t), D = {d} tolerated drop-outs, t = {t} colluding sites "
             "(who know their own noise): any k - D - t honest survivors' noise has variance >= "
             "(noise_multiplier*Delta)^2; a round in which more than D sites drop out is not unmasked",
-            "threat model: honest-but-curious server that follows the protocol; up to t sites collude with it; "
-            "the server sees only the sum of the masked vectors (SecAgg+ masks from Flower's primitives: pairwise "
-            "ECDH masks and a private mask per site, Shamir shares with threshold above t)",
+            f"threat model: honest-but-curious server that follows the protocol; up to t = {t} sites "
+            "(privacy.colluding_sites) collude with it; the server sees only the sum of the masked vectors",
+            "what secure aggregation (SecAgg+) rests on: ECDH key agreement on P-384 and Fernet encryption of the "
+            "Shamir shares (Flower's primitives, over the cryptography library); Shamir secret sharing with a "
+            "threshold above t (Flower's); masks expanded by the ChaCha20 stream cipher (cryptography library), "
+            "each keyed by HKDF-SHA256 of the full secret: the 48-byte ECDH secret of a pair (pairwise masks) or a "
+            "site's 32-byte random seed (its private mask), with fresh key pairs and seeds every round, so no secret "
+            "is shorter than 128 bits and no stream repeats; a mask is uniform mod M, so a masked vector alone, or a "
+            "sum missing an honest site's masks, tells nothing about the vectors (strategies.secure_aggregation)",
             f"modular wrap-around: the server sees the integer sum mod 2^{cfg.privacy.modulus_bits} (post-processing); "
             f"gamma is chosen so that a coordinate wraps with probability <= {WRAP_PROBABILITY:g} per round (the data "
             "part is at most n_max*(gamma*C + 1/2), the noise sum is sub-Gaussian)",
@@ -392,7 +398,7 @@ class DistributedDP(HorizontalMechanism):
                    "no information about the records")
         return self._manifest(cfg, [
             ReleasedValue("masked vector", "the site's rounded clipped gradient sum plus its discrete Gaussian noise "
-                          "share, masked by SecAgg+ (uniform-looking mod M alone)", "secure aggregation", True,
+                          "share, masked by SecAgg+ (ChaCha20 masks keyed by the full secrets: uniform mod M alone)", "secure aggregation", True,
                           "the server learns only the sum of the survivors' vectors (SecAgg+, honest-but-curious "
                           "server, up to t colluding sites): covered by the distributed discrete Gaussian accountant "
                           "on the union", ("query.secagg_masked/masked.masked",)),
