@@ -125,6 +125,9 @@ def protocol_parameters(selected: int, *, max_dropouts: int, colluding: int) -> 
 MIN_SECRET_BYTES = 16
 #: ChaCha20's 16-byte nonce (counter and nonce, all zero): each key expands exactly one stream.
 _NONCE = bytes(16)
+#: The longest mask: 2^31 words of 8 bytes (16 GiB; with rejection, fewer than twice as many words on average)
+#: stays far inside the 2^32 64-byte blocks (256 GiB) of ChaCha20's 32-bit block counter: the stream never wraps.
+MAX_DIMENSION = 2 ** 31
 _SELF_LABEL = b"fedsurv secagg v1 self mask"
 _PAIRWISE_LABEL = b"fedsurv secagg v1 pairwise mask"
 
@@ -166,8 +169,8 @@ def mask_stream(key: bytes, *, modulus: int, dimension: int) -> np.ndarray:
         raise ValueError("mask_stream: the key must be 32 bytes")
     if not 2 <= modulus <= 2 ** 63:
         raise ValueError(f"mask_stream: the modulus must be in [2, 2^63], got {modulus}")
-    if dimension < 0:
-        raise ValueError(f"mask_stream: negative dimension {dimension}")
+    if not 0 <= dimension <= MAX_DIMENSION:
+        raise ValueError(f"mask_stream: the dimension must be in [0, 2^31], got {dimension}")
     stream = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
     if modulus & (modulus - 1) == 0:
         words = np.frombuffer(stream.update(bytes(8 * dimension)), dtype="<u8")

@@ -194,6 +194,8 @@ def test_no_secret_shorter_than_128_bits_and_no_other_key_length_is_accepted():
     for key in (bytes(4), bytes(16), bytes(33)):
         with pytest.raises(ValueError, match="32 bytes"):
             mask_stream(key, modulus=2 ** 40, dimension=10)
+    with pytest.raises(ValueError, match="dimension"):
+        mask_stream(KEY, modulus=2 ** 40, dimension=2 ** 31 + 1)   # the stream would near the counter's wrap
 
 
 def test_flowers_32_bit_mask_generator_is_used_nowhere_in_the_project():
