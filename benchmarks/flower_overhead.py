@@ -27,6 +27,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ from models.survival import SurvivalModel  # noqa: E402
 from simulations.engine import ray_cluster, resolve, run_simulation  # noqa: E402
 from simulations.hydra_config import parse_value  # noqa: E402
 from strategies.horizontal import WEIGHT_KEY, weighted_nanmean  # noqa: E402
+from strategies.mechanisms.base import SiteSetUp  # noqa: E402
 from strategies.mechanisms.registry import horizontal_mechanism  # noqa: E402
 
 
@@ -92,12 +94,14 @@ def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
                     {WEIGHT_KEY: mechanism.aggregation_weight(setups[site.name])})}))
         if replies:
             global_arrays = aggregate_arrayrecords(replies, WEIGHT_KEY)
-        site_metrics = _evaluate_sites(model, global_arrays, dataset)
+        site_metrics = _evaluate_sites(model, global_arrays, dataset, setups)
     return site_metrics
 
 
-def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: FederatedDataset) -> dict[str, float]:
-    """Every site's metrics of the global model on its own test part, weighted by test size (as the ServerApp averages them)."""
+def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: FederatedDataset,
+                    setups: Mapping[str, SiteSetUp]) -> dict[str, float]:
+    """Every site's metrics of the global model on its own test part, weighted by its agreed record count (as the
+    ServerApp averages them)."""
     model.net.load_state_dict(arrays.to_torch_state_dict())
     if model.needs_baseline:  # the federated Breslow baseline: every site's (d_k, R_k), summed in site order
         event_counts, risk_sums = None, None
@@ -107,7 +111,7 @@ def _evaluate_sites(model: SurvivalModel, arrays: ArrayRecord, dataset: Federate
             event_counts = counts if event_counts is None else event_counts + counts
             risk_sums = sums if risk_sums is None else risk_sums + sums
         model.set_baseline(event_counts, risk_sums)
-    return weighted_nanmean({site.name: {**task.evaluate(model, site.test), WEIGHT_KEY: len(site.test)}
+    return weighted_nanmean({site.name: {**task.evaluate(model, site.test), WEIGHT_KEY: setups[site.name].count}
                              for site in dataset.sites})
 
 

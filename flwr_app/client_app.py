@@ -187,7 +187,8 @@ def train(message: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    """Test metrics of the global model on the site's own held-out part (computed from it alone)."""
+    """Test metrics of the global model on the site's own held-out part (computed from it alone); the reply
+    carries no record count (the server weights the sites' metrics by their agreed counts)."""
     site, _ = _site(context)
     config = message.content["config"]
     server_round = int(config["server-round"])
@@ -205,7 +206,8 @@ def evaluate(message: Message, context: Context) -> Message:
         oot = task.evaluate(model, site.oot)
         metrics.update({f"oot_{key}": value for key, value in oot.items()})
         undefined.update({f"oot_{key}": code for key, code in task.undefined_metrics(model, site.oot, oot).items()})
-    metrics[WEIGHT_KEY] = len(site.test)
+    # No record count: the server weights a site's test metrics by the count agreed at set-up (the held-out
+    # count would reveal the site's size far more exactly than the set-up's noisy count does).
     return _reply(message, _content(site, metrics, undefined=undefined), cfg, site, server_round, "evaluate")
 
 

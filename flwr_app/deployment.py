@@ -51,7 +51,7 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
-from strategies.mechanisms.base import SiteSetUp, setup_multiplier
+from strategies.mechanisms.base import SiteSetUp, delta_refusal, setup_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -546,6 +546,15 @@ def _site_table(cfg: ExperimentConfig, context: Context) -> tuple[RawTable, np.n
     return table, train, test
 
 
+def _refuse_delta(cfg: ExperimentConfig, context: Context, train: np.ndarray) -> None:
+    """A site refuses to release anything when ``privacy.delta`` exceeds 1/n, n its own training record count, for a
+    mechanism that protects each site's records (:func:`~strategies.mechanisms.base.delta_refusal`; the server checks
+    ``distributed_dp``'s union and ``central_dp``'s sites after the set-up)."""
+    mechanism = horizontal_mechanism(cfg.strategy)
+    if mechanism.delta_population == "site" and (reason := delta_refusal(cfg, mechanism, {site_name(context): len(train)})):
+        raise ValueError(f"site '{site_name(context)}' releases nothing: {reason}")
+
+
 def stored_spec(context: Context) -> task.SiteSpec:
     """The shared preprocessing and time grid this site received at set-up."""
     if SPEC_STATE not in context.state.config_records:
@@ -562,7 +571,9 @@ def deployed_site(cfg: ExperimentConfig, context: Context) -> SiteData:
 
 def summary(message: Message, context: Context) -> Message:
     """Additive statistics of the site's training part (features, times) and its largest training time."""
-    table, train, _ = _site_table(parse_run_config(context.run_config), context)
+    cfg = parse_run_config(context.run_config)
+    table, train, _ = _site_table(cfg, context)
+    _refuse_delta(cfg, context, train)
     time = table.time[train]
     return Message(content=_payload({
         "site": site_name(context),
@@ -583,6 +594,7 @@ def setup_ranges(message: Message, context: Context) -> Message:
     """Pass 1 of the private set-up: the site's schema and its noisy count and range histograms."""
     cfg = parse_run_config(context.run_config)
     table, train, _ = _site_table(cfg, context)
+    _refuse_delta(cfg, context, train)
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
     release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy

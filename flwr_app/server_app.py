@@ -46,7 +46,7 @@ from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position, robust_refusal,
                                    site_metrics, weighted_nanmean)
-from strategies.mechanisms.base import HorizontalMechanism
+from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
 from strategies.server_optimizers import make_server_optimizer
@@ -265,6 +265,10 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         wait_for_sites(grid, dataset.num_sites)
         node_sites = {}
     num_sites = len(setups)
+    # delta against the protected population, before any training release (in a deployment each site has refused
+    # a delta above 1/its own count before its set-up release; here the agreed counts, and distributed_dp's union)
+    if refusal := delta_refusal(cfg, mechanism, {name: setup.count for name, setup in setups.items()}):
+        raise ConfigError(refusal)
     fedavg_kwargs: dict[str, Any] = dict(
         fraction_train=cfg.federation.fraction_train, fraction_evaluate=1.0,
         min_train_nodes=mechanism.min_train_sites(cfg, num_sites=num_sites),

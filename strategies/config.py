@@ -447,6 +447,10 @@ class PrivacyConfig:
 
     epsilon: float = setting(math.inf, "target epsilon", bounds=POSITIVE, infinite="no differential privacy")
     delta: float = setting(1e-5, "target delta", bounds=FRACTION)
+    delta_override: bool = setting(False, "true: accept privacy.delta > 1/n, n the population the strategy protects "
+                                          "(each site's training records; distributed_dp: the union's; central_dp: "
+                                          "the sites), which is refused otherwise: such a delta allows releasing a "
+                                          "record outright")
     clip_norm: float = setting(AUTO, "dp_sgd/bdp: per-record gradient clip norm C; central_dp: per-site update clip "
                                     "norm; nbafl/ls_adp/row_dp: clip norm of all model weights together; split: L2 "
                                     "clip of each record's embedding", bounds=POSITIVE,

@@ -414,8 +414,6 @@ class SurvivalFedAvg(FedAvg):
         self.global_arrays: ArrayRecord | None = None
         #: A secure-sum mechanism's server optimiser state (kept at the server between rounds).
         self.server_state: dict[str, Any] | None = None
-        self.held_out_bound = {name: _held_out_bound(setup.count, cfg.data.test_fraction)
-                               for name, setup in self.setups.items()}
         #: The recalibration after the last round (a private set-up's hazard model): its public plan and the
         #: model's cuts; ``exponents``: its result, one per cut (None until then, or without one).
         self.recalibration: tuple[RecalibrationPlan, np.ndarray] | None = None
@@ -909,8 +907,10 @@ class SurvivalFedAvg(FedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Check each site's evaluation; keep the accepted sites' metrics; return their NaN-aware weighted mean.
 
-        Refused replies (identity, unknown metric, out of range, implausible held-out count) are named
-        failures and left out of the mean. A site whose figures stand far outside the others'
+        Refused replies (identity, unknown metric, out of range, a record count) are named failures and left
+        out of the mean. The reply carries no record count: each accepted site's metrics are stored with
+        ``num-examples`` = its record count agreed at set-up (the weight of :func:`weighted_nanmean`, the
+        same as its FedAvg weight's count), so under a DP set-up the mean reveals no count beyond the noisy one. A site whose figures stand far outside the others'
         (:func:`~strategies.replies.suspect_evaluations`) is flagged and kept (heterogeneous sites are
         normal), or, with ``evaluation.screen``, a named failure left out of the mean.
         """
@@ -918,10 +918,12 @@ class SurvivalFedAvg(FedAvg):
         checked: dict[str, tuple[int, dict[str, float]]] = {}
         accepted = self._accepted_metrics(
             server_round, "evaluate", replies,
-            lambda site, metrics: check_evaluation(_numbers(metrics), max_records=self.held_out_bound.get(site, 0.0)))
+            lambda site, metrics: check_evaluation(_numbers(metrics)))
         for message, site, node, metrics in accepted:
             checked[site] = (node, {key: float(value) for key, value in _numbers(metrics).items()})
             record.evaluate_undefined[site] = _undefined(message, checked[site][1])
+            # the site's weight in the sites' mean: its count agreed at set-up (the reply carries no count)
+            checked[site][1][WEIGHT_KEY] = float(self.setups[site].count)
         suspects = suspect_evaluations({site: metrics for site, (_, metrics) in checked.items()})
         for site, (node, metrics) in sorted(checked.items()):
             if site in suspects and self.cfg.evaluation_screen:
@@ -1014,11 +1016,6 @@ class SurvivalFedAvg(FedAvg):
         self.exponents = None if exponents is None else np.asarray(exponents, dtype=np.float64)
         if self.server_optimizer is not None:
             self.server_optimizer.load_state_dict(state["server_optimizer"])
-
-
-def _held_out_bound(count: float, test_fraction: float) -> float:
-    """The most held-out records a site with ``count`` training records can plausibly report (twice the split's)."""
-    return 2.0 * count * test_fraction / (1.0 - test_fraction) + 10.0
 
 
 #: A run with a secure sum stops once this many consecutive rounds' unmasked sums were refused (one refused

@@ -9,7 +9,7 @@ round and goes on without the reply.
   and finite values.
 * :func:`check_count`: a record count equals the one fixed at set-up (or 0: nothing new).
 * :func:`check_evaluation` and :func:`suspect_evaluations`: test metrics are finite and in range,
-  the held-out count is plausible, and no site's figures stand far outside the other sites'.
+  no record count comes with them, and no site's figures stand far outside the other sites'.
 * :func:`check_breslow`: Breslow aggregates have the grid's length, are finite and non-negative,
   and count no more events than the site has records.
 * :func:`check_embeddings`: a split-learning site's embeddings have the requested shape and finite
@@ -92,21 +92,18 @@ def check_count(reported: object, agreed: float) -> str:
     return ""
 
 
-def check_evaluation(metrics: Mapping[str, object], *, max_records: float) -> str:
+def check_evaluation(metrics: Mapping[str, object]) -> str:
     """Why a site's evaluation reply is unusable ("" when it is fine).
 
-    Known metric names only (:data:`METRIC_RANGES`, optionally prefixed ``oot_``, and
-    ``num-examples``); each a number in its range or NaN (a metric undefined on the site's
-    held-out part, e.g. no events); ``num-examples`` a whole number in ``[1, max_records]``.
+    Known metric names only (:data:`METRIC_RANGES`, optionally prefixed ``oot_``); each a number in its
+    range or NaN (a metric undefined on the site's held-out part, e.g. no events). A record count
+    (``num-examples``) is refused: the server weights a site's metrics by its count agreed at set-up,
+    and an exact held-out count would reveal the site's size beyond the set-up's noisy count.
     """
-    count = metrics.get("num-examples")
-    if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(float(count)):
-        return f"num-examples = {count!r} is not a finite number"
-    if float(count) != int(count) or not 1 <= count <= max_records:
-        return f"num-examples = {count!r} is not a whole number of held-out records in [1, {max_records:g}]"
+    if "num-examples" in metrics:
+        return ("num-examples: an evaluation reply carries no record count (the server weights the site's test "
+                "metrics by its count agreed at set-up)")
     for key, value in metrics.items():
-        if key == "num-examples":
-            continue
         name = key[4:] if key.startswith("oot_") else key
         if name not in METRIC_RANGES:
             return f"unknown metric {key!r}"

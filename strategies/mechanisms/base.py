@@ -48,6 +48,8 @@ if TYPE_CHECKING:  # the heavy imports only for type checkers
 __all__ = [
     "AGGREGATION",
     "BUDGET",
+    "DELTA_CHECK",
+    "DELTA_POPULATIONS",
     "HORIZONTAL",
     "HorizontalMechanism",
     "LOCAL_TRAINING",
@@ -59,6 +61,7 @@ __all__ = [
     "SiteSetUp",
     "SiteUpdate",
     "common_releases",
+    "delta_refusal",
     "noise_source",
     "record_level_closing",
     "setup_sentence",
@@ -89,6 +92,47 @@ BUDGET: frozenset[str] = frozenset({"privacy.epsilon", "privacy.delta", "privacy
                                     "privacy.adjacency"})
 #: A private set-up: its share of the budget and the public data dictionary it takes.
 PRIVATE_SETUP: frozenset[str] = frozenset({"privacy.setup_share", "data.dictionary"})
+#: The override of the refusal of a delta above 1/n (:func:`delta_refusal`), by the mechanisms that check it.
+DELTA_CHECK: frozenset[str] = frozenset({"privacy.delta_override"})
+
+#: The population a horizontal mechanism's delta is for (:attr:`HorizontalMechanism.delta_population`), in words.
+DELTA_POPULATIONS: Mapping[str, str] = {
+    "site": "each site's training records (record-level DP at every site)",
+    "union": "the union of the sites' training records (one guarantee for all of them)",
+    "sites": "the sites (site-level DP: one site is the unit)",
+}
+
+
+def delta_refusal(cfg: ExperimentConfig, mechanism: Mechanism, counts: Mapping[str, float]) -> str:
+    """Why ``privacy.delta`` is too large for the population the run protects ("" when it is not).
+
+    A (ε, δ) guarantee with δ > 1/n allows a mechanism that publishes one of n records outright, so
+    it is refused, in one line naming ``privacy.delta``, n and where it comes from, unless
+    ``privacy.delta_override = true``. n (:attr:`HorizontalMechanism.delta_population`): each site's
+    training record count (``counts``: site -> count, as agreed at set-up or, at a site, its own) for the
+    record-level mechanisms of one site; their sum for ``distributed_dp``; the number of sites for
+    ``central_dp``. No refusal without DP or for a mechanism that declares no population.
+    """
+    population = getattr(mechanism, "delta_population", "")
+    if not mechanism.private or not cfg.privacy.enabled or cfg.privacy.delta_override or not population:
+        return ""
+    delta = cfg.privacy.delta
+    if population == "site":
+        over = {site: float(n) for site, n in sorted(counts.items()) if delta > 1.0 / max(float(n), 1.0)}
+        if not over:
+            return ""
+        where = ", ".join(f"n = {n:.0f} at site '{site}'" for site, n in over.items())
+        n = max(over.values())
+    else:
+        n = float(sum(counts.values())) if population == "union" else float(len(counts))
+        if not counts or delta <= 1.0 / n:
+            return ""
+        where = (f"n = {n:.0f} records of {len(counts)} sites together" if population == "union"
+                 else f"n = {n:.0f} sites")
+    return (f"run config: privacy.delta = {delta:g} exceeds 1/n = {1.0 / n:.3g}: {where}, n the population strategy "
+            f"'{mechanism.name}' protects ({DELTA_POPULATIONS[population]}); a delta above 1/n allows releasing a "
+            f"record outright: set privacy.delta <= {1.0 / n:.3g} (well below it, e.g. 1/n^1.1), or "
+            "privacy.delta_override = true to accept it")
 
 
 @dataclass(frozen=True)
@@ -313,8 +357,8 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                       True, "public: not a function of any record",
                       ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
-                      "global model on the site's held-out records, their number, and for each undefined metric a "
-                      "code saying why (e.g. no events)", "evaluate", held_out,
+                      "global model on the site's held-out records and, for each undefined metric, a code saying why "
+                      "(e.g. no events); no record count (the server weights them by the count agreed at set-up)", "evaluate", held_out,
                       "a function of the released global model and the site's held-out records only (censoring "
                       "weights from the held-out records too): post-processing for the training records; the "
                       "held-out records are not protected" if held_out else
@@ -493,6 +537,8 @@ class HorizontalMechanism(Mechanism):
         True when the run's set-up statistics (record counts, clip ranges and standardisation,
         time grid) are released with DP and composed with training
         (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_share``).
+    delta_population
+        Whose count ``n`` bounds ``privacy.delta`` (δ > 1/n is refused, :func:`delta_refusal`).
     secure_sum
         True when the sites send integer vectors through secure aggregation and the server sees
         only their sum (:mod:`strategies.secure_aggregation`); the mechanism then provides
@@ -504,6 +550,9 @@ class HorizontalMechanism(Mechanism):
     server_side: bool = False
     secure_sum: bool = False
     private_setup: bool = False
+    #: Whose count n bounds ``privacy.delta`` (:func:`delta_refusal`, :data:`DELTA_POPULATIONS`): ``"site"`` (each
+    #: site's records), ``"union"`` (all sites' records), ``"sites"`` (the number of sites) or ``""`` (no DP).
+    delta_population: str = "site"
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

@@ -38,6 +38,7 @@ from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ExperimentConfig
 from strategies.mechanisms.base import (
+    DELTA_CHECK,
     AGGREGATION,
     BUDGET,
     HORIZONTAL,
@@ -84,7 +85,7 @@ class BayesianDP(HorizontalMechanism):
     private_setup = True
     unit = "record"
     adjacencies = ("add-remove", "replace-one")
-    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | PRIVATE_SETUP
+    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

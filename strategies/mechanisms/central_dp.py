@@ -36,6 +36,7 @@ from strategies.accounting.rdp import (
 )
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    DELTA_CHECK,
     BUDGET,
     HORIZONTAL,
     LOCAL_TRAINING,
@@ -76,7 +77,8 @@ class CentralDP(HorizontalMechanism):
     server_side = True
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
-    honours = HORIZONTAL | LOCAL_TRAINING | SERVER_OPTIMIZER | BUDGET | {"model.penalty"}
+    delta_population = "sites"  # site-level DP: n is the number of sites
+    honours = HORIZONTAL | LOCAL_TRAINING | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | {"model.penalty"}
     refusals = {
         "federation.aggregation": "is not offered with strategy 'central_dp', which calibrates its noise to the mean "
                                   "of the clipped updates",

@@ -47,6 +47,7 @@ from strategies.accounting.distributed_dp import ddg_epsilon, l1_bound
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    DELTA_CHECK,
     BUDGET,
     HORIZONTAL,
     PRIVATE_SETUP,
@@ -253,7 +254,8 @@ class DistributedDP(HorizontalMechanism):
     adjacencies = ("add-remove",)
     private_setup = True
     secure_sum = True
-    honours = (HORIZONTAL - {"resume.from"}) | BUDGET | PRIVATE_SETUP | {
+    delta_population = "union"  # one guarantee for the union of the sites' records (the noise adds up in the sum)
+    honours = (HORIZONTAL - {"resume.from"}) | BUDGET | DELTA_CHECK | PRIVATE_SETUP | {
         "train.lr", "privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits"}
     refusals = {
         **{key: "has no effect on strategy 'distributed_dp', whose round is one full-batch gradient step at the global "

@@ -36,6 +36,7 @@ from strategies.accounting.rdp import (
 )
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
+    DELTA_CHECK,
     AGGREGATION,
     BUDGET,
     HORIZONTAL,
@@ -128,7 +129,7 @@ class DPSGD(HorizontalMechanism):
     unit = "record"
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
-    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | PRIVATE_SETUP
+    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)

@@ -56,6 +56,7 @@ from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
 from strategies.mechanisms.base import (
+    DELTA_CHECK,
     AGGREGATION,
     BUDGET,
     HORIZONTAL,
@@ -143,7 +144,7 @@ class WeightPerturbation(HorizontalMechanism):
     def __init__(self, method: str) -> None:
         self.name = check_choice(method, WEIGHT_PERTURBATION, "method")
         own = {"nbafl": (), "ls_adp": ("privacy.uniform_mix",), "row_dp": ("privacy.uniform_mix", "privacy.dispersion")}
-        self.honours = (HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET
+        self.honours = (HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK
                         | {"model.penalty", "privacy.allocation", "privacy.min_site_records", *own[self.name]})
 
     def check(self, cfg: ExperimentConfig) -> None:

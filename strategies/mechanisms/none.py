@@ -30,6 +30,7 @@ class NoPrivacy(HorizontalMechanism):
     pooled_baseline = True
     unit = "none"
     private = False
+    delta_population = ""
     honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | {"model.penalty"}
     refusals = {"privacy.epsilon": "cannot be met: strategy 'fedavg' adds no noise (or choose a DP strategy)"}
 
