@@ -144,7 +144,7 @@ def test_a_deployed_site_refuses_a_delta_above_one_over_its_own_count_before_rel
 
     overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
                  "strategy.name": "dp_sgd", "privacy.epsilon": 10.0, "privacy.delta": 1e-3,
-                 "federation.rounds": 1, "federation.min_sites": 2, "evaluation.server_side": False,
+                 "federation.num_sites": 3, "federation.rounds": 1, "federation.min_sites": 2, "evaluation.server_side": False,
                  "baseline.centralized": False, "output.dir": str(tmp_path / "out")}
     summary = run_inprocess(overrides, observe=observe, node_configs=configs)
     refused = [reason for kind, reason in replies if reason]

@@ -97,9 +97,9 @@ DELTA_CHECK: frozenset[str] = frozenset({"privacy.delta_override"})
 
 #: The population a horizontal mechanism's delta is for (:attr:`HorizontalMechanism.delta_population`), in words.
 DELTA_POPULATIONS: Mapping[str, str] = {
-    "site": "each site's training records (record-level DP at every site)",
-    "union": "the union of the sites' training records (one guarantee for all of them)",
-    "sites": "the sites (site-level DP: one site is the unit)",
+    "site": "each site's training records: record-level DP at every site",
+    "union": "the union of the sites' training records: one guarantee for all of them",
+    "sites": "the sites: site-level DP, one site is the unit",
 }
 
 
