@@ -211,18 +211,21 @@ def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, objec
     Simulation (``partition-id``): :func:`simulated_site`. Deployment: ``modality`` names the
     modality and ``data-path`` its file (CSV or Parquet with the ID column ``data.id_col``, default
     ``id``, and without the columns of ``data.drop_cols``); ``categorical`` lists categorical columns
-    (comma-separated); ``noise-seed`` (an
-    integer kept secret from the server) makes the noise reproducible, otherwise every release
-    draws fresh entropy from the operating system.
+    (comma-separated). Every deployed site draws its noise seed from the operating system's entropy,
+    afresh for each run: a ``noise-seed`` in node config is refused, since two runs with the same
+    seed would release noise that cancels between them.
     """
     if "partition-id" in node_config:
         return simulated_site(cfg, int(node_config["partition-id"]))
+    if "noise-seed" in node_config:
+        raise ValueError("node config sets 'noise-seed': a fixed noise seed makes two runs' releases differ by the "
+                         "data alone (the noise cancels); remove it: a deployed site draws its noise from the "
+                         "operating system for every run")
     missing = [key for key in ("modality", "data-path") if key not in node_config]
     if missing:
         raise ValueError(f"node config lacks {missing}: a vertical site needs 'modality' and 'data-path'")
     path = str(node_config["data-path"])
     features = read_modality_file(path, id_column=record_id_column(cfg), drop_cols=cfg.data.drop_cols)
     categorical = tuple(part.strip() for part in str(node_config.get("categorical", "")).split(",") if part.strip())
-    seed = node_config.get("noise-seed")
     return SiteData(modality=str(node_config["modality"]), features=features, categorical=categorical,
-                    noise_base_seed=int(seed) if seed is not None else secrets.randbits(63), source=path)
+                    noise_base_seed=secrets.randbits(63), source=path)

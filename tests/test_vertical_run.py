@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from flwr_app import split_messages as wire
 from flwr_app import vertical_task
@@ -128,12 +129,22 @@ def test_deployed_site_reads_its_modality_file(tmp_path):
     path = tmp_path / "clinical.csv"
     pd.DataFrame({"id": ["p1", "p2"], "age": [50.0, 60.0], "grade": [1, 3]}).to_csv(path, index=False)
     site = vertical_task.site_from_node_config(cfg, {"modality": "clinical", "data-path": str(path),
-                                                     "categorical": "grade", "noise-seed": 7})
-    assert site.modality == "clinical" and site.categorical == ("grade",) and site.noise_base_seed == 7
+                                                     "categorical": "grade"})
+    assert site.modality == "clinical" and site.categorical == ("grade",)
     assert list(site.features.index) == ["p1", "p2"]
     fresh = [vertical_task.site_from_node_config(cfg, {"modality": "c", "data-path": str(path)}).noise_base_seed
              for _ in range(2)]
-    assert fresh[0] != fresh[1]  # no noise-seed: operating-system entropy, never the run seed
+    assert fresh[0] != fresh[1]  # operating-system entropy for every run, never the run seed
+    # two runs' releases of the same records: their difference is noise (std sqrt(2) sigma C), not zero
+    from strategies.split import noise_seed, release_embeddings
+
+    embeddings = torch.randn(2000, 4)
+    runs = [release_embeddings(embeddings, clip_norm=1.0, noise_multiplier=1.0, noise_seed=noise_seed(base, "c", 0))
+            for base in fresh]
+    difference = (runs[0] - runs[1]).flatten()  # the clipped embeddings cancel; std sqrt(2 (1 - rho)) sigma C
+    assert abs(float(difference.std()) - 2 ** 0.5) < 0.05  # the two runs' noises are uncorrelated
+    with pytest.raises(ValueError, match="node config sets 'noise-seed': a fixed noise seed makes two runs'"):
+        vertical_task.site_from_node_config(cfg, {"modality": "c", "data-path": str(path), "noise-seed": 7})
     with pytest.raises(ValueError, match="needs 'modality' and 'data-path'"):
         vertical_task.site_from_node_config(cfg, {"modality": "clinical"})
     with pytest.raises(ValueError, match="partition-id 3 is outside the 3 modalities"):

@@ -226,7 +226,7 @@ class EmbeddingDP(Mechanism):
             "across sites; epsilon_nominal is that formula's claim, epsilon the RDP figure of this sigma")
         noise = ("noise seed: derived from the run seed in simulation (reproducible: not private against anyone who "
                  "knows the seed); drawn from the operating system's entropy (secrets) at each site in a deployment, "
-                 "unless the site's node config sets its own secret noise-seed")
+                 "afresh for every run (a node-config noise-seed is refused: reused, it would cancel the noise)")
         return (
             "each site clips every record's embedding to L2 norm clip_norm and adds N(0, (sigma clip_norm)^2) per "
             "coordinate before sending it (BVFLMSP embedding perturbation)",

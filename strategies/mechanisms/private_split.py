@@ -118,8 +118,8 @@ class PrivateSplitDP(Mechanism):
                         "label holder",
         }[split.encoder]
         noise = ("noise: derived from the run seed in simulation (reproducible: not private against anyone who knows "
-                 "the seed); drawn from the operating system's entropy at each site in a deployment, unless the "
-                 "site's node config sets its own secret noise-seed")
+                 "the seed); drawn from the operating system's entropy at each site in a deployment, afresh for "
+                 "every run (a node-config noise-seed is refused: reused, it would cancel the noise)")
         return (
             "unit: one record's features at every site together; adjacency replace-one; the server picks the IDs "
             "and knows which records were released, so no amplification is credited",
