@@ -30,6 +30,7 @@ from flwr_app import interrupt
 from models.data import load_table
 from models.data.files import resolve_data_dir
 from simulations.engine import run_inprocess
+from simulations.results_file import append_jsonl
 
 FEDERATIONS = {
     "SBA, 4 regions": {"data.name": "sba", "federation.partition": "region"},
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON lines)")
     args = parser.parse_args(argv)
     rows = []
+    if args.out:  # one line a run, written as it ends: a stopped benchmark keeps the runs it finished
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("", encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for seed in range(args.seeds):
@@ -101,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only in name:
                     rows.append(count(name, {**overrides, "federation.rounds": args.rounds}, seed, folder))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+                    if args.out:
+                        append_jsonl(args.out, rows[-1])
     print(table(rows))
     return 0
 

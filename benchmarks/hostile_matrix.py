@@ -27,6 +27,7 @@ from flwr.app import Array, ArrayRecord, Message
 
 from flwr_app import interrupt
 from simulations import engine
+from simulations.results_file import append_jsonl
 
 HOSTILE_NODE, HOSTILE_SITE = 2, "site-1"
 RUN = {"federation.num_sites": 3, "federation.rounds": 3, "baseline.centralized": False}
@@ -139,14 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON lines)")
     args = parser.parse_args(argv)
     rows = []
+    if args.out:  # one line a run, written as it ends: a stopped benchmark keeps the runs it finished
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("", encoding="utf-8")
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(args.seeds):
             for mode in ["clean", *MODES]:
                 rows.append(run_mode(mode, seed, Path(folder)))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+                if args.out:
+                    append_jsonl(args.out, rows[-1])
     print(table(rows))
     return 0
 

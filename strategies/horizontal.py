@@ -519,7 +519,7 @@ class SurvivalFedAvg(FedAvg):
                     phase, "unattributable", reply.metadata.src_node_id, "a reply to no message of this round"))
                 continue
             by_target[target].append(reply)
-        kept = []
+        kept, limit = [], self._reply_limit()
         for target, group in sorted(by_target.items()):
             reply = group[0]
             if len(group) > 1:
@@ -530,9 +530,9 @@ class SurvivalFedAvg(FedAvg):
             elif reply.metadata.src_node_id != target:
                 self._fail(server_round, phase, target,
                            f"its reply came back labelled as node {reply.metadata.src_node_id}: refused")
-            elif (size := payload_bytes(reply.content)) > self._reply_limit():
+            elif (size := payload_bytes(reply.content)) > limit:
                 self._fail(server_round, phase, target, f"its reply carries {size} bytes, more than the "
-                           f"{self._reply_limit()} a reply may (a model's worth of arrays + {MAX_REPLY_EXTRA_BYTES})")
+                           f"{limit} a reply may (a model's worth of arrays + {MAX_REPLY_EXTRA_BYTES})")
             else:
                 kept.append(reply)
         for node in sorted({message.metadata.dst_node_id for message in messages} - set(by_target)):
