@@ -19,7 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app import deployment, task, vertical_client
+from flwr_app import deployment, site_policy, task, vertical_client
 from flwr_app.config import ExperimentConfig, parse_run_config
 from flwr_app.faults import inject_failure, tamper
 from models.data import SiteData
@@ -37,7 +37,7 @@ from strategies.horizontal import (
 )
 from models.recalibration import power_sums
 from strategies import secure_aggregation as secagg
-from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
+from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_history, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
 from strategies.mechanisms.registry import horizontal_mechanism
 
@@ -153,6 +153,14 @@ def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp
     return task.federation_setup(cfg).setups[site.name]
 
 
+def _charge(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int, message: str, values: str,
+            history: tuple[tuple[float, float, int], ...] | None) -> None:
+    """Charge a release to the site's own privacy policy before it leaves (:mod:`flwr_app.site_policy`; a no-op
+    without one): a refusal raises, and the reply becomes an error filed under the site's name."""
+    site_policy.enforce(context.node_config, site.name, site_policy.Request(
+        cfg.strategy, context.run_id, server_round, message, values, history))
+
+
 def _training_message(message: Message, context: Context) -> tuple[SiteData, int, int, ExperimentConfig, Any,
                                                                   HorizontalMechanism]:
     """What a training message (plain or secure) starts with: the site, the round, the run config and the global
@@ -174,6 +182,8 @@ def train(message: Message, context: Context) -> Message:
     previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index))
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
+    _charge(context, cfg, site, server_round, "train", "model update",
+            mechanism.round_release(cfg, setup, update, previous))
     privacy_state = None
     if update.state is not None:
         # The site's accountant lives in its node state across rounds; the reply carries it too, so that the
@@ -225,6 +235,7 @@ def breslow(message: Message, context: Context) -> Message:
     server_round = int(message.content["config"]["server-round"])
     cfg, model = _model(context, message)
     inject_failure(cfg, site=site.name, server_round=server_round, message="breslow")
+    _charge(context, cfg, site, server_round, "breslow", "Breslow aggregates", None)
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
     metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
     return _reply(message, _content(site, metrics), cfg, site, server_round, "breslow")
@@ -250,6 +261,7 @@ def recalibration(message: Message, context: Context) -> Message:
     if multiplier <= 0 or not planned or not np.all(np.isfinite(horizons)):
         raise ValueError("recalibration query refused: this run's config plans no recalibration release, or the "
                          f"horizons are not 1 to {len(RECALIBRATION_QUANTILES)} finite times ({horizons.tolist()})")
+    _charge(context, cfg, site, server_round, "recalibration", "recalibration sums", recalibration_history(cfg))
     times, surv = model.predict_survival(site.train.x)
     at = np.clip(np.searchsorted(times, horizons, side="right") - 1, 0, times.size - 1)  # right-continuous steps
     sums = power_sums(surv[:, at]).ravel()
@@ -292,6 +304,7 @@ def secagg_masked(message: Message, context: Context) -> Message:
     public = context.state.config_records[SECAGG_ROUND]
     plan = mechanism.plan(cfg, parties=int(public["parties"]), records=float(public["records"]),
                           dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
+    _charge(context, cfg, site, server_round, "train", "masked contribution", None)
     vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]

@@ -43,7 +43,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from flwr_app import task
+from flwr_app import site_policy, task
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
@@ -51,7 +51,7 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
-from strategies.mechanisms.base import SiteSetUp, delta_refusal, setup_multiplier
+from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -62,8 +62,10 @@ from strategies.mechanisms.setup_statistics import (
     SetupNoiseError,
     SetupPlan,
     agree_ranges,
+    accountant_history,
     agreed_count,
     implausible_ranges,
+    pass_history,
     release_moments,
     release_ranges,
     shared_setup,
@@ -555,6 +557,23 @@ def _refuse_delta(cfg: ExperimentConfig, context: Context, train: np.ndarray) ->
         raise ValueError(f"site '{site_name(context)}' releases nothing: {reason}")
 
 
+def _charge_setup(cfg: ExperimentConfig, context: Context, message: str, history: tuple | None,
+                  plan: tuple = ()) -> None:
+    """Charge a set-up release to the site's own privacy policy (:mod:`flwr_app.site_policy`) before it leaves."""
+    site_policy.enforce(context.node_config, site_name(context), site_policy.Request(
+        cfg.strategy, context.run_id, 0, message, "set-up statistics" if history is not None else
+        "exact set-up statistics", history, plan))
+
+
+def _planned_after_pass_1(cfg: ExperimentConfig, plan: SetupPlan, count: int) -> tuple:
+    """What the run will make the site release after the set-up's first pass, as planned from its own count: the second
+    pass, the recalibration and every round's training (checked by a site's policy before the first release)."""
+    prior = accountant_history(plan) + recalibration_history(cfg)
+    training = horizontal_mechanism(cfg.strategy).planned_release(cfg, SiteSetUp(count=count, min_count=count,
+                                                                                prior=prior))
+    return pass_history(plan, 2) + recalibration_history(cfg) + training
+
+
 def stored_spec(context: Context) -> task.SiteSpec:
     """The shared preprocessing and time grid this site received at set-up."""
     if SPEC_STATE not in context.state.config_records:
@@ -574,6 +593,7 @@ def summary(message: Message, context: Context) -> Message:
     cfg = parse_run_config(context.run_config)
     table, train, _ = _site_table(cfg, context)
     _refuse_delta(cfg, context, train)
+    _charge_setup(cfg, context, "site_summary", None)
     time = table.time[train]
     return Message(content=_payload({
         "site": site_name(context),
@@ -597,6 +617,7 @@ def setup_ranges(message: Message, context: Context) -> Message:
     _refuse_delta(cfg, context, train)
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
+    _charge_setup(cfg, context, "setup_ranges", pass_history(plan, 1), _planned_after_pass_1(cfg, plan, len(train)))
     release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
     return Message(content=_payload({"site": site_name(context), "columns": list(plan.columns),
                                      "numeric": sorted(plan.numeric), **release.to_dict()}), reply_to=message)
@@ -609,6 +630,7 @@ def setup_moments(message: Message, context: Context) -> Message:
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
     ranges = AgreedRanges.from_dict(_read(message)["ranges"])
+    _charge_setup(cfg, context, "setup_moments", pass_history(plan, 2))
     release = release_moments(plan, ranges, features, table.time[train], table.event[train],
                               np.random.default_rng())  # OS entropy
     return Message(content=_payload(release.to_dict()), reply_to=message)
@@ -617,7 +639,9 @@ def setup_moments(message: Message, context: Context) -> Message:
 def histogram(message: Message, context: Context) -> Message:
     """Training events and censorings per interval of the server's histogram."""
     request = _read(message)
-    table, train, _ = _site_table(parse_run_config(context.run_config), context)
+    cfg = parse_run_config(context.run_config)
+    table, train, _ = _site_table(cfg, context)
+    _charge_setup(cfg, context, "site_time_histogram", None)
     edges = np.linspace(0.0, float(request["max_time"]), int(request["bins"]) + 1)
     events, censored = time_histogram(table.time[train], table.event[train], edges)
     return Message(content=_payload({"events": events.tolist(), "censored": censored.tolist()}), reply_to=message)

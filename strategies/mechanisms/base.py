@@ -574,6 +574,19 @@ class HorizontalMechanism(Mechanism):
                    state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
         """One round at a site: train ``model`` in place from the global weights and privatise it."""
 
+    def round_release(self, cfg: ExperimentConfig, setup: SiteSetUp, update: SiteUpdate,
+                      previous: dict[str, Any] | None) -> tuple[tuple[float, float, int], ...] | None:
+        """What a site's update of one round releases, as accountant history ``(noise multiplier, sample rate,
+        steps)`` under add/remove adjacency, from what the site itself ran (``previous``: its privacy state before
+        the round); ``None`` when the releases are not such a history: a site's privacy filter cannot charge them
+        (:mod:`flwr_app.site_policy` refuses the mechanism)."""
+        return None
+
+    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
+        """Every round's releases of a site together, as planned before the first (``()`` where the mechanism chooses
+        them as it goes): a site's policy checks the plan before it releases anything."""
+        return ()
+
     # ---------------------------------------------------------------- the server
 
     def wrap_strategy(self, strategy: Strategy, cfg: ExperimentConfig, *, num_sites: int) -> Strategy:

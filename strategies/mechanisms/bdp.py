@@ -106,6 +106,16 @@ class BayesianDP(HorizontalMechanism):
         report = {key: float(metrics[key]) for key in self.report_keys(cfg)}
         return SiteUpdate(report, new_state, contributes=int(new_state["steps"]) > previous_steps)
 
+    def round_release(self, cfg: ExperimentConfig, setup: SiteSetUp, update: SiteUpdate,
+                      previous: dict[str, Any] | None) -> tuple[tuple[float, float, int], ...]:
+        """The round's steps at the classical (worst-case) noise multiplier of the σ the site's accountant chose."""
+        steps = int(update.state["steps"]) - (int(previous["steps"]) if previous else 0) if update.state else 0
+        if steps <= 0:
+            return ()
+        sample_rate, _ = poisson_schedule(setup.count, batch_size=cfg.train.batch_size, epochs=cfg.train.local_epochs)
+        sigma = classical_noise_multiplier(update.report["noise_multiplier"], adjacency=cfg.privacy.adjacency)
+        return ((sigma, sample_rate, steps),)
+
     def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
         return ("epsilon_mu", "epsilon", "noise_multiplier", "steps", "stopped", "fallback")
 

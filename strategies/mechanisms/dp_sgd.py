@@ -169,6 +169,15 @@ class DPSGD(HorizontalMechanism):
         report = {"noise_multiplier": sigma, "steps": float(steps), "epsilon": accountant.epsilon(cfg.privacy.delta)}
         return SiteUpdate(report, {"accountant": accountant.state_dict(), "steps": steps})
 
+    def round_release(self, cfg: ExperimentConfig, setup: SiteSetUp, update: SiteUpdate,
+                      previous: dict[str, Any] | None) -> tuple[tuple[float, float, int], ...]:
+        sample_rate, steps, sigma = self.schedule(cfg, setup)
+        return ((sigma, sample_rate, steps),)
+
+    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
+        sample_rate, steps, sigma = self.schedule(cfg, setup)
+        return ((sigma, sample_rate, steps * cfg.federation.rounds),)
+
     def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
         return ("noise_multiplier", "steps", "epsilon")
 

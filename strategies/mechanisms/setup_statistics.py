@@ -916,6 +916,19 @@ def shared_setup(
 # --------------------------------------------------------------------------- the whole set-up
 
 
+#: The releases of each pass of the set-up: pass 1 (:func:`release_ranges`), pass 2 (:func:`release_moments`).
+SETUP_PASSES: Mapping[int, tuple[str, ...]] = {1: ("record_count", "time_range", "range_histograms"),
+                                               2: ("time_histogram", "feature_moments")}
+
+
+def pass_history(plan: SetupPlan, setup_pass: int) -> tuple[tuple[float, float, int], ...]:
+    """The releases of one pass of the set-up (:data:`SETUP_PASSES`) as accountant history (see :func:`accountant_history`)."""
+    if plan.noise_multiplier == 0:
+        return ()
+    return tuple((release.noise_multiplier(plan.adjacency), 1.0, 1) for release in setup_releases(plan)
+                 if release.name in SETUP_PASSES[setup_pass] and math.isfinite(release.noise_multiplier(plan.adjacency)))
+
+
 def accountant_history(plan: SetupPlan) -> tuple[tuple[float, float, int], ...]:
     """The plan's releases as RDP accountant history: ``(z_i, 1.0, 1)`` per release that costs anything.
 
@@ -924,10 +937,7 @@ def accountant_history(plan: SetupPlan) -> tuple[tuple[float, float, int], ...]:
     is its RDP, so the site's accountant composes them with its DP-SGD steps. Empty for an exact
     set-up (``noise_multiplier`` 0: no guarantee, nothing to compose).
     """
-    if plan.noise_multiplier == 0:
-        return ()
-    return tuple((release.noise_multiplier(plan.adjacency), 1.0, 1) for release in setup_releases(plan)
-                 if math.isfinite(release.noise_multiplier(plan.adjacency)))
+    return pass_history(plan, 1) + pass_history(plan, 2)
 
 
 def agreed_count(noisy: float) -> float:
