@@ -207,7 +207,10 @@ def test_one_records_rounded_contribution_is_within_the_quantisation_bound():
     total = rounded_gradient_sum(model, x, time, event, clip_norm=clip, gamma=gamma, seed=0)
     exact = sum(rounded_gradient_sum(model, x[i:i + 1], time[i:i + 1], event[i:i + 1], clip_norm=clip, gamma=gamma,
                                      seed=0) for i in range(40))
-    assert np.array_equal(total, exact)  # rounded record by record, then summed
+    # rounded record by record, then summed: equal up to the float32 rounding of the batched pass (MKL's AVX-512
+    # kernels may round a product of the 40-record batch differently from the one-record pass: +-1, in rare entries),
+    # where rounding the sum instead would move entries by up to 40 x 0.5
+    assert np.abs(total - exact).max() <= 1 and np.count_nonzero(total - exact) <= 0.01 * dim
 
 
 # ---------------------------------------------------------------------------------------------- whole runs
