@@ -37,7 +37,14 @@ from strategies.horizontal import (
 )
 from models.recalibration import power_sums
 from strategies import secure_aggregation as secagg
-from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_history, recalibration_multiplier
+from strategies.mechanisms.base import (
+    HorizontalMechanism,
+    LocalUpdateMechanism,
+    SecureSumMechanism,
+    SiteSetUp,
+    recalibration_history,
+    recalibration_multiplier,
+)
 from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
 from strategies.mechanisms.registry import horizontal_mechanism
 
@@ -118,7 +125,7 @@ def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     return None
 
 
-def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: HorizontalMechanism,
+def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: LocalUpdateMechanism,
                model: Any, site: SiteData, setup: SiteSetUp, seed: int) -> dict | None:
     """The site's privacy state (:func:`_privacy_state`), with the rounds the server charged it while it held none.
 
@@ -177,6 +184,8 @@ def _training_message(message: Message, context: Context) -> tuple[SiteData, int
 def train(message: Message, context: Context) -> Message:
     """One round of the run's mechanism on the site's training part, starting from the global model."""
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
+    if not isinstance(mechanism, LocalUpdateMechanism):
+        raise ValueError(f"strategy '{cfg.strategy}' sites answer the secure-aggregation messages, not 'train'")
     config = message.content["config"]
     setup = _setup(cfg, context, site)
     previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index))
@@ -301,6 +310,8 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 def secagg_masked(message: Message, context: Context) -> Message:
     """Stage 2: the site's contribution of the round (its mechanism's), masked; this is the site's training reply."""
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
+    if not isinstance(mechanism, SecureSumMechanism):
+        raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
     public = context.state.config_records[SECAGG_ROUND]
     plan = mechanism.plan(cfg, parties=int(public["parties"]), records=float(public["records"]),
                           dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))

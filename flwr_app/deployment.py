@@ -51,7 +51,7 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
-from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
+from strategies.mechanisms.base import SiteFilter, SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -311,9 +311,7 @@ class RejoiningSites(ParticipatingSites):
             site = self._node_sites[node]
             agreed = setup.setups[site]
             state, catch_up = self._history(site)
-            contents[node] = {"spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
-                              "prior": [list(entry) for entry in agreed.prior], "privacy_state": state,
-                              "catch_up": catch_up}
+            contents[node] = {**_setup_content(setup.spec, agreed), "privacy_state": state, "catch_up": catch_up}
         answered, failed = _ask(self._grid, SETUP, contents, self._timeout)
         for node in answered:
             self._pending.discard(node)
@@ -474,25 +472,47 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
     counts = {node: agreed_count(release.count) for node, release in releases.items()}
     recalibration = task.plan_recalibration(cfg, shared, counts)
+    filters = {node: announced for node in counts if (announced := _announced(first[node])) is not None}
     agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
-                         timeout=timeout)
+                         timeout=timeout, filters=filters)
     return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration)
+
+
+def _announced(reply: Mapping[str, Any]) -> SiteFilter | None:
+    """The privacy filter a site announced with its first set-up release (``None`` if none, or not a valid one: the
+    site's own filter still refuses what it cannot hold)."""
+    try:
+        announced = SiteFilter(*map(float, reply["filter"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    valid = (announced.order == int(announced.order) >= 2 and 0 <= announced.spent and 0 < announced.delta < 1
+             and announced.epsilon > 0
+             and all(math.isfinite(value) and value >= 0 for value in dataclasses.astuple(announced)))
+    return announced if valid else None
 
 
 def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float],
                 names: Mapping[int, str], left_out: dict[int, str], prior: tuple[tuple[float, float, int], ...], *,
-                timeout: float) -> SiteSetup:
-    """Send every kept site the shared set-up and its agreed count; the outcome of :func:`prepare_sites`."""
-    smallest = min(counts.values())
-    setups = {names[node]: SiteSetUp(count=count, min_count=smallest, prior=prior) for node, count in counts.items()}
-    _, failed = _ask(grid, SETUP, {node: {"spec": spec.to_json(), "count": counts[node], "min_count": smallest,
-                                          "prior": [list(entry) for entry in prior]} for node in counts}, timeout)
+                timeout: float, filters: Mapping[int, SiteFilter] | None = None) -> SiteSetup:
+    """Send every kept site the shared set-up, its agreed count and the filter it announced (``filters``); the
+    outcome of :func:`prepare_sites`."""
+    smallest, filters = min(counts.values()), filters or {}
+    setups = {names[node]: SiteSetUp(count=count, min_count=smallest, prior=prior, filter=filters.get(node))
+              for node, count in counts.items()}
+    _, failed = _ask(grid, SETUP, {node: _setup_content(spec, setups[names[node]]) for node in counts}, timeout)
     if failed:
         raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
     print(f"{len(counts)} sites ({', '.join(sorted(names[node] for node in counts))}): "
           f"about {int(sum(counts.values()))} training records, {len(spec.preprocessor.feature_names)} encoded "
           f"features, {len(spec.cuts)} time-grid points" + (" (private set-up)" if prior else ""), flush=True)
     return SiteSetup(spec, {node: names[node] for node in counts}, left_out, setups)
+
+
+def _setup_content(spec: task.SiteSpec, agreed: SiteSetUp) -> dict[str, Any]:
+    """The set-up message of one site: the shared preprocessing and grid, its agreed count and history, its filter."""
+    return {"spec": spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
+            "prior": [list(entry) for entry in agreed.prior],
+            "filter": None if agreed.filter is None else list(dataclasses.astuple(agreed.filter))}
 
 
 def _plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> dict[str, Any]:
@@ -558,19 +578,26 @@ def _refuse_delta(cfg: ExperimentConfig, context: Context, train: np.ndarray) ->
 
 
 def _charge_setup(cfg: ExperimentConfig, context: Context, message: str, history: tuple | None,
-                  plan: tuple = ()) -> None:
-    """Charge a set-up release to the site's own privacy policy (:mod:`flwr_app.site_policy`) before it leaves."""
+                  plan: tuple | None = None) -> None:
+    """Charge a set-up release to the site's own privacy policy (:mod:`flwr_app.site_policy`) before it leaves;
+    ``plan``: the rest of the run, checked with the first release (with the ε the run asks for)."""
     site_policy.enforce(context.node_config, site_name(context), site_policy.Request(
         cfg.strategy, context.run_id, 0, message, "set-up statistics" if history is not None else
-        "exact set-up statistics", history, plan))
+        "exact set-up statistics", history, plan or (), None if plan is None else cfg.privacy.epsilon))
 
 
-def _planned_after_pass_1(cfg: ExperimentConfig, plan: SetupPlan, count: int) -> tuple:
-    """What the run will make the site release after the set-up's first pass, as planned from its own count: the second
-    pass, the recalibration and every round's training (checked by a site's policy before the first release)."""
+def _planned_after_pass_1(cfg: ExperimentConfig, plan: SetupPlan, count: int, announced: SiteFilter | None) -> tuple:
+    """What the run will make the site release after the set-up's first pass, as planned from its own count and the
+    filter it announces: the second pass, the recalibration and every round's training (checked by a site's policy
+    before the first release; where even the set-up does not fit what the filter has left, the set-up alone)."""
     prior = accountant_history(plan) + recalibration_history(cfg)
-    training = horizontal_mechanism(cfg.strategy).planned_release(cfg, SiteSetUp(count=count, min_count=count,
-                                                                                prior=prior))
+    if announced is None:
+        return ()
+    try:
+        training = horizontal_mechanism(cfg.strategy).planned_release(
+            cfg, SiteSetUp(count=count, min_count=count, prior=prior, filter=announced))
+    except ValueError:  # no noise fits what is left after the set-up: the set-up's plan alone is refused
+        training = ()
     return pass_history(plan, 2) + recalibration_history(cfg) + training
 
 
@@ -617,10 +644,14 @@ def setup_ranges(message: Message, context: Context) -> Message:
     _refuse_delta(cfg, context, train)
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))
-    _charge_setup(cfg, context, "setup_ranges", pass_history(plan, 1), _planned_after_pass_1(cfg, plan, len(train)))
+    announced = site_policy.announce(context.node_config)
+    _charge_setup(cfg, context, "setup_ranges", pass_history(plan, 1),
+                  _planned_after_pass_1(cfg, plan, len(train), announced))
     release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
+    filter_ = {} if announced is None else {"filter": dataclasses.astuple(announced)}
     return Message(content=_payload({"site": site_name(context), "columns": list(plan.columns),
-                                     "numeric": sorted(plan.numeric), **release.to_dict()}), reply_to=message)
+                                     "numeric": sorted(plan.numeric), **release.to_dict(), **filter_}),
+                   reply_to=message)
 
 
 def setup_moments(message: Message, context: Context) -> Message:
@@ -659,7 +690,8 @@ def setup(message: Message, context: Context) -> Message:
     context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
     context.state[SETUP_STATE] = ConfigRecord({"count": float(request["count"]),
                                                "min_count": float(request["min_count"]),
-                                               "prior": json.dumps(request.get("prior", []))})
+                                               "prior": json.dumps(request.get("prior", [])),
+                                               "filter": json.dumps(request.get("filter"))})
     if PRIVACY_STATE not in context.state.config_records:
         if request.get("privacy_state") is not None:
             context.state[PRIVACY_STATE] = ConfigRecord({"json": str(request["privacy_state"])})
@@ -680,7 +712,9 @@ def stored_setup(context: Context) -> SiteSetUp:
                          "did not reach it (or its SuperNode restarted)")
     record = context.state.config_records[SETUP_STATE]
     prior = tuple((float(noise), float(rate), int(count)) for noise, rate, count in json.loads(str(record["prior"])))
-    return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]), prior=prior)
+    announced = json.loads(str(record["filter"])) if "filter" in record else None
+    return SiteSetUp(count=float(record["count"]), min_count=float(record["min_count"]), prior=prior,
+                     filter=None if announced is None else SiteFilter(*map(float, announced)))
 
 
 def _range_problems(names: Mapping[int, str], statistics: Mapping[int, FeatureStatistics],

@@ -18,7 +18,9 @@ Node config keys (``flower-supernode --node-config "..."``)::
     privacy-rdp-order=18                         # the filter's whole order (default: chosen from the budget
                                                  # when the file is created; fixed for its lifetime)
 
-The ledger file is JSON Lines: a header (the filter's order, the data file's SHA-256) and one line
+With its first set-up release the site announces its filter (:func:`announce`: order, RDP spent, limit) and the
+server plans the site's noise to fit it (:class:`~strategies.mechanisms.base.SiteFilter`); the site's check is the
+same either way. The ledger file is JSON Lines: a header (the filter's order, the data file's SHA-256) and one line
 per release or refusal, each with the run, round, message, the values that left, their cost and
 the filter's ε after it. It is written and synced before the release leaves (a crash can only
 over-count) and is read anew at every message, so it survives SuperNode restarts and spans runs:
@@ -41,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from strategies.accounting.filter import FilterExhausted, RenyiFilter, epsilon_at_order
+from strategies.mechanisms.base import SiteFilter
 
-__all__ = ["CHARGEABLE", "PolicyRefusal", "Request", "SitePolicy", "enforce", "ledger_table", "read_ledger"]
+__all__ = ["CHARGEABLE", "PolicyRefusal", "Request", "SitePolicy", "announce", "enforce", "ledger_table", "read_ledger"]
 
 #: Strategies whose every release a site's filter can charge (a history of Gaussian releases).
 CHARGEABLE = ("dp_sgd", "bdp")
@@ -184,7 +187,11 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """What a message asks the site to release: where, and as accountant history (``None``: not chargeable)."""
+    """What a message asks the site to release: where, and as accountant history (``None``: not chargeable).
+
+    ``plan`` and ``epsilon``, at the first release of a run: the rest of the run's planned releases, and the
+    ε the run asks for (refused when above the site's limit).
+    """
 
     strategy: str
     run_id: int
@@ -193,6 +200,23 @@ class Request:
     values: str
     history: History | None
     plan: History = ()
+    epsilon: float | None = None
+
+
+def _data_path(node_config: Mapping[str, Any]) -> Path | None:
+    return Path(str(node_config["data-path"])) if "data-path" in node_config else None
+
+
+def announce(node_config: Mapping[str, Any]) -> SiteFilter | None:
+    """The site's filter as it stands (order, RDP spent, limit), which it tells the server at set-up so that the run's
+    noise is planned to fit it; ``None`` without a policy. Not a function of any record: the site's own policy and
+    the cost of what it released before."""
+    policy = SitePolicy.from_node_config(node_config)
+    if policy is None:
+        return None
+    with _locked(policy.ledger) as handle:
+        filt = _filter(policy, handle, _data_path(node_config))
+    return SiteFilter(filt.order, filt.spent, policy.max_epsilon, policy.delta)
 
 
 def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter | None) -> str:
@@ -201,6 +225,9 @@ def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter | None) -> 
         return f"strategy '{request.strategy}' is not one this site accepts (privacy-mechanisms: {', '.join(policy.mechanisms)})"
     if request.history is None:
         return f"{request.values} cannot be charged to the site's Rényi filter (released without noise)"
+    if request.epsilon is not None and request.epsilon > policy.max_epsilon:
+        return (f"the run asks for privacy.epsilon = {request.epsilon:g}, more than this site's limit "
+                f"privacy-max-epsilon = {policy.max_epsilon:g}")
     low = [sigma for sigma, _, _ in [*request.history, *request.plan] if sigma < policy.min_noise]
     if low:
         return (f"a noise multiplier of {min(low):.4g} is below the site's floor privacy-min-noise = "
@@ -211,7 +238,7 @@ def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter | None) -> 
         cost = filt.cost(plan)
         return (f"the run's plan would take the site's filter to epsilon "
                 f"{epsilon_at_order(filt.spent + cost, filt.order, filt.delta):.3f} > {policy.max_epsilon:g} at "
-                f"delta {policy.delta:g}; ask for a smaller privacy.epsilon")
+                f"delta {policy.delta:g}: what is left cannot hold even the set-up")
     try:
         filt.charge(request.history)
     except FilterExhausted as err:
@@ -229,9 +256,8 @@ def enforce(node_config: Mapping[str, Any], site: str, request: Request) -> None
     policy = SitePolicy.from_node_config(node_config)
     if policy is None:
         return
-    data_path = Path(str(node_config["data-path"])) if "data-path" in node_config else None
     with _locked(policy.ledger) as handle:
-        filt = _filter(policy, handle, data_path)
+        filt = _filter(policy, handle, _data_path(node_config))
         before = filt.spent
         reason = _refusal(request, policy, filt)
         line = {"kind": "refusal" if reason else "release", "time": _now(), "run": request.run_id,

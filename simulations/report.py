@@ -38,6 +38,7 @@ import pandas as pd
 
 from flwr_app.config import PROJECT_ROOT, ConfigError
 from simulations import adaptive_dp, bvflmsp, fsl_bdp, membership, table1
+from strategies.mechanisms.base import SecureSumMechanism
 from strategies.mechanisms.registry import MECHANISMS, get_mechanism
 
 #: The adaptive-DP grids as their commands ran them (docs/results/adaptive_dp.md, "Commands").
@@ -407,7 +408,7 @@ def privacy_page() -> str:
                   "What the ledger's figures assume:", ""]
         parts += [f"- {sentence}" for sentence in mechanism.assumptions(cfg)]
         parts += ["", manifest.as_markdown(), ""]
-        if getattr(mechanism, "secure_sum", False):
+        if isinstance(mechanism, SecureSumMechanism):
             parts += [SECURE_SUM_TEXT, ""]
         for label, overrides in PRIVACY_VARIANTS:
             try:
@@ -461,8 +462,16 @@ ACCOUNTING_TEXT = (
     "an upper bound within about 1e-3 of the exact ε); `prv` is opacus' PRV accountant (an upper bound from its error "
     "bound); `rdp` converts Rényi DP to (ε, δ), which loses about 10 % of ε at these budgets "
     "(`python -m benchmarks.accountants`).",
-    "A site's own budget check (a privacy filter, where one runs) stays a Rényi filter: RDP adds up over releases "
-    "chosen adaptively, which is what a filter needs; the tight figure is reported for the plan actually run. "
+    "A deployed site can hold its own budget (node config `privacy-ledger`, `privacy-max-epsilon`, …; "
+    "docs/deployment.md, \"A site's own privacy budget\"): its SuperNode charges every set-up pass, training round "
+    "and recalibration of dp_sgd or bdp to a Rényi filter of one fixed order, computed from the noise it adds itself "
+    "and never from the server's plan, writes each to its ledger file before it leaves, and refuses, before "
+    "anything is released, what the filter cannot hold (a run whose plan exceeds what is left, a strategy it does not "
+    "accept or cannot charge). RDP of one order adds up over releases chosen adaptively, which is what a filter needs "
+    "(Feldman & Zrnic 2021). The site tells the server where its filter stands with its first set-up release, and the "
+    "server plans that site's noise to fit it (the larger of what the run's accountant and the filter need); the "
+    "ledger gives the tight figure for the plan actually run and, for such a site, its filter figure "
+    "(`epsilon_filter`), which is higher. "
     "distributed_dp keeps RDP: the sum of the sites' discrete Gaussians is not a Gaussian, and the bound it has "
     "(Kairouz, Liu & Steinke 2021, Proposition 14) is a Rényi bound; a PLD of the continuous Gaussian would not bound "
     "it. bdp's headline is the Bayesian accountant's ε_μ (data-dependent, average case), which no PLD replaces; its "

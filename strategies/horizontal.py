@@ -53,7 +53,7 @@ from flwr.supercore import log
 from models.metrics import UNDEFINED_REASONS
 from models.recalibration import cut_exponents, fit_exponents
 from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, ConfigError, ExperimentConfig
-from strategies.mechanisms.base import HorizontalMechanism, SiteSetUp, recalibration_multiplier
+from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
 from strategies.replies import (
@@ -573,7 +573,7 @@ class SurvivalFedAvg(FedAvg):
             record = self._record(server_round)
             self.global_arrays = arrays
             messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
-            if self.mechanism.secure_sum:
+            if isinstance(self.mechanism, SecureSumMechanism):
                 released = self.secure_round(grid, server_round, arrays, messages)
                 arrays = arrays if released is arrays else self._step(server_round, arrays, released)
                 arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)

@@ -319,3 +319,60 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
                   for entry in ledger if entry["site"] == killed))
     for site in SITES:
         deployment.stop(site)
+
+
+def test_a_site_whose_policy_is_epsilon_1_refuses_a_run_at_3_before_releasing_anything_and_keeps_its_budget(
+        deployment):
+    """site-1's SuperNode holds a privacy policy of epsilon <= 1 (its own ledger file): a dp_sgd run asked at
+    epsilon 3 is refused by it at the first set-up message, before anything leaves, and the server names it. After a
+    SuperNode restart, runs at 0.5 and 0.8 are admitted, the second with site-1's noise raised by the server's plan
+    to fit what its filter has left; the server's ledger shows the run's figures and the site's filter figure, which
+    equals the site's file, and the file never shows more than 1."""
+    from models.data.datasets import load_flchain
+    from flwr_app.site_policy import ledger_table, read_ledger
+
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    ledger = deployment.root / "site-1-ledger.jsonl"
+    configs = {}
+    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:3000], 3)):
+        path = deployment.root / f"policy-{SITES[index]}.csv"
+        frame.iloc[rows].reset_index(drop=True).to_csv(path, index=False)
+        configs[SITES[index]] = f"data-path='{path}' site-name='{SITES[index]}'"
+    configs["site-1"] += f" privacy-ledger='{ledger}' privacy-max-epsilon=1"
+    for site in SITES:
+        deployment.start_supernode(site, configs[site])
+    base = ("data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
+            "federation.num_sites=3 federation.min_sites=2 federation.rounds=1 evaluation.server_side=false "
+            "baseline.centralized=false")
+
+    def run(epsilon: float, name: str) -> tuple[dict, dict]:
+        deployment.flwr_run(f"{base} privacy.epsilon={epsilon} output.dir='{deployment.root / name}'")
+        entries = [json.loads(line) for line in (deployment.root / name / "ledger.jsonl").read_text().splitlines()]
+        return (json.loads((deployment.root / name / "summary.json").read_text()),
+                next((entry for entry in entries if entry["site"] == "site-1"), {}))
+
+    refused, _ = run(3, "policy-a")
+    (reason,) = refused["left_out"].values()
+    assert "site 'site-1' privacy policy refuses setup_ranges" in reason and "nothing released" in reason, reason
+    assert set(refused["sites"]) == {"site-2", "site-3"}
+    assert [line["kind"] for line in read_ledger(ledger)] == ["header", "refusal"]
+    deployment.stop("site-1")  # SIGTERM: the SuperNode leaves; started again with the same key and node config
+    deployment.start_supernode("site-1", configs["site-1"])
+    report = [f"run a (epsilon 3): left out: {reason}"]
+    for name, epsilon in (("policy-b", 0.5), ("policy-c", 0.8)):
+        summary, own = run(epsilon, name)
+        assert "site-1" in summary["sites"] and "left_out" not in summary
+        released = [line for line in read_ledger(ledger) if line["kind"] == "release"]
+        assert own["epsilon_filter"] == pytest.approx(released[-1]["epsilon"], rel=1e-9) <= 1.0
+        report.append(f"run {name[-1]} (epsilon {epsilon}): site-1 noise multiplier {own['noise_multiplier']:.3f}, "
+                      f"epsilon {own['epsilon']:.4f} (PLD), {own['epsilon_rdp']:.4f} (RDP), its filter "
+                      f"{own['epsilon_filter']:.4f}; run headline {summary['privacy']['epsilon']:.4f}")
+    assert own["epsilon"] < 0.95 * 0.8  # the filter, not the run's accountant, set site-1's noise at 0.8
+    lines = read_ledger(ledger)
+    assert [line["message"] for line in lines if line["kind"] == "release"] == ["setup_ranges", "setup_moments",
+                                                                               "train"] * 2
+    assert max(line["epsilon"] for line in lines[1:]) <= 1.0
+    Path("/tmp/policy_log.txt").write_text("\n".join(report) + "\n\n" + ledger_table(lines) + "\n")
+    for site in SITES:
+        deployment.stop(site)

@@ -3,6 +3,8 @@ and, through the real ServerApp and ClientApp in process, a deployed site that r
 hold before it releases anything, and keeps its budget across runs and restarts."""
 
 
+import json
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -201,7 +203,17 @@ RUN = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "
        "baseline.centralized": False}
 
 
+def _site_1_entries(out):
+    entries = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    return [entry for entry in entries if entry["site"] == "site-1"]
+
+
 def test_a_site_with_a_budget_of_1_refuses_a_run_at_3_before_releasing_anything_and_keeps_its_budget(tmp_path):
+    """site-1 holds a policy of epsilon <= 1. A run asking for 3 is refused at the first set-up message, before
+    anything leaves, and the server names it. In later runs (new nodes: as restarted SuperNodes, the budget lives in
+    the file) the server plans site-1's noise to fit what its filter has left: at 0.5 its noise is the run's
+    (PLD-calibrated), at 0.8 it is raised to fit; the server's ledger gives the run's PLD and RDP figures and the
+    site's filter figure beside them, the filter figure equals the site's file, and the file never passes 1."""
     configs = _federation(tmp_path)
     ledger = tmp_path / "site-1-ledger.jsonl"
     asked = []
@@ -210,18 +222,27 @@ def test_a_site_with_a_budget_of_1_refuses_a_run_at_3_before_releasing_anything_
                                                                          message.metadata.message_type)))
     (reason,) = summary["left_out"].values()
     assert "site 'site-1' privacy policy refuses setup_ranges" in reason and "nothing released" in reason
+    assert "privacy.epsilon = 3, more than this site's limit privacy-max-epsilon = 1" in reason
     assert set(summary["sites"]) == {"site-2", "site-3"}
     assert {kind for node, kind in asked if node == 1} == {"query.setup_ranges"}
     assert [line["kind"] for line in read_ledger(ledger)] == ["header", "refusal"]
-    # the nodes of a new run start empty, as restarted SuperNodes do: the budget lives in the file
-    summary = run_inprocess({**RUN, "privacy.epsilon": 0.5, "output.dir": str(tmp_path / "b")}, node_configs=configs)
-    assert "left_out" not in summary and "site-1" in summary["sites"]
+    noise = {}
+    for name, epsilon in (("b", 0.5), ("c", 0.8)):
+        summary = run_inprocess({**RUN, "privacy.epsilon": epsilon, "output.dir": str(tmp_path / name)},
+                                node_configs=configs)
+        assert "left_out" not in summary and "site-1" in summary["sites"]
+        entries = [json.loads(line) for line in (tmp_path / name / "ledger.jsonl").read_text().splitlines()]
+        (own,) = [entry for entry in entries if entry["site"] == "site-1"]
+        others = [entry for entry in entries if entry["site"] != "site-1"]
+        noise[name] = own["epsilon"] / epsilon  # below 1 where the filter, not the run's accountant, set its noise
+        assert own["epsilon"] <= epsilon and own["epsilon_rdp"] > own["epsilon"]
+        released = [line for line in read_ledger(ledger) if line["kind"] == "release"]
+        assert own["epsilon_filter"] == pytest.approx(released[-1]["epsilon"], rel=1e-9)
+        assert all(entry["epsilon_filter"] is None for entry in others)
+    assert noise["c"] < 0.95 < noise["b"], noise
     released = [line for line in read_ledger(ledger) if line["kind"] == "release"]
-    assert [line["message"] for line in released] == ["setup_ranges", "setup_moments", "train"]
-    spent = released[-1]["epsilon"]
-    assert summary["privacy"]["epsilon"] <= 0.5 < spent <= 1.0  # the filter's one order costs more than PLD's plan
-    summary = run_inprocess({**RUN, "privacy.epsilon": 0.8, "output.dir": str(tmp_path / "c")}, node_configs=configs)
-    assert "site-1" not in summary["sites"] and "plan would take the site's filter" in str(summary["left_out"])
-    lines = read_ledger(ledger)
-    assert lines[-1]["kind"] == "refusal" and lines[-1]["epsilon"] == spent
-    assert max(line["epsilon"] for line in lines[1:]) <= 1.0
+    assert [line["message"] for line in released] == ["setup_ranges", "setup_moments", "train"] * 2
+    assert 0.95 < released[-1]["epsilon"] <= 1.0
+    summary = run_inprocess({**RUN, "privacy.epsilon": 0.5, "output.dir": str(tmp_path / "d")}, node_configs=configs)
+    assert "site-1" not in summary["sites"] and "cannot hold even the set-up" in str(summary["left_out"])
+    assert max(line["epsilon"] for line in read_ledger(ledger)[1:]) <= 1.0

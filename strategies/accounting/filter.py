@@ -38,13 +38,17 @@ False
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from strategies.accounting.calibration import calibrate_noise
+
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
-__all__ = ["FILTER_ORDERS", "FilterExhausted", "RenyiFilter", "epsilon_at_order", "filter_order", "rdp_at_order", "rdp_budget"]
+__all__ = ["FILTER_ORDERS", "FilterExhausted", "RenyiFilter", "epsilon_at_order", "filter_order", "fitting_noise_multiplier",
+           "rdp_at_order", "rdp_budget"]
 
 History = Iterable[Sequence[float]]
 
@@ -94,6 +98,19 @@ def filter_order(epsilon: float, delta: float, orders: Sequence[float] = FILTER_
     """The order of ``orders`` at which a Gaussian mechanism (RDP linear in the order) can spend most of ``(ε, δ)``:
     the largest ``rdp_budget(ε, δ, α) / α``."""
     return max(orders, key=lambda order: rdp_budget(epsilon, delta, order) / order)
+
+
+@functools.lru_cache(maxsize=1024)
+def fitting_noise_multiplier(*, order: float, budget: float, prior: tuple[tuple[float, float, int], ...],
+                             sample_rate: float, steps: int) -> float:
+    """The smallest σ (to 0.1 % of the budget) for which ``prior`` and ``steps`` Poisson-subsampled Gaussian steps (σ,
+    ``sample_rate``) cost at most ``budget`` at ``order``; ``ValueError`` when ``prior`` alone costs the budget."""
+    base = rdp_at_order(prior, order)
+    if base >= budget:
+        raise ValueError(f"the releases before training alone cost RDP {base:.4g} at order {order:g}, more than the "
+                         f"{max(budget, 0.0):.4g} the site's filter has left")
+    return calibrate_noise(lambda sigma: base + rdp_at_order([(sigma, sample_rate, steps)], order), budget,
+                           tolerance=1e-3 * budget)
 
 
 class RenyiFilter:

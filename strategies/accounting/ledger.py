@@ -26,7 +26,9 @@ class LedgerEntry:
     ``epsilon_classical`` is the worst-case ε of the same (σ, q, steps). ``prior``: the site's
     releases before training composed into ``epsilon`` (the private set-up's Gaussian releases,
     as ``(noise multiplier, sample rate, steps)``), so that the figure can be recomputed from the
-    entry alone.
+    entry alone. ``epsilon_filter``: for a deployed site with its own privacy policy, its Rényi
+    filter's ε (at the site's own δ) once the run's releases so far are charged, from the filter
+    it announced at set-up; ``None`` for the other sites.
     """
 
     round: int
@@ -45,6 +47,7 @@ class LedgerEntry:
     epsilon_rdp: float | None = None
     epsilon_nominal: float | None = None
     epsilon_audited_formula: float | None = None
+    epsilon_filter: float | None = None
     assumptions: tuple[str, ...] = ()
     prior: tuple[tuple[float, float, int], ...] = ()
 

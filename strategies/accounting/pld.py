@@ -47,6 +47,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 
+from strategies.accounting.calibration import calibrate_noise
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
 __all__ = ["PLD_DISCRETIZATION", "calibrate_pld_noise_multiplier", "canonical_history", "pld_epsilon"]
@@ -137,47 +138,10 @@ def calibrate_pld_noise_multiplier(*, target_epsilon: float, target_delta: float
         raise ValueError(f"the releases before training alone spend epsilon {spent:.4g} (PLD) of the target "
                          f"{target_epsilon:g}: nothing is left for training")
 
-    def gap(grid: float) -> Callable[[float], float]:  # > 0: too little noise at sigma = exp(x)
-        return lambda x: pld_epsilon((*prior, (math.exp(x), sample_rate, steps)), delta=target_delta,
-                                     value_discretization_interval=grid) - target_epsilon
+    def spend(grid: float) -> Callable[[float], float]:
+        return lambda sigma: pld_epsilon((*prior, (sigma, sample_rate, steps)), delta=target_delta,
+                                         value_discretization_interval=grid)
 
-    coarse = _solve_decreasing(gap(10.0 * interval), 0.0, epsilon_tolerance, step=math.log(2.0))
-    return math.exp(_solve_decreasing(gap(interval), coarse, epsilon_tolerance, step=math.log(1.01)))
-
-
-def _solve_decreasing(gap: Callable[[float], float], start: float, tolerance: float, *, step: float) -> float:
-    """``x`` with ``-tolerance ≤ gap(x) ≤ 0`` for a decreasing ``gap``: bracket from ``start`` in steps of
-    ``step``, then Illinois regula falsi (the bracket's upper end always has ``gap ≤ 0``)."""
-    low, high = start, start
-    gap_low = gap_high = gap(start)
-    while gap_high > 0.0:  # too little noise at high: step up
-        low, gap_low = high, gap_high
-        high += step
-        if high > math.log(1e7):
-            raise ValueError("no noise multiplier up to 1e7 reaches the target epsilon")
-        gap_high = gap(high)
-    while gap_low <= 0.0:  # enough noise at low: step down
-        if -tolerance <= gap_low:
-            return low
-        high, gap_high = low, gap_low
-        low -= step
-        if low < math.log(1e-6):
-            raise ValueError("the target epsilon is met by a noise multiplier below 1e-6")
-        gap_low = gap(low)
-    if -tolerance <= gap_high:
-        return high
-    side = 0
-    for _ in range(200):
-        point = (low * gap_high - high * gap_low) / (gap_high - gap_low)
-        if not low < point < high or high - low < 1e-12:
-            point = (low + high) / 2.0
-        value = gap(point)
-        if -tolerance <= value <= 0.0:
-            return point
-        if value > 0.0:
-            low, gap_low = point, value
-            gap_high, side = (gap_high / 2.0, 1) if side == 1 else (gap_high, 1)
-        else:
-            high, gap_high = point, value
-            gap_low, side = (gap_low / 2.0, -1) if side == -1 else (gap_low, -1)
-    return high  # the bracket's noisy end always meets ε ≤ target
+    coarse = calibrate_noise(spend(10.0 * interval), target_epsilon, tolerance=epsilon_tolerance)
+    return calibrate_noise(spend(interval), target_epsilon, tolerance=epsilon_tolerance, start=coarse,
+                           step=math.log(1.01))

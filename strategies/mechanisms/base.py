@@ -5,7 +5,8 @@ A :class:`Mechanism` owns everything about one way of protecting a site's record
 * the keys it honours (:attr:`Mechanism.honours`: any other key whose effect depends on the mechanism is
   refused at a value but its default, :meth:`Mechanism.check_keys`) and its configuration checks
   (:meth:`Mechanism.check`), run once when the run config is parsed;
-* the site's step (:meth:`Mechanism.site_round`): local training and whatever noise the mechanism
+* the site's step (:meth:`LocalUpdateMechanism.site_round`, or a :class:`SecureSumMechanism`'s contribution): local
+  training and whatever noise the mechanism
   adds before the update leaves the site, with the site's privacy state carried between rounds;
 * its accounting at the server (:meth:`Mechanism.ledger_entry`): the ledger entry of a site after a
   round, computed by the server from public configuration and the set-up it agreed with the sites,
@@ -52,12 +53,15 @@ __all__ = [
     "DELTA_POPULATIONS",
     "HORIZONTAL",
     "HorizontalMechanism",
+    "LocalUpdateMechanism",
     "LOCAL_TRAINING",
     "PRIVATE_SETUP",
     "SERVER_OPTIMIZER",
+    "SecureSumMechanism",
     "Manifest",
     "Mechanism",
     "ReleasedValue",
+    "SiteFilter",
     "SiteSetUp",
     "SiteUpdate",
     "common_releases",
@@ -217,11 +221,39 @@ class SiteSetUp:
         The site's releases at set-up as accountant history, ``(noise multiplier, 1.0, 1)`` per
         Gaussian release under the run's adjacency (empty when the set-up was exact or public):
         the mechanism composes them with its training releases.
+    filter
+        A deployed site with its own privacy policy (:mod:`flwr_app.site_policy`): its Rényi
+        filter as it announced it at set-up, before the run's first release (:class:`SiteFilter`);
+        the site's noise is calibrated to fit it too. ``None`` without one.
     """
 
     count: float
     min_count: float
     prior: tuple[tuple[float, float, int], ...] = ()
+    filter: SiteFilter | None = None
+
+
+@dataclass(frozen=True)
+class SiteFilter:
+    """A site's Rényi filter at the start of a run: its order, the RDP spent before the run, its limit (ε, δ)."""
+
+    order: float
+    spent: float
+    epsilon: float
+    delta: float
+
+    @property
+    def remaining(self) -> float:
+        """The RDP at :attr:`order` the run may spend."""
+        from strategies.accounting.filter import rdp_budget
+
+        return rdp_budget(self.epsilon, self.delta, self.order) - self.spent
+
+    def epsilon_after(self, history: Sequence[tuple[float, float, int]]) -> float:
+        """The filter's ε once ``history`` (the run's releases so far) is charged."""
+        from strategies.accounting.filter import epsilon_at_order, rdp_at_order
+
+        return epsilon_at_order(self.spent + rdp_at_order(history, self.order), self.order, self.delta)
 
 
 @dataclass
@@ -388,6 +420,12 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                           accounted + public,
                           ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
                            "query.setup_moments/deployment.censored")),
+            ReleasedValue("privacy filter", "a deployed site with its own privacy policy: its Rényi filter's order, "
+                          "the RDP it has spent on this data set and its limit (epsilon, delta), so that the run's "
+                          "noise is planned to fit it", "set-up", True,
+                          "public: the site's own policy and the cost of what it released before (a function of "
+                          "earlier plans and of noise multipliers it already released), not of any record",
+                          ("query.setup_ranges/deployment.filter",)),
         ]
     else:
         releases += [
@@ -520,11 +558,14 @@ class Mechanism(ABC):
 
 
 class HorizontalMechanism(Mechanism):
-    """A mechanism of a horizontal federation: the site's round, the server's checks and ledger.
+    """A mechanism of a horizontal federation: what the server checks and accounts, whatever the site sends.
 
-    Subclasses implement :meth:`site_round`, :meth:`ledger_entry`, :meth:`assumptions` and
-    :meth:`manifest`, and declare the figures a site reports (:meth:`report_keys`) and those the
-    server recomputes (:meth:`expected_report`).
+    A site sends either its own update in a training reply (:class:`LocalUpdateMechanism`: the
+    site's :meth:`~LocalUpdateMechanism.site_round`) or an integer vector into a secure sum
+    (:class:`SecureSumMechanism`: the round's plan, the site's contribution, the server's step).
+    Subclasses implement :meth:`ledger_entry`, :meth:`assumptions` and :meth:`manifest`, and
+    declare the figures a site reports (:meth:`report_keys`) and those the server recomputes
+    (:meth:`expected_report`).
 
     Attributes
     ----------
@@ -539,16 +580,10 @@ class HorizontalMechanism(Mechanism):
         (:mod:`strategies.mechanisms.setup_statistics`; ``privacy.setup_share``).
     delta_population
         Whose count ``n`` bounds ``privacy.delta`` (δ > 1/n is refused, :func:`delta_refusal`).
-    secure_sum
-        True when the sites send integer vectors through secure aggregation and the server sees
-        only their sum (:mod:`strategies.secure_aggregation`); the mechanism then provides
-        ``plan``, the site's ``contribution`` and the server's ``server_step`` instead of a
-        training round.
     """
 
     pooled_baseline: bool = False
     server_side: bool = False
-    secure_sum: bool = False
     private_setup: bool = False
     #: Whose count n bounds ``privacy.delta`` (:func:`delta_refusal`, :data:`DELTA_POPULATIONS`): ``"site"`` (each
     #: site's records), ``"union"`` (all sites' records), ``"sites"`` (the number of sites) or ``""`` (no DP).
@@ -566,26 +601,6 @@ class HorizontalMechanism(Mechanism):
                 "run config: 'resume.from' in a deployment would run the private set-up again: a second release of "
                 "the set-up statistics that the ledger does not count, and a different preprocessing; resuming a "
                 "deployed run needs privacy.setup_share = 0 (an exact set-up, not covered by epsilon)")
-
-    # ---------------------------------------------------------------- the site
-
-    @abstractmethod
-    def site_round(self, model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int,
-                   state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
-        """One round at a site: train ``model`` in place from the global weights and privatise it."""
-
-    def round_release(self, cfg: ExperimentConfig, setup: SiteSetUp, update: SiteUpdate,
-                      previous: dict[str, Any] | None) -> tuple[tuple[float, float, int], ...] | None:
-        """What a site's update of one round releases, as accountant history ``(noise multiplier, sample rate,
-        steps)`` under add/remove adjacency, from what the site itself ran (``previous``: its privacy state before
-        the round); ``None`` when the releases are not such a history: a site's privacy filter cannot charge them
-        (:mod:`flwr_app.site_policy` refuses the mechanism)."""
-        return None
-
-    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
-        """Every round's releases of a site together, as planned before the first (``()`` where the mechanism chooses
-        them as it goes): a site's policy checks the plan before it releases anything."""
-        return ()
 
     # ---------------------------------------------------------------- the server
 
@@ -660,3 +675,49 @@ class HorizontalMechanism(Mechanism):
         releases = list(own) + common_releases(cfg, private=self.private, record_level=record_level,
                                                private_setup=self.uses_private_setup(cfg))
         return Manifest(self.name, self.unit, tuple(releases))
+
+
+class LocalUpdateMechanism(HorizontalMechanism):
+    """A mechanism whose site trains from the global model and sends its (privatised) update in a training reply."""
+
+    # ---------------------------------------------------------------- the site
+
+    @abstractmethod
+    def site_round(self, model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, *, seed: int,
+                   state: dict[str, Any] | None, setup: SiteSetUp) -> SiteUpdate:
+        """One round at a site: train ``model`` in place from the global weights and privatise it."""
+
+    def round_release(self, cfg: ExperimentConfig, setup: SiteSetUp, update: SiteUpdate,
+                      previous: dict[str, Any] | None) -> tuple[tuple[float, float, int], ...] | None:
+        """What a site's update of one round releases, as accountant history ``(noise multiplier, sample rate,
+        steps)`` under add/remove adjacency, from what the site itself ran (``previous``: its privacy state before
+        the round); ``None`` when the releases are not such a history: a site's privacy filter cannot charge them
+        (:mod:`flwr_app.site_policy` refuses the mechanism)."""
+        return None
+
+    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
+        """Every round's releases of a site together, as planned before the first (``()`` where the mechanism chooses
+        them as it goes): a site's policy checks the plan before it releases anything."""
+        return ()
+
+
+class SecureSumMechanism(HorizontalMechanism):
+    """A mechanism whose sites send integer vectors into a secure sum (:mod:`strategies.secure_aggregation`); the
+    server sees only the sum. Each round: the public :meth:`plan`, each site's :meth:`contribution`, and the
+    server's :meth:`server_step` from the unmasked sum."""
+
+    @abstractmethod
+    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp) -> Any:
+        """The round's public parameters, the same at the server and every site."""
+
+    @abstractmethod
+    def contribution(self, model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, plan: Any, *,
+                     seed: int) -> Any:
+        """The site's integer vector of the round (before masking)."""
+
+    @abstractmethod
+    def server_step(self, arrays: Mapping[str, Any], total: Any, plan: Any, *, count: float, lr: float,
+                    state: dict[str, Any] | None, sites: int | None = None,
+                    count_std: float = 0.0) -> tuple[dict[str, Any] | None, dict[str, Any], str]:
+        """The server's step from the unmasked sum: ``(new arrays, its state, "")``, or ``(None, state, reason)``
+        when the sum is refused."""

@@ -46,7 +46,7 @@ from strategies.mechanisms.base import (
     PRIVATE_SETUP,
     SERVER_OPTIMIZER,
     Manifest,
-    HorizontalMechanism,
+    LocalUpdateMechanism,
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
@@ -70,7 +70,7 @@ GAMMA_STEP = 1e-12
 # --------------------------------------------------------------------------- the mechanism object
 
 
-class BayesianDP(HorizontalMechanism):
+class BayesianDP(LocalUpdateMechanism):
     r"""Bayesian DP at every site (strategy ``bdp``, FSL-BDP): DP-SGD's update, Bayesian accountant.
 
     Each round a site runs :func:`~strategies.mechanisms.bdp_training.train_epochs_bdp` with budget

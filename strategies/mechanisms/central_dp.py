@@ -42,7 +42,7 @@ from strategies.mechanisms.base import (
     LOCAL_TRAINING,
     SERVER_OPTIMIZER,
     Manifest,
-    HorizontalMechanism,
+    LocalUpdateMechanism,
     SiteSetUp,
     SiteUpdate,
     uncovered_sentence,
@@ -69,7 +69,7 @@ def central_epsilon(*, noise_multiplier: float, rounds: int, delta: float, accou
                                 accountant=accountant)  # type: ignore[arg-type]
 
 
-class CentralDP(HorizontalMechanism):
+class CentralDP(LocalUpdateMechanism):
     """Flower's server-side fixed-clipping DP around FedAvg; unit: one site."""
 
     name = "central_dp"

@@ -51,11 +51,10 @@ from strategies.mechanisms.base import (
     BUDGET,
     HORIZONTAL,
     PRIVATE_SETUP,
-    HorizontalMechanism,
+    SecureSumMechanism,
     Manifest,
     ReleasedValue,
     SiteSetUp,
-    SiteUpdate,
     record_level_closing,
     setup_sentence,
 )
@@ -239,7 +238,7 @@ def _release(plan: RoundPlan) -> tuple[float, float, float, int, int]:
     return (plan.l2, plan.l1, plan.local_sigma, plan.honest, plan.dim)
 
 
-class DistributedDP(HorizontalMechanism):
+class DistributedDP(SecureSumMechanism):
     """Record-level DP on the union of the sites, noise split across them, summed through SecAgg+.
 
     Accountant: RDP only (``privacy.accountant`` ``rdp``; ``auto`` resolves to it). The sum of
@@ -253,7 +252,6 @@ class DistributedDP(HorizontalMechanism):
     unit = "record"
     adjacencies = ("add-remove",)
     private_setup = True
-    secure_sum = True
     delta_population = "union"  # one guarantee for the union of the sites' records (the noise adds up in the sum)
     honours = (HORIZONTAL - {"resume.from"}) | BUDGET | DELTA_CHECK | PRIVATE_SETUP | {
         "train.lr", "privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits"}
@@ -335,10 +333,6 @@ class DistributedDP(HorizontalMechanism):
             new[key] = (array.astype(np.float64) - update[offset:offset + size].reshape(array.shape)).astype(array.dtype)
             offset += size
         return new, {"step": step, "m": m, "v": v}, ""
-
-    def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
-                   setup: SiteSetUp) -> SiteUpdate:
-        raise RuntimeError("strategy 'distributed_dp' sites answer the secure-aggregation messages, not 'train'")
 
     def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from strategies.accounting.filter import fitting_noise_multiplier
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import (
     ACCOUNTANT_LABELS,
@@ -44,7 +45,7 @@ from strategies.mechanisms.base import (
     PRIVATE_SETUP,
     SERVER_OPTIMIZER,
     Manifest,
-    HorizontalMechanism,
+    LocalUpdateMechanism,
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
@@ -109,7 +110,7 @@ def clipped_epsilon(noise_multiplier: float, sample_rate: float, steps: int, del
                                 accountant=accountant)  # type: ignore[arg-type]
 
 
-class DPSGD(HorizontalMechanism):
+class DPSGD(LocalUpdateMechanism):
     r"""Record-level DP-SGD at every site (strategy ``dp_sgd``).
 
     Each round a site runs ``train.local_epochs`` epochs of
@@ -139,13 +140,18 @@ class DPSGD(HorizontalMechanism):
         """``(q, steps per round, σ)`` of a site with set-up ``setup``.
 
         σ is calibrated so that the site's set-up releases (``setup.prior``) and all its steps of
-        all rounds together spend ``privacy.epsilon``.
+        all rounds together spend ``privacy.epsilon``; for a site with its own privacy filter
+        (``setup.filter``), so that they also fit what the filter has left, whichever needs more noise.
         """
         sample_rate, steps = poisson_schedule(setup.count, batch_size=cfg.train.batch_size,
                                               epochs=cfg.train.local_epochs)
         sigma = calibrated_noise_multiplier(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
                                             sample_rate=sample_rate, steps=steps * cfg.federation.rounds,
                                             accountant=cfg.privacy.accountant, prior=tuple(setup.prior))
+        if setup.filter is not None:  # a site's own filter: enough noise for it to admit the whole run
+            sigma = max(sigma, fitting_noise_multiplier(
+                order=setup.filter.order, budget=setup.filter.remaining, prior=tuple(setup.prior),
+                sample_rate=sample_rate, steps=steps * cfg.federation.rounds))
         return sample_rate, steps, sigma
 
     def site_round(self, model: SurvivalModel, data: Any, cfg: ExperimentConfig, *, seed: int,
@@ -201,6 +207,8 @@ class DPSGD(HorizontalMechanism):
             noise_multiplier=sigma, clip_norm=cfg.privacy.clip_norm, sample_rate=sample_rate,
             steps=int(spent["steps"]), epsilon_rdp=epsilon_rdp, assumptions=self.assumptions(cfg),
             prior=tuple(setup.prior),
+            epsilon_filter=None if setup.filter is None else setup.filter.epsilon_after(
+                [*setup.prior, (sigma, sample_rate, int(spent["steps"]))]),
         )
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:

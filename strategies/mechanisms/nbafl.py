@@ -63,7 +63,7 @@ from strategies.mechanisms.base import (
     LOCAL_TRAINING,
     SERVER_OPTIMIZER,
     Manifest,
-    HorizontalMechanism,
+    LocalUpdateMechanism,
     ReleasedValue,
     SiteSetUp,
     SiteUpdate,
@@ -125,7 +125,7 @@ def _uniform_noise_multiplier(*, epsilon: float, delta: float, exposures: int) -
     return gaussian_constant(delta) * exposures / epsilon
 
 
-class WeightPerturbation(HorizontalMechanism):
+class WeightPerturbation(LocalUpdateMechanism):
     r"""NbAFL, LS-ADP or ROW-DP (strategies ``nbafl``, ``ls_adp``, ``row_dp``): perturb the weights before upload.
 
     Each round a site trains as plain FedAvg does (ROW-DP also records the selected layer's

@@ -12,7 +12,7 @@ from strategies.mechanisms.base import (
     HORIZONTAL,
     LOCAL_TRAINING,
     SERVER_OPTIMIZER,
-    HorizontalMechanism,
+    LocalUpdateMechanism,
     Manifest,
     ReleasedValue,
     SiteSetUp,
@@ -23,7 +23,7 @@ from strategies.mechanisms.base import (
 __all__ = ["NoPrivacy"]
 
 
-class NoPrivacy(HorizontalMechanism):
+class NoPrivacy(LocalUpdateMechanism):
     """FedAvg without noise: the ledger says, per site and round, that nothing is protected."""
 
     name = "fedavg"
