@@ -264,12 +264,12 @@ def enforce(node_config: Mapping[str, Any], site: str, request: Request) -> None
                 "round": request.server_round, "message": request.message, "strategy": request.strategy,
                 "values": request.values}
         if reason:
-            _append(handle, {**line, "reason": reason, "epsilon": filt.epsilon})
+            _append(handle, {**line, "reason": reason, "epsilon": filt.epsilon()})
             raise PolicyRefusal(f"site '{site}' privacy policy refuses {request.message}: {reason}; nothing released "
-                                f"(ledger {policy.ledger}: epsilon {filt.epsilon:.3f} of {policy.max_epsilon:g} "
+                                f"(ledger {policy.ledger}: epsilon {filt.epsilon():.3f} of {policy.max_epsilon:g} "
                                 f"at delta {policy.delta:g} spent)")
         _append(handle, {**line, "history": [list(entry) for entry in request.history or ()],
-                         "rdp": filt.spent - before, "order": filt.order, "epsilon": filt.epsilon,
+                         "rdp": filt.spent - before, "order": filt.order, "epsilon": filt.epsilon(),
                          "max_epsilon": policy.max_epsilon, "delta": policy.delta})
 
 

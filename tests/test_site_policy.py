@@ -71,9 +71,9 @@ def test_an_adaptive_sequence_stops_at_the_budget_and_the_admitted_releases_are_
         admitted += request
         sigma *= 0.8
     assert len(admitted) >= 3
-    assert filt.epsilon <= 1.0
-    assert _dp_accounting_epsilon(admitted, filt.order, 1e-5) == pytest.approx(filt.epsilon, rel=1e-9)
-    assert epsilon_from_history(admitted, delta=1e-5) <= filt.epsilon
+    assert filt.epsilon() <= 1.0
+    assert _dp_accounting_epsilon(admitted, filt.order, 1e-5) == pytest.approx(filt.epsilon(), rel=1e-9)
+    assert epsilon_from_history(admitted, delta=1e-5) <= filt.epsilon()
     restored = RenyiFilter.from_state_dict(filt.state_dict())
     assert restored.state_dict() == filt.state_dict()
 

@@ -72,6 +72,7 @@ import numpy as np
 from scipy.special import gammaln, xlog1py, xlogy
 from scipy.stats import t as student_t
 
+from strategies.accounting.calibration import calibrate_noise
 from strategies.validation import (
     check_choice,
     check_count,
@@ -557,11 +558,10 @@ def calibrate_noise_for_bdp(
 ) -> float:
     r"""Smallest σ whose projected ε_μ after ``steps`` steps meets ``target_epsilon_mu``.
 
-    Bisection on σ (ε_μ is non-increasing in σ) of :func:`project_epsilon_mu` with the pilot
-    distance distribution, i.e. under the cost rule the accountant and its budget filter apply
-    (:func:`step_costs`: the UCB of ``max(c_L, c_R)``). The result satisfies
-    ``ε_μ(σ) ≤ target`` and the bracket is narrowed until ``target − ε_μ(σ) ≤ tolerance`` or the
-    relative σ bracket is below 1e-10.
+    :func:`~strategies.accounting.calibration.calibrate_noise` (ε_μ is non-increasing in σ) on
+    :func:`project_epsilon_mu` with the pilot distance distribution, i.e. under the cost rule the
+    accountant and its budget filter apply (:func:`step_costs`: the UCB of ``max(c_L, c_R)``). The
+    result satisfies ``target − tolerance ≤ ε_μ(σ) ≤ target``.
 
     Parameters
     ----------
@@ -603,29 +603,11 @@ def calibrate_noise_for_bdp(
             clip_norm=clip_norm, beta=beta, gamma_step=gamma_step, orders=orders, prior_costs=prior_costs,
         )
 
-    high = 1.0
-    eps_high = project(high)
-    while eps_high > target:
-        high *= 2.0
-        if high > max_noise_multiplier:
-            raise ValueError(
-                f"target_epsilon_mu={target} not reached with noise_multiplier <= "
-                f"{max_noise_multiplier}; the budget is too small (−log β / max λ bounds ε_μ "
-                "from below)"
-            )
-        eps_high = project(high)
-    low = high / 2.0
-    while low > 1e-6 and (eps_low := project(low)) <= target:
-        high, eps_high = low, eps_low
-        low /= 2.0
-    while target - eps_high > tolerance and (high - low) > 1e-10 * high:
-        middle = 0.5 * (low + high)
-        eps_middle = project(middle)
-        if eps_middle <= target:
-            high, eps_high = middle, eps_middle
-        else:
-            low = middle
-    return float(high)
+    if project(max_noise_multiplier) > target:
+        raise ValueError(
+            f"target_epsilon_mu={target} not reached with noise_multiplier <= {max_noise_multiplier}; the budget is "
+            "too small (−log β / max λ bounds ε_μ from below)")
+    return calibrate_noise(project, target, tolerance=tolerance)
 
 
 # --------------------------------------------------------------------------------------------

@@ -108,3 +108,29 @@ def ddg_epsilon(*, releases: Sequence[tuple[float, float, float, int, int]], del
         return 0.0
     eps, _ = rdp_analysis.get_privacy_spent(orders=alphas, rdp=rdp, delta=delta)
     return float(eps)
+
+
+class DistributedAccountant:
+    """A site's distributed-discrete-Gaussian position (the accountant interface, :mod:`strategies.accounting.interface`):
+    the private set-up's releases (``prior``) and one release per round it was asked for its vector."""
+
+    def __init__(self, *, prior: Sequence[tuple[float, float, int]] = ()) -> None:
+        self.prior = tuple((float(noise), float(rate), int(steps)) for noise, rate, steps in prior)
+        self.releases: list[tuple[float, float, float, int, int]] = []
+
+    def step(self, *, l2: float, l1: float, local_sigma: float, parties: int, dim: int) -> None:
+        """Compose one round's release: the sum of ``parties`` discrete Gaussian shares of std ``local_sigma``."""
+        self.releases.append((float(l2), float(l1), float(local_sigma), int(parties), int(dim)))
+
+    def epsilon(self, delta: float) -> float:
+        return ddg_epsilon(releases=self.releases, delta=delta, prior=self.prior)
+
+    def state_dict(self) -> dict:
+        return {"prior": [list(entry) for entry in self.prior], "releases": [list(entry) for entry in self.releases]}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> DistributedAccountant:
+        accountant = cls(prior=[tuple(entry) for entry in state["prior"]])
+        for l2, l1, sigma, parties, dim in state["releases"]:
+            accountant.step(l2=l2, l1=l1, local_sigma=sigma, parties=parties, dim=dim)
+        return accountant

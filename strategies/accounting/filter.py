@@ -1,4 +1,5 @@
-r"""A Rényi-DP privacy filter: the budget a site enforces over requests chosen adaptively.
+r"""A Rényi-DP privacy filter: the budget a site enforces over requests chosen adaptively (an
+:class:`~strategies.accounting.interface.Accountant` that refuses what its budget cannot hold).
 
 A site that does not trust the server with its budget cannot use a composition bound computed for
 a fixed plan (PLD, PRV): the server chooses each request after seeing earlier answers. Rényi DP of
@@ -34,6 +35,8 @@ Example
 0.09
 >>> f.admits([(1.0, 1.0, 1)])    # a noise multiplier of 1 costs more than the budget
 False
+>>> round(f.epsilon(), 3)         # the guarantee so far, at the filter's delta
+0.54
 """
 
 from __future__ import annotations
@@ -136,10 +139,13 @@ class RenyiFilter:
         """The RDP at :attr:`order` the filter admits in all."""
         return rdp_budget(self.epsilon_limit, self.delta, self.order)
 
-    @property
-    def epsilon(self) -> float:
-        """The filter's guarantee for what it admitted so far: ε at :attr:`delta` of the spent RDP."""
-        return epsilon_at_order(self.spent, self.order, self.delta)
+    def epsilon(self, delta: float | None = None) -> float:
+        """The filter's guarantee for what it admitted so far: ε at ``delta`` (default :attr:`delta`) of the spent RDP."""
+        return epsilon_at_order(self.spent, self.order, self.delta if delta is None else delta)
+
+    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> float:
+        """:meth:`charge` one release (the accountant interface, :mod:`strategies.accounting.interface`)."""
+        return self.charge([(noise_multiplier, sample_rate, num_steps)])
 
     def cost(self, history: History) -> float:
         """The RDP at :attr:`order` of a request (:func:`rdp_at_order`)."""

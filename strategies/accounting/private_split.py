@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from strategies.accounting.calibration import calibrate_noise
 from strategies.accounting.rdp import epsilon_from_history
 
 __all__ = [
@@ -170,8 +171,8 @@ def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
     """Calibrate the set-up's, the encoder statistic's and the releases' noise to ``plan.epsilon``.
 
     The set-up takes :func:`setup_multiplier` at every site (``setup_share`` of the RDP budget);
-    the encoder statistics then spend ``fit_share · ε`` more (bisection on their noise
-    multiplier); the releases spend what is left: Laplace scale ``b = 2C · K / (ε − ε_before)``,
+    the encoder statistics then spend ``fit_share · ε`` more (calibrated on their noise
+    multiplier, :func:`~strategies.accounting.calibration.calibrate_noise`); the releases spend what is left: Laplace scale ``b = 2C · K / (ε − ε_before)``,
     or the smallest Gaussian std whose RDP composition with everything before stays within ε.
     Memoised: the label holder and every site compute it from the same public plan, message
     after message.
@@ -188,7 +189,8 @@ def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
     fit = 0.0
     if FIT_SENSITIVITY[plan.encoder] > 0:
         target = setup_epsilon + plan.fit_share * plan.epsilon
-        fit = _bisect(lambda z: epsilon_from_history(_gaussian_history(plan, setup, z), delta=delta) - target)
+        fit = calibrate_noise(lambda z: epsilon_from_history(_gaussian_history(plan, setup, z), delta=delta), target,
+                              tolerance=1e-9 * target)
     before = epsilon_from_history(_gaussian_history(plan, setup, fit), delta=delta)
     if before >= 0.9 * plan.epsilon:
         raise ValueError(f"the private set-up and encoder statistics of {plan.num_sites} sites spend epsilon "
@@ -197,21 +199,8 @@ def plan_noise(plan: PrivateSplitPlan) -> NoisePlan:
     if plan.release_noise == "laplace":
         scale = 2.0 * plan.clip_norm * plan.num_sites / (plan.epsilon - before)
     else:
-        z = _bisect(lambda z: epsilon_from_history(_gaussian_history(plan, setup, fit, z), delta=delta)
-                    - plan.epsilon)
+        z = calibrate_noise(lambda z: epsilon_from_history(_gaussian_history(plan, setup, fit, z), delta=delta),
+                            plan.epsilon, tolerance=1e-9 * plan.epsilon)
         scale = z * 2.0 * plan.clip_norm
     noise = NoisePlan(setup, fit, scale)
     return NoisePlan(setup, fit, scale, record_epsilon(plan, noise), before)
-
-
-def _bisect(excess, low: float = 1e-2, high: float = 1e4, steps: int = 40) -> float:
-    """Smallest noise multiplier with ``excess(z) <= 0`` (``excess`` decreasing in ``z``), to a relative 1e-10."""
-    if excess(high) > 0:
-        raise ValueError("no noise multiplier below 1e4 meets the budget")
-    for _ in range(steps):
-        middle = math.sqrt(low * high)
-        if excess(middle) > 0:
-            low = middle
-        else:
-            high = middle
-    return high

@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from strategies.accounting.calibration import calibrate_noise
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
 AccountantName = Literal["rdp", "prv", "pld"]
@@ -175,9 +176,10 @@ def calibrate_noise_multiplier(
     prior : sequence of (noise_multiplier, sample_rate, num_steps)
         Releases made before training that the same accountant composes with it (e.g. the
         federation's set-up statistics, Gaussian releases with ``sample_rate`` 1): σ is then the
-        smallest for which ``prior`` plus ``steps`` steps spend at most the target (a bisection
-        on :func:`epsilon_from_history`, as opacus' ``get_noise_multiplier`` bisects without a
-        prior). ``ValueError`` when the prior alone spends the target.
+        smallest for which ``prior`` plus ``steps`` steps spend at most the target
+        (:func:`~strategies.accounting.calibration.calibrate_noise` on :func:`epsilon_from_history`;
+        without a prior, opacus' ``get_noise_multiplier``). ``ValueError`` when the prior alone
+        spends the target.
 
     Returns
     -------
@@ -239,22 +241,7 @@ def _calibrate_after(
     def epsilon(sigma: float) -> float:
         return epsilon_from_history([*prior, (sigma, sample_rate, steps)], delta=target_delta, accountant=accountant)
 
-    low, high = 0.0, 10.0
-    while epsilon(high) > target_epsilon:
-        low, high = high, 2.0 * high
-        if high > 1e7:
-            raise ValueError(f"no noise multiplier reaches epsilon {target_epsilon} after the prior releases")
-    while True:  # opacus' stopping rule: epsilon within the tolerance below the target
-        middle = (low + high) / 2.0
-        spent_middle = epsilon(middle)
-        if spent_middle < target_epsilon:
-            high = middle
-            if target_epsilon - spent_middle <= epsilon_tolerance:
-                return float(high)
-        else:
-            low = middle
-        if high - low < 1e-9 * high:
-            return float(high)
+    return calibrate_noise(epsilon, target_epsilon, tolerance=epsilon_tolerance)
 
 
 def epsilon_gaussian_rounds(

@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from strategies.accounting.distributed_dp import ddg_epsilon, l1_bound
+from strategies.accounting.calibration import calibrate_noise
+from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsilon, l1_bound
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
@@ -219,15 +220,10 @@ def round_plan(*, epsilon: float, delta: float, rounds: int, parties: int, max_d
         p = plan(z)
         return ddg_epsilon(releases=[_release(p)] * rounds, delta=delta, prior=prior)
 
-    low, high = 1e-3, 1e5
-    if spent(high) > epsilon:
-        raise ValueError(f"no noise multiplier up to {high:g} reaches epsilon {epsilon:g} in {rounds} rounds")
-    for _ in range(80):
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if spent(mid) <= epsilon else (mid, high)
-        if high / low < 1 + 1e-6:
-            break
-    result = plan(high)
+    try:
+        result = plan(calibrate_noise(spent, epsilon, tolerance=1e-5 * epsilon))
+    except ValueError:
+        raise ValueError(f"no noise multiplier up to 1e7 reaches epsilon {epsilon:g} in {rounds} rounds") from None
     if result.gamma * clip < math.sqrt(dim):
         raise ValueError(f"a modulus of 2^{modulus_bits} leaves gamma*C = {result.gamma * clip:.3g} below sqrt(d) = "
                          f"{math.sqrt(dim):.3g}: rounding would dominate the sensitivity")
@@ -337,14 +333,17 @@ class DistributedDP(SecureSumMechanism):
     def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
         plans = [report for report in reports if report is not None]
-        releases = [(p["l2"], p["l1"], p["local_sigma"], int(p["honest"]), int(p["dim"])) for p in plans]
-        epsilon = ddg_epsilon(releases=releases, delta=cfg.privacy.delta, prior=tuple(setup.prior))
+        accountant = DistributedAccountant(prior=setup.prior)
+        for p in plans:
+            accountant.step(l2=p["l2"], l1=p["l1"], local_sigma=p["local_sigma"], parties=int(p["honest"]),
+                            dim=int(p["dim"]))
+        epsilon = accountant.epsilon(cfg.privacy.delta)
         last = plans[-1] if plans else {}
         return LedgerEntry(
             round=server_round, site=site, mechanism=self.name, unit="record", adjacency="add-remove",
             accountant="distributed discrete Gaussian (Kairouz et al. 2021, Prop. 14), RDP", epsilon=epsilon,
             delta=cfg.privacy.delta, noise_multiplier=last.get("noise_multiplier"), clip_norm=cfg.privacy.clip_norm,
-            sample_rate=1.0, steps=len(releases), epsilon_rdp=epsilon, assumptions=self.assumptions(cfg),
+            sample_rate=1.0, steps=len(plans), epsilon_rdp=epsilon, assumptions=self.assumptions(cfg),
             prior=tuple(setup.prior),
         )
 

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies.accounting.calibration import calibrate_noise
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
@@ -84,9 +85,9 @@ WEIGHT_PERTURBATION: tuple[str, ...] = ("nbafl", "ls_adp", "row_dp")
 
 
 def calibrate_gaussian_noise_multiplier(*, epsilon: float, delta: float, releases: int) -> float:
-    r"""Smallest ``z`` (to 1e-6 relative) whose Gaussian RDP over ``releases`` gives ``(ε, δ)``.
+    r"""Smallest ``z`` (ε within 1e-6 relative below the target) whose Gaussian RDP over ``releases`` gives ``(ε, δ)``.
 
-    Bisection on :func:`strategies.accounting.rdp.epsilon_gaussian_rounds` (sample rate 1,
+    :func:`~strategies.accounting.calibration.calibrate_noise` on :func:`strategies.accounting.rdp.epsilon_gaussian_rounds` (sample rate 1,
     orders :data:`~strategies.mechanisms.adaptive_dp.AUDIT_RDP_ORDERS`), the accountant the audit
     uses, so an ``"exact"`` release's ``epsilon_rdp`` is the target up to the tolerance (never
     above it).
@@ -102,18 +103,7 @@ def calibrate_gaussian_noise_multiplier(*, epsilon: float, delta: float, release
     def spent(z: float) -> float:
         return epsilon_gaussian_rounds(noise_multiplier=z, rounds=releases, delta=delta, orders=list(AUDIT_RDP_ORDERS))
 
-    low, high = 1e-3, 1.0
-    while spent(high) > epsilon:
-        low, high = high, high * 2.0
-        if high > 1e9:
-            raise ValueError(f"no noise multiplier reaches epsilon {epsilon} at delta {delta}")
-    while (high - low) > 1e-6 * high:
-        middle = 0.5 * (low + high)
-        if spent(middle) > epsilon:
-            low = middle
-        else:
-            high = middle
-    return high
+    return calibrate_noise(spent, epsilon, tolerance=1e-6 * epsilon)
 
 
 # --------------------------------------------------------------------------- the mechanism objects
