@@ -29,6 +29,7 @@ from models.plots import plot_survival_bands
 from models.release_head import fit_release_head, predict_release_head
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL
+from strategies.mechanisms.base import delta_refusal
 from strategies.mechanisms.embedding_dp import RECORD_LEVEL
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism
@@ -89,6 +90,8 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
     label_info = vertical_task.labels(cfg, table)
     mechanism = get_mechanism(cfg.strategy)
     assert isinstance(mechanism, PrivateSplitDP)
+    if refusal := delta_refusal(cfg, mechanism, {"label holder": len(label_info.train_ids)}):
+        raise ConfigError(refusal)  # before any site releases anything
     plan, noise = _plan(cfg, len(modalities))
     dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
     outputs.write_manifest(mechanism.manifest(cfg).as_dict())

@@ -34,7 +34,8 @@ from models.multimodal import build_multisurv, survival_band
 from models.multimodal_training import MultimodalData, fit_transforms, modality_inputs, predict_multisurv, train_multisurv
 from models.plots import plot_survival_bands
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.config import CENTRALIZED_LABEL
+from strategies.config import CENTRALIZED_LABEL, ConfigError
+from strategies.mechanisms.base import delta_refusal
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
 from strategies.accounting.private_split import PrivateSplitPlan
@@ -288,6 +289,8 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     label_info = vertical_task.labels(cfg, table)
     mechanism = get_mechanism(cfg.strategy)
     assert isinstance(mechanism, EmbeddingDP)
+    if refusal := delta_refusal(cfg, mechanism, {"label holder": len(label_info.train_ids)}):
+        raise ConfigError(refusal)  # before any embedding leaves a site
     outputs.write_manifest(mechanism.manifest(cfg).as_dict())
     noise_multiplier = mechanism.noise_multiplier(cfg, num_modalities=len(modalities),
                                                   num_train=len(label_info.train_ids))

@@ -153,3 +153,20 @@ def test_a_deployed_site_refuses_a_delta_above_one_over_its_own_count_before_rel
     assert "n = 2400 at site 'site-0'" in refused[0]
     assert set(summary["sites"]) == {"site-1", "site-2"}
     assert any("n = 2400 at site 'site-0'" in reason for reason in summary["left_out"].values())
+
+
+@pytest.mark.parametrize("strategy", ["split", "private_split"])
+def test_a_vertical_run_refuses_delta_above_one_over_its_training_records_before_any_release(strategy, tmp_path):
+    """The vertical strategies protect the label holder's training records (each with all its modalities): a delta
+    above 1/n is refused before any site releases an embedding, naming n; the override lets it run."""
+    run = {"strategy.name": strategy, "data.name": "synthetic_multimodal", "data.synthetic_records": 300,
+           "split.modalities": "a,b", "privacy.epsilon": 10.0, "privacy.delta": 0.01, "federation.rounds": 1,
+           "baseline.centralized": False, "split.mc_samples": 2}
+    released = []
+    with pytest.raises(ConfigError, match=r"privacy.delta = 0.01 exceeds 1/n = .*: n = \d+ training records, n the "
+                                          rf"population strategy '{strategy}' protects \(the vertical federation's"):
+        run_inprocess({**run, "output.dir": str(tmp_path / "refused")},
+                      observe=lambda message, reply: released.append(message.metadata.message_type))
+    assert set(released) == {"query.split_hello"}  # the record IDs only: nothing computed from a record's values
+    summary = run_inprocess({**run, "privacy.delta_override": True, "output.dir": str(tmp_path / "override")})
+    assert summary["privacy"]["delta"] == pytest.approx(0.01)

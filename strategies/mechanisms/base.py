@@ -104,6 +104,7 @@ DELTA_POPULATIONS: Mapping[str, str] = {
     "site": "each site's training records: record-level DP at every site",
     "union": "the union of the sites' training records: one guarantee for all of them",
     "sites": "the sites: site-level DP, one site is the unit",
+    "records": "the vertical federation's training records, each with all its modalities",
 }
 
 
@@ -114,8 +115,9 @@ def delta_refusal(cfg: ExperimentConfig, mechanism: Mechanism, counts: Mapping[s
     it is refused, in one line naming ``privacy.delta``, n and where it comes from, unless
     ``privacy.delta_override = true``. n (:attr:`HorizontalMechanism.delta_population`): each site's
     training record count (``counts``: site -> count, as agreed at set-up or, at a site, its own) for the
-    record-level mechanisms of one site; their sum for ``distributed_dp``; the number of sites for
-    ``central_dp``. No refusal without DP or for a mechanism that declares no population.
+    record-level mechanisms of one site; their sum for ``distributed_dp`` and for the vertical strategies
+    (``records``: the label holder's training records); the number of sites for ``central_dp``. No refusal
+    without DP or for a mechanism that declares no population.
     """
     population = getattr(mechanism, "delta_population", "")
     if not mechanism.private or not cfg.privacy.enabled or cfg.privacy.delta_override or not population:
@@ -128,11 +130,11 @@ def delta_refusal(cfg: ExperimentConfig, mechanism: Mechanism, counts: Mapping[s
         where = ", ".join(f"n = {n:.0f} at site '{site}'" for site, n in over.items())
         n = max(over.values())
     else:
-        n = float(sum(counts.values())) if population == "union" else float(len(counts))
+        n = float(sum(counts.values())) if population in ("union", "records") else float(len(counts))
         if not counts or delta <= 1.0 / n:
             return ""
-        where = (f"n = {n:.0f} records of {len(counts)} sites together" if population == "union"
-                 else f"n = {n:.0f} sites")
+        where = {"union": f"n = {n:.0f} records of {len(counts)} sites together", "sites": f"n = {n:.0f} sites",
+                 "records": f"n = {n:.0f} training records"}[population]
     return (f"run config: privacy.delta = {delta:g} exceeds 1/n = {1.0 / n:.3g}: {where}, n the population strategy "
             f"'{mechanism.name}' protects ({DELTA_POPULATIONS[population]}); a delta above 1/n allows releasing a "
             f"record outright: set privacy.delta <= {1.0 / n:.3g} (well below it, e.g. 1/n^1.1), or "

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import BUDGET, Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import BUDGET, DELTA_CHECK, Manifest, Mechanism, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
 from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
 from strategies.validation import check_choice, check_count, check_positive, check_probability
@@ -123,7 +123,9 @@ class EmbeddingDP(Mechanism):
     unit = "record"
     adjacencies = ("replace-one",)
     vertical = True
-    honours = BUDGET | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities", "split.embedding_dim",
+    #: Whose count bounds privacy.delta (:func:`~strategies.mechanisms.base.delta_refusal`): the training records.
+    delta_population = "records"
+    honours = BUDGET | DELTA_CHECK | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities", "split.embedding_dim",
                         "split.encoder_layers", "split.head_layers", "split.dropout", "split.similarity_weight",
                         "split.calibration", "split.mc_samples", "split.clean_inference", "split.risk_layer"}
     refusals = {

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import BUDGET, PRIVATE_SETUP, Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import BUDGET, DELTA_CHECK, PRIVATE_SETUP, Manifest, Mechanism, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.embedding_dp import RECORD_LEVEL
 from strategies.accounting.private_split import NoisePlan, PrivateSplitPlan, record_epsilon
 
@@ -37,7 +37,9 @@ class PrivateSplitDP(Mechanism):
     unit = "record"
     adjacencies = ("replace-one",)
     vertical = True
-    honours = BUDGET | PRIVATE_SETUP | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities",
+    #: Whose count bounds privacy.delta (:func:`~strategies.mechanisms.base.delta_refusal`): the training records.
+    delta_population = "records"
+    honours = BUDGET | DELTA_CHECK | PRIVATE_SETUP | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities",
                                         "split.embedding_dim", "split.mc_samples", "split.risk_layer", "split.encoder",
                                         "split.release_noise", "split.fit_share"}
     refusals = {
