@@ -128,7 +128,8 @@ def plan_recalibration(cfg: ExperimentConfig, shared: SharedSetup, counts: Mappi
 
 def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
     """The columns of the run's table that are not features: ``data.id_col``, ``data.drop_cols``, ``data.split_col``."""
-    return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col)
+    return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col,
+                       categorical=cfg.data.categorical_cols)
 
 
 @functools.lru_cache(maxsize=4)

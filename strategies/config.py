@@ -338,9 +338,10 @@ class DataConfig:
         "", "vertical_files: one CSV or Parquet file per modality, each holding the ID column and that modality's "
             "features: modality=path (clinical=/abs/clin.csv), or a path whose file name names the modality "
             "(/abs/clinical.csv)")
-    categorical_cols: tuple[str, ...] = setting("", "vertical_files: numeric columns to encode as categories, in "
-                                                    "whichever modality file holds them (a column holding text is "
-                                                    "categorical without it)")
+    categorical_cols: tuple[str, ...] = setting("", "numeric columns of category codes, one-hot encoded instead of "
+                                                    "standardised: in any table (csv, a deployed site's file, a named "
+                                                    "data set) or whichever vertical_files modality file holds them (a "
+                                                    "column holding text is categorical without it)")
     dictionary: str = setting("", "a public data dictionary (JSON or YAML: numeric ranges, category levels, a time "
                                   "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp/"
                                   "distributed_dp and of private_split's sites takes as public, at no privacy cost")
@@ -931,7 +932,6 @@ def _check_vertical_files(cfg: ExperimentConfig) -> None:
     data = cfg.data
     if data.name != VERTICAL_FILES:
         stray = [key for key, value in (("data.modality_paths", data.modality_paths),
-                                        ("data.categorical_cols", data.categorical_cols),
                                         ("data.labels_path", "" if data.deployed else data.labels_path)) if value]
         if stray:
             raise ConfigError(f"run config: {', '.join(repr(key) for key in stray)} name(s) the files of "

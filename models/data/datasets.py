@@ -9,6 +9,7 @@ validation.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,10 +25,12 @@ from models.data.validate import (
     column_problem,
     duplicate_column_problems,
     identifier_problems,
+    integer_code_notes,
     require_columns,
     validate_survival_frame,
 )
 
+logger = logging.getLogger(__name__)
 DATASETS = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox", "csv")
 BENCHMARK_CSVS = ("metabric", "gbsg", "whas")
 FLCHAIN_SOURCE = "sksurv:flchain"
@@ -39,12 +42,14 @@ SPLIT_LABELS = ("train", "test")
 
 @dataclass(frozen=True)
 class ColumnRoles:
-    """Columns of a table that are not features: the record ID (``data.id_col``), columns to leave out
-    (``data.drop_cols``) and the column of train/test labels (``data.split_col``)."""
+    """What the run's keys say about a table's columns: the ones that are not features, the record ID
+    (``data.id_col``), columns to leave out (``data.drop_cols``) and the column of train/test labels
+    (``data.split_col``); and the numeric features that are category codes (``data.categorical_cols``)."""
 
     id_col: str = ""
     drop_cols: tuple[str, ...] = ()
     split_col: str = ""
+    categorical: tuple[str, ...] = ()
 
     @property
     def keys(self) -> dict[str, str]:
@@ -216,12 +221,32 @@ def table_from_frame(
     exclude = (*exclude, *named)
     if not feature_cols:
         feature_cols = [c for c in frame.columns if c not in (*outcome, *exclude)]
+    frame = _categories(frame, roles.categorical, feature_cols, source=source)
     time, event = validate_survival_frame(
         frame, source=source, time_col=time_col, event_col=event_col, feature_cols=feature_cols
     )
     test_mask = split_labels(frame[roles.split_col], source=source, column=roles.split_col) if roles.split_col else None
     rest = [c for c in frame.columns if c not in (*outcome, *feature_cols, *exclude)]
     return RawTable(frame[list(feature_cols)], time, event, source, frame[rest], test_mask=test_mask)
+
+
+def _categories(frame: pd.DataFrame, columns: Sequence[str], features: Sequence[str], *, source: str) -> pd.DataFrame:
+    """``frame`` with the features ``columns`` (``data.categorical_cols``) as category labels: strings, an integer-valued
+    code without its ``.0`` (``2.0`` -> ``"2"``), missing kept missing; one-hot encoded downstream."""
+    if not columns:
+        return frame
+    frame = frame.copy()
+    for column in columns:
+        if column not in features:
+            where = "the file does not have" if column not in frame.columns else "is not a feature of the run"
+            raise DataValidationError(f"{source}: data.categorical_cols names column '{column}', which {where}; "
+                                      f"features: {', '.join(map(str, features))}")
+        series = frame[column]
+        values = pd.to_numeric(series, errors="coerce")
+        if pd.api.types.is_numeric_dtype(series) and bool((values.dropna() % 1 == 0).all()):
+            series = values.astype("Int64")
+        frame[column] = series.astype(object).where(series.notna()).map(str, na_action="ignore")
+    return frame
 
 
 @functools.cache
@@ -389,5 +414,7 @@ def load_table(
         problems = identifier_problems(table.features, source=table.source)
         if problems:
             raise DataValidationError("\n".join(problems))
+        for note in integer_code_notes(table.features, source=table.source):
+            logger.warning(note)
         return table
     raise DataValidationError(f"unknown data set '{name}'; options: {', '.join(DATASETS)}")

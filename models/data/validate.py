@@ -168,6 +168,28 @@ def identifier_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
     return problems
 
 
+#: An integer-valued numeric column with this many distinct values or fewer (and at least 3) may be category codes.
+INTEGER_CODE_MAX_LEVELS = 12
+
+
+def integer_code_notes(frame: pd.DataFrame, *, source: str) -> list[str]:
+    """One line for each numeric feature whose values are a few integers (3 to :data:`INTEGER_CODE_MAX_LEVELS` distinct
+    ones): it is standardised as a number, and if its values are codes of categories (a centre, a stage, a
+    grade), ``data.categorical_cols`` should list it. A note, not an error: counts and scores are integers too."""
+    notes = []
+    for column in frame.columns:
+        series = frame[column]
+        if not pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
+            continue
+        values = series.dropna()
+        levels = values.unique()
+        if 3 <= len(levels) <= INTEGER_CODE_MAX_LEVELS and bool((values % 1 == 0).all()):
+            shown = ", ".join(f"{level:g}" for level in sorted(levels))
+            notes.append(f"{source}: column '{column}' holds {len(levels)} integer values ({shown}) and is used as a "
+                         "number; if they are codes of categories, list it in data.categorical_cols")
+    return notes
+
+
 def duplicate_column_problems(header: Sequence[object], *, source: str) -> list[str]:
     """Column names that appear more than once in a file's raw header (pandas would rename them ``a.1`` and use both)."""
     names = [str(name) for name in header]
