@@ -51,7 +51,8 @@ from models.data.federated import preprocessed_site, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
-from strategies.mechanisms.base import SiteFilter, SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
+from strategies.accounting.filter import SiteFilter
+from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -590,9 +591,9 @@ def _planned_after_pass_1(cfg: ExperimentConfig, plan: SetupPlan, count: int, an
     """What the run will make the site release after the set-up's first pass, as planned from its own count and the
     filter it announces: the second pass, the recalibration and every round's training (checked by a site's policy
     before the first release; where even the set-up does not fit what the filter has left, the set-up alone)."""
-    prior = accountant_history(plan) + recalibration_history(cfg)
     if announced is None:
         return ()
+    prior = accountant_history(plan) + recalibration_history(cfg)
     try:
         training = horizontal_mechanism(cfg.strategy).planned_release(
             cfg, SiteSetUp(count=count, min_count=count, prior=prior, filter=announced))

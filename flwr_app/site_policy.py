@@ -19,7 +19,7 @@ Node config keys (``flower-supernode --node-config "..."``)::
                                                  # when the file is created; fixed for its lifetime)
 
 With its first set-up release the site announces its filter (:func:`announce`: order, RDP spent, limit) and the
-server plans the site's noise to fit it (:class:`~strategies.mechanisms.base.SiteFilter`); the site's check is the
+server plans the site's noise to fit it (:class:`~strategies.accounting.filter.SiteFilter`); the site's check is the
 same either way. The ledger file is JSON Lines: a header (the filter's order, the data file's SHA-256) and one line
 per release or refusal, each with the run, round, message, the values that left, their cost and
 the filter's ε after it. It is written and synced before the release leaves (a crash can only
@@ -37,13 +37,13 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.accounting.filter import FilterExhausted, RenyiFilter, epsilon_at_order
-from strategies.mechanisms.base import SiteFilter
+from strategies.accounting.filter import FilterExhausted, RenyiFilter, SiteFilter, epsilon_at_order
 
 __all__ = ["CHARGEABLE", "PolicyRefusal", "Request", "SitePolicy", "announce", "enforce", "ledger_table", "read_ledger"]
 
@@ -219,7 +219,7 @@ def announce(node_config: Mapping[str, Any]) -> SiteFilter | None:
     return SiteFilter(filt.order, filt.spent, policy.max_epsilon, policy.delta)
 
 
-def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter | None) -> str:
+def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter) -> str:
     """Why ``request`` is refused ("" when it is admitted): mechanism, noise floor, then the filter."""
     if request.strategy not in policy.mechanisms:
         return f"strategy '{request.strategy}' is not one this site accepts (privacy-mechanisms: {', '.join(policy.mechanisms)})"
@@ -232,7 +232,6 @@ def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter | None) -> 
     if low:
         return (f"a noise multiplier of {min(low):.4g} is below the site's floor privacy-min-noise = "
                 f"{policy.min_noise:g}")
-    assert filt is not None
     plan = [*request.history, *request.plan]
     if request.plan and not filt.admits(plan):
         cost = filt.cost(plan)
@@ -297,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(ledger_table(read_ledger(args.ledger)))
     except (OSError, ValueError) as err:
-        print(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
 

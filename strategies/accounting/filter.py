@@ -44,13 +44,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from strategies.accounting.calibration import calibrate_noise
 
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
-__all__ = ["FILTER_ORDERS", "FilterExhausted", "RenyiFilter", "epsilon_at_order", "filter_order", "fitting_noise_multiplier",
+__all__ = ["FILTER_ORDERS", "FilterExhausted", "RenyiFilter", "SiteFilter", "epsilon_at_order", "filter_order", "fitting_noise_multiplier",
            "rdp_at_order", "rdp_budget"]
 
 History = Iterable[Sequence[float]]
@@ -174,3 +175,22 @@ class RenyiFilter:
     def from_state_dict(cls, state: dict[str, Any]) -> RenyiFilter:
         return cls(epsilon=float(state["epsilon"]), delta=float(state["delta"]), order=float(state["order"]),
                    spent=float(state["spent"]))
+
+
+@dataclass(frozen=True)
+class SiteFilter:
+    """A site's Rényi filter at the start of a run: its order, the RDP spent before the run, its limit (ε, δ)."""
+
+    order: float
+    spent: float
+    epsilon: float
+    delta: float
+
+    @property
+    def remaining(self) -> float:
+        """The RDP at :attr:`order` the run may spend."""
+        return rdp_budget(self.epsilon, self.delta, self.order) - self.spent
+
+    def epsilon_after(self, history: Sequence[tuple[float, float, int]]) -> float:
+        """The filter's ε once ``history`` (the run's releases so far) is charged."""
+        return epsilon_at_order(self.spent + rdp_at_order(history, self.order), self.order, self.delta)

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from strategies.accounting.filter import SiteFilter
 from strategies.accounting.rdp import ACCOUNTANT_NAMES
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import AUTO, KEYS, STRATEGIES, ConfigError, ExperimentConfig, key_value, mechanism_keys, run_defaults, show_value
@@ -61,7 +62,6 @@ __all__ = [
     "Manifest",
     "Mechanism",
     "ReleasedValue",
-    "SiteFilter",
     "SiteSetUp",
     "SiteUpdate",
     "common_releases",
@@ -234,28 +234,6 @@ class SiteSetUp:
     prior: tuple[tuple[float, float, int], ...] = ()
     filter: SiteFilter | None = None
 
-
-@dataclass(frozen=True)
-class SiteFilter:
-    """A site's Rényi filter at the start of a run: its order, the RDP spent before the run, its limit (ε, δ)."""
-
-    order: float
-    spent: float
-    epsilon: float
-    delta: float
-
-    @property
-    def remaining(self) -> float:
-        """The RDP at :attr:`order` the run may spend."""
-        from strategies.accounting.filter import rdp_budget
-
-        return rdp_budget(self.epsilon, self.delta, self.order) - self.spent
-
-    def epsilon_after(self, history: Sequence[tuple[float, float, int]]) -> float:
-        """The filter's ε once ``history`` (the run's releases so far) is charged."""
-        from strategies.accounting.filter import epsilon_at_order, rdp_at_order
-
-        return epsilon_at_order(self.spent + rdp_at_order(history, self.order), self.order, self.delta)
 
 
 @dataclass
