@@ -163,9 +163,9 @@ def test_keys_of_the_files_are_checked_and_named(tmp_path):
         parse_run_config({**base, **files, "data.modality_paths": "=/c.csv"})
     with pytest.raises(ConfigError, match=r"'split.modalities' names \['genes'\]"):
         parse_run_config({**base, **files, "split.modalities": "genes"})
-    with pytest.raises(ConfigError, match="'data.modality_paths', 'data.categorical_cols' name"):
+    with pytest.raises(ConfigError, match=r"'data.modality_paths' name\(s\) the files of data.name = 'vertical_files'"):
         parse_run_config({"strategy.name": "split", "data.name": "metabric", **files, "data.labels_path": "",
-                          "data.categorical_cols": "grade"})
+                          "data.categorical_cols": "grade"})  # data.categorical_cols applies to every table
     with pytest.raises(ConfigError, match="strategy 'fedavg' needs a vertical data set|is vertical"):
         parse_run_config({**files, "data.name": "vertical_files"})
     overrides = {**TINY, **write_files(tmp_path), "output.dir": str(tmp_path / "out")}
