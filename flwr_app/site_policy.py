@@ -72,6 +72,10 @@ class SitePolicy:
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any]) -> SitePolicy | None:
         """The policy the node config sets, ``None`` when it sets none; ``ValueError`` naming a bad key."""
+        unknown = sorted(key for key in node_config if str(key).startswith("privacy-") and key not in KEYS)
+        if unknown:  # a misspelt limit must not leave the site without its policy
+            raise ValueError(f"node config {', '.join(unknown)}: not a key of the site's privacy policy (keys: "
+                             f"{', '.join(KEYS)})")
         present = [key for key in KEYS if key in node_config]
         if not present:
             return None

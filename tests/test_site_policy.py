@@ -97,6 +97,8 @@ def _site_file(tmp_path, name="site.csv", rows=600, seed=0):
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-mechanisms": "dp_sgd,fedavg"},
      "privacy-mechanisms = 'dp_sgd,fedavg'"),
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-rdp-order": 1}, "privacy-rdp-order = 1"),
+    ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilo": 1}, "privacy-max-epsilo: not a key of the site's privacy"),
+    ({"privacy-max-eps": 1}, "privacy-max-eps: not a key"),
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-rdp-order": 2.5},
      "privacy-rdp-order = 2.5 must be a whole number"),
 ])
