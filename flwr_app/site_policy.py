@@ -166,7 +166,7 @@ def _filter(policy: SitePolicy, handle: Any, data_path: Path | None) -> RenyiFil
     if not lines:
         order = RenyiFilter(epsilon=policy.max_epsilon, delta=policy.delta, order=policy.order).order
         lines = [{"kind": "header", "order": order, "data_path": str(data_path), "data_sha256": digest,
-                  "created": _now()}]
+                  "unit": "record", "adjacency": "add-remove", "created": _now()}]
         _append(handle, lines[0])
     header = lines[0]
     if header.get("kind") != "header":
@@ -285,7 +285,8 @@ def ledger_table(lines: Iterable[Mapping[str, Any]]) -> str:
     for line in lines:
         if line.get("kind") == "header":
             rows.insert(0, f"Rényi filter of order {line['order']:g} over {line['data_path']} (SHA-256 "
-                           f"{str(line['data_sha256'])[:12]}…), created {line['created']}\n")
+                           f"{str(line['data_sha256'])[:12]}…), created {line['created']}; epsilon per record, "
+                           "add/remove-one adjacency\n")
             continue
         what = line["values"] if line["kind"] == "release" else f"REFUSED: {line['reason']}"
         rows.append(f"{line['time']} | {line['run']} | {line['round']} | {line['message']} | {line['strategy']} | "

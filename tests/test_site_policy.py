@@ -128,6 +128,7 @@ def test_the_ledger_file_charges_each_release_refuses_what_the_budget_cannot_hol
     lines = read_ledger(tmp_path / "ledger.jsonl")
     header, releases = lines[0], [line for line in lines if line["kind"] == "release"]
     assert header["kind"] == "header" and header["order"] == 18 and header["data_path"] == str(data)
+    assert (header["unit"], header["adjacency"]) == ("record", "add-remove")
     assert lines[-1]["kind"] == "refusal" and lines[-1]["epsilon"] == releases[-1]["epsilon"] <= 1.0
     cost = rdp_at_order([(8.0, 0.1, 100)], 18)
     assert [line["rdp"] for line in releases] == pytest.approx([cost] * len(releases))
