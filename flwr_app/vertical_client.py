@@ -14,7 +14,7 @@ import json
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flwr_app import split_messages as wire
-from flwr_app import site_policy, vertical_task
+from flwr_app import deployment, site_policy, vertical_task
 from flwr_app.config import parse_run_config
 from flwr_app.faults import inject_failure
 from models.multimodal_training import epoch_batches
@@ -59,7 +59,7 @@ def hello(message: Message, context: Context) -> Message:
     """Reply with this site's modality and the record IDs it holds (refused by a site's privacy policy, whose filter
     cannot charge split learning's releases: :mod:`flwr_app.site_policy`)."""
     cfg = parse_run_config(context.run_config)
-    site_policy.enforce(context.node_config, str(context.node_config.get("site-name", f"node-{context.node_id}")),
+    site_policy.enforce(context.node_config, deployment.site_name(context),
                         site_policy.Request(cfg.strategy, context.run_id, 0, "split_hello", "record IDs", None))
     data = _site_data(context)
     held = data.features.index[data.features.notna().any(axis=1).to_numpy()]
