@@ -1,10 +1,15 @@
 # make demo        set up .venv on first use, then run a 5-site FedAvg simulation on FLCHAIN (ARGS: Hydra overrides)
 # make test        set up .venv on first use, then run the test suite (ARGS: pytest options)
-#                  PIP_ARGS: extra options of that first install, e.g. a CPU-only torch index
+#                  without an NVIDIA GPU (no working nvidia-smi) that install takes torch's CPU build
+#                  from TORCH_INDEX (PyTorch's CPU index), not the CUDA build (gigabytes); TORCH_INDEX=
+#                  (empty) keeps PyPI's build; PIP_ARGS: further options of that install
 # make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
 #                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
 PYTHON ?= python3
 PIP_ARGS ?=
+# auto: PyTorch's CPU index when no NVIDIA GPU answers nvidia-smi; a URL: that index; empty: none
+TORCH_INDEX ?= auto
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 VENV := .venv
 BIN := $(VENV)/bin
 SITES ?= 5
@@ -21,10 +26,20 @@ FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" FLWR_HOME="$(FLWR_HOME)" FLWR_TELEME
 
 .PHONY: demo test flwr flwr-stop benchmark clean
 
+# torch==2.13.0 is met by the CPU index's 2.13.0+cpu; an index that cannot be reached (an offline
+# mirror) is left out, since pip would otherwise retry it for every package.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' $(PIP_ARGS)
+	@index="$(TORCH_INDEX)"; \
+	if [ "$$index" = auto ]; then \
+		if nvidia-smi -L >/dev/null 2>&1; then index=; \
+		else index="$(CPU_TORCH_INDEX)"; echo "no NVIDIA GPU: torch's CPU build from $$index (TORCH_INDEX= installs PyPI's CUDA build)"; fi; \
+	fi; \
+	if [ -n "$$index" ] && ! $(BIN)/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$$index" 2>/dev/null; then \
+		echo "$$index cannot be reached: torch comes from pip's configured indexes"; index=; \
+	fi; \
+	set -x; $(BIN)/pip install --quiet -e '.[test]' $${index:+--extra-index-url "$$index"} $(PIP_ARGS)
 	touch $@
 
 demo: $(VENV)/.installed
