@@ -87,8 +87,7 @@ def federated_dp_sgd(sites: list[SurvivalArrays], validation: SurvivalArrays, po
         start = {key: sum(w * update[key] for w, update in zip(weights, updates)) for key in start}
     model.net.load_state_dict(start)
     times, surv = model.predict_survival(validation.x)
-    scores = evaluate_survival(times, surv, time=validation.time, event=validation.event, train_time=pooled.time,
-                               train_event=pooled.event, concordance_td=False)
+    scores = evaluate_survival(times, surv, time=validation.time, event=validation.event, concordance_td=False)
     return {"c_index": float(scores["c_index"]), "ibs": float(scores["ibs"]), "sigma_max": float(max(sigmas))}
 
 

@@ -92,9 +92,8 @@ def score(table: VerticalTable, fit_ids: np.ndarray, validation_ids: np.ndarray,
     inputs, present = modality_inputs(table, validation_ids, transforms)
     mean, _, _ = survival_band(predict_multisurv(model, inputs, present, passes=passes, seed=seed))
     curves = mean.numpy()
-    scores = evaluate_survival(cuts, curves, time=validation.time, event=validation.event, train_time=fit.time,
-                               train_event=fit.event, risk=-restricted_mean_survival_time(cuts, curves),
-                               concordance_td=False)
+    scores = evaluate_survival(cuts, curves, time=validation.time, event=validation.event,
+                               risk=-restricted_mean_survival_time(cuts, curves), concordance_td=False)
     return {"c_index": round(float(scores["c_index"]), 4), "loss_first": round(losses[0], 3),
             "loss_last": round(losses[-1], 3)}
 

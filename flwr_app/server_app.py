@@ -45,7 +45,7 @@ from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position, robust_refusal,
-                                   site_metrics, weighted_nanmean)
+                                   site_average, site_metrics, weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -337,6 +337,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "privacy": ledger.headline(),
             "global_test": global_test,
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
+            "sites_average": site_average(record.evaluate_sites) if record else {},
             "sites": site_metrics(record) if record else {},
             "failures": record.failures if record else [],
             "flags": ([{"phase": "train", "site": site, "reason": reason}
@@ -422,6 +423,7 @@ def _write_results(
         "test_source": test_source,
         "sites": site_metrics(last) if last else {},
         "sites_mean": weighted_nanmean(sites),
+        "sites_average": site_average(sites),
         "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
                     "uncovered": [release.value for release in mechanism.manifest(cfg).uncovered]},
         "strategy": cfg.strategy,
@@ -455,6 +457,9 @@ def _write_results(
         summary["centralized"] = task.train_centralized(cfg, dataset)
     outputs.write_summary(summary)
     print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
+    if len(sites) > 1:
+        print(f"final mean over the {len(sites)} sites' own test sets (each site once): "
+              f"{_fmt(summary['sites_average'])}", flush=True)
     if "calibration" in summary:
         print(_calibration_line(summary["calibration"]), flush=True)
     if summary["privacy"]["epsilon"] is not None:

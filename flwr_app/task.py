@@ -27,6 +27,7 @@ from models.data import (
     build_federated_dataset,
     load_table,
 )
+from models.data.datasets import outcome_columns
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
 from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves, undefined_reasons
@@ -282,7 +283,8 @@ def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
     setup = ("differentially private: the noisy statistics the federation agreed (privacy.setup_share), "
              "on which the model was trained" if uses_private_setup(cfg) else "exact")
     return preprocessing_payload(spec.preprocessor, cuts=spec.cuts, time_scale=spec.time_scale, setup=setup,
-                                 id_col=cfg.data.id_col)
+                                 id_col=cfg.data.id_col,
+                                 outcome=outcome_columns(cfg.data.name, cfg.data.time_col, cfg.data.event_col))
 
 
 def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:
@@ -307,14 +309,13 @@ def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool
     """Test metrics of ``model`` on the held-out records ``test``, computed from them alone.
 
     The IPCW censoring distribution (IBS, INBLL) is the Kaplan–Meier estimate of the held-out
-    records' own censoring, and the evaluation grid comes from their times: a site's figures
-    depend on the global model and its held-out records only, never on its training records.
+    records' own censoring, and the evaluation grid comes from their times (fedsurv's one
+    convention, :mod:`models.metrics`): a site's figures depend on the global model and its
+    held-out records only, never on its training records.
     """
     times, surv = model.predict_survival(test.x)
-    return evaluate_survival(
-        times, surv, time=test.time, event=test.event, train_time=test.time, train_event=test.event,
-        risk=model.risk_score(test.x), concordance_td=concordance_td,
-    )
+    return evaluate_survival(times, surv, time=test.time, event=test.event, risk=model.risk_score(test.x),
+                             concordance_td=concordance_td)
 
 
 def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mapping[str, float], *,
@@ -351,8 +352,8 @@ def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, ob
                                          horizons=horizons).to_dict("records")
     median = tables["pooled test"][FOLLOW_UP_LEVELS.index(0.5)]
     km_times, km_surv = kaplan_meier_curves(train.time, train.event, len(test))
-    null = evaluate_survival(km_times, km_surv, time=test.time, event=test.event, train_time=test.time,
-                             train_event=test.event, risk=np.zeros(len(test)), concordance_td=False)
+    null = evaluate_survival(km_times, km_surv, time=test.time, event=test.event, risk=np.zeros(len(test)),
+                             concordance_td=False)
     return {"horizons": "quartiles of the pooled training follow-up times", "median_gap":
             abs(median["predicted"] - median["km"]), "ibs_km_null": null["ibs"], "tables": tables}
 

@@ -307,8 +307,7 @@ def fit_evaluate(
         outcome = _fit_unimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
     else:
         outcome = _fit_multimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
-    metrics = evaluate_survival(outcome.times, outcome.surv, time=test.time, event=test.event,
-                                train_time=train.time, train_event=train.event, risk=outcome.risk)
+    metrics = evaluate_survival(outcome.times, outcome.surv, time=test.time, event=test.event, risk=outcome.risk)
     return {
         "model": name, "data": table.name, "modalities": "+".join(modalities), "seed": seed,
         **{metric: metrics[metric] for metric in METRICS},

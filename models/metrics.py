@@ -8,15 +8,25 @@ Which implementation defines each reported figure:
 ``c_index_td``  Antolini's time-dependent C: pycox's ``EvalSurv.concordance_td("antolini")``
                 re-implemented in numpy (:func:`_antolini`; equal to pycox to 1e-12 in tests).
 ``ibs``         Integrated Brier score: ``sksurv.metrics.integrated_brier_score``; IPCW with
-                the censoring Kaplan-Meier fitted on the *training* data, trapezoid rule.
+                the censoring Kaplan-Meier of the *test* records themselves, trapezoid rule.
 ``inbll``       Integrated negative binomial log-likelihood: pycox's
                 ``EvalSurv.integrated_nbll`` with ``censor_surv`` set to the censoring
-                Kaplan-Meier of the *training* data, re-implemented in numpy (:func:`_inbll`;
+                Kaplan-Meier of the *test* records, re-implemented in numpy (:func:`_inbll`;
                 equal to pycox to 1e-10 in tests), Simpson's rule.
 ``brier_at``    ``sksurv.metrics.brier_score`` (same IPCW as ``ibs``).
 calibration     Kaplan-Meier with log-log 95% CI: ``sksurv.nonparametric.kaplan_meier_estimator``.
 null model      :func:`kaplan_meier_curves`: the training Kaplan-Meier curve for every record.
 =============== ======================================================================
+
+The censoring convention (one for every figure fedsurv reports, horizontal and vertical runs,
+federated or centralised). The inverse-probability-of-censoring weights :math:`1/\hat G` of the
+IBS, the INBLL and the Brier score come from the Kaplan-Meier estimate of the censoring of the
+*evaluated records themselves* (``censor_time`` / ``censor_event`` default to ``time`` /
+``event``), as pycox's ``EvalSurv(censor_surv="km")`` does. So a site's figures depend on the model
+and its own held-out records only: a site can score a model without its training records, and a
+pooled figure does not depend on how the training records were split. Passing other records as
+``censor_time`` / ``censor_event`` (sksurv's ``survival_train``) is possible but no fedsurv figure
+does it. ``docs/evaluation.md`` states the whole protocol.
 
 Curves are right-continuous step functions: :math:`S(t) = S(\tau_j)` for
 :math:`\tau_j \le t < \tau_{j+1}` and :math:`S(t) = 1` before the first grid point
@@ -24,7 +34,7 @@ Curves are right-continuous step functions: :math:`S(t) = S(\tau_j)` for
 
 Evaluation grid (:func:`default_eval_times`): 100 equally spaced points between the 5th and
 95th percentiles of the test times, keeping only points strictly below the largest test time,
-the largest training time and the first time where the training censoring Kaplan-Meier
+the largest censoring-record time and the first time where the censoring Kaplan-Meier
 reaches 0, so that every IPCW weight is finite. A metric that is undefined on the data at hand
 (no comparable pair, no events, fewer than two valid grid points, non-finite predictions) is
 returned as NaN; nothing here raises on small or degenerate per-site test sets.
@@ -92,17 +102,18 @@ def survival_at(times: np.ndarray, surv: np.ndarray, at: np.ndarray) -> np.ndarr
 
 
 def default_eval_times(
-    time: np.ndarray, train_time: np.ndarray, train_event: np.ndarray, num: int = 100
+    time: np.ndarray, censor_time: np.ndarray, censor_event: np.ndarray, num: int = 100
 ) -> np.ndarray:
     r"""Evaluation grid for the integrated scores (may be empty when undefined).
 
     ``num`` equally spaced points on :math:`[q_{0.05}, q_{0.95}]` of the test times ``time``,
-    keeping those strictly below :math:`\min(\max T^{test}, \max T^{train}, t_{G=0})`, where
-    :math:`t_{G=0}` is the first time at which the training censoring Kaplan-Meier
-    :math:`\hat G` is 0. Fewer than two points left gives an empty grid.
+    keeping those strictly below :math:`\min(\max T^{test}, \max T^{cens}, t_{G=0})`, where
+    :math:`t_{G=0}` is the first time at which the censoring Kaplan-Meier
+    :math:`\hat G` is 0. Fewer than two points left gives an empty grid. Pass the test
+    outcomes as ``censor_time``/``censor_event`` for fedsurv's convention (module docstring).
     """
     time = np.asarray(time, dtype=np.float64)
-    upper = _ipcw_upper_limit(time, train_time, train_event)
+    upper = _ipcw_upper_limit(time, censor_time, censor_event)
     low, high = np.quantile(time, [0.05, 0.95])
     grid = np.linspace(low, high, num)
     grid = grid[grid < upper]
@@ -115,8 +126,8 @@ def evaluate_survival(
     *,
     time: np.ndarray,
     event: np.ndarray,
-    train_time: np.ndarray,
-    train_event: np.ndarray,
+    censor_time: np.ndarray | None = None,
+    censor_event: np.ndarray | None = None,
     risk: np.ndarray | None = None,
     eval_times: np.ndarray | None = None,
     concordance_td: bool = True,
@@ -147,7 +158,7 @@ def evaluate_survival(
     :math:`w_i(t) = 1/\hat G(T_i-)` for events before :math:`t`, :math:`1/\hat G(t)` for records
     still at risk, 0 otherwise, :math:`\hat S` clipped to :math:`[10^{-7}, 1 - 10^{-7}]` (Simpson's
     rule); :math:`\hat G` is the censoring Kaplan-Meier of
-    the training data.
+    ``censor_time``/``censor_event`` (by default the test records themselves).
 
     Parameters
     ----------
@@ -157,8 +168,9 @@ def evaluate_survival(
         Predicted :math:`S(\tau_j \mid x_i)` for the n test records.
     time, event : ndarray, shape (n,)
         Test outcomes.
-    train_time, train_event : ndarray
-        Training outcomes (censoring distribution for IPCW).
+    censor_time, censor_event : ndarray, optional
+        The records whose censoring Kaplan-Meier :math:`\hat G` weights the IPCW; default (and
+        fedsurv's convention, module docstring) the test records ``time``, ``event`` themselves.
     risk : ndarray, shape (n,), optional
         Risk score for Harrell's C (higher = earlier event); default :math:`-\mathrm{RMST}`.
     eval_times : ndarray, optional
@@ -182,22 +194,22 @@ def evaluate_survival(
     """
     times, surv = _check_curves(times, surv)
     time, event = _check_outcomes(time, event, surv.shape[0])
-    train_time, train_event = _check_outcomes(train_time, train_event, None)
+    censor_time, censor_event = _censoring_records(time, event, censor_time, censor_event)
     if risk is None:
         risk = -restricted_mean_survival_time(times, surv)
     risk = np.asarray(risk, dtype=np.float64)
     if risk.shape != time.shape:
         raise ValueError(f"risk must have shape {time.shape}, got {risk.shape}")
     if eval_times is None:
-        eval_times = default_eval_times(time, train_time, train_event)
+        eval_times = default_eval_times(time, censor_time, censor_event)
     eval_times = np.asarray(eval_times, dtype=np.float64)
-    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < _ipcw_upper_limit(time, train_time, train_event))]
+    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < _ipcw_upper_limit(time, censor_time, censor_event))]
     finite = bool(np.all(np.isfinite(surv)))
     return {
         "c_index": _harrell(risk, time, event),
         "c_index_td": _antolini(times, surv, time, event) if finite and concordance_td else _NAN,
-        "ibs": _ibs(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
-        "inbll": _inbll(times, surv, time, event, train_time, train_event, eval_times) if finite else _NAN,
+        "ibs": _ibs(times, surv, time, event, censor_time, censor_event, eval_times) if finite else _NAN,
+        "inbll": _inbll(times, surv, time, event, censor_time, censor_event, eval_times) if finite else _NAN,
     }
 
 
@@ -245,8 +257,8 @@ def brier_at(
     *,
     time: np.ndarray,
     event: np.ndarray,
-    train_time: np.ndarray,
-    train_event: np.ndarray,
+    censor_time: np.ndarray | None = None,
+    censor_event: np.ndarray | None = None,
     horizons: np.ndarray,
 ) -> np.ndarray:
     r"""IPCW Brier score at each horizon (``sksurv.metrics.brier_score``).
@@ -256,9 +268,9 @@ def brier_at(
         BS(t) = \frac{1}{n} \sum_i \Big[ \frac{\hat S_i(t)^2\, \mathbb{1}[T_i \le t, \delta_i = 1]}
                 {\hat G(T_i)} + \frac{(1 - \hat S_i(t))^2\, \mathbb{1}[T_i > t]}{\hat G(t)} \Big],
 
-    :math:`\hat G` the censoring Kaplan-Meier of the training data. A horizon outside the
-    valid range of :func:`default_eval_times` (before the first test time, at or beyond the
-    last test or training time, or where :math:`\hat G = 0`) gives NaN.
+    :math:`\hat G` the censoring Kaplan-Meier of ``censor_time``/``censor_event`` (by default
+    the test records themselves). A horizon outside the valid range of :func:`default_eval_times`
+    (before the first test time, at or beyond the last test or censoring-record time, or where :math:`\hat G = 0`) gives NaN.
 
     Returns
     -------
@@ -270,16 +282,16 @@ def brier_at(
     """
     times, surv = _check_curves(times, surv)
     time, event = _check_outcomes(time, event, surv.shape[0])
-    train_time, train_event = _check_outcomes(train_time, train_event, None)
+    censor_time, censor_event = _censoring_records(time, event, censor_time, censor_event)
     horizons = np.atleast_1d(np.asarray(horizons, dtype=np.float64))
     out = np.full(horizons.shape, _NAN)
-    valid = (horizons >= time.min()) & (horizons < _ipcw_upper_limit(time, train_time, train_event))
-    if not (valid.any() and event.any() and train_event.any() and np.all(np.isfinite(surv))):
+    valid = (horizons >= time.min()) & (horizons < _ipcw_upper_limit(time, censor_time, censor_event))
+    if not (valid.any() and event.any() and censor_event.any() and np.all(np.isfinite(surv))):
         return out
     unique_h = np.unique(horizons[valid])  # sksurv scores the sorted unique horizons
     _, scores = brier_score(
-        Surv.from_arrays(train_event.astype(bool), train_time),
-        Surv.from_arrays(event.astype(bool), np.minimum(time, train_time.max())),
+        Surv.from_arrays(censor_event.astype(bool), censor_time),
+        Surv.from_arrays(event.astype(bool), np.minimum(time, censor_time.max())),
         survival_at(times, surv, unique_h),
         unique_h,
     )
@@ -350,13 +362,24 @@ def kaplan_meier_curves(time: np.ndarray, event: np.ndarray, n: int) -> tuple[np
 # --------------------------------------------------------------------------- internals
 
 
-def _ipcw_upper_limit(time: np.ndarray, train_time: np.ndarray, train_event: np.ndarray) -> float:
-    """Eval times must lie strictly below this: the largest test time, the largest training
-    time, and the first time where the training censoring Kaplan-Meier is 0."""
-    train_time = np.asarray(train_time, dtype=np.float64)
-    km_time, km_surv = kaplan_meier_estimator(np.asarray(train_event) == 0, train_time)
+def _ipcw_upper_limit(time: np.ndarray, censor_time: np.ndarray, censor_event: np.ndarray) -> float:
+    """Eval times must lie strictly below this: the largest test time, the largest censoring-record
+    time, and the first time where the censoring Kaplan-Meier is 0."""
+    censor_time = np.asarray(censor_time, dtype=np.float64)
+    km_time, km_surv = kaplan_meier_estimator(np.asarray(censor_event) == 0, censor_time)
     zero = km_time[km_surv <= 0]
-    return float(min(np.max(time), train_time.max(), zero[0] if zero.size else np.inf))
+    return float(min(np.max(time), censor_time.max(), zero[0] if zero.size else np.inf))
+
+
+def _censoring_records(
+    time: np.ndarray, event: np.ndarray, censor_time: np.ndarray | None, censor_event: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The records whose censoring Kaplan-Meier weights the IPCW: by default the evaluated ones."""
+    if (censor_time is None) != (censor_event is None):
+        raise ValueError("censor_time and censor_event go together (both, or neither for the evaluated records)")
+    if censor_time is None:
+        return time, event
+    return _check_outcomes(censor_time, censor_event, None)
 
 
 def _check_curves(times: np.ndarray, surv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -419,26 +442,26 @@ def _antolini(times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.n
 
 def _ibs(
     times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray,
-    train_time: np.ndarray, train_event: np.ndarray, eval_times: np.ndarray,
+    censor_time: np.ndarray, censor_event: np.ndarray, eval_times: np.ndarray,
 ) -> float:
-    if np.unique(eval_times).size < 2 or not event.any() or not train_event.any():
+    if np.unique(eval_times).size < 2 or not event.any() or not censor_event.any():
         return _NAN
-    # Records followed beyond the last training time are at risk at every eval time (all lie
+    # Records followed beyond the last censoring-record time are at risk at every eval time (all lie
     # below it); clipping them there keeps sksurv's censoring-KM lookup defined and changes
     # no term of the score.
     return float(
         integrated_brier_score(
-            Surv.from_arrays(train_event.astype(bool), train_time),
-            Surv.from_arrays(event.astype(bool), np.minimum(time, train_time.max())),
+            Surv.from_arrays(censor_event.astype(bool), censor_time),
+            Surv.from_arrays(event.astype(bool), np.minimum(time, censor_time.max())),
             survival_at(times, surv, eval_times),
             eval_times,
         )
     )
 
 
-def _censoring_survival(train_time: np.ndarray, train_event: np.ndarray):
-    """Kaplan-Meier of the training censoring times, as step lookups ``G(t)`` and ``G(t-)``."""
-    km_time, km_surv = kaplan_meier_estimator(train_event == 0, train_time)
+def _censoring_survival(censor_time: np.ndarray, censor_event: np.ndarray):
+    """Kaplan-Meier of the censoring times, as step lookups ``G(t)`` and ``G(t-)``."""
+    km_time, km_surv = kaplan_meier_estimator(censor_event == 0, censor_time)
 
     def at(t: np.ndarray, *, left: bool) -> np.ndarray:
         position = np.searchsorted(km_time, t, side="left" if left else "right") - 1
@@ -449,7 +472,7 @@ def _censoring_survival(train_time: np.ndarray, train_event: np.ndarray):
 
 def _inbll(
     times: np.ndarray, surv: np.ndarray, time: np.ndarray, event: np.ndarray,
-    train_time: np.ndarray, train_event: np.ndarray, eval_times: np.ndarray,
+    censor_time: np.ndarray, censor_event: np.ndarray, eval_times: np.ndarray,
 ) -> float:
     r"""Integrated NBLL with IPCW, exactly as pycox's ``integrated_nbll`` (see
     :func:`evaluate_survival` for the formula): weights :math:`1/\hat G(T_i-)` for events up to
@@ -457,7 +480,7 @@ def _inbll(
     Simpson's rule over ``eval_times``."""
     if np.unique(eval_times).size < 2:
         return _NAN
-    censoring = _censoring_survival(train_time, train_event)
+    censoring = _censoring_survival(censor_time, censor_event)
     s = np.clip(survival_at(times, surv, eval_times), _EPS, 1.0 - _EPS)  # (n, K)
     died = (time[:, None] <= eval_times[None, :]) & (event[:, None] == 1)
     alive = time[:, None] > eval_times[None, :]

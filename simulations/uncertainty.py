@@ -158,8 +158,8 @@ def run_seed(table: VerticalTable, seed: int, settings: Settings) -> tuple[list[
     for item in passes:
         summary = summarise_band(item.logits, level=settings.level)
         mean_curve = survival_passes(item.logits).mean(axis=0)
-        metrics = evaluate_survival(cuts, mean_curve, time=test.time, event=test.event, train_time=train.time,
-                                    train_event=train.event, concordance_td=False)
+        metrics = evaluate_survival(cuts, mean_curve, time=test.time, event=test.event,
+                                    concordance_td=False)
         row = {"seed": seed, "setup": item.setup, "modality": item.modality, "c_index": metrics["c_index"],
                "ibs": metrics["ibs"], "mean_width": summary.mean_width,
                **{f"width_{phase}": float(summary.width_by_time[column])

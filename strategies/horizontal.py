@@ -218,6 +218,15 @@ def _undefined(message: Message, metrics: Mapping[str, float]) -> dict[str, str]
             if isinstance(code, str) and code in UNDEFINED_REASONS and key in metrics and math.isnan(metrics[key])}
 
 
+def site_average(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
+    """The plain mean of each metric over sites, each site's own test set counting once (NaN skipped).
+
+    The figure of a multi-centre evaluation where every centre matters alike, whatever its size;
+    :func:`weighted_nanmean` weights by records instead.
+    """
+    return weighted_nanmean({site: {**metrics, weight_key: 1.0} for site, metrics in per_site.items()}, weight_key)
+
+
 def site_metrics(record: RoundRecord) -> dict[str, dict[str, Any]]:
     """Each evaluated site's test metrics, sorted by site, with ``undefined`` (metric -> why it is NaN) where any is
     and ``flag`` (why its figures are unusual) where the screen flagged them."""

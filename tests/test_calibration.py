@@ -135,7 +135,7 @@ def test_a_run_reports_calibration_as_an_independent_computation_gives_it(tmp_pa
     kmf = KaplanMeierFitter().fit(train.time, train.event)
     null_times = np.unique(train.time)
     null_surv = np.tile(kmf.survival_function_at_times(null_times).to_numpy(), (len(test), 1))
-    reference = evaluate_survival(null_times, null_surv, time=test.time, event=test.event, train_time=test.time,
-                                  train_event=test.event, risk=np.zeros(len(test)))["ibs"]
+    reference = evaluate_survival(null_times, null_surv, time=test.time, event=test.event, censor_time=test.time,
+                                  censor_event=test.event, risk=np.zeros(len(test)))["ibs"]
     assert report["ibs_km_null"] == pytest.approx(reference, rel=1e-9)
     assert set(report["tables"]) == {"pooled test", *(site.name for site in dataset.sites)}

@@ -45,10 +45,10 @@ def test_survival_at_is_right_continuous_with_one_before_the_grid():
 def test_harrell_c_matches_lifelines():
     time, event, grid, surv, rate = _exponential_data(500, seed=0)
     train_time, train_event, *_ = _exponential_data(500, seed=1)
-    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
-                            train_event=train_event, risk=np.log(rate))
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=train_time,
+                            censor_event=train_event, risk=np.log(rate))
     assert out["c_index"] == pytest.approx(concordance_index(time, -np.log(rate), event), abs=1e-12)
-    default = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event)
+    default = evaluate_survival(grid, surv, time=time, event=event, censor_time=train_time, censor_event=train_event)
     rmst = restricted_mean_survival_time(grid, surv)
     assert default["c_index"] == pytest.approx(concordance_index(time, rmst, event), abs=1e-12)
 
@@ -62,7 +62,7 @@ def test_antolini_matches_pycox_on_a_grid_holding_the_test_times():
     # crossing curves: Antolini differs from Harrell here
     a, b = rng.uniform(0.2, 1.0, n), rng.uniform(0.5, 2.0, n)
     surv = np.exp(-a[:, None] * grid[None, :] ** b[:, None])
-    out = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event)
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=time, censor_event=event)
     ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event).concordance_td("antolini")
     assert out["c_index_td"] == pytest.approx(ref, abs=1e-12)
     assert abs(out["c_index_td"] - out["c_index"]) > 1e-3
@@ -86,8 +86,8 @@ def test_ibs_matches_direct_ipcw_computation_with_training_censoring():
     time, event, grid, surv, _ = _exponential_data(400, seed=3)
     train_time, train_event, *_ = _exponential_data(1000, seed=4, censor_scale=3.0)
     eval_times = default_eval_times(time, train_time, train_event)
-    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
-                            train_event=train_event, eval_times=eval_times)
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=train_time,
+                            censor_event=train_event, eval_times=eval_times)
     g = _censoring_km(train_time, train_event)
     s = survival_at(grid, surv, eval_times)
     bs = []
@@ -98,20 +98,38 @@ def test_ibs_matches_direct_ipcw_computation_with_training_censoring():
     direct = np.trapezoid(bs, eval_times) / (eval_times[-1] - eval_times[0])
     assert out["ibs"] == pytest.approx(direct, rel=1e-10)
     # training censoring, not test censoring: the same test data with other training data differ
-    other = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event,
+    other = evaluate_survival(grid, surv, time=time, event=event, censor_time=time, censor_event=event,
                               eval_times=eval_times)
     assert other["ibs"] != pytest.approx(out["ibs"], rel=1e-6)
     np.testing.assert_allclose(
-        brier_at(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event,
+        brier_at(grid, surv, time=time, event=event, censor_time=train_time, censor_event=train_event,
                  horizons=eval_times[[10, 3, 10]]),
         np.array(bs)[[10, 3, 10]], rtol=1e-10,
     )
 
 
+def test_by_default_the_ipcw_censoring_is_the_evaluated_records_own_as_sksurv_computes_it():
+    from sksurv.metrics import integrated_brier_score
+
+    time, event, grid, surv, _ = _exponential_data(400, seed=8)
+    default = evaluate_survival(grid, surv, time=time, event=event)
+    own = evaluate_survival(grid, surv, time=time, event=event, censor_time=time, censor_event=event)
+    assert default == pytest.approx(own, rel=0, abs=0)
+    eval_times = default_eval_times(time, time, event)
+    test = Surv.from_arrays(event.astype(bool), time)
+    reference = integrated_brier_score(test, test, survival_at(grid, surv, eval_times), eval_times)
+    assert default["ibs"] == pytest.approx(reference, rel=1e-12)
+    np.testing.assert_allclose(brier_at(grid, surv, time=time, event=event, horizons=eval_times[[5, 50]]),
+                               brier_score(test, test, survival_at(grid, surv, eval_times[[5, 50]]),
+                                           eval_times[[5, 50]])[1], rtol=1e-12)
+    with pytest.raises(ValueError, match="go together"):
+        evaluate_survival(grid, surv, time=time, event=event, censor_time=time)
+
+
 def test_inbll_matches_pycox_when_training_and_test_censoring_coincide():
     time, event, grid, surv, _ = _exponential_data(400, seed=5)
     eval_times = default_eval_times(time, time, event)
-    out = evaluate_survival(grid, surv, time=time, event=event, train_time=time, train_event=event,
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=time, censor_event=event,
                             eval_times=eval_times)
     ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event.astype(float), censor_surv="km")
     assert out["inbll"] == pytest.approx(ref.integrated_nbll(eval_times), rel=1e-10)
@@ -127,8 +145,8 @@ def test_inbll_matches_pycox_with_the_training_censoring_distribution():
     train_time, train_event, *_ = _exponential_data(900, seed=7, censor_scale=3.0)
     train_time = np.round(train_time, 2)  # ties between censorings and events
     eval_times = default_eval_times(time, train_time, train_event)
-    out = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
-                            train_event=train_event, eval_times=eval_times)
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=train_time,
+                            censor_event=train_event, eval_times=eval_times)
     censor_km = kaplan_meier(train_time, 1 - train_event)
     censor_surv = pd.DataFrame(np.repeat(censor_km.values[:, None], time.size, axis=1), index=censor_km.index)
     ref = EvalSurv(pd.DataFrame(surv.T, index=grid), time, event.astype(float), censor_surv=censor_surv)
@@ -153,7 +171,7 @@ def test_default_eval_times_stay_where_ipcw_is_defined():
 def test_metrics_never_raise_on_small_or_degenerate_sites():
     time, event, grid, surv, _ = _exponential_data(100, seed=8)
     train_time, train_event, *_ = _exponential_data(400, seed=9)
-    kwargs = dict(train_time=train_time, train_event=train_event)
+    kwargs = dict(censor_time=train_time, censor_event=train_event)
     out = evaluate_survival(grid, surv, time=time, event=event, **kwargs)
     assert set(out) == {"c_index", "c_index_td", "ibs", "inbll"} and all(np.isfinite(list(out.values())))
     censored = evaluate_survival(grid, surv, time=time, event=np.zeros(100, int), **kwargs)
@@ -169,8 +187,8 @@ def test_metrics_never_raise_on_small_or_degenerate_sites():
     assert all(np.isfinite(list(wide.values())))  # eval times outside the IPCW range are dropped
     beyond = evaluate_survival(grid, surv, time=time * 20, event=event, **kwargs)  # outlives training
     assert np.isfinite(beyond["c_index"])
-    no_train_events = evaluate_survival(grid, surv, time=time, event=event, train_time=train_time,
-                                        train_event=np.zeros_like(train_event))
+    no_train_events = evaluate_survival(grid, surv, time=time, event=event, censor_time=train_time,
+                                        censor_event=np.zeros_like(train_event))
     assert math.isnan(no_train_events["ibs"]) and np.isfinite(no_train_events["c_index"])
 
 
@@ -180,7 +198,7 @@ def test_brier_at_matches_sksurv_and_is_nan_out_of_range():
     horizons = np.array([0.5, 1.0, 2.0])
     _, ref = brier_score(Surv.from_arrays(train_event.astype(bool), train_time),
                          Surv.from_arrays(event.astype(bool), time), survival_at(grid, surv, horizons), horizons)
-    out = brier_at(grid, surv, time=time, event=event, train_time=train_time, train_event=train_event,
+    out = brier_at(grid, surv, time=time, event=event, censor_time=train_time, censor_event=train_event,
                    horizons=np.array([2.0, 0.5, 1.0, 1e6]))
     np.testing.assert_allclose(out[:3], ref[[2, 0, 1]], rtol=1e-12)
     assert math.isnan(out[3])

@@ -23,8 +23,7 @@ def km_reference_ibs(overrides):
     kmf = KaplanMeierFitter().fit(train.time, train.event)
     times = np.unique(train.time[train.event == 1])
     surv = np.tile(kmf.survival_function_at_times(times).to_numpy(), (len(test), 1))
-    return evaluate_survival(times, surv, time=test.time, event=test.event, train_time=train.time,
-                             train_event=train.event, risk=np.zeros(len(test)))["ibs"]
+    return evaluate_survival(times, surv, time=test.time, event=test.event, risk=np.zeros(len(test)))["ibs"]
 
 
 HAZARD = {"federation.num_sites": 3, "federation.rounds": 4, "baseline.centralized": True}

@@ -173,7 +173,7 @@ def test_a_saved_model_predicts_raw_new_records_as_the_run_did(cohort_csv, tmp_p
     # The reloaded model on every raw test row reproduces the run's reported test metrics
     times, surv = run.model.predict_survival(run.encode(test_rows))
     time, event = test_rows.time.astype(float).to_numpy(), test_rows.event.astype(int).to_numpy()
-    metrics = evaluate_survival(times, surv, time=time, event=event, train_time=time, train_event=event,
+    metrics = evaluate_survival(times, surv, time=time, event=event, censor_time=time, censor_event=event,
                                 risk=run.risk_score(test_rows))
     for key in ("c_index", "c_index_td", "ibs"):
         assert metrics[key] == pytest.approx(summary["test"][key], rel=1e-12), key
