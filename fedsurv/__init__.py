@@ -1,12 +1,14 @@
-"""fedsurv's Python API: apply a trained run's model to new raw records.
+"""fedsurv's Python API: train a simulated federation, and apply a trained run's model to records.
 
->>> from fedsurv import load_run
->>> run = load_run("outputs/20261123-120000-csv-fedavg-seed0")
->>> curves = run.predict_survival(new_records)  # DataFrame: one row per record, one column per time
+>>> import fedsurv
+>>> run = fedsurv.fit(train, time_col="time", event_col="event", sites=5)   # or fedsurv.load_run("outputs/...")
+>>> run.score(held_out)                      # {"c_index": ..., "c_index_td": ..., "ibs": ..., "inbll": ...}
+>>> run.predict_survival(held_out.head())    # DataFrame: one row per record, one column per time
 
-See :mod:`models.predict` (horizontal runs; a split-learning run's encoders stay at its sites).
+See :func:`fedsurv.api.fit` and :class:`models.predict.SavedRun`.
 """
 
+from fedsurv.api import fit
 from models.predict import SavedRun, load_run
 
-__all__ = ["SavedRun", "load_run"]
+__all__ = ["SavedRun", "fit", "load_run"]

@@ -1,4 +1,4 @@
-"""A trained horizontal run's model applied to new raw records: :func:`load_run`.
+"""A trained horizontal run's model applied to new raw records: :func:`load_run`, :class:`SavedRun`.
 
 A horizontal run writes, beside ``model.pt`` (the network's weights, its configuration and, for
 Cox models, the federated Breslow baseline), ``preprocessing.json``
@@ -9,7 +9,11 @@ it is the agreed noisy preprocessing, the one the model was trained on. JSON, no
 reading it runs no code.
 
 >>> run = load_run("outputs/20261123-120000-csv-fedavg-seed0")
->>> curves = run.predict_survival(pd.read_csv("new_patients.csv"))  # one row per record, one column per time
+>>> new = pd.read_csv("new_patients.csv")
+>>> curves = run.predict_survival(new)             # one row per record, one column per time
+>>> run.predict_median_survival(new)               # a Series, like run.risk_score(new)
+>>> run.score(labelled)                            # {"c_index": ..., "c_index_td": ..., "ibs": ..., ...}
+>>> run.plot_calibration(labelled)                 # matplotlib axes
 
 New records are raw rows as in the training file: strings for categorical columns, empty cells
 for missing values (imputed by the training mean; an unseen or missing category encodes as all
@@ -34,9 +38,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models.data.datasets import read_frame
+from models.data.datasets import DEFAULT_OUTCOME, read_frame
 from models.data.preprocess import Preprocessor
-from models.data.validate import require_columns
+from models.data.validate import DataValidationError, require_columns
+from models.metrics import evaluate_survival, survival_at
 from models.survival import SurvivalModel, build_survival_model
 
 __all__ = ["PREPROCESSING_FILE", "SavedRun", "load_run", "preprocessing_payload"]
@@ -46,16 +51,19 @@ PREPROCESSING_FILE = "preprocessing.json"
 PREPROCESSING_FORMAT = 1
 MODEL_FILE = "model.pt"
 CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"
+Records = pd.DataFrame | str | Path
 
 
 def preprocessing_payload(
     preprocessor: Preprocessor, *, cuts: np.ndarray, time_scale: Sequence[float], setup: str,
-    id_col: str = "",
+    id_col: str = "", outcome: Sequence[str] = DEFAULT_OUTCOME,
 ) -> dict[str, Any]:
     """What :data:`PREPROCESSING_FILE` holds (JSON values); :func:`load_run` reads it back.
 
     ``setup`` says how the federation agreed the preprocessing (exact, or differentially private:
-    noisy); ``id_col`` is the run's record ID column, used to label predictions.
+    noisy); ``id_col`` is the run's record ID column, used to label predictions; ``outcome`` the
+    training table's time and event columns, where :meth:`SavedRun.score` looks for the outcomes.
     """
     return {
         "format": PREPROCESSING_FORMAT,
@@ -63,6 +71,7 @@ def preprocessing_payload(
         "input_columns": list(preprocessor.columns),
         "model_inputs": list(preprocessor.feature_names),
         "id_col": id_col,
+        "outcome": [str(outcome[0]), str(outcome[1])],
         "preprocessor": preprocessor.to_dict(),
         "cuts": [float(cut) for cut in cuts],
         "time_scale": [float(value) for value in time_scale],
@@ -73,6 +82,10 @@ def preprocessing_payload(
 class SavedRun:
     """A trained horizontal model with the preprocessing it was trained on.
 
+    Every ``records`` argument is a frame of raw records with the training file's columns, or the
+    path of a CSV or Parquet file holding them. Predictions are indexed like the records (by their
+    ``id_col`` values where the run had an ID column and the records carry it).
+
     Attributes
     ----------
     directory
@@ -82,14 +95,16 @@ class SavedRun:
     preprocessor
         The federation's agreed preprocessing of the raw input columns.
     id_col
-        The run's ``data.id_col`` ("" when it had none): predictions are indexed by it when the
-        new records have that column.
+        The run's ``data.id_col`` ("" when it had none).
+    outcome
+        The training table's time and event columns (where :meth:`score` finds the outcomes).
     """
 
     directory: Path
     model: SurvivalModel
     preprocessor: Preprocessor
     id_col: str = ""
+    outcome: tuple[str, str] = DEFAULT_OUTCOME
 
     @property
     def input_columns(self) -> tuple[str, ...]:
@@ -101,34 +116,131 @@ class SavedRun:
         """The times of the predicted survival curves (the run's time grid)."""
         return self.model.cuts.copy()
 
-    def encode(self, records: pd.DataFrame | str | Path) -> np.ndarray:
-        """The model inputs ``x`` of raw ``records`` (a frame, or a CSV/Parquet file), as in training.
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run's ``summary.json``: its test figures, privacy ledger headline, calibration, ..."""
+        return json.loads((self.directory / SUMMARY_FILE).read_text(encoding="utf-8"))
+
+    def encode(self, records: Records) -> np.ndarray:
+        """The model inputs ``x`` of raw ``records``, as in training.
 
         Raises
         ------
         models.data.DataValidationError
             Naming every input column the records lack.
         """
-        frame = read_frame(records) if isinstance(records, (str, Path)) else records
-        frame = frame.rename(columns=str)
+        frame = _frame(records)
         require_columns(self.input_columns, list(frame.columns), source="new records")
         return self.preprocessor.transform(_as_read(frame[list(self.input_columns)], self.preprocessor))
 
-    def predict_survival(self, records: pd.DataFrame | str | Path) -> pd.DataFrame:
-        """Survival curves of raw new records: one row per record, one column per time of :attr:`times`.
+    def predict_survival(self, records: Records, times: Sequence[float] | None = None) -> pd.DataFrame:
+        r"""Survival curves :math:`\hat S(t \mid x)`: one row per record, one column per time.
 
-        The rows keep the records' order and index (their ``id_col`` values where the run had an ID
-        column and the records carry it).
+        ``times`` default to :attr:`times` (the run's grid); other times read the step curves
+        (right-continuous, 1 before the first grid time: :func:`models.metrics.survival_at`).
         """
-        frame = read_frame(records) if isinstance(records, (str, Path)) else records
-        times, surv = self.model.predict_survival(self.encode(frame))
-        index = (pd.Index(frame[self.id_col], name=self.id_col) if self.id_col and self.id_col in frame.columns
-                 else frame.index)
-        return pd.DataFrame(surv, index=index, columns=pd.Index(times, name="time"))
+        frame = _frame(records)
+        grid, surv = self.model.predict_survival(self.encode(frame))
+        if times is not None:
+            grid = np.asarray(times, dtype=np.float64)
+            surv = survival_at(self.model.cuts, surv, grid)
+        return pd.DataFrame(surv, index=self._index(frame), columns=pd.Index(grid, name="time"))
 
-    def risk_score(self, records: pd.DataFrame | str | Path) -> np.ndarray:
-        """The model's risk score of raw new records (higher: earlier event), as used for the C-index."""
-        return self.model.risk_score(self.encode(records))
+    def predict_cumulative_hazard(self, records: Records, times: Sequence[float] | None = None) -> pd.DataFrame:
+        r"""Cumulative hazards :math:`\hat H(t \mid x) = -\log \hat S(t \mid x)`, shaped like
+        :meth:`predict_survival` (``inf`` where the predicted survival is 0)."""
+        curves = self.predict_survival(records, times)
+        with np.errstate(divide="ignore"):
+            return -np.log(curves)
+
+    def predict_percentile(self, records: Records, p: float = 0.5) -> pd.Series:
+        r"""The time at which each record's predicted survival falls to ``p`` (lifelines' convention).
+
+        The first grid time :math:`t` with :math:`\hat S(t \mid x) \le p`; ``inf`` when the curve
+        stays above ``p`` over the grid (the run's follow-up does not reach it).
+        """
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"p must lie in (0, 1), got {p!r}")
+        curves = self.predict_survival(records)
+        below = curves.to_numpy() <= p
+        first = np.where(below.any(axis=1), self.model.cuts[np.argmax(below, axis=1)], np.inf)
+        return pd.Series(first, index=curves.index, name=f"survival_time_at_{p:g}")
+
+    def predict_median_survival(self, records: Records) -> pd.Series:
+        """The predicted median survival time of each record (:meth:`predict_percentile` at 0.5)."""
+        return self.predict_percentile(records, 0.5).rename("median_survival_time")
+
+    def risk_score(self, records: Records) -> pd.Series:
+        """The model's risk score of each record (higher: earlier event), as used for the C-index."""
+        frame = _frame(records)
+        return pd.Series(self.model.risk_score(self.encode(frame)), index=self._index(frame), name="risk")
+
+    def score(self, records: Records) -> dict[str, float]:
+        """Harrell's C, Antolini's time-dependent C, the IBS and the INBLL on labelled records.
+
+        The records carry the outcome columns :attr:`outcome`; the figures are computed as a run
+        scores a site's test set (:func:`models.metrics.evaluate_survival`: the IPCW censoring of
+        the scored records themselves, ``docs/evaluation.md``). NaN where a figure is undefined.
+        """
+        frame = _frame(records)
+        time, event = self._outcomes(frame)
+        x = self.encode(frame)
+        grid, surv = self.model.predict_survival(x)
+        return evaluate_survival(grid, surv, time=time, event=event, risk=self.model.risk_score(x))
+
+    def plot_survival(self, records: Records, *, ax: Any | None = None) -> Any:
+        """The predicted survival curves of ``records`` (a few: one curve each) on ``ax``; returns the axes."""
+        from models.plots import plot_curves
+
+        return plot_curves(self.predict_survival(records), ax=ax)
+
+    def calibration(self, records: Records, *, horizon: float | None = None, groups: int = 5) -> pd.DataFrame:
+        """Predicted against Kaplan–Meier survival at ``horizon`` by group of predicted risk.
+
+        ``horizon`` defaults to the median observed time of the labelled ``records``; see
+        :func:`models.plots.calibration_groups` for the columns.
+        """
+        from models.plots import calibration_groups
+
+        frame = _frame(records)
+        time, event = self._outcomes(frame)
+        grid, surv = self.model.predict_survival(self.encode(frame))
+        horizon = float(np.median(time)) if horizon is None else float(horizon)
+        return calibration_groups(grid, surv, time=time, event=event, horizon=horizon, groups=groups)
+
+    def plot_calibration(self, records: Records, *, horizon: float | None = None, groups: int = 5,
+                         ax: Any | None = None) -> Any:
+        """:meth:`calibration` drawn against the diagonal with the 95% intervals; returns the axes."""
+        from models.plots import plot_calibration
+
+        frame = _frame(records)
+        horizon = float(np.median(self._outcomes(frame)[0])) if horizon is None else float(horizon)
+        return plot_calibration(self.calibration(frame, horizon=horizon, groups=groups), horizon=horizon, ax=ax)
+
+    def _index(self, frame: pd.DataFrame) -> pd.Index:
+        if self.id_col and self.id_col in frame.columns:
+            return pd.Index(frame[self.id_col], name=self.id_col)
+        return frame.index
+
+    def _outcomes(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """The records' time and event columns (:attr:`outcome`), checked: finite times, events 0/1."""
+        require_columns(self.outcome, list(frame.columns), source="labelled records")
+        time = pd.to_numeric(frame[self.outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
+        event = pd.to_numeric(frame[self.outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
+        if bad.any():
+            raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "
+                                      f"'{self.outcome[0]}' or a 0/1 event in '{self.outcome[1]}' (first: row "
+                                      f"{frame.index[np.argmax(bad)]!r})")
+        return time, event.astype(np.int64)
+
+
+def _frame(records: Records) -> pd.DataFrame:
+    """Raw records as a frame with string column names (a path is read as CSV or Parquet)."""
+    frame = read_frame(records) if isinstance(records, (str, Path)) else records
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"records must be a pandas DataFrame or a CSV/Parquet path, got {type(records).__name__}")
+    return frame.rename(columns=str)
 
 
 def _as_read(frame: pd.DataFrame, preprocessor: Preprocessor) -> pd.DataFrame:
@@ -181,7 +293,8 @@ def load_run(directory: str | Path) -> SavedRun:
     if saved.get("exponents") is not None:  # a private run's recalibration (models.recalibration)
         model.set_exponents(np.asarray(saved["exponents"], dtype=np.float64))
     model.net.eval()
-    return SavedRun(directory, model, preprocessor, str(spec.get("id_col", "")))
+    outcome = tuple(spec.get("outcome", DEFAULT_OUTCOME))
+    return SavedRun(directory, model, preprocessor, str(spec.get("id_col", "")), (str(outcome[0]), str(outcome[1])))
 
 
 def _model(config: Mapping[str, Any], preprocessor: Preprocessor, spec: Mapping[str, Any]) -> SurvivalModel:

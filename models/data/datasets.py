@@ -36,6 +36,18 @@ BENCHMARK_CSVS = ("metabric", "gbsg", "whas")
 FLCHAIN_SOURCE = "sksurv:flchain"
 FLCHAIN_LEAKING = ("chapter",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: The outcome columns (time, event) of each named data set's raw table; ``csv`` (and a deployed site's file)
+#: has ``data.time_col`` / ``data.event_col``, by default :data:`DEFAULT_OUTCOME`.
+OUTCOME_COLUMNS = {"flchain": ("futime", "death"), **{name: ("duration", "event") for name in BENCHMARK_CSVS},
+                   "sba": ("time", "event"), "sim_cox": ("time", "event")}
+DEFAULT_OUTCOME = ("time", "event")
+
+
+def outcome_columns(name: str, time_col: str = "", event_col: str = "") -> tuple[str, str]:
+    """The raw table's time and event columns: a named data set's own, else ``time_col``/``event_col`` ("" = default)."""
+    if name in OUTCOME_COLUMNS:
+        return OUTCOME_COLUMNS[name]
+    return time_col or DEFAULT_OUTCOME[0], event_col or DEFAULT_OUTCOME[1]
 #: The labels of a ``data.split_col`` column (case and surrounding spaces ignored).
 SPLIT_LABELS = ("train", "test")
 
@@ -255,7 +267,8 @@ def _sksurv_flchain() -> pd.DataFrame:
     from sksurv.datasets import load_flchain  # slow import (~3 s): only when FLCHAIN is asked for
 
     features, outcome = load_flchain()
-    return features.assign(futime=outcome["futime"], death=outcome["death"])
+    time_col, event_col = OUTCOME_COLUMNS["flchain"]
+    return features.assign(**{time_col: outcome["futime"], event_col: outcome["death"]})
 
 
 def load_flchain(feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRoles()) -> RawTable:
@@ -266,7 +279,8 @@ def load_flchain(feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRo
     frame = _sksurv_flchain().drop(columns=list(FLCHAIN_LEAKING))
     frame["sample.yr"] = frame["sample.yr"].astype(int)
     return table_from_frame(
-        frame, source=FLCHAIN_SOURCE, time_col="futime", event_col="death", feature_cols=feature_cols, roles=roles
+        frame, source=FLCHAIN_SOURCE, time_col=OUTCOME_COLUMNS["flchain"][0], event_col=OUTCOME_COLUMNS["flchain"][1],
+        feature_cols=feature_cols, roles=roles,
     )
 
 
@@ -280,8 +294,8 @@ def load_benchmark_csv(path: Path, feature_cols: Sequence[str] = (), roles: Colu
     if not feature_cols:
         feature_cols = [c for c in map(str, frame.columns) if re.fullmatch(r"x\d+", c) and c not in roles.keys]
     return table_from_frame(
-        frame, source=str(path), time_col="duration", event_col="event", feature_cols=feature_cols,
-        exclude=("split",), roles=roles,
+        frame, source=str(path), time_col=OUTCOME_COLUMNS["metabric"][0], event_col=OUTCOME_COLUMNS["metabric"][1],
+        feature_cols=feature_cols, exclude=("split",), roles=roles,
     )  # fmt: skip
 
 
@@ -336,7 +350,8 @@ def simulate_cox_frame(
 
 def load_simulated_cox(feature_cols: Sequence[str] = (), roles: ColumnRoles = ColumnRoles()) -> RawTable:
     """:func:`simulate_cox_frame` with its defaults, as a validated table."""
-    return table_from_frame(simulate_cox_frame(), source=SIM_COX_SOURCE, time_col="time", event_col="event",
+    return table_from_frame(simulate_cox_frame(), source=SIM_COX_SOURCE, time_col=OUTCOME_COLUMNS["sim_cox"][0],
+                            event_col=OUTCOME_COLUMNS["sim_cox"][1],
                             feature_cols=feature_cols, roles=roles)
 
 
@@ -349,7 +364,8 @@ def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = (),
     require_columns(sba.RAW_COLUMNS, list(map(str, raw.columns)), source=str(path))
     records = sba.sba_records(raw, horizon_months)
     table = table_from_frame(
-        records.drop(columns=[sba.PERIOD_COLUMN]), source=str(path), time_col="time", event_col="event",
+        records.drop(columns=[sba.PERIOD_COLUMN]), source=str(path), time_col=OUTCOME_COLUMNS["sba"][0],
+        event_col=OUTCOME_COLUMNS["sba"][1],
         feature_cols=feature_cols or [c for c in sba.FEATURE_COLUMNS if c not in roles.keys], roles=roles,
     )  # fmt: skip
     return replace(table, period=records[sba.PERIOD_COLUMN])
@@ -408,7 +424,8 @@ def load_table(
         if not path:
             raise DataValidationError("data set 'csv' needs a path to a CSV or Parquet file")
         table = table_from_frame(
-            read_frame(path), source=str(path), time_col=time_col or "time", event_col=event_col or "event",
+            read_frame(path), source=str(path), time_col=time_col or DEFAULT_OUTCOME[0],
+            event_col=event_col or DEFAULT_OUTCOME[1],
             feature_cols=feature_cols, roles=roles,
         )  # fmt: skip
         problems = identifier_problems(table.features, source=table.source)
