@@ -165,8 +165,8 @@ def plot_calibration(table: pd.DataFrame, *, horizon: float, ax: Any | None = No
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect calibration")
     ax.errorbar(table["predicted"], table["km"], yerr=np.vstack([below, above]), fmt="o", capsize=3,
                 label="groups of predicted risk (Kaplan–Meier, 95% CI)")
-    ax.set_xlabel(f"mean predicted survival at t = {horizon:g}")
-    ax.set_ylabel(f"observed (Kaplan–Meier) survival at t = {horizon:g}")
+    ax.set_xlabel(f"mean predicted survival at t = {horizon:.4g}")
+    ax.set_ylabel(f"observed (Kaplan–Meier) survival at t = {horizon:.4g}")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7, loc="upper left")

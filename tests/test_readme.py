@@ -203,16 +203,26 @@ def test_readme_commands_run_as_written(readme_run):
     assert "stopped the local SuperLink" in stop.stdout and not _local_superlinks(flwr_home)
 
 
+def test_readme_python_example_is_at_most_10_lines():
+    (block,) = code_blocks(readme_text(), "python")
+    assert len(block.strip().splitlines()) <= 10
+
+
 @pytest.mark.slow
-def test_readme_python_example_predicts_survival_curves(readme_run, monkeypatch):
+def test_readme_python_example_fits_scores_and_predicts(readme_run, monkeypatch, capsys):
+    """DataFrame -> federated model (Flower on Ray) -> C-index and survival curves on held-out rows."""
     checkout, results = readme_run
     assert all(result.returncode == 0 for result, _ in results.values())
     (block,) = code_blocks(readme_text(), "python")
     monkeypatch.chdir(checkout)
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
+    scores = namespace["run"].score(namespace["held_out"])
+    assert scores["c_index"] > 0.55 and scores["ibs"] < 0.25, scores
+    assert repr(scores) in capsys.readouterr().out  # the example prints the same scores
     curves = namespace["curves"]
     assert curves.shape[0] == 5 and curves.shape[1] >= 2
     values = curves.to_numpy()
     assert ((values >= 0) & (values <= 1)).all()
     assert (values[:, 1:] <= values[:, :-1] + 1e-9).all(), "a survival curve increases"
+    assert (checkout / "outputs" / "api" / "calibration.png").stat().st_size > 10_000
