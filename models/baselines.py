@@ -3,7 +3,8 @@ r"""The baselines of the BVFLMSP paper's Table 1, fitted and evaluated through o
 :func:`fit_evaluate` trains one model on the training records of a :class:`VerticalTable`
 restricted to some modalities and scores it on the test records with
 :func:`models.metrics.evaluate_survival` (Harrell's C, Antolini's C\ :sub:`td`, IBS and INBLL,
-IPCW with the censoring Kaplan-Meier of the training records). Harrell's C ranks the test records
+IPCW with the censoring Kaplan-Meier of the test records themselves, as every fedsurv figure:
+``docs/evaluation.md``). Harrell's C ranks the test records
 by the log-risk for Cox PH and DeepSurv and by :math:`-\mathrm{RMST}` of the predicted curve for
 the other models (:func:`models.metrics.evaluate_survival`'s default).
 

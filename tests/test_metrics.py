@@ -97,7 +97,7 @@ def test_ibs_matches_direct_ipcw_computation_with_training_censoring():
         bs.append(np.mean(s[:, k] ** 2 * case / g(time) + (1 - s[:, k]) ** 2 * control / g(t)))
     direct = np.trapezoid(bs, eval_times) / (eval_times[-1] - eval_times[0])
     assert out["ibs"] == pytest.approx(direct, rel=1e-10)
-    # training censoring, not test censoring: the same test data with other training data differ
+    # the censoring records matter: the same test data weighted by their own censoring differ
     other = evaluate_survival(grid, surv, time=time, event=event, censor_time=time, censor_event=event,
                               eval_times=eval_times)
     assert other["ibs"] != pytest.approx(out["ibs"], rel=1e-6)
