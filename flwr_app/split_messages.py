@@ -6,6 +6,11 @@ Message types (``<category>.<action>``, routed by the ClientApp):
 ``train.split_setup``    the label holder's :class:`~strategies.split.SiteConfig`; the site builds its encoder
 ``train.split_step``     one round trip: gradient of batch ``t−1`` and IDs of batch ``t`` -> embeddings of ``t``
 ``query.split_predict``  prediction passes for a list of IDs -> embeddings (passes, b, dim)
+``query.split_save``     the run's token, after prediction; a site whose node config sets ``model-dir``
+                         writes its encoder, configuration and preprocessing there, on its own disk
+                         (:meth:`strategies.split.SplitSite.save`), and replies with its modality; a
+                         site without one saves nothing and replies with nothing. No other value
+                         leaves the site (the release manifest's ``split.site.modality`` covers the reply)
 
 Strategy ``private_split`` (:mod:`strategies.private_split`) answers the same hello, then:
 
@@ -35,6 +40,7 @@ HELLO = "query.split_hello"
 SETUP = "train.split_setup"
 STEP = "train.split_step"
 PREDICT = "query.split_predict"
+SAVE = "query.split_save"
 PRIVATE_SETUP = "train.private_split_setup"
 PRIVATE_RELEASE = "query.private_split_release"
 
@@ -107,6 +113,36 @@ def decode_reply(content: RecordDict) -> tuple[str, SiteReply]:
     privacy = {key: float(value) for key, value in content.metric_records[_PRIVACY].items()}
     reply = SiteReply(arrays["embeddings"].numpy(), arrays["present"].numpy(), privacy)
     return str(content.config_records[_SITE]["modality"]), reply
+
+
+def encode_save(run_token: str) -> RecordDict:
+    return RecordDict({_REQUEST: ConfigRecord({"run_token": run_token})})
+
+
+def decode_save(content: RecordDict) -> str:
+    """The run's token of a save request (letters, digits, ``-`` and ``_``: it is written into the site's files)."""
+    token = content.config_records[_REQUEST]["run_token"]
+    if not isinstance(token, str) or not token or not all(c.isascii() and (c.isalnum() or c in "-_") for c in token):
+        raise ValueError(f"the save request's run token {token!r} is not a word of letters, digits, '-' and '_'")
+    return token
+
+
+def encode_save_reply(modality: str | None) -> RecordDict:
+    """A site's answer to a save request: its modality once it saved its part, nothing when it saved nothing."""
+    return RecordDict() if modality is None else RecordDict({_SITE: ConfigRecord({"modality": modality})})
+
+
+def decode_save_reply(content: RecordDict) -> str | None:
+    """The modality a site saved its part of (``None``: it saved nothing); a reply carrying anything else is refused."""
+    if not len(content):
+        return None
+    if (set(content) != {_SITE} or _SITE not in content.config_records
+            or set(content.config_records[_SITE]) != {"modality"}):
+        raise ValueError(f"a save reply carries the site's modality only, not {sorted(content)}")
+    modality = content.config_records[_SITE]["modality"]
+    if not isinstance(modality, str):
+        raise ValueError(f"the save reply's modality {modality!r} is not a name")
+    return modality
 
 
 # --------------------------------------------------------------------------- private_split

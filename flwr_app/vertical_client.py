@@ -25,6 +25,9 @@ from strategies.split import SiteConfig, SiteReply, SplitSite
 
 CONFIG_STATE = "split.config"
 SITE_STATE = "split.site"
+#: Node config key: the folder (on the site's own disk) where a split site saves its trained encoder at the end of
+#: a run; without it the site saves nothing. In simulation :mod:`simulations.engine` sets ``<run>/sites/<modality>``.
+MODEL_DIR_KEY = "model-dir"
 PRIVATE_CONFIG_STATE = "private_split.config"
 PRIVATE_SITE_STATE = "private_split.site"
 
@@ -99,6 +102,19 @@ def predict(message: Message, context: Context) -> Message:
     return Message(content=wire.encode_reply(site.config.modality, SiteReply(embeddings, present,
                                                                              site.privacy_report())),
                    reply_to=message)
+
+
+def save(message: Message, context: Context) -> Message:
+    """Keep this site's trained part: write it into the folder of node config ``model-dir`` (its encoder weights,
+    configuration and fitted preprocessing: :meth:`strategies.split.SplitSite.save`) and reply with the modality
+    only; without ``model-dir`` save nothing and reply with nothing. Nothing of the encoder leaves the site."""
+    run_token = wire.decode_save(message.content)
+    site = _restore(context)
+    directory = str(context.node_config.get(MODEL_DIR_KEY, "")).strip()
+    if not directory:
+        return Message(content=wire.encode_save_reply(None), reply_to=message)
+    site.save(directory, run_token=run_token)
+    return Message(content=wire.encode_save_reply(site.config.modality), reply_to=message)
 
 
 # --------------------------------------------------------------------------- private_split

@@ -4,9 +4,11 @@
 site which modality and record IDs it holds, checks the alignment, sends each site its
 configuration (the training IDs, the architecture, the embedding noise σ), trains the split model
 with one round trip per batch (:func:`strategies.split.run_split_training`), predicts the test
-records with ``split.mc_samples`` stochastic passes, and writes the run's outputs and privacy
-ledger. The transport is :class:`FlowerSplitTransport`: Flower messages through the grid (Flower's
-simulation engine, the in-process grid of :mod:`simulations.engine`, or a deployment's SuperLink).
+records with ``split.mc_samples`` stochastic passes, asks every site to keep its trained encoder
+on its own disk (``split_save``: where its node config sets ``model-dir``), and writes the run's
+outputs (its own part of the model, the fusion head, in ``model.pt``) and privacy ledger. The
+transport is :class:`FlowerSplitTransport`: Flower messages through the grid (Flower's simulation
+engine, the in-process grid of :mod:`simulations.engine`, or a deployment's SuperLink).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import collections
 import dataclasses
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -71,6 +74,9 @@ class SplitTransport(Protocol):
 
     def predict(self, requests: Mapping[str, PredictRequest]) -> dict[str, SiteReply]:
         """Prediction passes at every site."""
+
+    def save(self, run_token: str) -> dict[str, bool]:
+        """Ask every site to keep its trained part on its own disk; which did (:mod:`models.split_run`)."""
 
 
 class FlowerSplitTransport:
@@ -146,6 +152,19 @@ class FlowerSplitTransport:
         return {name: self._checked(name, content, wire.PREDICT, requests[name].ids, requests[name].passes,
                                     noisy=not requests[name].clean)
                 for name, content in replies.items()}
+
+    def save(self, run_token: str) -> dict[str, bool]:
+        """Every site's answer to the save request: True where it wrote its encoder (its node config sets
+        ``model-dir``); a reply naming another modality or carrying anything but the modality is refused."""
+        replies = self._by_modality(wire.SAVE, {name: wire.encode_save(run_token) for name in self.nodes})
+        saved = {}
+        for name, reply in replies.items():
+            modality = self._decoded(name, wire.decode_save_reply, reply, "save")
+            if modality is not None and modality != name:
+                raise SplitSiteError(f"site {name!r} (node {self.nodes[name]}) sent a refused save reply: the reply "
+                                     f"claims modality {modality!r}")
+            saved[name] = modality is not None
+        return saved
 
     # ------------------------------------------------------------------ private_split
 
@@ -261,10 +280,25 @@ def _upper_bound_reports(configs: Mapping[str, SiteConfig], releases: int) -> di
 
 def _metrics(label_info: vertical_task.Labels, survival: np.ndarray, *, time_: np.ndarray, event: np.ndarray,
              concordance_td: bool = True) -> dict[str, float]:
-    return evaluate_survival(label_info.cuts, survival, time=time_, event=event, train_time=label_info.train_time,
-                             train_event=label_info.train_event,
+    """The label holder's test metrics, scored as a horizontal site scores its own (:func:`flwr_app.task.evaluate`:
+    the IPCW censoring of the evaluated records themselves)."""
+    return evaluate_survival(label_info.cuts, survival, time=time_, event=event,
                              risk=-restricted_mean_survival_time(label_info.cuts, survival),
                              concordance_td=concordance_td)
+
+
+def _save_site_models(transport: SplitTransport, run_token: str) -> dict[str, str]:
+    """Ask every site to keep its trained encoder (:meth:`SplitTransport.save`); what each did, for the summary.
+
+    A site that fails to save does not fail the trained run: the summary and the printed line say so.
+    """
+    try:
+        saved = transport.save(run_token)
+    except SplitSiteError as err:
+        print(f"fedsurv: the sites' encoders may not all be saved: {err}", flush=True)
+        return {"error": str(err)}
+    return {name: "saved in its model-dir" if done else "not saved (no model-dir in its node config)"
+            for name, done in sorted(saved.items())}
 
 
 def _fmt(metrics: Mapping[str, float]) -> str:
@@ -349,6 +383,8 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
                              "written") from err
     for entry in mechanism.ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
         ledger.record(entry)
+    run_token = uuid.uuid4().hex
+    site_models = _save_site_models(transport, run_token)
     mean, lower, upper = survival_band(logits)
     test = _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event)
     headline = {key: value for key, value in ledger.headline().items() if key != "site"}
@@ -365,9 +401,12 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
         "batches": history.batches, "round_trips": transport.round_trips,
         "round_trips_per_batch": transport.round_trips / max(history.batches, 1),
         "train_loss": history.epoch_loss,
+        "site_models": site_models,
     }
-    torch.save({"fusion_head": server.fusion_head.state_dict(), "cuts": label_info.cuts, "config": cfg.as_dict(),
-                "modalities": modalities}, outputs.model_path)
+    # Tensors, strings and numbers only: models.split_run.load_split_run reads it with torch.load(weights_only=True).
+    torch.save({"fusion_head": server.fusion_head.state_dict(),
+                "cuts": torch.as_tensor(np.asarray(label_info.cuts, dtype=np.float64)), "config": cfg.as_dict(),
+                "modalities": modalities, "run_token": run_token}, outputs.model_path)
     np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(label_info.test_ids, dtype=str),
                         cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
     plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),

@@ -14,6 +14,10 @@ overrides, validated by :func:`resolve`) and the same outputs:
   and its reply (audits of what the server received), and ``node_configs`` runs a deployment's
   sites, each reading its own file. Tests check that both engines give the same run.
 
+A split run's simulated sites keep their trained encoders in the run's directory: each gets node
+config ``model-dir = <output dir>/sites/<modality>`` (:func:`site_node_configs`; in a deployment the
+site's admin sets it, or not), so :func:`models.split_run.load_split_run` finds the whole model there.
+
 One more difference, for speed: Flower's simulation runtime looks for new messages to the
 virtual SuperNodes every 0.1 s (``vce_api.add_messages_to_queue``), which adds 50 ms on average
 to every message round trip: two per FedAvg round, one per split-learning batch. While
@@ -66,9 +70,10 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
-from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_task
+from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_client, vertical_task
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
+from models.split_run import SITES_DIR
 from strategies.mechanisms.registry import get_mechanism
 
 #: Seconds between the simulation runtime's looks for new messages to the sites (Flower's: 0.1 s).
@@ -105,6 +110,45 @@ def _frequent_message_pickup() -> Iterator[None]:
         yield
     finally:
         vce_api.add_messages_to_queue = original
+
+
+def site_node_configs(cfg: ExperimentConfig, outputs: RunOutputs, num_sites: int) -> list[dict[str, Any]]:
+    """The simulated sites' node configs: ``partition-id`` and ``num-partitions`` (as Flower's simulation gives them)
+    and, for a split run, ``model-dir``: ``<output dir>/sites/<modality>`` of the partition's modality, where the
+    site keeps its trained encoder (:func:`flwr_app.vertical_client.save`)."""
+    configs: list[dict[str, Any]] = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_sites}
+                                     for index in range(num_sites)]
+    if cfg.strategy == "split":
+        for config, modality in zip(configs, vertical_task.load_table(cfg).modalities, strict=True):
+            config[vertical_client.MODEL_DIR_KEY] = str(outputs.directory / SITES_DIR / modality)
+    return configs
+
+
+@contextlib.contextmanager
+def _node_configs(configs: Sequence[Mapping[str, Any]]) -> Iterator[None]:
+    """Give Flower's simulated SuperNodes ``configs[partition-id]`` as node config for the duration of the block.
+
+    Flower's simulation runtime gives each virtual SuperNode ``partition-id`` and ``num-partitions``
+    only (``vce_api._register_node_info_stores``); the block wraps it to add the other keys of the
+    partition's entry (a split site's ``model-dir``).
+    """
+    original = vce_api._register_node_info_stores
+
+    def register(nodes_mapping: Any, *args: Any, **kwargs: Any) -> Any:
+        stores = original(nodes_mapping, *args, **kwargs)
+        for node_id, store in stores.items():
+            extra = {key: value for key, value in configs[nodes_mapping[node_id]].items()
+                     if key not in store.node_config}
+            store.node_config.update(extra)
+            for info in store.run_infos.values():  # their contexts were registered with the node config
+                info.context.node_config.update(extra)
+        return stores
+
+    vce_api._register_node_info_stores = register
+    try:
+        yield
+    finally:
+        vce_api._register_node_info_stores = original
 
 
 @contextlib.contextmanager
@@ -371,7 +415,8 @@ def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: Experime
     if not verbose:
         flwr_logger.setLevel(logging.WARNING)
     try:
-        with _frequent_message_pickup(), _keep_sigterm_handler(), \
+        with _frequent_message_pickup(), _node_configs(site_node_configs(cfg, outputs, num_sites)), \
+                _keep_sigterm_handler(), \
                 contextlib.nullcontext() if verbose else runlog.logger_records("flwr", outputs.directory):
             _run_simulation(
                 num_supernodes=num_sites,
@@ -504,13 +549,16 @@ def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, M
     Any strategy, horizontal or split. The run config is fused and validated as
     :func:`run_simulation` does, with one node per site (split: per modality), or one per entry of
     ``node_configs`` (a deployment's sites, each reading its own file). ``observe`` and
-    ``node_configs`` are passed to :class:`InProcessGrid`. Whatever the ServerApp raises (a failed
+    ``node_configs`` are passed to :class:`InProcessGrid` (default :func:`site_node_configs`: a split run's
+    sites keep their encoders in the run's directory). Whatever the ServerApp raises (a failed
     run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates; no run starts
     once a stop was requested (:func:`flwr_app.interrupt.run_stoppable`).
     """
     interrupt.raise_before_run()
     fused, cfg, outputs = _prepare(overrides, "run_inprocess")
     num_nodes = len(node_configs) if node_configs is not None else _num_sites(cfg)
+    if node_configs is None:
+        node_configs = site_node_configs(cfg, outputs, num_nodes)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
     grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe, node_configs=node_configs)
     server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},

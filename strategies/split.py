@@ -53,6 +53,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,7 @@ from models.bayesian import kl_divergence, seeded
 from models.data.vertical import ModalityTransform, fit_modality_transform
 from models.multimodal import HEAD_SEED_NAME, FusionHead, build_encoder, bvflmsp_loss, part_seed
 from models.multimodal_training import PREDICT_SALT, EmbeddingHook, epoch_batches
+from models.split_run import write_site_model
 from strategies.mechanisms.embedding_dp import embedding_epsilon
 from strategies.mechanisms.embedding_noise import clip_embeddings, privatize_embeddings
 
@@ -314,6 +316,12 @@ class SplitSite:
         saved["state"] = state
         self.optimizer.load_state_dict(saved)
         self.releases = np.array(arrays["releases"], dtype=np.int64)
+
+    def save(self, directory: str | Path, *, run_token: str) -> Path:
+        """Write the trained part this site keeps (encoder weights, configuration, fitted preprocessing) into
+        ``directory`` on the site's own disk (:func:`models.split_run.write_site_model`); nothing is sent."""
+        return write_site_model(directory, modality=self.config.modality, config=asdict(self.config),
+                                transform=self.transform, encoder=self.encoder, run_token=run_token)
 
     # ------------------------------------------------------------------ steps
 
