@@ -5,10 +5,12 @@
 >>> run.score(held_out)                      # {"c_index": ..., "c_index_td": ..., "ibs": ..., "inbll": ...}
 >>> run.predict_survival(held_out.head())    # DataFrame: one row per record, one column per time
 
-See :func:`fedsurv.api.fit` and :class:`models.predict.SavedRun`.
+See :func:`fedsurv.api.fit`, :class:`models.predict.SavedRun` (horizontal runs) and
+:class:`models.split_run.SplitRun` (split runs), both :class:`models.predictions.CurvePredictions`.
 """
 
 from fedsurv.api import fit
 from models.predict import SavedRun, load_run
+from models.split_run import SplitRun, load_split_run
 
-__all__ = ["SavedRun", "fit", "load_run"]
+__all__ = ["SavedRun", "SplitRun", "fit", "load_run", "load_split_run"]

@@ -20,10 +20,10 @@ for missing values (imputed by the training mean; an unseen or missing category 
 zeros, like in training). Columns the model does not use (the outcome, ``data.id_col``, others)
 are ignored; a missing input column is refused with its name.
 
-Split-learning runs (``strategy.name = split``) cannot be loaded: their model is spread over the
-sites (each modality's encoder stays at the site that holds the modality, only the fusion head is
-in ``model.pt``), so predicting for a new record needs every site's encoder on that record's
-modalities; :func:`load_run` says so.
+A split-learning run's model is spread over its sites (each modality's encoder at the site that
+holds the modality, the fusion head in ``model.pt``): :func:`load_run` hands it to
+:func:`models.split_run.load_split_run`, which finds the encoders the sites saved (in simulation,
+under the run's directory) and returns a :class:`models.split_run.SplitRun` with the same methods.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ import torch
 
 from models.data.datasets import DEFAULT_OUTCOME, read_frame
 from models.data.preprocess import Preprocessor
-from models.data.validate import DataValidationError, require_columns
-from models.metrics import evaluate_survival, survival_at
+from models.data.validate import require_columns
+from models.metrics import survival_at
+from models.predictions import CurvePredictions
+from models.split_run import SplitRun, load_split_run
 from models.survival import SurvivalModel, build_survival_model
 
 __all__ = ["PREPROCESSING_FILE", "SavedRun", "load_run", "preprocessing_payload"]
@@ -79,11 +81,12 @@ def preprocessing_payload(
 
 
 @dataclass(frozen=True)
-class SavedRun:
+class SavedRun(CurvePredictions):
     """A trained horizontal model with the preprocessing it was trained on.
 
-    Every ``records`` argument is a frame of raw records with the training file's columns, or the
-    path of a CSV or Parquet file holding them. Predictions are indexed like the records (by their
+    Predictions, scores, calibration and plots: :class:`models.predictions.CurvePredictions`. Every
+    ``records`` argument is a frame of raw records with the training file's columns, or the path of
+    a CSV or Parquet file holding them. Predictions are indexed like the records (by their
     ``id_col`` values where the run had an ID column and the records carry it).
 
     Attributes
@@ -146,93 +149,18 @@ class SavedRun:
             surv = survival_at(self.model.cuts, surv, grid)
         return pd.DataFrame(surv, index=self._index(frame), columns=pd.Index(grid, name="time"))
 
-    def predict_cumulative_hazard(self, records: Records, times: Sequence[float] | None = None) -> pd.DataFrame:
-        r"""Cumulative hazards :math:`\hat H(t \mid x) = -\log \hat S(t \mid x)`, shaped like
-        :meth:`predict_survival` (``inf`` where the predicted survival is 0)."""
-        curves = self.predict_survival(records, times)
-        with np.errstate(divide="ignore"):
-            return -np.log(curves)
-
-    def predict_percentile(self, records: Records, p: float = 0.5) -> pd.Series:
-        r"""The time at which each record's predicted survival falls to ``p`` (lifelines' convention).
-
-        The first grid time :math:`t` with :math:`\hat S(t \mid x) \le p`; ``inf`` when the curve
-        stays above ``p`` over the grid (the run's follow-up does not reach it).
-        """
-        if not 0.0 < p < 1.0:
-            raise ValueError(f"p must lie in (0, 1), got {p!r}")
-        curves = self.predict_survival(records)
-        below = curves.to_numpy() <= p
-        first = np.where(below.any(axis=1), self.model.cuts[np.argmax(below, axis=1)], np.inf)
-        return pd.Series(first, index=curves.index, name=f"survival_time_at_{p:g}")
-
-    def predict_median_survival(self, records: Records) -> pd.Series:
-        """The predicted median survival time of each record (:meth:`predict_percentile` at 0.5)."""
-        return self.predict_percentile(records, 0.5).rename("median_survival_time")
-
     def risk_score(self, records: Records) -> pd.Series:
         """The model's risk score of each record (higher: earlier event), as used for the C-index."""
         frame = _frame(records)
         return pd.Series(self.model.risk_score(self.encode(frame)), index=self._index(frame), name="risk")
 
-    def score(self, records: Records) -> dict[str, float]:
-        """Harrell's C, Antolini's time-dependent C, the IBS and the INBLL on labelled records.
-
-        The records carry the outcome columns :attr:`outcome`; the figures are computed as a run
-        scores a site's test set (:func:`models.metrics.evaluate_survival`: the IPCW censoring of
-        the scored records themselves, ``docs/evaluation.md``). NaN where a figure is undefined.
-        """
-        frame = _frame(records)
-        time, event = self._outcomes(frame)
-        x = self.encode(frame)
-        grid, surv = self.model.predict_survival(x)
-        return evaluate_survival(grid, surv, time=time, event=event, risk=self.model.risk_score(x))
-
-    def plot_survival(self, records: Records, *, ax: Any | None = None) -> Any:
-        """The predicted survival curves of ``records`` (a few: one curve each) on ``ax``; returns the axes."""
-        from models.plots import plot_curves
-
-        return plot_curves(self.predict_survival(records), ax=ax)
-
-    def calibration(self, records: Records, *, horizon: float | None = None, groups: int = 5) -> pd.DataFrame:
-        """Predicted against Kaplan–Meier survival at ``horizon`` by group of predicted risk.
-
-        ``horizon`` defaults to the median observed time of the labelled ``records``; see
-        :func:`models.plots.calibration_groups` for the columns.
-        """
-        from models.plots import calibration_groups
-
-        frame = _frame(records)
-        time, event = self._outcomes(frame)
-        grid, surv = self.model.predict_survival(self.encode(frame))
-        horizon = float(np.median(time)) if horizon is None else float(horizon)
-        return calibration_groups(grid, surv, time=time, event=event, horizon=horizon, groups=groups)
-
-    def plot_calibration(self, records: Records, *, horizon: float | None = None, groups: int = 5,
-                         ax: Any | None = None) -> Any:
-        """:meth:`calibration` drawn against the diagonal with the 95% intervals; returns the axes."""
-        from models.plots import plot_calibration
-
-        frame = _frame(records)
-        horizon = float(np.median(self._outcomes(frame)[0])) if horizon is None else float(horizon)
-        return plot_calibration(self.calibration(frame, horizon=horizon, groups=groups), horizon=horizon, ax=ax)
+    def _labelled(self, records: Records) -> pd.DataFrame:
+        return _frame(records)
 
     def _index(self, frame: pd.DataFrame) -> pd.Index:
         if self.id_col and self.id_col in frame.columns:
             return pd.Index(frame[self.id_col], name=self.id_col)
         return frame.index
-
-    def _outcomes(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """The records' time and event columns (:attr:`outcome`), checked: finite times, events 0/1."""
-        require_columns(self.outcome, list(frame.columns), source="labelled records")
-        time = pd.to_numeric(frame[self.outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
-        event = pd.to_numeric(frame[self.outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
-        if bad.any():
-            raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "
-                                      f"'{self.outcome[0]}' or a 0/1 event in '{self.outcome[1]}' (first: row "
-                                      f"{frame.index[np.argmax(bad)]!r})")
-        return time, event.astype(np.int64)
 
 
 def _frame(records: Records) -> pd.DataFrame:
@@ -256,25 +184,28 @@ def _as_read(frame: pd.DataFrame, preprocessor: Preprocessor) -> pd.DataFrame:
     return frame.assign(**columns) if columns else frame
 
 
-def load_run(directory: str | Path) -> SavedRun:
-    """The trained model of a horizontal run's output directory, ready for :meth:`SavedRun.predict_survival`.
+def load_run(directory: str | Path) -> SavedRun | SplitRun:
+    """The trained model of a run's output directory, ready for ``predict_survival``, ``score``, ...
+
+    A horizontal run gives a :class:`SavedRun`; a split run a :class:`models.split_run.SplitRun`
+    (:func:`models.split_run.load_split_run`, with its sites' folders where the simulation put them).
 
     Raises
     ------
     FileNotFoundError
-        When the directory holds no ``model.pt`` or no :data:`PREPROCESSING_FILE` (a run that did not finish).
+        When the directory holds no ``model.pt`` or no :data:`PREPROCESSING_FILE` (a run that did not finish),
+        or a split run's site folder is missing.
     ValueError
-        For a split-learning run (its encoders stay at the sites; see the module docstring).
+        For a ``private_split`` run (its sites keep no model), or a site folder of another run.
     """
     directory = Path(directory)
     model_path = directory / MODEL_FILE
     if not model_path.is_file():
         raise FileNotFoundError(f"{directory}: no {MODEL_FILE} (not a run directory, or the run did not finish)")
     config_path = directory / CONFIG_FILE
-    if config_path.is_file() and json.loads(config_path.read_text(encoding="utf-8"))["resolved"]["strategy"] == "split":
-        raise ValueError(f"{directory}: a split-learning run: only the label holder's fusion head is saved and each "
-                         "modality's encoder stays at its site, so new records cannot be scored from this directory; "
-                         "load_run takes horizontal runs (hazard_mlp, cox_mlp, cox_time)")
+    if config_path.is_file() and json.loads(config_path.read_text(encoding="utf-8"))["resolved"]["strategy"] in (
+            "split", "private_split"):
+        return load_split_run(directory)
     saved = torch.load(model_path, weights_only=True)
     spec_path = directory / PREPROCESSING_FILE
     if not spec_path.is_file():

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,13 @@ import torch
 from torch import Tensor, nn
 
 from models.bayesian import seeded
-from models.data.datasets import read_frame
+from models.data.datasets import DEFAULT_OUTCOME, read_frame
 from models.data.validate import DataValidationError
 from models.data.vertical import ModalityTransform
 from models.multimodal import HEAD_SEED_NAME, FusionHead, build_encoder, part_seed
 from models.multimodal_training import PREDICT_SALT
+from models.metrics import survival_at
+from models.predictions import CurvePredictions
 from models.survival import restricted_mean_survival_time
 
 __all__ = [
@@ -211,7 +213,7 @@ Records = Mapping[str, pd.DataFrame] | pd.DataFrame | str | Path
 
 
 @dataclass(frozen=True)
-class SplitRun:
+class SplitRun(CurvePredictions):
     """A split run's model: the label holder's fusion head and every site's encoder from the same run.
 
     Attributes
@@ -231,6 +233,11 @@ class SplitRun:
         Posterior passes averaged per prediction (``split.mc_samples``; 1 for the deterministic model).
     seed : int
         The run's seed (the passes' seeds derive from it).
+    outcome : tuple of str
+        The time and event columns :meth:`score` reads from labelled records (one frame, or the
+        mapping's frame that holds them), as in a labels file.
+
+    Predictions, scores, calibration and plots: :class:`models.predictions.CurvePredictions`.
     """
 
     directory: Path
@@ -241,6 +248,7 @@ class SplitRun:
     id_col: str = "id"
     passes: int = 1
     seed: int = 0
+    outcome: tuple[str, str] = DEFAULT_OUTCOME
 
     @property
     def input_columns(self) -> dict[str, tuple[str, ...]]:
@@ -306,7 +314,7 @@ class SplitRun:
                 out.append(self.head(stacked.masked_fill(~mask.unsqueeze(-1), 0.0), mask))
         return ids, torch.stack(out)
 
-    def predict_survival(self, records: Records) -> pd.DataFrame:
+    def predict_survival(self, records: Records, times: Sequence[float] | None = None) -> pd.DataFrame:
         """Survival curves of raw records: one row per record (index: the record IDs), one column per time.
 
         ``records``: a mapping of modality to frame (each indexed by the record IDs, or holding the
@@ -317,7 +325,17 @@ class SplitRun:
         """
         ids, logits = self.hazard_logits(records)
         survival = torch.cumprod(1.0 - torch.sigmoid(logits), dim=2).mean(dim=0).numpy()
-        return pd.DataFrame(survival, index=ids, columns=pd.Index(self.times, name="time"))
+        grid = self.times
+        if times is not None:  # the step curves read at other times (models.metrics.survival_at)
+            grid, survival = np.asarray(times, dtype=np.float64), survival_at(self.times, survival, times)
+        return pd.DataFrame(survival, index=ids, columns=pd.Index(grid, name="time"))
+
+    def _labelled(self, records: Records) -> pd.DataFrame:
+        """The frame holding :attr:`outcome` (the one frame, or the mapping's first that has them), in the
+        predictions' row order."""
+        ids, frames = self._frames(records)
+        held = [frame for frame in frames.values() if set(self.outcome) <= set(frame.columns)]
+        return held[0].reindex(ids) if held else pd.DataFrame(index=ids)
 
     def risk_score(self, records: Records) -> pd.Series:
         """The risk score of raw records (higher: earlier event): minus the restricted mean survival time over

@@ -69,6 +69,28 @@ def test_the_saved_model_gives_the_runs_own_test_curves_and_c_index(split_run):
                                rtol=0, atol=1e-6)
 
 
+def test_load_run_gives_the_split_model_and_score_is_the_runs_own_test_figure(split_run):
+    """fedsurv.load_run takes a split run too; score() on the labelled test records is the summary's test figures
+    (the same protocol: IPCW of the evaluated records), and the shared methods work on its curves."""
+    import fedsurv
+
+    out, cfg, summary, table, label_info = split_run
+    run = fedsurv.load_run(out)
+    assert isinstance(run, fedsurv.SplitRun)
+    records = {name: table.modalities[name].loc[label_info.test_ids] for name in run.modalities}
+    labels = pd.DataFrame({"time": label_info.test_time, "event": label_info.test_event},
+                          index=pd.Index([str(i) for i in label_info.test_ids], name="id"))
+    scores = run.score({**records, "a": records["a"].join(labels.set_axis(records["a"].index))})
+    for key in ("c_index", "c_index_td", "ibs", "inbll"):
+        assert scores[key] == pytest.approx(summary["test"][key], abs=1e-9, nan_ok=True), key
+    curves = run.predict_survival(records)
+    np.testing.assert_allclose(run.predict_cumulative_hazard(records).to_numpy(), -np.log(curves.to_numpy()))
+    median = run.predict_median_survival(records)
+    assert median.index.equals(curves.index) and (median > 0).all()
+    with pytest.raises(DataValidationError, match="no outcome column"):
+        run.score(records)
+
+
 def test_missing_modalities_are_masked_as_the_sites_mask_them(split_run):
     """Records without modality c (absent from its frame, or all empty) and a modality left out: the curves the
     protocol's own path gives (the sites' predict, the server's fusion) with the saved weights."""

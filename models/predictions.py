@@ -1,0 +1,120 @@
+"""What every trained run offers on raw records, built on its survival curves: :class:`CurvePredictions`.
+
+A horizontal run (:class:`models.predict.SavedRun`) and a split run
+(:class:`models.split_run.SplitRun`) each say how they predict survival curves and a risk score,
+and where the outcomes of labelled records are; the cumulative hazard, survival-time percentiles,
+scores, calibration and plots follow here, once for both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from models.data.validate import DataValidationError
+from models.metrics import evaluate_survival
+
+__all__ = ["CurvePredictions", "checked_outcomes"]
+
+
+class CurvePredictions(ABC):
+    """Predictions, scores and plots of a trained model from its survival curves on raw records."""
+
+    # A subclass provides ``times`` (the time grid of the predicted curves, a field or a property) and
+    # ``outcome`` (the time and event columns of labelled records, for score and calibration).
+    times: np.ndarray
+    outcome: tuple[str, str]
+
+    @abstractmethod
+    def predict_survival(self, records: Any, times: Any = None) -> pd.DataFrame:
+        """Survival curves: one row per record, one column per time (default :attr:`times`)."""
+
+    @abstractmethod
+    def risk_score(self, records: Any) -> pd.Series:
+        """The risk score of each record (higher: earlier event), as the C-index ranks them."""
+
+    @abstractmethod
+    def _labelled(self, records: Any) -> pd.DataFrame:
+        """The records as one frame holding :attr:`outcome`, its rows in the order of the predictions."""
+
+    def predict_cumulative_hazard(self, records: Any, times: Any = None) -> pd.DataFrame:
+        r"""Cumulative hazards :math:`\hat H(t \mid x) = -\log \hat S(t \mid x)`, shaped like
+        :meth:`predict_survival` (``inf`` where the predicted survival is 0)."""
+        curves = self.predict_survival(records, times)
+        with np.errstate(divide="ignore"):
+            return -np.log(curves)
+
+    def predict_percentile(self, records: Any, p: float = 0.5) -> pd.Series:
+        r"""The time at which each record's predicted survival falls to ``p`` (lifelines' convention).
+
+        The first grid time :math:`t` with :math:`\hat S(t \mid x) \le p`; ``inf`` when the curve
+        stays above ``p`` over the grid (the run's follow-up does not reach it).
+        """
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"p must lie in (0, 1), got {p!r}")
+        curves = self.predict_survival(records)
+        below = curves.to_numpy() <= p
+        first = np.where(below.any(axis=1), self.times[np.argmax(below, axis=1)], np.inf)
+        return pd.Series(first, index=curves.index, name=f"survival_time_at_{p:g}")
+
+    def predict_median_survival(self, records: Any) -> pd.Series:
+        """The predicted median survival time of each record (:meth:`predict_percentile` at 0.5)."""
+        return self.predict_percentile(records, 0.5).rename("median_survival_time")
+
+    def score(self, records: Any) -> dict[str, float]:
+        """Harrell's C, Antolini's time-dependent C, the IBS and the INBLL on labelled records.
+
+        The records carry the outcome columns :attr:`outcome`; the figures are computed as a run
+        scores a site's test set (:func:`models.metrics.evaluate_survival`: the IPCW censoring of
+        the scored records themselves, ``docs/evaluation.md``). NaN where a figure is undefined.
+        """
+        time, event = checked_outcomes(self._labelled(records), self.outcome)
+        curves = self.predict_survival(records)
+        return evaluate_survival(self.times, curves.to_numpy(), time=time, event=event,
+                                 risk=self.risk_score(records).to_numpy())
+
+    def calibration(self, records: Any, *, horizon: float | None = None, groups: int = 5) -> pd.DataFrame:
+        """Predicted against Kaplan–Meier survival at ``horizon`` by group of predicted risk.
+
+        ``horizon`` defaults to the median observed time of the labelled ``records``; see
+        :func:`models.plots.calibration_groups` for the columns.
+        """
+        from models.plots import calibration_groups
+
+        time, event = checked_outcomes(self._labelled(records), self.outcome)
+        curves = self.predict_survival(records).to_numpy()
+        horizon = float(np.median(time)) if horizon is None else float(horizon)
+        return calibration_groups(self.times, curves, time=time, event=event, horizon=horizon, groups=groups)
+
+    def plot_survival(self, records: Any, *, ax: Any | None = None) -> Any:
+        """The predicted survival curves of ``records`` (a few: one curve each) on ``ax``; returns the axes."""
+        from models.plots import plot_curves
+
+        return plot_curves(self.predict_survival(records), ax=ax)
+
+    def plot_calibration(self, records: Any, *, horizon: float | None = None, groups: int = 5,
+                         ax: Any | None = None) -> Any:
+        """:meth:`calibration` drawn against the diagonal with the 95% intervals; returns the axes."""
+        from models.plots import plot_calibration
+
+        if horizon is None:
+            horizon = float(np.median(checked_outcomes(self._labelled(records), self.outcome)[0]))
+        return plot_calibration(self.calibration(records, horizon=horizon, groups=groups), horizon=horizon, ax=ax)
+
+
+def checked_outcomes(frame: pd.DataFrame, outcome: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """The frame's time and event columns: finite times, events 0/1, else one line naming the columns."""
+    missing = [column for column in outcome if column not in frame.columns]
+    if missing:
+        raise DataValidationError(f"labelled records: no outcome column(s) {', '.join(map(repr, missing))}")
+    time = pd.to_numeric(frame[outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
+    event = pd.to_numeric(frame[outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
+    if bad.any():
+        raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "
+                                  f"'{outcome[0]}' or a 0/1 event in '{outcome[1]}' (first: row "
+                                  f"{frame.index[np.argmax(bad)]!r})")
+    return time, event.astype(np.int64)
