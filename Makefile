@@ -5,6 +5,8 @@
 #                  (empty) keeps PyPI's build; PIP_ARGS: further options of that install
 # make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
 #                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
+# source .venv/bin/activate; flwr run . --stream --federation-config "num-supernodes=5"
+#                  the same from the activated environment (its activate script sets FLWR_ENV's variables)
 PYTHON ?= python3
 PIP_ARGS ?=
 # auto: PyTorch's CPU index when no NVIDIA GPU answers nvidia-smi; a URL: that index; empty: none
@@ -20,9 +22,11 @@ LOCAL_SUPERLINK_PORT ?= 39091
 # `flwr run` starts the local SuperLink (and it, its helpers) by name from PATH, so the venv's bin goes
 # first; with runtime dependency installation left on, the SuperLink would `uv sync` the whole stack
 # (torch with CUDA included) into a second environment for every run: this venv already has it.
-FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" FLWR_HOME="$(FLWR_HOME)" FLWR_TELEMETRY_ENABLED=0 \
+# RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0: the setting Ray's FutureWarning asks for (the sites use no GPU).
+FLWR_SETTINGS := FLWR_HOME="$(FLWR_HOME)" FLWR_TELEMETRY_ENABLED=0 \
 	FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
-	FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(LOCAL_SUPERLINK_PORT)
+	FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(LOCAL_SUPERLINK_PORT) RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
+FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" $(FLWR_SETTINGS)
 
 .PHONY: demo test flwr flwr-stop benchmark clean
 
@@ -42,13 +46,22 @@ $(VENV)/.installed: pyproject.toml
 	set -x; $(BIN)/pip install --quiet -e '.[test]' $${index:+--extra-index-url "$$index"} $(PIP_ARGS)
 	touch $@
 
-demo: $(VENV)/.installed
+# `source .venv/bin/activate` exports FLWR_SETTINGS, so that `flwr run .` from the activated
+# environment uses this project's local SuperLink (the one of `make flwr`) and this environment's
+# packages, as `make flwr` does (written again when this Makefile changes).
+$(VENV)/.flwr-env: Makefile $(VENV)/.installed
+	@sed -i.bak '/^# fedsurv-flwr-begin/,/^# fedsurv-flwr-end/d' $(BIN)/activate && rm -f $(BIN)/activate.bak
+	@printf '%s\n' "# fedsurv-flwr-begin (Makefile): flwr run . from this environment" \
+		'export $(FLWR_SETTINGS)' "# fedsurv-flwr-end" >> $(BIN)/activate
+	@touch $@
+
+demo: $(VENV)/.installed $(VENV)/.flwr-env
 	$(BIN)/python -m simulations.run $(ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/.flwr-env
 	$(BIN)/python -m pytest $(ARGS)
 
-flwr: $(VENV)/.installed
+flwr: $(VENV)/.installed $(VENV)/.flwr-env
 	$(FLWR_ENV) $(BIN)/flwr run . local --stream --run-config "$(RUN_CONFIG)" \
 		--federation-config "num-supernodes=$(SITES) client-resources-num-cpus=1"
 	@# `flwr run --stream` exits 0 even when the run failed: fail unless the last run completed.

@@ -256,7 +256,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-train", action="store_true", help="statistics and budget only")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-    warnings.filterwarnings("ignore", message="quantile cuts are not unique")
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     epsilons = [float(e) for e in args.epsilons.split(",")]

@@ -12,8 +12,6 @@ which the differentially private set-up (:mod:`strategies.mechanisms.setup_stati
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 __all__ = [
@@ -77,7 +75,7 @@ def make_time_grid(
     ``"quantiles"``: equally spaced levels :math:`s_j` of the Kaplan-Meier curve
     :math:`\hat S` between its minimum and 1; :math:`\tau_j` is the first time at which
     :math:`\hat S \le s_j` (so the intervals hold roughly equal numbers of events);
-    duplicates are dropped (with a warning) and :math:`\tau_0` is set to 0.
+    duplicates are dropped (tied times give fewer cuts, silently) and :math:`\tau_0` is set to 0.
     Identical to pycox ``LabTransDiscreteTime(num_durations, scheme).fit(time, event).cuts``.
 
     Parameters
@@ -113,12 +111,9 @@ def _quantile_cuts(km_time: np.ndarray, km_surv: np.ndarray, num_durations: int)
     """The ``"quantiles"`` cut points of :func:`make_time_grid` from a Kaplan-Meier curve."""
     levels = np.linspace(km_surv.min(), km_surv.max(), num_durations)
     first_below = np.searchsorted(km_surv[::-1], levels)[::-1]
+    # Tied times (months, days, a coarse follow-up) make levels share a cut: the grid has fewer
+    # cuts, as documented, and the model as many outputs. Not a warning: it is normal for user data.
     cuts = np.unique(km_time[::-1][first_below])
-    if cuts.size != num_durations:
-        warnings.warn(
-            f"quantile cuts are not unique: continuing with {cuts.size} cuts instead of {num_durations}",
-            stacklevel=3,
-        )
     cuts[0] = 0.0
     return cuts
 

@@ -151,6 +151,18 @@ def _node_configs(configs: Sequence[Mapping[str, Any]]) -> Iterator[None]:
         vce_api._register_node_info_stores = original
 
 
+def _ray_environment() -> None:
+    """Ray's settings for every run, set before the first ``ray.init`` or ``ray start`` (unless the user set them).
+
+    ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is the setting Ray's FutureWarning asks for ("In future
+    versions of Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0"):
+    the sites ask for no GPU and the models run on the CPU, so the future default changes nothing
+    and the warning is not printed. ``RAY_DEDUP_LOGS=0``: a site's lines are not merged with others'.
+    """
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
 @contextlib.contextmanager
 def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) -> Iterator[str]:
     """A local Ray cluster that every :func:`run_simulation` of the block connects to; yields its address.
@@ -172,6 +184,7 @@ def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) 
     if os.environ.get("RAY_ADDRESS"):
         yield os.environ["RAY_ADDRESS"]
         return
+    _ray_environment()
     import ray
 
     with socket.socket() as probe:
@@ -398,8 +411,7 @@ def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: Experime
         raise ConfigError(
             f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
         )
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    _ray_environment()
     run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
     run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
     run.federation_id = NOOP_FEDERATION_ID

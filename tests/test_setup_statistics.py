@@ -51,7 +51,6 @@ def table(n: int = 300, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray, np.nda
 
 def run_protocol(plan: SetupPlan, sites, rng: np.random.Generator, num_durations: int = 10):
     """Both passes at every site, summed at the server; returns the set-up and the pieces."""
-    warnings.filterwarnings("ignore", message="quantile cuts are not unique")
     first = [release_ranges(plan, f, t, rng) for f, t, _ in sites]
     summed_first = functools.reduce(operator.add, first)
     ranges = agree_ranges(plan, summed_first)
