@@ -103,15 +103,31 @@ def poll_replies_often(grid: Grid) -> None:
         grid.pull_interval = min(0.1, SIMULATION_PULL_INTERVAL_S * max(1.0, sites / 25))
 
 
-def wait_for_sites(grid: Grid, expected: int, *, timeout_s: float = 300.0) -> int:
+def wait_for_sites(grid: Grid, expected: int, *, simulated: bool, timeout_s: float = 300.0,
+                   settle_s: float = 15.0) -> int:
     """Wait until ``expected`` sites are connected (or ``timeout_s`` passes); return how many are.
 
     Without this the first round samples whichever nodes happen to be registered when it starts
     (in simulation, Flower registers the virtual SuperNodes while the ServerApp is already
-    running), and a site can silently miss round 1.
+    running), and a site can silently miss round 1. A deployment starts with the sites connected
+    by then. A simulation whose SuperNode count has stayed below ``expected`` for ``settle_s``
+    seconds was started with too few (``flwr run`` with Flower's default of 2): it is refused at
+    once, naming the option that fixes it.
+
+    Raises
+    ------
+    ConfigError
+        For a simulation with fewer virtual SuperNodes than sites.
     """
     deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
     while (connected := len(list(grid.get_node_ids()))) < expected and time.monotonic() < deadline:
+        if connected != last:
+            last, since = connected, time.monotonic()
+        elif simulated and connected and time.monotonic() - since > settle_s:
+            raise ConfigError(f"the simulation has {connected} SuperNode(s) but the federation has {expected} sites: "
+                              f"run with flwr run . --federation-config \"num-supernodes={expected}\" (or set "
+                              "federation.num_sites to the SuperNode count for an iid or dirichlet partition)")
         time.sleep(0.2)
     if connected < expected:
         print(f"warning: {connected} of {expected} sites connected after {timeout_s:.0f} s; starting with them",
@@ -222,7 +238,7 @@ def main(grid: Grid, context: Context) -> None:
     mechanism = get_mechanism(cfg.strategy)
     if mechanism.vertical:
         table = vertical_task.load_table(cfg)
-        wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)))
+        wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)), simulated=False)  # its sites may deploy
         run = run_private_split if isinstance(mechanism, PrivateSplitDP) else run_vertical
         run(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table, started=started)
         return
@@ -250,7 +266,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     left_out: dict[int, str] = {}
     if cfg.data.deployed:
         _check_aggregation(cfg, mechanism, cfg.federation.num_sites)  # before the set-up releases anything
-        wait_for_sites(grid, cfg.federation.num_sites)
+        wait_for_sites(grid, cfg.federation.num_sites, simulated=False)
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
         node_sites, spec, setup_notes = dict(setup.sites), setup.spec, setup.notes
@@ -262,7 +278,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         model, setups, setup_notes = task.build_model(cfg, dataset), agreed.setups, agreed.notes
         recalibration = agreed.recalibration
         spec = task.run_spec(cfg, dataset)
-        wait_for_sites(grid, dataset.num_sites)
+        wait_for_sites(grid, dataset.num_sites, simulated=True)
         node_sites = {}
     num_sites = len(setups)
     # delta against the protected population, before any training release (in a deployment each site has refused

@@ -71,3 +71,24 @@ def test_a_ray_cluster_serves_the_block_and_leaves_nothing_behind():
     gone, alive = psutil.wait_procs(cluster, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
     assert not Path(session).exists()
+
+
+class _Nodes:
+    """A grid whose connected SuperNodes are fixed."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def get_node_ids(self):
+        return list(range(1, self.count + 1))
+
+
+def test_a_simulation_with_fewer_supernodes_than_sites_is_refused_naming_the_option():
+    from flwr_app.config import ConfigError
+    from flwr_app.server_app import wait_for_sites
+
+    with pytest.raises(ConfigError, match='2 SuperNode.*5 sites.*--federation-config "num-supernodes=5"'):
+        wait_for_sites(_Nodes(2), 5, simulated=True, settle_s=0.3, timeout_s=30)
+    assert wait_for_sites(_Nodes(5), 5, simulated=True, settle_s=0.3) == 5
+    # a deployment waits for late sites instead, then starts with those connected
+    assert wait_for_sites(_Nodes(2), 5, simulated=False, settle_s=0.3, timeout_s=1.0) == 2
