@@ -220,26 +220,46 @@ class ServerOptimizerOption:
 
     ``flower_class`` names the strategy of :mod:`flwr.serverapp.strategy` ("" for the aggregate as it
     is); ``lr`` and ``momentum`` name its constructor's parameters that ``federation.server_lr`` and
-    ``federation.server_momentum`` set ("" where it has none); ``momentum_default`` replaces Flower's
-    default momentum (``None``: Flower's).
+    ``federation.server_momentum`` set ("" where it has none); ``lr_default`` and ``momentum_default`` are what
+    ``auto`` gives them, in place of Flower's defaults (:data:`SERVER_OPTIMIZERS`: chosen on validation splits).
     """
 
     help: str
     flower_class: str = ""
     lr: str = ""
     momentum: str = ""
+    lr_default: float | None = None
     momentum_default: float | None = None
 
 
 #: ``federation.server_optimizer`` -> Flower's server optimiser (:mod:`strategies.server_optimizers` builds it).
+#: The defaults of ``federation.server_lr`` and ``federation.server_momentum`` (``auto``) were chosen without DP
+#: on validation splits of the training records of SBA's 4 census regions and 40 states
+#: (``benchmarks/server_optimizers.py``; ``docs/results/server_optimizers.md``): the grid on seeds 0-1, each
+#: optimiser's two best settings and FedAvg again on seeds 2-3, the best mean validation C over the four seeds:
+#: FedAdam eta 0.1 (Flower's), FedYogi 0.03 (Flower's 0.01), FedAdagrad 0.03 (Flower's 0.1), FedAvgM learning
+#: rate 1 with momentum 0.7 (Flower's momentum 0 would make it FedAvg). FedAdam's and FedYogi's beta_1 (0.9),
+#: beta_2 and tau stay Flower's (not searched).
 SERVER_OPTIMIZERS: Mapping[str, ServerOptimizerOption] = {
     "fedavg": ServerOptimizerOption("the aggregate is the new global model"),
-    "fedadam": ServerOptimizerOption("Adam on the pseudo-gradient (aggregate - global model)", "FedAdam", "eta", "beta_1"),
-    "fedyogi": ServerOptimizerOption("Yogi on the pseudo-gradient", "FedYogi", "eta", "beta_1"),
-    "fedadagrad": ServerOptimizerOption("Adagrad on the pseudo-gradient", "FedAdagrad", "eta"),
+    "fedadam": ServerOptimizerOption("Adam on the pseudo-gradient (aggregate - global model)", "FedAdam", "eta", "beta_1",
+                                     lr_default=0.1),
+    "fedyogi": ServerOptimizerOption("Yogi on the pseudo-gradient", "FedYogi", "eta", "beta_1", lr_default=0.03),
+    "fedadagrad": ServerOptimizerOption("Adagrad on the pseudo-gradient", "FedAdagrad", "eta", lr_default=0.03),
     "fedavgm": ServerOptimizerOption("SGD with heavy-ball momentum on the pseudo-gradient", "FedAvgM",
-                               "server_learning_rate", "server_momentum", momentum_default=0.9),
+                                     "server_learning_rate", "server_momentum", lr_default=1.0, momentum_default=0.7),
 }
+
+
+def _server_optimizer_auto(attribute: str) -> str:
+    """The ``auto`` text of ``federation.server_lr`` (``lr``) or ``federation.server_momentum`` (``momentum``)."""
+    chosen = ", ".join(f"{name} {_text(getattr(option, attribute + '_default'))}"
+                       for name, option in SERVER_OPTIMIZERS.items()
+                       if getattr(option, attribute) and getattr(option, attribute + "_default") is not None)
+    flower = "fedadam and fedyogi 0.9 (Flower's); " if attribute == "momentum" else ""
+    return f"{flower}{chosen} (chosen on validation splits of SBA regions and states: benchmarks/server_optimizers.py)"
+
+
 #: Budget allocations of the weight-perturbation strategies: the paper's nominal rule, or the exact-budget variant.
 ALLOCATIONS: tuple[str, ...] = ("paper", "exact")
 #: Dispersion measures of ROW-DP (:func:`strategies.mechanisms.adaptive_dp.dispersion`).
@@ -434,12 +454,10 @@ class FederationConfig:
                                               "central_dp's noise and any robust aggregator): fedavg (none), fedadam, "
                                               "fedyogi, fedadagrad, fedavgm", choices=tuple(SERVER_OPTIMIZERS))
     server_lr: float | None = setting(AUTO, "server learning rate of fedadam, fedyogi, fedadagrad (Flower's eta) "
-                                            "and fedavgm", bounds=POSITIVE,
-                                      auto="Flower's default: fedadam 0.1, fedyogi 0.01, fedadagrad 0.1, fedavgm 1.0")
+                                            "and fedavgm", bounds=POSITIVE, auto=_server_optimizer_auto("lr"))
     server_momentum: float | None = setting(AUTO, "momentum of fedadam and fedyogi (Flower's beta_1) and fedavgm",
                                             bounds=Bounds(0.0, 1.0, low_closed=True),
-                                            auto="fedadam and fedyogi: Flower's 0.9; fedavgm: 0.9 (Flower's 0.0 "
-                                                 "would make it fedavg)")
+                                            auto=_server_optimizer_auto("momentum"))
 
 
 @dataclass(frozen=True)

@@ -52,14 +52,15 @@ class ServerOptimizer:
     name
         A ``federation.server_optimizer`` other than ``fedavg``.
     lr, momentum
-        Its server learning rate and momentum (``None``: the default of :data:`~strategies.config.SERVER_OPTIMIZERS`,
-        which is Flower's unless stated there).
+        Its server learning rate and momentum (``None``, the run config's ``auto``: the defaults of
+        :data:`~strategies.config.SERVER_OPTIMIZERS`, chosen on validation splits; Flower's where it has none).
     """
 
     def __init__(self, name: str, *, lr: float | None = None, momentum: float | None = None) -> None:
         option = SERVER_OPTIMIZERS[name]
         if not option.flower_class:
             raise ValueError(f"server optimiser {name!r} has no Flower strategy (it is the aggregate itself)")
+        lr = option.lr_default if lr is None else lr
         momentum = option.momentum_default if momentum is None else momentum
         kwargs = {**({option.lr: lr} if lr is not None else {}),
                   **({option.momentum: momentum} if momentum is not None else {})}

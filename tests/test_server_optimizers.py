@@ -2,13 +2,16 @@
 
 Each run's global models are compared with the optimisers' closed forms (Reddi et al. 2021,
 Algorithm 2; FedAvgM's heavy ball) applied to Flower's weighted mean of the replies the sites
-actually sent, with the hyperparameters read from Flower's own constructors.
+actually sent, with the learning rates and FedAvgM's momentum of :data:`CHOSEN` (the ``auto`` defaults, chosen on
+validation splits by ``benchmarks/server_optimizers.py``) and the other hyperparameters read from Flower's own
+constructors.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import numpy as np
 import pytest
@@ -18,15 +21,18 @@ from flwr.supercore.differential_privacy import compute_clip_model_update
 from flwr.serverapp import strategy as flower_strategies
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flwr_app.config import ConfigError, parse_run_config
+from flwr_app.config import PROJECT_ROOT, ConfigError, parse_run_config
 from flwr_app.server_app import RunStopped
 from simulations.engine import run_inprocess
-from strategies import server_optimizers
+from strategies import config, server_optimizers
 from strategies.horizontal import SITE_KEY, WEIGHT_KEY
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False,
          "evaluation.server_side": False}
 OPTIMIZERS = ("fedadam", "fedyogi", "fedadagrad", "fedavgm")
+#: What ``auto`` gives each optimiser (server_lr, server_momentum; None: it has none), as docs/results/server_optimizers.md
+#: and docs/configuration.md state them.
+CHOSEN = {"fedadam": (0.1, 0.9), "fedyogi": (0.03, 0.9), "fedadagrad": (0.03, None), "fedavgm": (1.0, 0.7)}
 
 
 def _flower_default(class_name: str, parameter: str) -> float:
@@ -70,11 +76,10 @@ class ClosedForm:
     def __init__(self, name: str, *, lr: float | None = None, momentum: float | None = None) -> None:
         self.name = name
         cls = {"fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedavgm": "FedAvgM"}[name]
+        self.lr = CHOSEN[name][0] if lr is None else lr
         if name == "fedavgm":
-            self.lr = _flower_default(cls, "server_learning_rate") if lr is None else lr
-            self.beta_1 = 0.9 if momentum is None else momentum
+            self.beta_1 = CHOSEN[name][1] if momentum is None else momentum
         else:
-            self.lr = _flower_default(cls, "eta") if lr is None else lr
             self.beta_1 = 0.0 if name == "fedadagrad" else _flower_default(cls, "beta_1")
             self.beta_2 = 0.0 if name == "fedadagrad" else _flower_default(cls, "beta_2")
             self.tau = _flower_default(cls, "tau")
@@ -229,6 +234,28 @@ def test_an_optimizer_state_of_another_optimizer_is_refused():
 def test_bad_optimizer_settings_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_run_config(overrides)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_auto_hands_flower_the_documented_defaults(name):
+    """``auto`` (the run config's default) gives Flower's strategy the learning rate and momentum of :data:`CHOSEN`,
+    and docs/configuration.md states those values; an explicit value replaces them."""
+    option = config.SERVER_OPTIMIZERS[name]
+    lr, momentum = CHOSEN[name]
+    strategy = server_optimizers.make_server_optimizer(
+        parse_run_config({"federation.server_optimizer": name}).federation).strategy
+    assert getattr(strategy, option.lr) == lr
+    assert (getattr(strategy, option.momentum) if option.momentum else None) == momentum
+    if option.momentum == "beta_1":
+        assert momentum == _flower_default(option.flower_class, "beta_1")  # documented as Flower's
+    rows = {line.split("|")[1].strip(): line for line in (PROJECT_ROOT / "docs" / "configuration.md")
+            .read_text(encoding="utf-8").splitlines() if line.startswith("| `federation.server_") and "auto = " in line}
+    assert re.search(rf"\b{name} {re.escape(f'{lr:g}')}[, ]", rows["`federation.server_lr`"])
+    if name == "fedavgm":
+        assert re.search(rf"\bfedavgm {re.escape(f'{momentum:g}')}[, ]", rows["`federation.server_momentum`"])
+    explicit = server_optimizers.make_server_optimizer(parse_run_config(
+        {"federation.server_optimizer": name, "federation.server_lr": 0.123}).federation).strategy
+    assert getattr(explicit, option.lr) == 0.123
 
 
 def test_each_optimizer_is_built_from_its_flower_class():
