@@ -189,12 +189,17 @@ def test_a_saved_model_predicts_raw_new_records_as_the_run_did(cohort_csv, tmp_p
         assert json.loads(line)["sites"]["B"]["undefined"]["c_index"].startswith("no comparable pairs")
 
 
-def test_a_split_learning_run_cannot_be_loaded_and_says_why(tmp_path):
+def test_a_split_learning_run_loads_with_its_sites_encoders_and_says_which_folder_is_missing(tmp_path):
+    import shutil
+
+    from models.split_run import SITES_DIR, SplitRun
+
     run_inprocess({"strategy.name": "split", "data.name": "synthetic_multimodal", "model.name": "bayesian_multisurv",
                    "data.synthetic_records": 300, "federation.rounds": 1, "split.mc_samples": 2,
                    "baseline.centralized": False, "output.dir": str(tmp_path)})
-    assert (tmp_path / "model.pt").is_file()
-    with pytest.raises(ValueError, match="a split-learning run: .* each modality's encoder stays at its site"):
+    assert isinstance(load_run(tmp_path), SplitRun)
+    shutil.rmtree(tmp_path / SITES_DIR / "b")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / SITES_DIR / 'b'}"):
         load_run(tmp_path)
 
 
