@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
+from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, rdp_to_epsilon
 from strategies.validation import check_positive, check_probability
 
 __all__ = ["ddg_epsilon", "ddg_rdp", "ddg_rho", "ddg_tau", "l1_bound"]
@@ -106,8 +106,7 @@ def ddg_epsilon(*, releases: Sequence[tuple[float, float, float, int, int]], del
         rdp = rdp + np.asarray(rdp_analysis.compute_rdp(q=rate, noise_multiplier=noise, steps=steps, orders=alphas))
     if not np.any(rdp > 0):
         return 0.0
-    eps, _ = rdp_analysis.get_privacy_spent(orders=alphas, rdp=rdp, delta=delta)
-    return float(eps)
+    return rdp_to_epsilon(alphas, rdp, delta=delta)
 
 
 class DistributedAccountant:
