@@ -5,8 +5,9 @@
 #                  (empty) keeps PyPI's build; PIP_ARGS: further options of that install
 # make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
 #                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
-# source .venv/bin/activate; flwr run . --stream --federation-config "num-supernodes=5"
-#                  the same from the activated environment (its activate script sets FLWR_ENV's variables)
+# source .venv/bin/activate; flwr run . --stream
+#                  the same from the activated environment (its activate script sets FLWR_ENV's variables;
+#                  5 simulated SuperNodes, or --federation-config "num-supernodes=N")
 PYTHON ?= python3
 PIP_ARGS ?=
 # auto: PyTorch's CPU index when no NVIDIA GPU answers nvidia-smi; a URL: that index; empty: none
@@ -48,11 +49,15 @@ $(VENV)/.installed: pyproject.toml
 
 # `source .venv/bin/activate` exports FLWR_SETTINGS, so that `flwr run .` from the activated
 # environment uses this project's local SuperLink (the one of `make flwr`) and this environment's
-# packages, as `make flwr` does (written again when this Makefile changes).
+# packages, as `make flwr` does; FLWR_HOME's config.toml gives its local simulation one SuperNode per
+# site (SITES, the default federation's 5) instead of Flower's 2 (both written again when this Makefile changes).
 $(VENV)/.flwr-env: Makefile $(VENV)/.installed
 	@sed -i.bak '/^# fedsurv-flwr-begin/,/^# fedsurv-flwr-end/d' $(BIN)/activate && rm -f $(BIN)/activate.bak
 	@printf '%s\n' "# fedsurv-flwr-begin (Makefile): flwr run . from this environment" \
 		'export $(FLWR_SETTINGS)' "# fedsurv-flwr-end" >> $(BIN)/activate
+	@mkdir -p "$(FLWR_HOME)" && printf '%s\n' "# Written by make (Makefile): flwr run . simulates $(SITES) SuperNodes" \
+		'[superlink]' 'default = "local"' '' '[superlink.local]' 'address = ":local:"' \
+		'options.num-supernodes = $(SITES)' > "$(FLWR_HOME)/config.toml"
 	@touch $@
 
 demo: $(VENV)/.installed $(VENV)/.flwr-env
