@@ -162,11 +162,16 @@ def run_choice(args: argparse.Namespace) -> None:
                                "setting": setting, "server_lr": lr, "server_momentum": momentum,
                                "num_sites": summary["num_sites"], "wall_time_s": summary.get("wall_time_s"),
                                **scores(summary)}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                        if args.out:
-                            append_jsonl(args.out, row)
+                        emit(row, rows, args.out)
     print(json.dumps({"choice": choose(rows)}))
+
+
+def emit(row: dict, rows: list[dict], out: str | None) -> None:
+    """Keep ``row``, print it as a JSON line and append it to ``out`` (when given)."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if out:
+        append_jsonl(out, row)
 
 
 def run_evaluation(args: argparse.Namespace) -> None:
@@ -185,10 +190,7 @@ def run_evaluation(args: argparse.Namespace) -> None:
                            "server_lr": lr, "server_momentum": momentum,
                            "num_sites": summary["num_sites"], "wall_time_s": summary.get("wall_time_s"),
                            **scores(summary)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                    if args.out:
-                        append_jsonl(args.out, row)
+                    emit(row, rows, args.out)
     print(json.dumps({"test": summarise(rows)}))
 
 
