@@ -10,69 +10,148 @@ Message handling only: decode the global model, call the training / evaluation c
 
 from __future__ import annotations
 
+import collections
 import copy
+import functools
+import importlib
 import json
-from typing import Any
+import os
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app import deployment, site_policy, task, vertical_client
 from flwr_app.config import ExperimentConfig, parse_run_config
-from flwr_app.faults import inject_failure, tamper
-from models.data import SiteData
-from strategies.horizontal import (
-    BASELINE_EVENTS,
-    BASELINE_RISK,
-    PRIVACY_STATE_KEY,
-    RECALIBRATION_EXPONENTS,
-    RECALIBRATION_HORIZONS,
-    RESUMED_CATCH_UP,
-    RESUMED_PRIVACY_STATE,
-    SITE_KEY,
-    UNDEFINED_KEY,
-    WEIGHT_KEY,
-)
-from models.recalibration import power_sums
-from strategies import secure_aggregation as secagg
-from strategies.mechanisms.base import (
-    HorizontalMechanism,
-    LocalUpdateMechanism,
-    SecureSumMechanism,
-    SiteSetUp,
-    recalibration_history,
-    recalibration_multiplier,
-)
-from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
-from strategies.mechanisms.registry import horizontal_mechanism
+
+if TYPE_CHECKING:
+    from models.data import SiteData
+    from models.survival import SurvivalModel
+    from strategies.mechanisms.base import HorizontalMechanism, LocalUpdateMechanism, SiteSetUp
+
+# Everything heavy (torch, the data and model code, the mechanisms, the split-learning and set-up handlers) is
+# imported where it is first used: in a deployment every message starts a new ``flwr-clientapp`` process, which
+# then pays only for what its message needs (a training message never imports the metrics, the secure
+# aggregation's cryptography or the split-learning code).
 
 app = ClientApp()
-PRIVACY_STATE = deployment.PRIVACY_STATE
+#: Node state of a site's privacy accountant (:data:`flwr_app.deployment.PRIVACY_STATE`).
+PRIVACY_STATE = "privacy.state"
 #: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
 SECAGG_STATE = "secagg.state"
 SECAGG_ROUND = "secagg.round"
-app.query("split_hello")(vertical_client.hello)
-app.train("split_setup")(vertical_client.setup)
-app.train("split_step")(vertical_client.step)
-app.query("split_predict")(vertical_client.predict)
-app.query("split_save")(vertical_client.save)
-app.train("private_split_setup")(vertical_client.private_setup)
-app.query("private_split_release")(vertical_client.private_release)
-app.query("site_summary")(deployment.summary)
-app.query("site_time_histogram")(deployment.histogram)
-app.query("setup_ranges")(deployment.setup_ranges)
-app.query("setup_moments")(deployment.setup_moments)
-app.train("site_setup")(deployment.setup)
-app.query("setup_site_name")(deployment.identity)
 
 
-def _site(context: Context) -> tuple[SiteData, int]:
+def _delegate(module: str, name: str) -> Callable[[Message, Context], Message]:
+    """A handler that imports ``module`` when its first message arrives and calls its ``name``."""
+
+    def handler(message: Message, context: Context) -> Message:
+        return getattr(importlib.import_module(module), name)(message, context)
+
+    handler.__name__ = handler.__qualname__ = name
+    handler.__doc__ = f"``{module}.{name}`` (imported with the first such message)."
+    return handler
+
+
+for _kind, _action, _module, _name in (
+        ("query", "split_hello", "flwr_app.vertical_client", "hello"),
+        ("train", "split_setup", "flwr_app.vertical_client", "setup"),
+        ("train", "split_step", "flwr_app.vertical_client", "step"),
+        ("query", "split_predict", "flwr_app.vertical_client", "predict"),
+        ("query", "split_save", "flwr_app.vertical_client", "save"),
+        ("train", "private_split_setup", "flwr_app.vertical_client", "private_setup"),
+        ("query", "private_split_release", "flwr_app.vertical_client", "private_release"),
+        ("query", "site_summary", "flwr_app.deployment", "summary"),
+        ("query", "site_time_histogram", "flwr_app.deployment", "histogram"),
+        ("query", "setup_ranges", "flwr_app.deployment", "setup_ranges"),
+        ("query", "setup_moments", "flwr_app.deployment", "setup_moments"),
+        ("train", "site_setup", "flwr_app.deployment", "setup"),
+        ("query", "setup_site_name", "flwr_app.deployment", "identity")):
+    getattr(app, _kind)(_action)(_delegate(_module, _name))
+
+
+# ------------------------------------------------------------------ what a node keeps between messages
+#
+# Context.state (a RecordDict) holds only ArrayRecord, MetricRecord and ConfigRecord values, and Flower
+# copies or serialises it around every message (the simulation engine ships it to the Ray actor and back;
+# a deployed SuperNode sends it to the ``flwr-clientapp`` process), so it can hold neither a site's
+# prepared records nor a model object. They are kept here, per process, keyed by everything they are
+# built from (the parsed run config, and a deployed site's file, its state and set-up as received): a
+# Ray actor or a long-lived ClientApp process serves many messages of a run, and a changed run config
+# or file gets a fresh entry. Nothing here is private state: the site's accountant stays in
+# Context.state, so two runs (or two sites of one process) never share it.
+
+#: How many prepared sites and model skeletons a process keeps (least recently used dropped first).
+PREPARED_ENTRIES = 8
+
+
+class _Prepared:
+    """A small thread-safe LRU map of what a node builds from its run config (a site's data, a model skeleton)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self.builds = 0  # entries built (tests count them)
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key]
+        value = build()
+        with self._lock:
+            self.builds += 1
+            self.entries[key] = value
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+
+
+#: Deployed sites' prepared records (a simulation's sites come from :func:`flwr_app.task.load_federation`'s cache).
+SITES = _Prepared(PREPARED_ENTRIES)
+#: Model skeletons (:class:`_Skeleton`) with their free copies.
+MODELS = _Prepared(PREPARED_ENTRIES)
+
+
+def _run_config(context: Context) -> ExperimentConfig:
+    """The node's run config, parsed (memoised by content: :func:`flwr_app.config.parse_run_config`)."""
+    return parse_run_config(context.run_config)
+
+
+def _file_key(path: str) -> tuple:
+    """A site file's identity: its path, size and modification time (a rewritten file gets a fresh entry)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (path, None)
+    return (path, stat.st_size, stat.st_mtime_ns)
+
+
+def _spec_json(context: Context) -> str | None:
+    from flwr_app import deployment
+
+    stored = context.state.config_records.get(deployment.SPEC_STATE)
+    return None if stored is None else str(stored["json"])
+
+
+def _site(context: Context, cfg: ExperimentConfig | None = None) -> tuple[SiteData, int]:
     """The node's site and its index in the seeds (simulation: ``partition-id``; deployment: the node ID)."""
-    cfg = parse_run_config(context.run_config)
+    from flwr_app import task
+
+    cfg = cfg or _run_config(context)
     if cfg.data.deployed:
-        return deployment.deployed_site(cfg, context), context.node_id
+        from flwr_app import deployment
+
+        path = context.node_config.get("data-path")
+        key = (cfg, _file_key(str(path)) if path is not None else None, _spec_json(context),
+               deployment.site_name(context))
+        return SITES.get(key, lambda: deployment.deployed_site(cfg, context)), context.node_id
     dataset = task.load_federation(cfg)
     if "partition-id" not in context.node_config:
         raise ValueError("node config has no 'partition-id': cannot tell which site this node is")
@@ -86,25 +165,164 @@ def _site(context: Context) -> tuple[SiteData, int]:
     return dataset.sites[index], index
 
 
-def _model(context: Context, message: Message):
-    cfg = parse_run_config(context.run_config)
+class _Skeleton:
+    """A run's model as built (never trained, never handed out) and the copies of it that no message holds now.
+
+    A message takes a copy (:meth:`take`) and gives it back when its handler returns (:func:`_gives_back`): a
+    process that serves its messages one after another copies the network once instead of building it for
+    every message. A copy taken again is reset to the skeleton (everything :meth:`_reset` checks) before the
+    message loads its global weights into it; one it cannot reset (a hook or an attribute left on the
+    network) is dropped and a fresh copy made.
+    """
+
+    #: Free copies kept per skeleton (a process handles one message at a time; a hung one keeps its own).
+    FREE = 2
+
+    def __init__(self, model: SurvivalModel) -> None:
+        self.model = model
+        self.free: list[SurvivalModel] = []
+        self.copies = 0  # copies made (tests count them)
+        self._lock = threading.Lock()
+        self._attributes = {name: value for name, value in vars(model).items() if name != "net"}
+        self._modules = list(model.net.modules())
+        self._parameters = list(model.net.parameters())
+        persistent = model.net.state_dict().keys()
+        self._transient = {name: buffer for name, buffer in model.net.named_buffers() if name not in persistent}
+
+    def take(self) -> SurvivalModel:
+        with self._lock:
+            model = self.free.pop() if self.free else None
+        if model is None or not self._reset(model):
+            model = copy.deepcopy(self.model)
+            with self._lock:
+                self.copies += 1
+        _held.__dict__.setdefault("models", []).append((self, model))
+        return model
+
+    def give_back(self, model: SurvivalModel) -> None:
+        with self._lock:
+            if len(self.free) < self.FREE:
+                self.free.append(model)
+
+    def _reset(self, model: SurvivalModel) -> bool:
+        """Make a used copy the skeleton again but for its weights (which the message loads); False: drop it."""
+        modules = list(model.net.modules())
+        if len(modules) != len(self._modules):
+            return False
+        for module, original in zip(modules, self._modules, strict=True):
+            if type(module) is not type(original) or vars(module).keys() != vars(original).keys():
+                return False
+            if any(getattr(module, hooks) for hooks in _HOOKS):
+                return False
+            module.training = original.training
+        parameters = list(model.net.parameters())
+        if len(parameters) != len(self._parameters):
+            return False
+        for parameter, original in zip(parameters, self._parameters, strict=True):
+            for name in set(vars(parameter)) - set(vars(original)):  # e.g. opacus' grad_sample
+                delattr(parameter, name)
+            parameter.grad = None
+            parameter.requires_grad_(original.requires_grad)
+        if self._transient:  # buffers the global weights do not carry
+            for name, buffer in model.net.named_buffers():
+                if name in self._transient:
+                    buffer.data.copy_(self._transient[name])
+        net = model.net
+        vars(model).clear()
+        vars(model).update(copy.deepcopy(self._attributes), net=net)
+        return True
+
+
+#: A module's hook tables: a copy with any hook left in them is not reused.
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_pre_hooks")
+#: The model copies the current thread's message holds (given back when its handler returns).
+_held = threading.local()
+
+
+def _gives_back(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """``handler``, giving the model copies its message took back to their skeletons when it returns or raises."""
+
+    @functools.wraps(handler)
+    def wrapped(message: Message, context: Context) -> Message:
+        try:
+            return handler(message, context)
+        finally:
+            for skeleton, model in _held.__dict__.pop("models", []):
+                skeleton.give_back(model)
+
+    return wrapped
+
+
+def _skeleton(cfg: ExperimentConfig, context: Context) -> _Skeleton:
+    """The run's model skeleton: simulation, one per run config; deployment, one per run config and set-up."""
+    from flwr_app import task
+
     if cfg.data.deployed:
-        model = task.model_from_spec(cfg, deployment.stored_spec(context))
-    else:
-        model = task.build_model(cfg, task.load_federation(cfg))
-    model.net.load_state_dict(message.content["arrays"].to_torch_state_dict())
+        from flwr_app import deployment
+
+        spec = _spec_json(context)
+        return MODELS.get((cfg, spec), lambda: _Skeleton(task.model_from_spec(cfg, deployment.stored_spec(context))))
+    return MODELS.get((cfg, None), lambda: _Skeleton(task.build_model(cfg, task.load_federation(cfg))))
+
+
+def _model(context: Context, message: Message, cfg: ExperimentConfig | None = None):
+    """The run config and the global model of ``message``: a copy of the run's model skeleton with its weights."""
+    cfg = cfg or _run_config(context)
+    model = _skeleton(cfg, context).take()
+    _load_weights(model.net, message.content["arrays"])
     return cfg, model
+
+
+#: The .npy header readers of the format versions :func:`_load_weights` reads itself.
+_NPY_HEADERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
+
+
+def _load_weights(net: Any, arrays: ArrayRecord) -> None:
+    """``net.load_state_dict(arrays.to_torch_state_dict())``, copying each array's bytes straight into the network's
+    own tensors (no intermediate array or tensor per message); anything but matching NumPy arrays of the same
+    names, dtypes and shapes takes ``load_state_dict`` (and its errors)."""
+    import io
+
+    import numpy as np
+
+    targets = net.state_dict()
+    sources = []
+    if targets.keys() == arrays.keys():
+        for name, target in targets.items():
+            array = arrays[name]
+            if array.stype != "numpy.ndarray" or not target.is_contiguous() or target.device.type != "cpu":
+                break
+            data = memoryview(array.data)
+            stream = io.BytesIO(data)
+            read_header = _NPY_HEADERS.get(np.lib.format.read_magic(stream))
+            if read_header is None:
+                break
+            shape, fortran, dtype = getattr(np.lib.format, read_header)(stream)
+            values = target.numpy()
+            if fortran or dtype != values.dtype or tuple(shape) != values.shape or dtype.hasobject:
+                break
+            sources.append((values, np.frombuffer(data, dtype=dtype, count=values.size, offset=stream.tell())))
+        else:
+            for values, source in sources:
+                np.copyto(values, source.reshape(values.shape))
+            return
+    net.load_state_dict(arrays.to_torch_state_dict())
 
 
 def _reply(message: Message, content: RecordDict, cfg: ExperimentConfig, site: SiteData, server_round: int,
            kind: str) -> Message:
     """The reply to ``message`` (tampered with only when ``debug.fail_mode`` makes this site hostile)."""
+    from flwr_app.faults import tamper
+
     return Message(content=tamper(cfg, content, site=site.name, server_round=server_round, message=kind),
                    reply_to=message)
 
 
 def _content(site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | None = None, *,
              privacy_state: str | None = None, undefined: dict[str, str] | None = None) -> RecordDict:
+    from strategies.horizontal import PRIVACY_STATE_KEY, SITE_KEY, UNDEFINED_KEY
+
     site_record = ConfigRecord({"name": site.name})
     if undefined:
         site_record[UNDEFINED_KEY] = json.dumps(undefined)
@@ -118,6 +336,8 @@ def _content(site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | No
 
 def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     """The site's privacy state: its node state, else (a resumed run, whose node states start empty) the checkpoint's."""
+    from strategies.horizontal import RESUMED_PRIVACY_STATE
+
     stored = context.state.config_records.get(PRIVACY_STATE)
     if stored is not None:
         return json.loads(str(stored["json"]))
@@ -137,8 +357,11 @@ def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, me
     releasing nothing, so that its accountant charges them too (its reports then match the server's
     ledger and its budget stays as the ledger has it).
     """
+    from flwr_app.deployment import CATCH_UP_STATE
+    from strategies.horizontal import RESUMED_CATCH_UP
+
     state = _privacy_state(context, config)
-    pending = context.state.config_records.get(deployment.CATCH_UP_STATE)
+    pending = context.state.config_records.get(CATCH_UP_STATE)
     rounds = int(pending["rounds"]) if pending is not None else 0
     if pending is None and PRIVACY_STATE not in context.state.config_records and state is not None:
         rounds = int(config.get(RESUMED_CATCH_UP, 0))
@@ -148,7 +371,7 @@ def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, me
             break
         state = update.state
     if pending is not None:
-        del context.state[deployment.CATCH_UP_STATE]
+        del context.state[CATCH_UP_STATE]
     if rounds and state is not None:
         context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
     return state
@@ -157,7 +380,11 @@ def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, me
 def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp:
     """The site's set-up: its record count as agreed with the server, and the smallest agreed count."""
     if cfg.data.deployed:
+        from flwr_app import deployment
+
         return deployment.stored_setup(context)
+    from flwr_app import task
+
     return task.federation_setup(cfg).setups[site.name]
 
 
@@ -165,25 +392,46 @@ def _charge(context: Context, cfg: ExperimentConfig, site: SiteData, server_roun
             history: tuple[tuple[float, float, int], ...] | None) -> None:
     """Charge a release to the site's own privacy policy before it leaves (:mod:`flwr_app.site_policy`; a no-op
     without one): a refusal raises, and the reply becomes an error filed under the site's name."""
+    from flwr_app import site_policy
+
     site_policy.enforce(context.node_config, site.name, site_policy.Request(
         cfg.strategy, context.run_id, server_round, message, values, history))
+
+
+def _message(message: Message, context: Context, kind: str) -> tuple[SiteData, int, int, ExperimentConfig, Any]:
+    """What a message about the global model starts with: the site and its seed index, the round, the run config
+    (parsed once for the whole message) and the global model; then the injected failure of a simulation test."""
+    from flwr_app.faults import inject_failure
+
+    cfg = _run_config(context)
+    site, index = _site(context, cfg)
+    server_round = int(message.content["config"]["server-round"])
+    _, model = _model(context, message, cfg)
+    inject_failure(cfg, site=site.name, server_round=server_round, message=kind)
+    return site, index, server_round, cfg, model
 
 
 def _training_message(message: Message, context: Context) -> tuple[SiteData, int, int, ExperimentConfig, Any,
                                                                   HorizontalMechanism]:
     """What a training message (plain or secure) starts with: the site, the round, the run config and the global
     model, the injected failure of a simulation test, the thread count and the run's mechanism."""
-    site, index = _site(context)
-    server_round = int(message.content["config"]["server-round"])
-    cfg, model = _model(context, message)
-    inject_failure(cfg, site=site.name, server_round=server_round, message="train")
+    import torch
+
+    from strategies.mechanisms.registry import horizontal_mechanism
+
+    site, index, server_round, cfg, model = _message(message, context, "train")
     torch.set_num_threads(cfg.train.num_threads)
     return site, index, server_round, cfg, model, horizontal_mechanism(cfg.strategy)
 
 
 @app.train()
+@_gives_back
 def train(message: Message, context: Context) -> Message:
     """One round of the run's mechanism on the site's training part, starting from the global model."""
+    from flwr_app import task
+    from strategies.horizontal import WEIGHT_KEY
+    from strategies.mechanisms.base import LocalUpdateMechanism
+
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
     if not isinstance(mechanism, LocalUpdateMechanism):
         raise ValueError(f"strategy '{cfg.strategy}' sites answer the secure-aggregation messages, not 'train'")
@@ -206,26 +454,28 @@ def train(message: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@_gives_back
 def evaluate(message: Message, context: Context) -> Message:
     """Test metrics of the global model on the site's own held-out part (computed from it alone); the reply
     carries no record count (the server weights the sites' metrics by their agreed counts)."""
-    site, _ = _site(context)
+    import numpy as np
+
+    from flwr_app import task
+    from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, RECALIBRATION_EXPONENTS
+
+    site, _, server_round, cfg, model = _message(message, context, "evaluate")
     config = message.content["config"]
-    server_round = int(config["server-round"])
-    cfg, model = _model(context, message)
-    inject_failure(cfg, site=site.name, server_round=server_round, message="evaluate")
     if model.needs_baseline:
         if BASELINE_EVENTS not in config:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
         model.set_baseline(np.asarray(config[BASELINE_EVENTS]), np.asarray(config[BASELINE_RISK]))
     if RECALIBRATION_EXPONENTS in config:
         model.set_exponents(np.asarray(config[RECALIBRATION_EXPONENTS], dtype=np.float64))
-    metrics = task.evaluate(model, site.test)
-    undefined = task.undefined_metrics(model, site.test, metrics)
+    metrics, undefined = task.evaluate_with_reasons(model, site.test)
     if site.oot is not None and len(site.oot):
-        oot = task.evaluate(model, site.oot)
+        oot, oot_undefined = task.evaluate_with_reasons(model, site.oot)
         metrics.update({f"oot_{key}": value for key, value in oot.items()})
-        undefined.update({f"oot_{key}": code for key, code in task.undefined_metrics(model, site.oot, oot).items()})
+        undefined.update({f"oot_{key}": code for key, code in oot_undefined.items()})
     # No record count: the server weights a site's test metrics by the count agreed at set-up (the held-out
     # count would reveal the site's size far more exactly than the set-up's noisy count does).
     return _reply(message, _content(site, metrics, undefined=undefined), cfg, site, server_round, "evaluate")
@@ -239,12 +489,10 @@ def site_name(message: Message, context: Context) -> Message:
 
 
 @app.query("breslow")
+@_gives_back
 def breslow(message: Message, context: Context) -> Message:
     """Sufficient statistics of the site's training part for the federated Breslow estimator."""
-    site, _ = _site(context)
-    server_round = int(message.content["config"]["server-round"])
-    cfg, model = _model(context, message)
-    inject_failure(cfg, site=site.name, server_round=server_round, message="breslow")
+    site, _, server_round, cfg, model = _message(message, context, "breslow")
     _charge(context, cfg, site, server_round, "breslow", "Breslow aggregates", None)
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
     metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
@@ -256,15 +504,21 @@ RECALIBRATION_STREAM = 23
 
 
 @app.query("recalibration")
+@_gives_back
 def recalibration(message: Message, context: Context) -> Message:
     """The site's noisy recalibration release: power sums of its training records' predicted survival at the
     plan's horizons (:func:`models.recalibration.power_sums`) plus Gaussian noise whose level the site takes
     from its own run config (:func:`~strategies.mechanisms.base.recalibration_multiplier`), never from the message."""
-    site, index = _site(context)
+    import numpy as np
+
+    from flwr_app import task
+    from models.recalibration import power_sums
+    from strategies.horizontal import RECALIBRATION_HORIZONS
+    from strategies.mechanisms.base import recalibration_history, recalibration_multiplier
+    from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
+
+    site, index, server_round, cfg, model = _message(message, context, "recalibration")
     config = message.content["config"]
-    server_round = int(config["server-round"])
-    cfg, model = _model(context, message)
-    inject_failure(cfg, site=site.name, server_round=server_round, message="recalibration")
     horizons = np.asarray(config[RECALIBRATION_HORIZONS], dtype=np.float64)
     multiplier = recalibration_multiplier(cfg)
     planned = horizons.ndim == 1 and 1 <= horizons.size <= len(RECALIBRATION_QUANTILES)
@@ -284,12 +538,16 @@ def recalibration(message: Message, context: Context) -> Message:
 
 
 def _secagg_reply(message: Message, values: dict) -> Message:
+    from strategies import secure_aggregation as secagg
+
     return Message(content=RecordDict({secagg.RECORD: ConfigRecord(values)}), reply_to=message)
 
 
 @app.query("secagg_setup")
 def secagg_setup(message: Message, context: Context) -> Message:
     """Stage 0: fresh key pairs; the round's public figures (sites selected, their agreed records) are kept."""
+    from strategies import secure_aggregation as secagg
+
     record = message.content[secagg.RECORD]
     state, keys = secagg.site_setup(context.node_id, record)
     context.state[SECAGG_STATE] = state.to_record()
@@ -300,6 +558,8 @@ def secagg_setup(message: Message, context: Context) -> Message:
 @app.query("secagg_share_keys")
 def secagg_share_keys(message: Message, context: Context) -> Message:
     """Stage 1: the mask seed and secret key shared among the neighbours, each share encrypted to its holder."""
+    from strategies import secure_aggregation as secagg
+
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     keys = {int(node): (pair[0], pair[1]) for node, pair in message.content[secagg.RECORD].items()}
     values = secagg.site_share_keys(state, keys)
@@ -308,8 +568,13 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 
 
 @app.query("secagg_masked")
+@_gives_back
 def secagg_masked(message: Message, context: Context) -> Message:
     """Stage 2: the site's contribution of the round (its mechanism's), masked; this is the site's training reply."""
+    from flwr_app import task
+    from strategies import secure_aggregation as secagg
+    from strategies.mechanisms.base import SecureSumMechanism
+
     site, index, server_round, cfg, model, mechanism = _training_message(message, context)
     if not isinstance(mechanism, SecureSumMechanism):
         raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
@@ -329,6 +594,8 @@ def secagg_masked(message: Message, context: Context) -> Message:
 @app.query("secagg_unmask")
 def secagg_unmask(message: Message, context: Context) -> Message:
     """Stage 3: shares of the surviving neighbours' mask seeds and of the dropped neighbours' secret keys."""
+    from strategies import secure_aggregation as secagg
+
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]
     values = secagg.site_unmask(state, record["survivors"], record["dropped"])

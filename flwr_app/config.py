@@ -15,9 +15,11 @@ this module imports neither torch nor Flower.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,8 +68,26 @@ __all__ = [
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: How many parsed run configs :func:`parse_run_config` keeps (a process serves one run's config, or a few).
+PARSED_CONFIGS = 16
+_parsed: collections.OrderedDict[tuple, ExperimentConfig] = collections.OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def _config_key(flat: Mapping[str, Any]) -> tuple | None:
+    """A run config's content as a hashable key (each value with its type, so ``1``, ``1.0`` and ``True``
+    differ), or None when a key is not a string."""
+    if not all(isinstance(key, str) for key in flat):
+        return None
+    return tuple(sorted((key, type(value).__qualname__, repr(value)) for key, value in flat.items()))
+
+
 def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
     """Validate a flat run config (``{"data.name": "flchain", ...}``) into typed objects.
+
+    The result is memoised by the config's content (:data:`PARSED_CONFIGS` of them, least recently
+    used dropped first): the same flat config gives the same frozen object without re-running the
+    checks (a site's every message carries its run's config). A config that fails is not kept.
 
     Raises
     ------
@@ -77,6 +97,22 @@ def parse_run_config(flat: Mapping[str, Any]) -> ExperimentConfig:
         value but its default (:meth:`~strategies.mechanisms.base.Mechanism.check_keys`), or a
         configuration the mechanism cannot honour. The message names the key.
     """
+    key = _config_key(flat)
+    if key is not None:
+        with _parsed_lock:
+            if (cfg := _parsed.get(key)) is not None:
+                _parsed.move_to_end(key)
+                return cfg
+    cfg = _parse(flat)
+    if key is not None:
+        with _parsed_lock:
+            _parsed[key] = cfg
+            while len(_parsed) > PARSED_CONFIGS:
+                _parsed.popitem(last=False)
+    return cfg
+
+
+def _parse(flat: Mapping[str, Any]) -> ExperimentConfig:
     from strategies.mechanisms.registry import get_mechanism  # the mechanisms need torch; the schema does not
 
     cfg = parse_flat(flat)

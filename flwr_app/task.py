@@ -30,8 +30,6 @@ from models.data import (
 from models.data.datasets import outcome_columns
 from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
-from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves, undefined_reasons
-from models.predict import preprocessing_payload
 from models.survival import SurvivalModel, build_survival_model
 from models.time_grid import histogram_survival, interval_hazard, make_time_grid, time_counts
 from strategies.mechanisms.base import (
@@ -282,6 +280,8 @@ def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
     """What a run saves beside its model (``preprocessing.json``, read by :func:`models.predict.load_run`)."""
     setup = ("differentially private: the noisy statistics the federation agreed (privacy.setup_share), "
              "on which the model was trained" if uses_private_setup(cfg) else "exact")
+    from models.predict import preprocessing_payload
+
     return preprocessing_payload(spec.preprocessor, cuts=spec.cuts, time_scale=spec.time_scale, setup=setup,
                                  id_col=cfg.data.id_col,
                                  outcome=outcome_columns(cfg.data.name, cfg.data.time_col, cfg.data.event_col))
@@ -305,27 +305,47 @@ def load_site_table(cfg: ExperimentConfig, path: str) -> RawTable:
                       feature_cols=cfg.data.feature_cols, roles=column_roles(cfg))
 
 
-def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool = True) -> dict[str, float]:
+def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool = True,
+             predictions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Test metrics of ``model`` on the held-out records ``test``, computed from them alone.
 
     The IPCW censoring distribution (IBS, INBLL) is the Kaplan–Meier estimate of the held-out
     records' own censoring, and the evaluation grid comes from their times (fedsurv's one
     convention, :mod:`models.metrics`): a site's figures depend on the global model and its
-    held-out records only, never on its training records.
+    held-out records only, never on its training records. ``predictions``: the model's ``(times, survival,
+    risk)`` on ``test`` where the caller has them already.
     """
-    times, surv = model.predict_survival(test.x)
-    return evaluate_survival(times, surv, time=test.time, event=test.event, risk=model.risk_score(test.x),
-                             concordance_td=concordance_td)
+    from models.metrics import evaluate_survival  # scikit-survival: imported by the messages that evaluate
+
+    times, surv, risk = predictions if predictions is not None else (*model.predict_survival(test.x),
+                                                                      model.risk_score(test.x))
+    return evaluate_survival(times, surv, time=test.time, event=test.event, risk=risk, concordance_td=concordance_td)
 
 
 def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mapping[str, float], *,
                       concordance_td: bool = True) -> dict[str, str]:
     """Why each NaN metric of :func:`evaluate` on ``test`` is undefined: metric -> code of
     :data:`models.metrics.UNDEFINED_REASONS` (what a site sends beside its metrics)."""
+    from models.metrics import undefined_reasons
+
     _, surv = model.predict_survival(test.x)
     finite = bool(np.isfinite(surv).all() and np.isfinite(model.risk_score(test.x)).all())
     return undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,
                              concordance_td=concordance_td)
+
+
+def evaluate_with_reasons(model: SurvivalModel, test: SurvivalArrays, *,
+                          concordance_td: bool = True) -> tuple[dict[str, float], dict[str, str]]:
+    """:func:`evaluate` and :func:`undefined_metrics` of ``model`` on ``test`` together, predicting once
+    (what a site's evaluation reply carries)."""
+    from models.metrics import undefined_reasons
+
+    times, surv = model.predict_survival(test.x)
+    risk = model.risk_score(test.x)
+    metrics = evaluate(model, test, concordance_td=concordance_td, predictions=(times, surv, risk))
+    finite = bool(np.isfinite(surv).all() and np.isfinite(risk).all())
+    return metrics, undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,
+                                      concordance_td=concordance_td)
 
 
 #: Levels of the follow-up quantiles at which :func:`calibration` compares curves with Kaplan–Meier.
@@ -342,6 +362,8 @@ def calibration(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, ob
     Kaplan–Meier curve on the pooled test split, scored as :func:`evaluate` scores the model (the
     bar a useful model's IBS is below). Simulation only: it needs the pooled records.
     """
+    from models.metrics import calibration_table, evaluate_survival, kaplan_meier_curves
+
     train, test = dataset.pooled("train"), dataset.pooled("test")
     horizons = np.quantile(train.time, FOLLOW_UP_LEVELS)
     parts = [("pooled test", test)] + [(site.name, site.test) for site in dataset.sites]
