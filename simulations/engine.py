@@ -1,18 +1,20 @@
 """Run one experiment: the ServerApp and ClientApp of ``pyproject.toml``, from Python. The one runner.
 
-Two engines carry the same apps' messages, with the same fused run config (pyproject defaults +
-overrides, validated by :func:`resolve`) and the same outputs:
+:func:`run_simulation` fuses the run config (pyproject defaults + overrides, validated by
+:func:`resolve`), checks the outputs, and runs the same apps over one of two engines, with the
+same run.log, signal handling and outputs (``simulation.engine``; ``auto`` picks by the
+federation's size and whether a Ray cluster is running, :func:`choose_engine`):
 
-* :func:`run_simulation`: Flower's simulation engine (Ray), as ``flwr run .`` (through a
-  SuperLink) and ``python -m simulations.run`` do: the sites run in parallel in their own
-  processes. ``flwr.simulation.run_simulation`` would pass an empty run config, so we call the
-  runtime function it wraps (``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries
-  the overrides.
-* :func:`run_inprocess`: the same ServerApp and ClientApp over :class:`InProcessGrid`, a Flower
-  ``Grid`` whose nodes are ClientApp calls in this process: no Ray start, no serialisation, one
-  site at a time. Tests and repetition-heavy reproductions use it; ``observe`` sees every message
-  and its reply (audits of what the server received), and ``node_configs`` runs a deployment's
-  sites, each reading its own file. Tests check that both engines give the same run.
+* ``ray``: Flower's simulation engine, as ``flwr run .`` (through a SuperLink) uses: the sites run
+  in parallel in their own processes (Ray actors), on a cluster ``RAY_ADDRESS`` names (a sweep's,
+  :func:`ray_cluster`, or the user's, of one machine or many) or on a Ray instance started for the
+  run. ``flwr.simulation.run_simulation`` would pass an empty run config, so we call the runtime
+  function it wraps (``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries the overrides.
+* ``inprocess``: :class:`InProcessGrid`, a Flower ``Grid`` whose nodes are ClientApp calls in this
+  process: no Ray start, no serialisation, one site at a time. :func:`run_inprocess` forces it
+  and takes what only it offers: ``observe`` sees every message and its reply (audits of what
+  the server received), and ``node_configs`` runs a deployment's sites, each reading its own
+  file. Tests check that both engines give the same run.
 
 A split run's simulated sites keep their trained encoders in the run's directory: each gets node
 config ``model-dir = <output dir>/sites/<modality>`` (:func:`site_node_configs`; in a deployment the
@@ -74,6 +76,7 @@ from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_c
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 from models.split_run import SITES_DIR
+from strategies.config import AUTO, ENGINES, INPROCESS_MAX_SITES
 from strategies.mechanisms.registry import get_mechanism
 
 #: Seconds between the simulation runtime's looks for new messages to the sites (Flower's: 0.1 s).
@@ -371,85 +374,6 @@ def _num_sites(cfg: ExperimentConfig) -> int:
     return task.load_federation(cfg).num_sites
 
 
-def run_simulation(overrides: Mapping[str, Any], *, cpus_per_site: float = 1.0, verbose: bool = False) -> dict[str, Any]:
-    """Run one experiment and return its ``summary.json``.
-
-    The number of simulated SuperNodes is the number of sites of the run's data set (for a
-    natural partition that is the number of groups, known only once the data are loaded; for
-    split learning the number of modalities).
-
-    In the main thread, SIGINT and SIGTERM stop the run after the round in progress, with its
-    checkpoint written (:mod:`flwr_app.interrupt`), and a second signal stops it at once. When
-    the function returns or raises, no Ray process it started is left. An error is written with
-    its traceback to the run's ``run.log`` (:mod:`flwr_app.runlog`).
-
-    Raises
-    ------
-    ConfigError
-        For a bad run config, or an ``output.dir`` that holds another run (checked before Ray starts).
-    flwr_app.interrupt.StopRequested
-        When a signal stopped the run between two rounds (split learning: epochs).
-    flwr_app.interrupt.Interrupted
-        When a second signal stopped it at once.
-    """
-    fused, cfg, outputs = _prepare(overrides, "run_simulation")
-    with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), _ray_processes_ended():
-        with interrupt.at_once_allowed():
-            _simulate(overrides, fused, cfg, outputs, cpus_per_site=cpus_per_site, verbose=verbose)
-    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))
-
-
-def _simulate(overrides: Mapping[str, Any], fused: dict[str, Any], cfg: ExperimentConfig, outputs: RunOutputs, *,
-              cpus_per_site: float, verbose: bool) -> None:
-    """Start Flower's simulation runtime with the ServerApp and ClientApp of ``pyproject.toml``.
-
-    Unless ``verbose``, the runtime's log (its warnings and errors: e.g. every failed message of a
-    site, with its traceback) goes to the run's ``run.log`` only.
-    """
-    num_sites = _num_sites(cfg)
-    if not get_mechanism(cfg.strategy).vertical and num_sites < cfg.federation.min_sites:
-        raise ConfigError(
-            f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
-        )
-    _ray_environment()
-    run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
-    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-    run.federation_id = NOOP_FEDERATION_ID
-    run.override_config = dict(overrides)
-    # As flwr.simulation.run_simulation does for its own Run: messages are stamped with these.
-    TaskIdentity.task_id = 1
-    TaskIdentity.run_id = run.run_id
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
-    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
-    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    if not verbose:
-        flwr_logger.setLevel(logging.WARNING)
-    try:
-        with _frequent_message_pickup(), _node_configs(site_node_configs(cfg, outputs, num_sites)), \
-                _keep_sigterm_handler(), \
-                contextlib.nullcontext() if verbose else runlog.logger_records("flwr", outputs.directory):
-            _run_simulation(
-                num_supernodes=num_sites,
-                exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                server_app_attr=components["serverapp"],
-                client_app_attr=components["clientapp"],
-                backend_name="ray",
-                backend_config={
-                    "client_resources": {"num_cpus": cpus_per_site, "num_gpus": 0.0},
-                    "init_args": {"include_dashboard": False, "log_to_driver": verbose},
-                },
-                app_dir=str(PROJECT_ROOT),
-                run=run,
-                server_app_context=context,
-                is_app=True,
-                verbose_logging=verbose,
-            )
-    finally:
-        flwr_logger.setLevel(level)
-
-
 #: The run ID of every :func:`run_inprocess` run (one run per grid).
 INPROCESS_RUN_ID = 1
 
@@ -554,25 +478,167 @@ class InProcessGrid(Grid):
         return replies
 
 
-def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,
-                  node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Run one experiment with the ServerApp and ClientApp over :class:`InProcessGrid`; return its summary.
+# ------------------------------------------------------------------ the runner and its two engines
 
-    Any strategy, horizontal or split. The run config is fused and validated as
-    :func:`run_simulation` does, with one node per site (split: per modality), or one per entry of
-    ``node_configs`` (a deployment's sites, each reading its own file). ``observe`` and
-    ``node_configs`` are passed to :class:`InProcessGrid` (default :func:`site_node_configs`: a split run's
-    sites keep their encoders in the run's directory). Whatever the ServerApp raises (a failed
-    run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates; no run starts
-    once a stop was requested (:func:`flwr_app.interrupt.run_stoppable`).
+#: The engines that carry a simulation's messages (``simulation.engine``; ``auto`` picks one: :func:`choose_engine`).
+RAY, INPROCESS = "ray", "inprocess"
+
+
+def choose_engine(engine: str, num_sites: int) -> str:
+    """The engine that runs a federation of ``num_sites`` sites: ``engine``, unless it is ``auto``.
+
+    ``auto`` is Ray while ``RAY_ADDRESS`` names a running cluster (a sweep's, :func:`ray_cluster`, or
+    one the user started for their runs), else the in-process grid up to
+    :data:`~strategies.config.INPROCESS_MAX_SITES` sites and Ray above: up to there the in-process
+    grid is faster, since it pays no Ray start, no actors and no serialisation, while Ray runs
+    the sites in parallel, which pays off once a round has many sites' training to do
+    (the measurements: ``docs/howto/experiments.md``, "Which engine").
     """
+    if engine not in ENGINES:
+        raise ConfigError(f"simulation.engine = {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine != AUTO:
+        return engine
+    if os.environ.get("RAY_ADDRESS"):
+        return RAY
+    return INPROCESS if num_sites <= INPROCESS_MAX_SITES else RAY
+
+
+def run_simulation(overrides: Mapping[str, Any], *, engine: str | None = None, cpus_per_site: float = 1.0,
+                   verbose: bool = False, observe: Callable[[Message, Message], None] | None = None,
+                   node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Run one experiment with the ServerApp and ClientApp of ``pyproject.toml`` and return its ``summary.json``.
+
+    The one runner of every simulation (``python -m simulations.run``, the sweeps, :func:`fedsurv.fit`,
+    the tests and benchmarks); ``engine`` (default: the run config's ``simulation.engine``,
+    :func:`choose_engine`) picks what carries the messages:
+
+    * ``"ray"``: Flower's simulation engine, one Ray actor per site, the sites in parallel
+      (``cpus_per_site`` CPUs each); on the cluster ``RAY_ADDRESS`` names if set
+      (:func:`ray_cluster`, or the user's), else on a Ray instance started for the run.
+    * ``"inprocess"``: :class:`InProcessGrid`, the sites one at a time in this process.
+      ``observe`` and ``node_configs`` are for this engine only (:class:`InProcessGrid`).
+
+    The number of sites is the data set's (for a natural partition the number of groups, known
+    only once the data are loaded; for split learning the number of modalities), or the number
+    of ``node_configs``. Either engine keeps the same promises:
+
+    * In the main thread, SIGINT and SIGTERM stop the run after the round in progress, with its
+      checkpoint written (:mod:`flwr_app.interrupt`), and a second signal stops it at once. No
+      run starts once a stop was requested (:func:`flwr_app.interrupt.run_stoppable`).
+    * An error is written with its traceback to the run's ``run.log`` (:mod:`flwr_app.runlog`);
+      unless ``verbose``, the records of Flower's logger (warnings and errors, e.g. every failed
+      message of a site) go there only.
+    * When the function returns or raises, no Ray process it started is left.
+
+    Raises
+    ------
+    ConfigError
+        For a bad run config, fewer sites than ``federation.min_sites``, or an ``output.dir`` that
+        holds another run (checked before any engine starts).
+    flwr_app.interrupt.StopRequested
+        When a signal stopped the run between two rounds (split learning: epochs).
+    flwr_app.interrupt.Interrupted
+        When a second signal stopped it at once.
+    """
+    return _run(overrides, engine=engine, cpus_per_site=cpus_per_site, verbose=verbose, observe=observe,
+                node_configs=node_configs)
+
+
+def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,
+                  node_configs: Sequence[Mapping[str, Any]] | None = None, verbose: bool = False) -> dict[str, Any]:
+    """:func:`run_simulation` over :class:`InProcessGrid` whatever ``simulation.engine`` says; return the summary.
+
+    Any strategy, horizontal or split, with one node per site (split: per modality), or one per
+    entry of ``node_configs`` (a deployment's sites, each reading its own file; default
+    :func:`site_node_configs`: a split run's sites keep their encoders in the run's directory).
+    ``observe(message, reply)`` sees every message and its reply. Whatever the ServerApp raises
+    (a failed run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates.
+    """
+    return _run(overrides, engine=INPROCESS, cpus_per_site=1.0, verbose=verbose, observe=observe,
+                node_configs=node_configs)
+
+
+def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: float, verbose: bool,
+         observe: Callable[[Message, Message], None] | None,
+         node_configs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The runner behind :func:`run_simulation` and :func:`run_inprocess` (which a test may replace separately)."""
     interrupt.raise_before_run()
-    fused, cfg, outputs = _prepare(overrides, "run_inprocess")
-    num_nodes = len(node_configs) if node_configs is not None else _num_sites(cfg)
+    fused, cfg, outputs = _prepare(overrides, "run_simulation")
+    simulated = node_configs is None
+    num_sites = _num_sites(cfg) if node_configs is None else len(node_configs)
+    chosen = choose_engine(engine or cfg.engine, num_sites)
+    if chosen == RAY and not (observe is None and node_configs is None):
+        raise ValueError("observe and node_configs need engine='inprocess'")
     if node_configs is None:
-        node_configs = site_node_configs(cfg, outputs, num_nodes)
+        node_configs = site_node_configs(cfg, outputs, num_sites)
+    with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), \
+            _ray_processes_ended() if chosen == RAY else contextlib.nullcontext():
+        with interrupt.at_once_allowed():
+            if simulated and not get_mechanism(cfg.strategy).vertical and num_sites < cfg.federation.min_sites:
+                raise ConfigError(
+                    f"the federation has {num_sites} site(s) but federation.min_sites = {cfg.federation.min_sites}"
+                )
+            with _flower_log(outputs, verbose):
+                if chosen == RAY:
+                    _run_on_ray(overrides, fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
+                else:
+                    _run_in_process(fused, node_configs, observe=observe)
+    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))
+
+
+@contextlib.contextmanager
+def _flower_log(outputs: RunOutputs, verbose: bool) -> Iterator[None]:
+    """Unless ``verbose``, Flower's logger records warnings and errors only, in the run's ``run.log`` only."""
+    if verbose:
+        yield
+        return
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)
+    try:
+        with runlog.logger_records("flwr", outputs.directory):
+            yield
+    finally:
+        flwr_logger.setLevel(level)
+
+
+def _run_on_ray(overrides: Mapping[str, Any], fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,
+                cpus_per_site: float, verbose: bool) -> None:
+    """The Ray engine: Flower's simulation runtime with the ServerApp and ClientApp of ``pyproject.toml``."""
+    _ray_environment()
+    run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
+    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+    run.federation_id = NOOP_FEDERATION_ID
+    run.override_config = dict(overrides)
+    # As flwr.simulation.run_simulation does for its own Run: messages are stamped with these.
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = run.run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
+    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
+    with _frequent_message_pickup(), _node_configs(node_configs), _keep_sigterm_handler():
+        _run_simulation(
+            num_supernodes=len(node_configs),
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            server_app_attr=components["serverapp"],
+            client_app_attr=components["clientapp"],
+            backend_name="ray",
+            backend_config={
+                "client_resources": {"num_cpus": cpus_per_site, "num_gpus": 0.0},
+                "init_args": {"include_dashboard": False, "log_to_driver": verbose},
+            },
+            app_dir=str(PROJECT_ROOT),
+            run=run,
+            server_app_context=context,
+            is_app=True,
+            verbose_logging=verbose,
+        )
+
+
+def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,
+                    observe: Callable[[Message, Message], None] | None) -> None:
+    """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
-    grid = InProcessGrid(client_app.app, fused, num_nodes, observe=observe, node_configs=node_configs)
+    grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs)
     server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                                  state=RecordDict(), run_config=fused))
-    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))

@@ -7,8 +7,10 @@ Examples
 ``python -m simulations.run data=sba federation.partition=region``
 ``python -m simulations.run data=csv data.path=/abs/site.csv data.time_col=t data.event_col=e``
 
-The run goes through Flower's simulation engine (Ray) with the ServerApp and ClientApp of
-``flwr_app``; with ``baseline.centralized=true`` (default) the same model is also trained on the
+The run goes through the ServerApp and ClientApp of ``flwr_app``, carried by Flower's simulation
+engine (Ray) or the in-process grid (``simulation.engine``: ``auto`` takes the in-process grid for
+a small federation, Ray for a large one or on the cluster ``RAY_ADDRESS`` names;
+:func:`simulations.engine.run_simulation`); with ``baseline.centralized=true`` (default) the same model is also trained on the
 pooled training data and reported beside the federated result.
 
 Ending. The outputs go to Hydra's run directory (or ``output.dir``), which must not hold another

@@ -36,9 +36,13 @@ record-level DP-SGD, the maximum over sites: their records are disjoint). Per-si
 never read, let alone averaged; across seeds, ``summary.csv`` reports the largest headline epsilon
 (``epsilon_max``), not a mean.
 
-Ray. The jobs connect to one local Ray cluster that the sweep starts before its first job and stops
-after its last (:func:`simulations.engine.ray_cluster`; a cluster named by ``RAY_ADDRESS`` is used
-instead and left running), so each job saves Ray's start and stop (about 4 s on 2 cores).
+Ray. The jobs connect to one Ray cluster that the sweep starts before its first job and stops after
+its last (:func:`simulations.engine.ray_cluster`), so each job saves Ray's start and stop (about 4 s
+on 2 cores). With ``RAY_ADDRESS`` set, the jobs use that cluster instead (one of the user's, on one
+machine or many: ``ray start --head`` and ``ray start --address=...`` on each worker) and leave it
+running. ``simulation.engine = auto`` runs every job on the cluster (:func:`simulations.engine.choose_engine`);
+with ``simulation.engine=inprocess`` (not swept) the jobs run over the in-process grid and the sweep
+starts no cluster.
 
 Failures. A job that raises (bad configuration, data error, a crash inside the simulation) does not
 stop the sweep: the job writes ``status.json`` with the error and returns. After each job Ray is
@@ -89,6 +93,8 @@ TAIL_COLUMNS = ["wall_time_s", "output_dir", "error"]
 _SWEPT_KEYS = {"strategy", "strategy.name", "privacy.epsilon", "seed", "output.dir", "privacy"}
 # Overrides already visible as columns of the tables.
 _COLUMN_KEYS = {"data", "data.name", "model", "model.name", "federation.rounds", "federation.num_sites"}
+# Overrides that change how a run is carried, not what it computes (both engines give the same run).
+_ENGINE_KEYS = {"simulation.engine"}
 _RAY_DAEMONS = {"raylet", "gcs_server"}
 
 
@@ -158,12 +164,12 @@ def variant_of(overrides: Iterable[str]) -> str:
     """The Hydra overrides that define a setting beyond the table's columns (sorted, space-joined).
 
     Left out: the swept keys (strategy, epsilon, seed), keys shown as columns (data, model,
-    rounds, sites) and ``hydra.*``.
+    rounds, sites), ``simulation.engine`` (the engines give the same run) and ``hydra.*``.
     """
     kept = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
-        if key in _SWEPT_KEYS or key in _COLUMN_KEYS or key.startswith("hydra."):
+        if key in _SWEPT_KEYS or key in _COLUMN_KEYS or key in _ENGINE_KEYS or key.startswith("hydra."):
             continue
         kept.append(override)
     return " ".join(sorted(kept))
@@ -544,10 +550,14 @@ class SweepReport(_Callback):  # type: ignore[misc]
         self._ray = contextlib.ExitStack()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        """Start the Ray cluster the jobs connect to (:func:`simulations.engine.ray_cluster`)."""
-        from simulations.engine import ray_cluster
+        """Start the Ray cluster the jobs connect to (:func:`simulations.engine.ray_cluster`), unless every job runs
+        in process (``simulation.engine=inprocess``, not swept: a swept key keeps its default here)."""
+        from omegaconf import OmegaConf
 
-        self._ray.enter_context(ray_cluster())
+        from simulations.engine import INPROCESS, ray_cluster
+
+        if OmegaConf.select(config, "simulation.engine", default=None) != INPROCESS:
+            self._ray.enter_context(ray_cluster())
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         """Stop the cluster, gather the sweep directory and check that the sweep left no Ray process running."""

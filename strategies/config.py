@@ -321,6 +321,13 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: B
     return field(metadata={"setting": Setting(default, help, choices, bounds, auto, infinite, key)})
 
 
+#: ``simulation.engine``'s values.
+ENGINES = (AUTO, "ray", "inprocess")
+#: ``simulation.engine = auto`` runs a federation of up to this many sites over the in-process grid, a larger one on
+#: Ray (measured: docs/howto/experiments.md, "Which engine").
+INPROCESS_MAX_SITES = 500
+
+
 # ------------------------------------------------------------------ the schema
 
 
@@ -599,6 +606,11 @@ class ExperimentConfig:
                                                "data", key="baseline.centralized")
     resume_from: str = setting("", "horizontal: a run directory (or its checkpoint.pt) to continue after its last "
                                    "completed round", key="resume.from")
+    engine: str = setting(AUTO, "simulation only: what carries the messages of python -m simulations.run, its sweeps "
+                                "and fedsurv.fit: ray (Flower's simulation engine, the sites in parallel) or "
+                                "inprocess (the same apps over an in-process grid, one site at a time); auto = "
+                                f"inprocess up to {INPROCESS_MAX_SITES} sites, ray above or on a running Ray cluster "
+                                "(RAY_ADDRESS: a sweep's, or yours)", choices=ENGINES, key="simulation.engine")
     debug: DebugConfig
 
     def as_dict(self) -> dict[str, Any]:
@@ -674,6 +686,7 @@ MECHANISM_KEYS: tuple[str, ...] = (
 COMMON_KEYS: tuple[str, ...] = (
     "seed", "strategy.name", "data.*", "model.name", "model.num_durations", "model.time_grid", "train.num_threads",
     "federation.rounds", "federation.timeout_s", "output.dir", "evaluation.*", "baseline.*", "debug.*",
+    "simulation.*",
 )
 
 
@@ -977,7 +990,13 @@ def _check_vertical_files(cfg: ExperimentConfig) -> None:
 
 
 def _check_deployment(cfg: ExperimentConfig) -> None:
-    """A deployment (``data.name = "site_files"``): the server holds no pooled data."""
+    """A deployment (``data.name = "site_files"``): the server holds no pooled data, and no simulation engine carries
+    its messages."""
+    if cfg.engine != AUTO:
+        raise ConfigError(
+            f"run config: 'simulation.engine' = {cfg.engine!r} chooses how a simulation carries its messages; a "
+            f"deployment (data.name = {DEPLOYED_DATA!r}) runs over its SuperLink and must leave it at {AUTO!r}"
+        )
     if cfg.server_evaluation or cfg.centralized_baseline:
         raise ConfigError(
             f"run config: data.name = {DEPLOYED_DATA!r} (a deployment) leaves no pooled data at the server: set "

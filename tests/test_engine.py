@@ -92,3 +92,49 @@ def test_a_simulation_with_fewer_supernodes_than_sites_is_refused_naming_the_opt
     assert wait_for_sites(_Nodes(5), 5, simulated=True, settle_s=0.3) == 5
     # a deployment waits for late sites instead, then starts with those connected
     assert wait_for_sites(_Nodes(2), 5, simulated=False, settle_s=0.3, timeout_s=1.0) == 2
+
+
+# ------------------------------------------------------------------ simulation.engine (issue 28, item 2)
+
+
+def test_auto_runs_small_federations_in_process_and_large_ones_or_any_on_a_running_cluster_on_ray(monkeypatch):
+    from strategies.config import INPROCESS_MAX_SITES
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert engine.choose_engine("auto", 5) == engine.INPROCESS
+    assert engine.choose_engine("auto", INPROCESS_MAX_SITES) == engine.INPROCESS
+    assert engine.choose_engine("auto", INPROCESS_MAX_SITES + 1) == engine.RAY
+    assert engine.choose_engine("ray", 5) == engine.RAY
+    assert engine.choose_engine("inprocess", 10_000) == engine.INPROCESS
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a sweep's cluster, or the user's
+    assert engine.choose_engine("auto", 5) == engine.RAY
+    assert engine.choose_engine("inprocess", 5) == engine.INPROCESS
+
+
+def test_the_engine_key_is_refused_in_a_deployment_and_a_bad_value_names_the_key():
+    from flwr_app.config import ConfigError
+    from strategies.config import parse_flat
+
+    deployment = {"data.name": "site_files", "evaluation.server_side": False, "baseline.centralized": False}
+    assert parse_flat(deployment).engine == "auto"
+    with pytest.raises(ConfigError, match="'simulation.engine' = 'ray'.*deployment.*'auto'"):
+        parse_flat({**deployment, "simulation.engine": "ray"})
+    with pytest.raises(ConfigError, match="'simulation.engine' = 'spark'; choose one of auto, ray, inprocess"):
+        parse_flat({"simulation.engine": "spark"})
+
+
+def test_run_simulation_dispatches_on_the_key_and_keeps_run_log_and_no_ray(tmp_path, monkeypatch):
+    """``simulation.engine = inprocess`` through run_simulation: the in-process engine runs (no Ray start), with the
+    run's run.log; observe and node_configs are refused on Ray."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ran = []
+    original = engine._run_in_process
+    monkeypatch.setattr(engine, "_run_in_process", lambda *args, **kwargs: (ran.append(True), original(*args, **kwargs)))
+    monkeypatch.setattr(engine, "_run_on_ray", lambda *args, **kwargs: pytest.fail("Ray was started"))
+    summary = engine.run_simulation({"federation.num_sites": 2, "federation.rounds": 1, "baseline.centralized": False,
+                                     "simulation.engine": "inprocess", "output.dir": str(tmp_path / "run")})
+    assert ran == [True] and summary["rounds"] == 1
+    assert (tmp_path / "run" / "run.log").read_text(encoding="utf-8").splitlines()[0].startswith("fedsurv: fedavg")
+    with pytest.raises(ValueError, match="observe and node_configs need engine='inprocess'"):
+        engine.run_simulation({"federation.num_sites": 2, "output.dir": str(tmp_path / "ray")}, engine="ray",
+                              observe=lambda message, reply: None)
