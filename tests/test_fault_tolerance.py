@@ -169,7 +169,7 @@ def test_bad_fault_settings_name_the_key(override, message):
 @pytest.mark.slow
 def test_flower_simulation_handles_the_failure_as_the_in_process_engine_does(dp_sgd_site_fails, tmp_path):
     local_dir, overrides, local = dp_sgd_site_fails
-    flower = run_simulation({**overrides, "output.dir": str(tmp_path)})
+    flower = run_simulation({**overrides, "output.dir": str(tmp_path)}, engine="ray")
     for directory in (tmp_path, local_dir):  # Flower's reason adds Ray's traceback to the site's own message
         metrics = _read_jsonl(directory / "metrics.jsonl")
         assert [len(line["failures"]) for line in metrics] == [0, 1, 1]

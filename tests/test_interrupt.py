@@ -222,13 +222,17 @@ def _group_processes(pgid: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["SIGINT-to-the-group", "SIGTERM-to-the-pid"])
-def test_a_signal_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_finishes_it(tmp_path, signum, to_group):
-    """Ctrl-C in a terminal signals the whole process group; a process manager (systemd, supervisord, a batch
-    system's first notice) signals the main PID alone: either stops the run after the round in progress."""
+@pytest.mark.parametrize(("signum", "to_group", "engine"), [(signal.SIGINT, True, "ray"),
+                                                          (signal.SIGTERM, False, "inprocess")],
+                         ids=["SIGINT-to-the-group-on-ray", "SIGTERM-to-the-pid-in-process"])
+def test_a_signal_stops_the_cli_run_after_the_round_leaving_nothing_and_resume_finishes_it(tmp_path, signum, to_group,
+                                                                                           engine):
+    """Ctrl-C in a terminal signals the whole process group (Ray's processes included); a process manager
+    (systemd, supervisord, a batch system's first notice) signals the main PID alone: either stops the run after
+    the round in progress, on either engine."""
     run_dir = tmp_path / "run"
-    settings = ["federation.num_sites=3", "federation.rounds=4", "baseline.centralized=false"]
+    settings = ["federation.num_sites=3", "federation.rounds=4", "baseline.centralized=false",
+                f"simulation.engine={engine}"]
     command = [sys.executable, "-m", "simulations.run", *settings]
     process = subprocess.Popen([*command, f"hydra.run.dir={run_dir}"], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # a group, as a shell job

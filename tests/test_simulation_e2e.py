@@ -32,7 +32,7 @@ HAZARD = {"federation.num_sites": 3, "federation.rounds": 4, "baseline.centraliz
 @pytest.fixture(scope="module")
 def hazard_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("hazard")
-    return out, run_simulation({**HAZARD, "output.dir": str(out)})
+    return out, run_simulation({**HAZARD, "output.dir": str(out)}, engine="ray")
 
 
 def test_hazard_mlp_fedavg_learns_and_writes_every_output(hazard_run):
@@ -62,7 +62,7 @@ def test_hazard_mlp_fedavg_learns_and_writes_every_output(hazard_run):
 def test_cox_mlp_gets_its_baseline_from_federated_breslow_aggregates(tmp_path):
     overrides = {"model.name": "cox_mlp", "federation.num_sites": 3, "federation.rounds": 3,
                  "output.dir": str(tmp_path), "baseline.centralized": False}
-    summary = run_simulation(overrides)
+    summary = run_simulation(overrides, engine="ray")
     assert summary["test"]["c_index"] > 0.77
     # Survival curves from the federated baseline must beat the covariate-free KM curve.
     assert summary["test"]["ibs"] < km_reference_ibs(overrides)
@@ -72,7 +72,7 @@ def test_cox_mlp_gets_its_baseline_from_federated_breslow_aggregates(tmp_path):
 
 def test_rerun_with_the_same_seed_reproduces_every_round(hazard_run, tmp_path):
     first_dir, first = hazard_run
-    second = run_simulation({**HAZARD, "baseline.centralized": False, "output.dir": str(tmp_path)})
+    second = run_simulation({**HAZARD, "baseline.centralized": False, "output.dir": str(tmp_path)}, engine="ray")
     # Training is bitwise reproducible (replies are aggregated in a fixed order) ...
     first_model = torch.load(first_dir / "model.pt", weights_only=False)["state_dict"]
     second_model = torch.load(tmp_path / "model.pt", weights_only=False)["state_dict"]
@@ -91,7 +91,7 @@ def test_dp_sgd_spends_at_most_its_budget_and_the_ledger_is_exact(tmp_path):
 
     target = 1.0
     summary = run_simulation({"strategy.name": "dp_sgd", "privacy.epsilon": target, "federation.num_sites": 3,
-                              "federation.rounds": 3, "output.dir": str(tmp_path), "baseline.centralized": False})
+                              "federation.rounds": 3, "output.dir": str(tmp_path), "baseline.centralized": False}, engine="ray")
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 9 and {entry["unit"] for entry in ledger} == {"record"}
     by_site = {}
@@ -121,7 +121,7 @@ def test_central_dp_is_accounted_per_site_over_rounds_without_amplification(tmp_
 
     summary = run_simulation({"strategy.name": "central_dp", "privacy.epsilon": 4.0, "federation.num_sites": 3,
                               "federation.rounds": 2, "privacy.clip_norm": 0.1, "output.dir": str(tmp_path),
-                              "baseline.centralized": False})
+                              "baseline.centralized": False}, engine="ray")
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 6 and {(entry["mechanism"], entry["unit"]) for entry in ledger} == {("central_dp", "site")}
     sigma = ledger[0]["noise_multiplier"]
@@ -143,7 +143,7 @@ def test_bdp_reports_epsilon_mu_with_the_classical_epsilon_beside_it_and_reruns_
     for name in ("first", "second"):
         out = tmp_path / name
         summary = run_simulation({"strategy.name": "bdp", "privacy.epsilon": 2.0, "federation.num_sites": 3,
-                                  "federation.rounds": 2, "output.dir": str(out), "baseline.centralized": True})
+                                  "federation.rounds": 2, "output.dir": str(out), "baseline.centralized": True}, engine="ray")
         ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
         runs.append((summary, ledger))
     summary, ledger = runs[0]

@@ -21,7 +21,7 @@ RUN = {
 
 
 def test_flower_split_run_equals_the_in_process_run(tmp_path):
-    flower = run_simulation({**RUN, "output.dir": str(tmp_path / "flower")})
+    flower = run_simulation({**RUN, "output.dir": str(tmp_path / "flower")}, engine="ray")
     local = run_inprocess({**RUN, "output.dir": str(tmp_path / "local")})
     # one message per site per batch, plus the last gradient, through real Flower messages (Ray or in process)
     assert flower["round_trips"] == flower["batches"] + 1 and flower["batches"] == local["batches"]
@@ -45,7 +45,7 @@ def test_flower_private_split_run_equals_the_in_process_run_and_a_site_error_is_
 
     run = {"strategy.name": "private_split", "data.name": "synthetic_multimodal", "split.modalities": "a,b",
            "privacy.epsilon": 10.0, "federation.rounds": 3, "split.mc_samples": 4, "baseline.centralized": False}
-    flower = run_simulation({**run, "output.dir": str(tmp_path / "flower")})
+    flower = run_simulation({**run, "output.dir": str(tmp_path / "flower")}, engine="ray")
     local = run_inprocess({**run, "output.dir": str(tmp_path / "local")})
     # each site kept its preprocessing, encoder and cache in context.state between messages (Ray actors): same run
     assert flower["test"] == local["test"] and flower["privacy"] == local["privacy"]
@@ -53,7 +53,7 @@ def test_flower_private_split_run_equals_the_in_process_run_and_a_site_error_is_
     bad = {**run, "split.modalities": "a,b,c", "privacy.epsilon": 1.0, "data.synthetic_records": 400,
            "output.dir": str(tmp_path / "small")}
     with pytest.raises(SplitSiteError) as caught:
-        run_simulation(bad)
+        run_simulation(bad, engine="ray")
     line, code = describe_failure(caught.value, resolve(bad)[0])
     assert code == 1 and "ray::" not in line
     # every site is too small; whichever site's reply the server reads first is the one named

@@ -28,7 +28,7 @@ def _read_jsonl(path):
 def _run(tmp_path_factory, name, overrides):
     out = tmp_path_factory.mktemp(name)
     overrides = {**overrides, "output.dir": str(out)}
-    return out, overrides, run_simulation(overrides)
+    return out, overrides, run_simulation(overrides, engine="ray")
 
 
 @pytest.fixture(scope="module")
