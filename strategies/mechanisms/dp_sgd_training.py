@@ -21,11 +21,16 @@ sets), so per-sample clipping would not bound one record's influence and is refu
 Three interchangeable backends give the same update (tested to float32 round-off):
 ``"torch_func"`` materialises per-sample gradients with ``functional_call`` + ``vmap`` + ``grad``
 (:func:`per_sample_gradients`), ``"opacus"`` with opacus' ``GradSampleModule`` hooks
-(:func:`per_sample_gradients_opacus`), and ``"ghost"`` (default) computes the exact per-sample
-norms of the HazardMLP's Linear layers from activations and output gradients and forms the
-clipped sum with one matrix product per layer (:func:`clipped_sum_ghost`), never materialising
-per-sample gradients (``on_step`` gets their Gram matrix from the same factors). On the FSL-BDP hazard MLP (batch 128,
-one thread) ``"ghost"`` is several times faster than the other two (``benchmarks/dp_step.py``).
+(:func:`per_sample_gradients_opacus`), and ``"ghost"`` (default) never materialises them: one
+forward pass and one backward pass to the Linear layers' outputs give every layer's inputs
+:math:`a_{il}` and output gradients :math:`\delta_{il}` (:func:`_ghost_backward`); the exact
+per-record norms :math:`\lVert g_i\rVert^2 = \sum_l \lVert\delta_{il}\rVert^2(\lVert a_{il}\rVert^2 + 1)`
+of all layers come from two matrix products (:func:`_ghost_clip`), and the noisy clipped sum is
+written straight into ``.grad`` with one ``addmm``/``addmv`` per parameter,
+:math:`\tfrac{\sigma C}{qn} z + \tfrac1{qn}(f \odot \delta_l)^\top A_l` (:func:`_ghost_noisy_grads`);
+``on_step`` gets the Gram matrix from the same factors. On the FSL-BDP hazard MLP (batch 128, one
+thread) a ``"ghost"`` step costs about 1.2 plain steps, the other two 8 to 17
+(``benchmarks/dp_step.py``).
 
 No Flower imports here. The mechanism object and its schedule maths (torch-free) are
 :mod:`strategies.mechanisms.dp_sgd`; its ``site_round`` imports this module.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Literal
 
@@ -45,7 +51,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from models.losses import logistic_hazard_nll
-from models.survival import HazardMLP, HazardModel, SurvivalModel
+from models.survival import HazardMLP, HazardModel, SurvivalModel, _discretise_tensor
 from models.training import ProximalTerm
 from strategies.mechanisms.dp_sgd import poisson_schedule
 from strategies.validation import check_positive, check_sample_rate
@@ -277,18 +283,73 @@ def per_sample_gradients_opacus(
     return grads, losses.detach()
 
 
-def _linear_chain(net: nn.Module) -> list[nn.Module] | None:
-    """The layers of a :class:`models.survival.HazardMLP` when every one is ``nn.Linear`` or
-    parameter- and buffer-free (activations, dropout); otherwise None."""
+class _GhostPlan:
+    """A :class:`models.survival.HazardMLP`'s chain of Linear and parameter-free layers, worked out once.
+
+    ``linear`` are the Linear layers, ``params`` their weights and biases in
+    ``net.named_parameters()`` order (which is also the order of the noise draws) with their
+    ``names``; ``split`` cuts a (B, sum of widths) matrix into per-layer column blocks.
+    :meth:`indicators` gives the 0/1 matrices that turn squared entries into per-layer squared
+    norms with one matrix product (:func:`_ghost_clip`).
+    """
+
+    def __init__(self, layers: tuple[nn.Module, ...], linear: list[nn.Linear], names: list[str]) -> None:
+        self.layers, self.linear, self.names = layers, tuple(linear), names
+        self.params = [p for layer in linear for p in (layer.weight, layer.bias) if p is not None]
+        self._in = [layer.in_features for layer in linear]
+        self._out = [layer.out_features for layer in linear]
+        self._has_bias = [layer.bias is not None for layer in linear]
+        self._indicators: dict[torch.dtype, tuple[Tensor, Tensor, Tensor]] = {}
+
+    def indicators(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """``(S_in, b, S_out)``, shapes (L, sum of widths), (L, 1), (L, sum of widths):
+        ``S[l, k] = 1`` when column ``k`` belongs to layer ``l``; ``b[l] = 1`` when layer ``l``
+        has a bias."""
+        if dtype not in self._indicators:
+            def block(widths: list[int]) -> Tensor:
+                return torch.block_diag(*[torch.ones(1, w, dtype=dtype) for w in widths])
+            bias = torch.tensor(self._has_bias, dtype=dtype).unsqueeze(1)
+            self._indicators[dtype] = (block(self._in), bias, block(self._out))
+        return self._indicators[dtype]
+
+    def split(self, matrix: Tensor) -> list[Tensor]:
+        """Column blocks of a (B, sum of output widths) matrix, one per Linear layer."""
+        return list(matrix.split(self._out, dim=1))
+
+
+#: One plan per net, rebuilt when ``net.layers`` no longer holds the same modules.
+_PLANS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], _GhostPlan | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _ghost_plan(net: nn.Module) -> _GhostPlan | None:
+    """The :class:`_GhostPlan` of a HazardMLP whose layers are all ``nn.Linear`` or parameter- and
+    buffer-free (activations, dropout) and whose parameters are exactly those layers'; else None.
+    Cached per net and checked against the current ``net.layers`` on every call."""
     layers = getattr(net, "layers", None)
     if not isinstance(net, HazardMLP) or not isinstance(layers, nn.Sequential):
         return None
-    for layer in layers:
-        if isinstance(layer, nn.Linear):
-            continue
-        if any(True for _ in layer.parameters()) or any(True for _ in layer.buffers()):
-            return None
-    return list(layers)
+    key = tuple(layers)
+    cached = _PLANS.get(net)
+    if cached is not None and len(cached[0]) == len(key) and all(a is b for a, b in zip(cached[0], key)):
+        return cached[1]
+    plan = None
+    if all(isinstance(layer, nn.Linear) or not (any(True for _ in layer.parameters())
+                                                or any(True for _ in layer.buffers())) for layer in key):
+        linear = [layer for layer in key if isinstance(layer, nn.Linear)]
+        named = list(net.named_parameters())
+        chain = [p for layer in linear for p in (layer.weight, layer.bias) if p is not None]
+        if len(named) == len(chain) and all(p is q for (_, p), q in zip(named, chain)):
+            plan = _GhostPlan(key, linear, [name for name, _ in named])
+    _PLANS[net] = (key, plan)
+    return plan
+
+
+def _linear_chain(net: nn.Module) -> list[nn.Module] | None:
+    """The layers of a HazardMLP that :func:`clipped_sum_ghost` handles (see :func:`_ghost_plan`); else None."""
+    plan = _ghost_plan(net)
+    return None if plan is None else list(plan.layers)
 
 
 class PerSampleView:
@@ -402,45 +463,107 @@ def clipped_sum_ghost(
     """
     model = _require_hazard_model(model)
     clip_norm = check_positive(clip_norm, "clip_norm")
-    layers = _linear_chain(model.net)
-    if layers is None:
+    plan = _ghost_plan(model.net)
+    if plan is None:
         raise ValueError("clipped_sum_ghost needs a HazardMLP of Linear layers and parameter-free modules")
-    names = {id(p): name for name, p in model.net.named_parameters()}
-    size = x.shape[0]
+    inputs, deltas, losses = _ghost_backward(model, plan, x, time, event)
+    norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
+    summed: list[Tensor] = []  # plan.params order: weight, bias of each layer
+    for layer, a, d in zip(plan.linear, inputs, scaled):
+        summed.append(d.T @ a)
+        if layer.bias is not None:
+            summed.append(d.sum(0))
+    ordered = dict(zip(plan.names, summed))
+    per_sample = GhostPerSample(model, list(plan.linear), inputs, scaled,
+                                torch.minimum(norms, norms.new_tensor(clip_norm)))
+    return ordered, norms, losses, per_sample
+
+
+def _ghost_backward(model: HazardModel, plan: _GhostPlan, x: Tensor, time: Tensor,
+                    event: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    r"""One forward and one backward pass giving every Linear layer's inputs and output gradients.
+
+    Returns :math:`a_{il}` (the input of Linear layer :math:`l` for record :math:`i`, detached),
+    :math:`\delta_{il} = \partial \ell_i / \partial z_{il}` (the gradient of :math:`\sum_j \ell_j`
+    with respect to the layer's output :math:`z_{il}`, which only record :math:`i`'s loss depends on)
+    and the per-record losses :math:`\ell_i` (detached). No parameter gradient is formed, and
+    ``.grad`` is left alone. Dropout layers draw from the global generator, as in ``model.net(x)``.
+    """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
     h = x
-    for layer in layers:
+    for layer in plan.layers:
         if isinstance(layer, nn.Linear):
             inputs.append(h.detach())
             h = layer(h)
             outputs.append(h)
         else:
             h = layer(h)
-    idx, is_event = _hazard_targets(model._cuts_tensor, time, event)
-    losses = logistic_hazard_nll(h, idx, is_event.to(h.dtype), reduction="none")
-    if size == 0:
-        deltas = [out.detach() for out in outputs]
-    else:
-        deltas = list(torch.autograd.grad(losses.sum(), outputs))
-    linear = [layer for layer in layers if isinstance(layer, nn.Linear)]
-    squared = x.new_zeros(size)
-    for layer, a, d in zip(linear, inputs, deltas):
-        d_sq = d.pow(2).sum(1)
-        squared = squared + d_sq * (a.pow(2).sum(1) + (1.0 if layer.bias is not None else 0.0))
-    norms = squared.sqrt()
-    factor = clip_norm / torch.clamp(norms, min=clip_norm)
-    scaled = [d * factor.unsqueeze(1) for d in deltas]
-    summed: dict[str, Tensor] = {}
-    for layer, a, d in zip(linear, inputs, scaled):
-        summed[names[id(layer.weight)]] = d.T @ a
-        if layer.bias is not None:
-            summed[names[id(layer.bias)]] = d.sum(0)
+    idx, events = _discretise_tensor(time, event, model._cuts_tensor)  # as model.per_sample_loss
+    losses = logistic_hazard_nll(h, idx, events, reduction="none")
+    if x.shape[0] == 0:
+        return inputs, [out.detach() for out in outputs], losses.detach()
+    return inputs, list(torch.autograd.grad(losses.sum(), outputs)), losses.detach()
 
-    ordered = {name: summed[name] for name, _ in model.net.named_parameters()}
-    per_sample = GhostPerSample(model, linear, inputs, [d.detach() for d in scaled],
-                                torch.minimum(norms, norms.new_tensor(clip_norm)).detach())
-    return ordered, norms.detach(), losses.detach(), per_sample
+
+def _ghost_clip(plan: _GhostPlan, inputs: list[Tensor], deltas: list[Tensor],
+                clip_norm: float) -> tuple[Tensor, Tensor, list[Tensor]]:
+    r"""Per-record gradient norms, clipping factors and clipped output gradients, fused over layers.
+
+    .. math::
+
+        \lVert g_i \rVert_2^2 = \sum_l \lVert \delta_{il} \rVert^2 \big(\lVert a_{il} \rVert^2 + b_l\big)
+            = \sum_l \big[S_{\text{in}} (A \odot A)^\top + b\big]_{li} \big[S_{\text{out}} (D \odot D)^\top\big]_{li},
+        \qquad f_i = \min\big(1, C / \lVert g_i \rVert_2\big) = C / \max(C, \lVert g_i \rVert_2),
+
+    where :math:`A` and :math:`D` are the layers' inputs and output gradients side by side, the 0/1
+    matrices :math:`S` sum each layer's columns (:meth:`_GhostPlan.indicators`) and :math:`b_l = 1`
+    for a layer with a bias (:math:`g_i^W = \delta_i a_i^\top` has norm
+    :math:`\lVert\delta_i\rVert\lVert a_i\rVert`, :math:`g_i^b = \delta_i`): two matrix products for
+    every layer's norms at once. Returns ``(norms, f, [f ⊙ δ_l per layer])`` (the last are column
+    blocks of one matrix).
+    """
+    s_in, bias, s_out = plan.indicators(deltas[0].dtype)
+    stacked = torch.cat(deltas, dim=1)
+    input_sq = torch.addmm(bias, s_in, torch.cat(inputs, dim=1).square().T)  # (L, B); (L, W) first: faster
+    norms = (input_sq * (s_out @ stacked.square().T)).sum(0).sqrt()
+    factor = clip_norm / torch.clamp(norms, min=clip_norm)
+    return norms, factor, plan.split(stacked * factor.unsqueeze(1))
+
+
+def _ghost_noisy_grads(plan: _GhostPlan, inputs: list[Tensor], scaled: list[Tensor], *, std: float,
+                       divisor: float, generator: torch.Generator) -> None:
+    r"""Write the privatised gradient into every parameter's ``.grad``, one fused product each.
+
+    .. math::
+
+        \tilde g^{W_l} = \frac{1}{qn}\Big(\sum_i f_i \delta_{il} a_{il}^\top + \sigma C z\Big)
+            = \tfrac{\sigma C}{qn} z + \tfrac{1}{qn} (f\odot\delta_l)^\top A_l \quad (\texttt{addmm}),
+        \qquad \tilde g^{b_l} = \tfrac{\sigma C}{qn} z' + \tfrac{1}{qn} (f\odot\delta_l)^\top \mathbf 1
+            \quad (\texttt{addmv}),
+
+    :math:`z, z' \sim \mathcal N(0, I)` drawn from ``generator`` parameter by parameter in
+    ``plan.params`` order (``net.named_parameters()``), exactly the draws of :func:`_add_noise`;
+    none when ``std`` is 0 (``beta = 0`` then ignores the buffer's contents). The noise is drawn
+    into the existing ``.grad`` and the product added in place (a new tensor where ``.grad`` is
+    missing). Equals ``(clipped sum + std * noise) / divisor`` up to float round-off.
+    """
+    beta, alpha = std / divisor, 1.0 / divisor
+    ones = scaled[0].new_ones(scaled[0].shape[0])
+    for layer, a, d in zip(plan.linear, inputs, scaled):
+        for param in (layer.weight, layer.bias):
+            if param is None:
+                continue
+            grad = param.grad  # torch keeps a .grad of the parameter's shape and dtype
+            if grad is None:
+                grad = param.grad = torch.empty_like(param, memory_format=torch.contiguous_format)
+            if std > 0:
+                grad.normal_(generator=generator)
+            if param is layer.weight:
+                grad.addmm_(d.T, a, beta=beta, alpha=alpha)
+            else:  # sum_i f_i delta_i = (f ⊙ delta)^T 1
+                grad.addmv_(d.T, ones, beta=beta, alpha=alpha)
+
 
 def flatten_per_sample(grads: Mapping[str, Tensor]) -> Tensor:
     """Concatenate per-sample gradients into one matrix of shape (B, P), in dict order."""
@@ -619,7 +742,8 @@ def dp_sgd_step(
     ----------
     model : HazardModel
     optimizer : torch.optim.Optimizer
-        Over ``model.net.parameters()``.
+        Over ``model.net.parameters()`` (and nothing else: the ``"ghost"`` backend overwrites
+        every one of their ``.grad`` in place instead of calling ``optimizer.zero_grad()``).
     x : Tensor, shape (B, p), float32
     time, event : Tensor, shape (B,)
         The batch (``B`` may be 0).
@@ -661,29 +785,36 @@ def dp_sgd_step(
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive(clip_norm, "clip_norm")
-    if backend == "ghost":
-        clean_sum, norms, losses, per_sample = clipped_sum_ghost(model, x, time, event, clip_norm=clip_norm)
+    if backend == "ghost":  # one forward, one backward to the layer outputs, fused norms and sums
+        plan = _ghost_plan(model.net)
+        if plan is None:
+            raise ValueError("the ghost backend needs a HazardMLP of Linear layers and parameter-free modules")
+        inputs, deltas, losses = _ghost_backward(model, plan, x, time, event)
+        norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
         if on_step is not None and x.shape[0] > 0:
-            on_step(per_sample)
-        summed = _add_noise(clean_sum, noise_multiplier * clip_norm, generator)
+            on_step(GhostPerSample(model, list(plan.linear), inputs, scaled,
+                                   torch.minimum(norms, norms.new_tensor(clip_norm))))
+        # every parameter of the net (the optimizer's, see above) gets its .grad overwritten
+        _ghost_noisy_grads(plan, inputs, scaled, std=noise_multiplier * clip_norm, divisor=expected_batch_size,
+                           generator=generator)
     else:
         if backend == "opacus":
-            grads, losses = per_sample_gradients_opacus(
+            per_record, losses = per_sample_gradients_opacus(
                 model, x, time, event, grad_sample_module=grad_sample_module
             )
         else:
-            grads, losses = per_sample_gradients(
+            per_record, losses = per_sample_gradients(
                 model.net, hazard_per_sample_loss_fn(model), x, time, event, return_loss=True
             )
-        clipped, norms = clip_per_sample(grads, clip_norm=clip_norm)
+        clipped, norms = clip_per_sample(per_record, clip_norm=clip_norm)
         if on_step is not None and x.shape[0] > 0:
             on_step(PerSampleView(flatten_per_sample(clipped).detach(),
                                   torch.minimum(norms, norms.new_tensor(clip_norm)).detach()))
         summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
-    optimizer.zero_grad(set_to_none=True)
-    for name, p in model.net.named_parameters():
-        if name in summed:
-            p.grad = (summed[name] / expected_batch_size).to(p.dtype)
+        optimizer.zero_grad(set_to_none=True)
+        for name, p in model.net.named_parameters():
+            if name in summed:
+                p.grad = (summed[name] / expected_batch_size).to(p.dtype)
     if proximal is not None:
         proximal.add_gradient(model.net)
     optimizer.step()
