@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     with ray_cluster():  # as `python -m simulations.sweep` runs its jobs: Ray starts once
         for run in runs:
             overrides = {**shared, **run}
-            flower_s, flower = _timed(run_simulation, overrides)
+            flower_s, flower = _timed(lambda o: run_simulation(o, engine="ray"), overrides)
             inprocess_s, inprocess = _timed(run_inprocess, overrides)
             c_index = flower["test"].get("c_index", math.nan)
             rows.append({"strategy": run["strategy.name"], "epsilon": run.get("privacy.epsilon"),
