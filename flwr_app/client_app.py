@@ -49,8 +49,11 @@ def _delegate(module: str, name: str) -> Callable[[Message, Context], Message]:
     def handler(message: Message, context: Context) -> Message:
         return getattr(importlib.import_module(module), name)(message, context)
 
-    handler.__name__ = handler.__qualname__ = name
+    handler.__name__ = handler.__qualname__ = f"_{module.rsplit('.', 1)[-1]}_{name}"
     handler.__doc__ = f"``{module}.{name}`` (imported with the first such message)."
+    # A module attribute of that name: the simulation engine pickles the ClientApp with every message, and a
+    # function that can be found by name pickles as its name.
+    globals()[handler.__name__] = handler
     return handler
 
 
