@@ -8,23 +8,24 @@ through the simulation engine (Ray), and the same apps over the in-process grid
 no serialisation); the bare path is a plain in-process Python loop
 (:func:`bare_federation`, this benchmark's reference and nothing else: no messages, no checks of
 the replies, no ledger, no outputs; ``tests/test_bare_reference.py`` checks that it ends with the
-real apps' figures). The Flower
-path is timed twice: cold (the run starts Ray and shuts it down, as a single ``flwr run`` does)
-and on a Ray cluster started beforehand (:func:`simulations.engine.ray_cluster`, as a sweep runs
-its jobs; the cluster's start-up is reported on its own). The script prints one JSON object with
-the wall times, the ratios and the final C-indices (which agree up to floating-point summation
+real apps' figures). Flower's Ray engine is timed twice: cold (the run starts Ray and shuts it
+down, as a single ``flwr run`` on Ray does) and on a Ray cluster started beforehand
+(:func:`simulations.engine.ray_cluster`, as a sweep runs its jobs; the cluster's start-up is
+reported on its own); the default engine (``simulation.engine = auto``: the in-process grid for a
+federation this small) once more. The script prints one JSON object with the wall times, the ratios and the final C-indices (which agree up to floating-point summation
 order when the paths train the same model).
 
 Usage::
 
     python benchmarks/flower_overhead.py [--rounds 50] [--sites 5] [key=value ...]
 
-Target (issue 28): ratio ≤ 1.5 on a 50-round FLCHAIN run with 5 sites.
+Target (issue 28): default engine / bare loop ≤ 1.5 on a 50-round FLCHAIN run with 5 sites.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -146,12 +147,13 @@ def main() -> None:
             elapsed = [json.loads(line)["elapsed_s"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
         return wall_s, summary, (elapsed[-1] - elapsed[0]) / max(len(elapsed) - 1, 1)
 
-    flower_s, summary, _ = flower()
+    flower_s, summary, _ = flower(functools.partial(run_simulation, engine="ray"))
     inprocess_s, inprocess, inprocess_round_s = flower(run_inprocess)
+    default_s, default, _ = flower()  # simulation.engine = auto: the in-process grid for a federation this small
     started = time.perf_counter()
     with ray_cluster():
         cluster_s = time.perf_counter() - started
-        shared_s, shared, round_s = flower()
+        shared_s, shared, round_s = flower()  # auto on a running cluster: Ray
 
     print(json.dumps({
         "benchmark": "flower_simulation_overhead",
@@ -165,6 +167,8 @@ def main() -> None:
         "ratio_flower_shared_ray_over_bare": round(shared_s / bare_s, 3),
         "ray_cluster_start_s": round(cluster_s, 2),
         "flower_round_after_the_first_s": round(round_s, 4),
+        "default_engine_wall_s": round(default_s, 2),
+        "ratio_default_engine_over_bare": round(default_s / bare_s, 3),
         "inprocess_wall_s": round(inprocess_s, 2),
         "ratio_inprocess_over_bare": round(inprocess_s / bare_s, 3),
         "inprocess_round_after_the_first_s": round(inprocess_round_s, 4),
@@ -174,6 +178,7 @@ def main() -> None:
         "flower_sites_mean_c_index": summary["test"].get("c_index"),
         "flower_shared_ray_sites_mean_c_index": shared["test"].get("c_index"),
         "inprocess_sites_mean_c_index": inprocess["test"].get("c_index"),
+        "default_engine_sites_mean_c_index": default["test"].get("c_index"),
     }, indent=2))
 
 
