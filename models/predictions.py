@@ -73,8 +73,12 @@ class CurvePredictions(ABC):
         """
         time, event = checked_outcomes(self._labelled(records), self.outcome)
         curves = self.predict_survival(records)
-        return evaluate_survival(self.times, curves.to_numpy(), time=time, event=event,
-                                 risk=self.risk_score(records).to_numpy())
+        return evaluate_survival(self.times, curves.to_numpy(), time=time, event=event, risk=self._score_risk(records))
+
+    def _score_risk(self, records: Any) -> np.ndarray | None:
+        """The risk :meth:`score` ranks by; ``None``: the curves' −RMST (:func:`evaluate_survival`'s default),
+        which a model whose risk score is that saves computing its curves a second time."""
+        return self.risk_score(records).to_numpy()
 
     def calibration(self, records: Any, *, horizon: float | None = None, groups: int = 5) -> pd.DataFrame:
         """Predicted against Kaplan–Meier survival at ``horizon`` by group of predicted risk.

@@ -337,6 +337,9 @@ class SplitRun(CurvePredictions):
         held = [frame for frame in frames.values() if set(self.outcome) <= set(frame.columns)]
         return held[0].reindex(ids) if held else pd.DataFrame(index=ids)
 
+    def _score_risk(self, records: Records) -> None:
+        return None  # risk_score is the curves' -RMST: score ranks by the curves it already has
+
     def risk_score(self, records: Records) -> pd.Series:
         """The risk score of raw records (higher: earlier event): minus the restricted mean survival time over
         the grid, as the run's own evaluation ranks records for the C-index."""
