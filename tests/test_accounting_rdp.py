@@ -15,6 +15,7 @@ from strategies.accounting.rdp import (
     calibrate_noise_multiplier,
     epsilon_from_history,
     epsilon_gaussian_rounds,
+    subsampled_gaussian_rdp,
 )
 
 DELTA = 1e-5
@@ -53,6 +54,17 @@ def test_default_orders_are_opacus_default_grid() -> None:
     from opacus.accountants import RDPAccountant
 
     assert DEFAULT_RDP_ORDERS == tuple(RDPAccountant.DEFAULT_ALPHAS)
+
+
+@pytest.mark.parametrize(("q", "sigma", "steps"), [(0.1, 1.3, 77), (0.5, 0.6, 3), (1.0, 7.4, 1)])
+def test_memoised_rdp_is_opacus_compute_rdp_bit_for_bit(q: float, sigma: float, steps: int) -> None:
+    import numpy as np
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
+    expected = rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(DEFAULT_RDP_ORDERS))
+    for _ in range(2):  # computed, then from the memo
+        assert np.array_equal(subsampled_gaussian_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps,
+                                                      orders=DEFAULT_RDP_ORDERS), expected)
 
 
 def test_steps_compose() -> None:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, rdp_to_epsilon
+from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, rdp_to_epsilon, subsampled_gaussian_rdp
 from strategies.validation import check_positive, check_probability
 
 __all__ = ["ddg_epsilon", "ddg_rdp", "ddg_rho", "ddg_tau", "l1_bound"]
@@ -95,15 +95,13 @@ def ddg_epsilon(*, releases: Sequence[tuple[float, float, float, int, int]], del
     releases ``(noise multiplier, sample rate, steps)`` (the private set-up) and one distributed discrete
     Gaussian release per entry of ``releases``, ``(l2, l1, local_sigma, num_parties, dim)``; add/remove adjacency."""
     check_probability(delta, "delta")
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
     alphas = list(orders)
     rdp = np.zeros(len(alphas))
     for l2, l1, local_sigma, parties, dim in releases:
         rdp = rdp + ddg_rdp(alphas, l2_sensitivity=l2, l1_sensitivity=l1, local_sigma=local_sigma,
                             num_parties=int(parties), dim=int(dim))
     for noise, rate, steps in prior:
-        rdp = rdp + np.asarray(rdp_analysis.compute_rdp(q=rate, noise_multiplier=noise, steps=steps, orders=alphas))
+        rdp = rdp + subsampled_gaussian_rdp(sample_rate=rate, noise_multiplier=noise, steps=steps, orders=alphas)
     if not np.any(rdp > 0):
         return 0.0
     return rdp_to_epsilon(alphas, rdp, delta=delta)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strategies.accounting.calibration import calibrate_noise
-
+from strategies.accounting.rdp import subsampled_gaussian_rdp
 from strategies.validation import check_count, check_positive, check_probability, check_sample_rate
 
 __all__ = ["FILTER_ORDERS", "FilterExhausted", "RenyiFilter", "SiteFilter", "epsilon_at_order", "filter_order", "fitting_noise_multiplier",
@@ -63,15 +63,13 @@ class FilterExhausted(ValueError):
 
 def rdp_at_order(history: History, order: float) -> float:
     """Rényi DP at ``order`` of a history of Poisson-subsampled Gaussian releases ``(σ, q, steps)`` (opacus)."""
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
     total = 0.0
     for noise_multiplier, sample_rate, steps in history:
         check_positive(noise_multiplier, "noise_multiplier")
         check_sample_rate(sample_rate)
         check_count(int(steps), "steps")
-        total += float(rdp_analysis.compute_rdp(q=float(sample_rate), noise_multiplier=float(noise_multiplier),
-                                                steps=int(steps), orders=[float(order)])[0])
+        total += float(subsampled_gaussian_rdp(sample_rate=sample_rate, noise_multiplier=noise_multiplier,
+                                               steps=int(steps), orders=(order,))[0])
     return total
 
 
