@@ -583,7 +583,10 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
                     _run_on_ray(overrides, fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
                 else:
                     _run_in_process(fused, node_configs, observe=observe)
-    return json.loads(outputs.summary_path.read_text(encoding="utf-8"))
+    summary = json.loads(outputs.summary_path.read_text(encoding="utf-8"))
+    summary["engine"] = {"requested": engine or cfg.engine, "ran": chosen, "sites": num_sites}
+    outputs.write_summary(summary)
+    return summary
 
 
 @contextlib.contextmanager

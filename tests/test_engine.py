@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import threading
 from pathlib import Path
@@ -109,6 +110,14 @@ def test_auto_runs_small_federations_in_process_and_large_ones_or_any_on_a_runni
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a sweep's cluster, or the user's
     assert engine.choose_engine("auto", 5) == engine.RAY
     assert engine.choose_engine("inprocess", 5) == engine.INPROCESS
+
+
+def test_the_summary_records_the_engine_auto_chose(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    summary = engine.run_simulation({"federation.num_sites": 2, "federation.rounds": 1, "baseline.centralized": False,
+                                     "output.dir": str(tmp_path)})
+    assert summary["engine"] == {"requested": "auto", "ran": "inprocess", "sites": 2}
+    assert json.loads((tmp_path / "summary.json").read_text())["engine"] == summary["engine"]
 
 
 def test_the_engine_key_is_refused_in_a_deployment_and_a_bad_value_names_the_key():
