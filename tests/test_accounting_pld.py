@@ -56,6 +56,14 @@ def test_subsampled_gaussian_is_dp_accountings_pld(sigma, q, steps):
                                                                           rel=1e-12)
 
 
+def test_a_sites_growing_history_is_dp_accountings_pld_bit_for_bit():
+    """Round after round the same subsampled step is composed more times: its PLD is built once and reused, and
+    every figure is still the float ``PLDAccountant`` gives for the canonical events."""
+    for rounds in (1, 2, 3, 2):
+        history = [(7.4, 1.0, 1), (1.68, FLCHAIN[0], 7 * rounds)]
+        assert pld_epsilon(history, delta=DELTA) == google_epsilon(canonical_history(history))
+
+
 @pytest.mark.parametrize(("sigma", "steps"), [(30.0, 60), (4.0, 60), (8.0, 1)])
 def test_gaussian_rounds_are_an_upper_bound_within_1e3_of_the_exact_epsilon(sigma, steps):
     """q = 1: ``steps`` releases are one Gaussian with mu = sqrt(steps)/sigma, whose ε is known exactly."""
