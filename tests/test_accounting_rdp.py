@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
+from pathlib import Path
 
 import dp_accounting
 import pytest
@@ -65,6 +67,40 @@ def test_memoised_rdp_is_opacus_compute_rdp_bit_for_bit(q: float, sigma: float, 
     for _ in range(2):  # computed, then from the memo
         assert np.array_equal(subsampled_gaussian_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps,
                                                       orders=DEFAULT_RDP_ORDERS), expected)
+
+
+@pytest.mark.parametrize(("epsilon", "q", "steps"), [(1.0, 1.0, 1), (10.0, 1.0, 1), (0.3, 1.0, 1), (1.0, 0.4, 140),
+                                                    (8.0, 0.01, 1000)])
+def test_rdp_calibration_is_opacus_get_noise_multiplier_float_for_float(epsilon: float, q: float, steps: int) -> None:
+    import sys
+
+    from opacus.accountants.utils import get_noise_multiplier
+
+    ours = calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=DELTA, sample_rate=q, steps=steps,
+                                      accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")  # its bracketing's large σ
+        assert ours == get_noise_multiplier(target_epsilon=epsilon, target_delta=DELTA, sample_rate=q, steps=steps,
+                                            accountant="rdp")
+    assert "opacus" in sys.modules  # imported above: the package's own analysis module is the one used
+
+
+def test_the_rdp_accounting_runs_without_importing_the_opacus_package() -> None:
+    """A deployed site handles each message in a new process: the accounting must not pay opacus' 2 s import."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from strategies.accounting.rdp import calibrate_noise_multiplier, epsilon_from_history; "
+            "s = calibrate_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=1.0, steps=1, "
+            "accountant='rdp'); e = epsilon_from_history([(s, 1.0, 1), (1.1, 0.4, 60)], delta=1e-5, accountant='rdp'); "
+            "print(s, e, 'opacus' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    sigma, epsilon, imported = float(out[0]), float(out[1]), out[2]
+    assert imported == "False"
+    assert sigma == calibrate_noise_multiplier(target_epsilon=1.0, target_delta=DELTA, sample_rate=1.0, steps=1,
+                                               accountant="rdp")
+    assert epsilon == epsilon_from_history([(sigma, 1.0, 1), (1.1, 0.4, 60)], delta=DELTA, accountant="rdp")
 
 
 def test_steps_compose() -> None:
