@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from models.optim import Adam
 from models.survival import SurvivalModel
 
 __all__ = ["ProximalTerm", "train_epochs"]
@@ -108,7 +109,7 @@ def train_epochs(
     if epochs < 0 or batch_size < 1 or lr <= 0 or weight_decay < 0:
         raise ValueError(f"invalid epochs={epochs}, batch_size={batch_size}, lr={lr}, weight_decay={weight_decay}")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
     proximal = ProximalTerm(model.net, proximal_mu)
     model.net.train()
     num_steps = 0

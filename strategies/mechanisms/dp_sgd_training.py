@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from models.losses import logistic_hazard_nll
+from models.optim import Adam
 from models.survival import HazardMLP, HazardModel, SurvivalModel, _discretise_tensor
 from models.training import ProximalTerm
 from strategies.mechanisms.dp_sgd import poisson_schedule
@@ -714,7 +715,7 @@ def poisson_batches(n: int, *, sample_rate: float, steps: int, generator: torch.
 
 def dp_sgd_step(
     model: HazardModel,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Adam | torch.optim.Optimizer,
     x: Tensor,
     time: Tensor,
     event: Tensor,
@@ -741,7 +742,7 @@ def dp_sgd_step(
     Parameters
     ----------
     model : HazardModel
-    optimizer : torch.optim.Optimizer
+    optimizer : models.optim.Adam or torch.optim.Optimizer
         Over ``model.net.parameters()`` (and nothing else: the ``"ghost"`` backend overwrites
         every one of their ``.grad`` in place instead of calling ``optimizer.zero_grad()``).
     x : Tensor, shape (B, p), float32
@@ -928,7 +929,7 @@ def train_epochs_dp(
     last_epoch_steps = math.ceil(1.0 / sample_rate)
 
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
     proximal = ProximalTerm(model.net, proximal_mu)
     model.net.train()
     gsm = None
