@@ -70,7 +70,6 @@ from typing import Any
 
 import numpy as np
 from scipy.special import gammaln, xlog1py, xlogy
-from scipy.stats import t as student_t
 
 from strategies.accounting.calibration import calibrate_noise
 from strategies.validation import (
@@ -117,6 +116,8 @@ def logsumexp(values: np.ndarray, axis: int | None = None) -> np.ndarray | float
 
 @functools.lru_cache(maxsize=64)
 def _student_t_isf(gamma_step: float, df: int) -> float:
+    from scipy.stats import t as student_t  # here, not at the top: scipy.stats costs every process 0.6 s to import
+
     return float(student_t.isf(gamma_step, df=df))
 
 
