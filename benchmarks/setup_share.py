@@ -36,8 +36,20 @@ SITES = 5
 VALIDATION_STREAM = 29
 
 
+#: Data sets whose default federation is a natural partition: the run-config keys that make it (the partition column
+#: is in the validation file).
+NATURAL = {"sba": {"federation.partition": "region"}}
+
+
 def validation_csv(name: str, seed: int, folder: Path) -> Path:
-    """The seed's training records of the default federation, split 80/20 into ``train`` and ``test`` (validation)."""
+    """The seed's training records of the default federation, split 80/20 into ``train`` and ``test`` (validation).
+
+    SBA: its 4 census regions (:data:`NATURAL`), from :func:`benchmarks.server_optimizers.validation_csv`; the
+    others: 5 i.i.d. sites."""
+    if name in NATURAL:
+        from benchmarks.server_optimizers import validation_csv as natural_validation_csv
+
+        return natural_validation_csv(NATURAL[name]["federation.partition"], seed, folder)
     table = load_table(name, data_dir=str(resolve_data_dir("")))
     test_fraction = resolve({"data.name": name})[1].data.test_fraction
     sites = assign_sites(table, "iid", np.arange(len(table)), num_sites=SITES, seed=seed, dirichlet_alpha=0.5,
@@ -58,7 +70,7 @@ def validation_row(name: str, path: Path, overrides: dict, *, setting: str, epsi
     """One run through the apps on a validation file (:func:`validation_csv`) and its validation scores."""
     summary = run_inprocess({"data.name": "csv", "data.path": str(path), "data.split_col": "split",
                              "privacy.epsilon": epsilon, "seed": seed, "baseline.centralized": False,
-                             "output.dir": str(out), **overrides})
+                             "output.dir": str(out), **NATURAL.get(name, {}), **overrides})
     return {"data": name, "setting": setting, "epsilon": epsilon, "seed": seed,
             "c_index": summary["test"]["c_index"], "ibs": summary["test"]["ibs"],
             "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
