@@ -44,7 +44,8 @@ numba kernels that are compiled afresh in every process (about 4 s on these mach
 importing pycox). A federation evaluates in many short-lived processes (one per Ray actor in
 simulation, one per message in deployment), so that cost landed on every site's first (or every)
 evaluation. The numpy versions below compute the same quantities; the tests compare them with
-pycox itself.
+pycox itself. For the same reason scikit-survival (with scikit-learn, about 1 s) is imported by the
+functions that use it, not with the module: a training message imports this module for its names only.
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import scipy.integrate
-from sksurv.metrics import brier_score, concordance_index_censored, integrated_brier_score
-from sksurv.nonparametric import kaplan_meier_estimator
-from sksurv.util import Surv
 
 from models.survival import restricted_mean_survival_time
 
@@ -289,6 +286,8 @@ def brier_at(
     if not (valid.any() and event.any() and censor_event.any() and np.all(np.isfinite(surv))):
         return out
     unique_h = np.unique(horizons[valid])  # sksurv scores the sorted unique horizons
+    from sksurv.metrics import brier_score
+    from sksurv.util import Surv
     _, scores = brier_score(
         Surv.from_arrays(censor_event.astype(bool), censor_time),
         Surv.from_arrays(event.astype(bool), np.minimum(time, censor_time.max())),
@@ -321,6 +320,7 @@ def calibration_table(
     times, surv = _check_curves(times, surv)
     time, event = _check_outcomes(time, event, surv.shape[0])
     horizons = np.atleast_1d(np.asarray(horizons, dtype=np.float64))
+    from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv, km_ci = kaplan_meier_estimator(event.astype(bool), time, conf_type="log-log")
     position = np.searchsorted(km_time, horizons, side="right") - 1
 
@@ -355,6 +355,7 @@ def kaplan_meier_curves(time: np.ndarray, event: np.ndarray, n: int) -> tuple[np
     surv : ndarray, shape (n, m)
     """
     time, event = _check_outcomes(time, event, None)
+    from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv = kaplan_meier_estimator(event.astype(bool), time)
     return km_time, np.tile(km_surv, (n, 1))
 
@@ -366,6 +367,7 @@ def _ipcw_upper_limit(time: np.ndarray, censor_time: np.ndarray, censor_event: n
     """Eval times must lie strictly below this: the largest test time, the largest censoring-record
     time, and the first time where the censoring Kaplan-Meier is 0."""
     censor_time = np.asarray(censor_time, dtype=np.float64)
+    from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv = kaplan_meier_estimator(np.asarray(censor_event) == 0, censor_time)
     zero = km_time[km_surv <= 0]
     return float(min(np.max(time), censor_time.max(), zero[0] if zero.size else np.inf))
@@ -407,6 +409,7 @@ def _check_outcomes(time: np.ndarray, event: np.ndarray, n: int | None) -> tuple
 def _harrell(risk: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
     if not (np.all(np.isfinite(risk)) and _has_comparable_pair(time, event)):
         return _NAN
+    from sksurv.metrics import concordance_index_censored
     return float(concordance_index_censored(event.astype(bool), time, risk)[0])
 
 
@@ -446,6 +449,9 @@ def _ibs(
 ) -> float:
     if np.unique(eval_times).size < 2 or not event.any() or not censor_event.any():
         return _NAN
+    from sksurv.metrics import integrated_brier_score
+    from sksurv.util import Surv
+
     # Records followed beyond the last censoring-record time are at risk at every eval time (all lie
     # below it); clipping them there keeps sksurv's censoring-KM lookup defined and changes
     # no term of the score.
@@ -461,6 +467,7 @@ def _ibs(
 
 def _censoring_survival(censor_time: np.ndarray, censor_event: np.ndarray):
     """Kaplan-Meier of the censoring times, as step lookups ``G(t)`` and ``G(t-)``."""
+    from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv = kaplan_meier_estimator(censor_event == 0, censor_time)
 
     def at(t: np.ndarray, *, left: bool) -> np.ndarray:
@@ -489,4 +496,5 @@ def _inbll(
                    + np.where(alive, 1.0 / censoring(eval_times, left=False)[None, :], 0.0))
     scores = np.where(died, np.log1p(-s), 0.0) + np.where(alive, np.log(s), 0.0)
     nbll = -(scores * weights).sum(axis=0) / weights.sum(axis=0)
+    import scipy.integrate
     return float(scipy.integrate.simpson(nbll, x=eval_times) / (eval_times[-1] - eval_times[0]))
