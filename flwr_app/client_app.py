@@ -41,6 +41,8 @@ PRIVACY_STATE = "privacy.state"
 #: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
 SECAGG_STATE = "secagg.state"
 SECAGG_ROUND = "secagg.round"
+#: Node state of the site's noise calibrations (:func:`strategies.mechanisms.dp_sgd.remembered_noise`).
+NOISE_STATE = "noise.calibrations"
 
 
 def _delegate(module: str, name: str) -> Callable[[Message, Context], Message]:
@@ -337,6 +339,26 @@ def _content(site: SiteData, metrics: dict[str, float], arrays: ArrayRecord | No
     return content
 
 
+def _recall_noise(context: Context) -> None:
+    """Take the noise calibrations this site kept in its node state (a deployed site's every message is a new
+    process; only its first one calibrates σ)."""
+    from strategies.mechanisms import dp_sgd
+
+    stored = context.state.config_records.get(NOISE_STATE)
+    if stored is not None:
+        dp_sgd.remember_noise(str(stored["json"]))
+
+
+def _keep_noise(context: Context) -> None:
+    """Keep this process's noise calibrations in the site's node state, when there are new ones."""
+    from strategies.mechanisms import dp_sgd
+
+    text = dp_sgd.remembered_noise()
+    stored = context.state.config_records.get(NOISE_STATE)
+    if text != "[]" and (stored is None or str(stored["json"]) != text):
+        context.state[NOISE_STATE] = ConfigRecord({"json": text})
+
+
 def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
     """The site's privacy state: its node state, else (a resumed run, whose node states start empty) the checkpoint's."""
     from strategies.horizontal import RESUMED_PRIVACY_STATE
@@ -440,11 +462,13 @@ def train(message: Message, context: Context) -> Message:
         raise ValueError(f"strategy '{cfg.strategy}' sites answer the secure-aggregation messages, not 'train'")
     config = message.content["config"]
     setup = _setup(cfg, context, site)
+    _recall_noise(context)
     previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index))
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
     _charge(context, cfg, site, server_round, "train", "model update",
             mechanism.round_release(cfg, setup, update, previous))
+    _keep_noise(context)
     privacy_state = None
     if update.state is not None:
         # The site's accountant lives in its node state across rounds; the reply carries it too, so that the

@@ -389,3 +389,18 @@ def test_ghost_falls_back_for_nets_that_are_not_a_linear_chain(data):
     xb, tb, eb = _batch(data, 4)
     with pytest.raises(ValueError, match="Linear"):
         clipped_sum_ghost(model, xb, tb, eb, clip_norm=1.0)
+
+
+def test_a_sites_calibrations_survive_in_its_node_state_and_are_not_redone(monkeypatch):
+    """A deployed site handles each message in a new process: σ kept as JSON in its node state comes back exactly."""
+    from strategies.mechanisms import dp_sgd
+
+    kwargs = dict(epsilon=1.0, delta=1e-5, sample_rate=512 / 1260, steps=140, accountant="pld",
+                  prior=((7.38, 1.0, 1),))
+    sigma = dp_sgd.calibrated_noise_multiplier(**kwargs)
+    kept = dp_sgd.remembered_noise()
+    monkeypatch.setattr(dp_sgd, "_NOISE", {})  # a new process
+    monkeypatch.setattr(dp_sgd, "calibrate_noise_multiplier", lambda **_: pytest.fail("calibrated again"))
+    dp_sgd.remember_noise(kept)
+    assert dp_sgd.calibrated_noise_multiplier(**kwargs) == sigma
+    assert dp_sgd.calibrated_noise_multiplier(**{**kwargs, "prior": [[7.38, 1.0, 1]]}) == sigma  # the same inputs
