@@ -292,6 +292,11 @@ def benchmarks_section(results: Path, out: Path) -> str:
                          f"{size['peak_rss_gb']:.2f} GB (this process and Ray's) | {reference} | "
                          f"{size['overhead_ratio']:.1f} | "
                          + ("< 120 s and < 8 GB |" if size["sites"] == 1000 else "– |"))
+    if cold := load("cold_message"):
+        median = cold["median"]
+        lines.append(f"| one {cold['strategy']} training message in a new process (a deployed site's every message) | "
+                     f"{cold['message_in_a_new_process_s']:.2f} s | the same message warm {median['warm_s']:.2f} s | "
+                     f"{cold['message_in_a_new_process_s'] / median['warm_s']:.0f} | – (loopback round trip ≤ 3 s) |")
     if sweep := load("epsilon_sweep"):
         lines.append(f"| ε sweep, {sweep['runs']} runs on FLCHAIN | {sweep['flower_total_s']} s | in process "
                      f"{sweep['inprocess_total_s']} s | {sweep['ratio']} | < {sweep['target_flower_total_s']} s |")
