@@ -94,8 +94,9 @@ def survival_at(times: np.ndarray, surv: np.ndarray, at: np.ndarray) -> np.ndarr
     """
     times, surv = _check_curves(times, surv)
     position = np.searchsorted(times, np.asarray(at, dtype=np.float64), side="right")
-    padded = np.concatenate([np.ones((surv.shape[0], 1)), surv], axis=1)
-    return padded[:, position]
+    out = surv[:, np.maximum(position - 1, 0)]  # (n, k) only: never a copy of the whole (n, m) curves
+    out[:, position == 0] = 1.0
+    return out
 
 
 def default_eval_times(
@@ -353,11 +354,13 @@ def kaplan_meier_curves(time: np.ndarray, event: np.ndarray, n: int) -> tuple[np
     -------
     times : ndarray, shape (m,)
     surv : ndarray, shape (n, m)
+        A read-only view of one row (``m`` is the number of distinct times: tens of thousands on a
+        large data set).
     """
     time, event = _check_outcomes(time, event, None)
     from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv = kaplan_meier_estimator(event.astype(bool), time)
-    return km_time, np.tile(km_surv, (n, 1))
+    return km_time, np.broadcast_to(km_surv, (n, km_surv.size))  # one row, read-only: n x m floats never exist
 
 
 # --------------------------------------------------------------------------- internals
