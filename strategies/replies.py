@@ -19,10 +19,10 @@ round and goes on without the reply.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Mapping
-from statistics import median
 
 import numpy as np
 
@@ -139,21 +139,53 @@ def suspect_evaluations(per_site: Mapping[str, Mapping[str, float]], *, spread_f
     relative = {"ibs", "inbll"}
     suspects: dict[str, str] = {}
     keys = sorted({key for metrics in per_site.values() for key in metrics} & set(METRIC_RANGES))
+    references = {key: _LeaveOneOut([float(metrics[key]) for metrics in per_site.values() if key in metrics])
+                  for key in keys}
     for site, metrics in per_site.items():
         for key in keys:
             value = metrics.get(key, math.nan)
-            others = [float(other[key]) for name, other in per_site.items()
-                      if name != site and key in other and math.isfinite(float(other[key]))]
-            if not math.isfinite(value) or len(others) < 2:
+            if not math.isfinite(value) or references[key].size < 3:  # fewer than two others
                 continue
-            centre = median(others)
-            spread = 1.4826 * median(abs(other - centre) for other in others)
+            centre, spread = references[key].without(float(value))
+            spread *= 1.4826
             tolerance = max(floor[key] * (abs(centre) if key in relative else 1.0), spread_factor * spread)
             if abs(value - centre) > tolerance:
                 suspects[site] = (f"{key} = {value:.4g} stands outside the other sites' {centre:.4g} +/- "
                                   f"{tolerance:.3g} (median +/- max(floor, {spread_factor:g} x spread))")
                 break
     return suspects
+
+
+class _LeaveOneOut:
+    """The median of the finite values but one, and their median absolute deviation from it, for every value.
+
+    The same floats as ``statistics.median`` of the others and of their distances to that median, in
+    O(n log n) for all n sites instead of O(n^2): a federation of a thousand sites screened every round.
+    """
+
+    def __init__(self, values: list[float]) -> None:
+        self.ordered = sorted(value for value in values if math.isfinite(value))
+        self.size = len(self.ordered)
+        self._deviations: dict[float, list[float]] = {}
+
+    def without(self, value: float) -> tuple[float, float]:
+        """(median, median absolute deviation) of the values without one occurrence of ``value`` (one of them)."""
+        drop = bisect.bisect_left(self.ordered, value)
+        centre = _median_without(self.ordered, drop)
+        if centre not in self._deviations:  # the centre takes at most three values
+            self._deviations[centre] = sorted(abs(other - centre) for other in self.ordered)
+        deviations = self._deviations[centre]
+        return centre, _median_without(deviations, bisect.bisect_left(deviations, abs(value - centre)))
+
+
+def _median_without(ordered: list[float], drop: int) -> float:
+    """``statistics.median`` of the sorted ``ordered`` without its element at position ``drop``."""
+    n = len(ordered) - 1
+
+    def at(index: int) -> float:
+        return ordered[index if index < drop else index + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def check_breslow(event_counts: object, risk_sums: object, *, grid_size: int, max_records: float) -> str:
