@@ -279,17 +279,14 @@ def _model(context: Context, message: Message, cfg: ExperimentConfig | None = No
     return cfg, model
 
 
-#: The .npy header readers of the format versions :func:`_load_weights` reads itself.
-_NPY_HEADERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
-
-
 def _load_weights(net: Any, arrays: ArrayRecord) -> None:
-    """``net.load_state_dict(arrays.to_torch_state_dict())``, copying each array's bytes straight into the network's
-    own tensors (no intermediate array or tensor per message); anything but matching NumPy arrays of the same
-    names, dtypes and shapes takes ``load_state_dict`` (and its errors)."""
-    import io
-
+    """``net.load_state_dict(arrays.to_torch_state_dict())``, copying each array's values straight into the network's
+    own tensors (:func:`strategies.arrays.values`: no header parsed twice, no intermediate array or tensor per
+    message); anything but matching NumPy arrays of the same names, dtypes and shapes takes ``load_state_dict``
+    (and its errors)."""
     import numpy as np
+
+    from strategies.arrays import values
 
     targets = net.state_dict()
     sources = []
@@ -298,19 +295,13 @@ def _load_weights(net: Any, arrays: ArrayRecord) -> None:
             array = arrays[name]
             if array.stype != "numpy.ndarray" or not target.is_contiguous() or target.device.type != "cpu":
                 break
-            data = memoryview(array.data)
-            stream = io.BytesIO(data)
-            read_header = _NPY_HEADERS.get(np.lib.format.read_magic(stream))
-            if read_header is None:
+            source, own = values(array), target.numpy()
+            if source.dtype != own.dtype or source.shape != own.shape:
                 break
-            shape, fortran, dtype = getattr(np.lib.format, read_header)(stream)
-            values = target.numpy()
-            if fortran or dtype != values.dtype or tuple(shape) != values.shape or dtype.hasobject:
-                break
-            sources.append((values, np.frombuffer(data, dtype=dtype, count=values.size, offset=stream.tell())))
+            sources.append((own, source))
         else:
-            for values, source in sources:
-                np.copyto(values, source.reshape(values.shape))
+            for own, source in sources:
+                np.copyto(own, source)
             return
     net.load_state_dict(arrays.to_torch_state_dict())
 

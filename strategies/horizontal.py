@@ -52,6 +52,7 @@ from flwr.supercore import log
 
 from models.metrics import UNDEFINED_REASONS
 from models.recalibration import cut_exponents, fit_exponents
+from strategies.arrays import values
 from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
@@ -117,7 +118,7 @@ def divergence(previous: ArrayRecord, new: ArrayRecord) -> str:
     """
     norms = []
     for record in (previous, new):
-        squares = [np.square(array.numpy().astype(np.float64)).sum() for array in record.values()]
+        squares = [np.square(values(array).astype(np.float64)).sum() for array in record.values()]
         norms.append(math.sqrt(math.fsum(squares)))
     if not math.isfinite(norms[1]):
         return "the new global model has non-finite weights"
@@ -686,7 +687,7 @@ class SurvivalFedAvg(FedAvg):
         contents = {m.metadata.dst_node_id: m.content for m in messages if m.metadata.dst_node_id in self.node_sites}
         nodes = sorted(contents)
         sites = {node: self.node_sites[node] for node in nodes}
-        current = {key: array.numpy() for key, array in arrays.items()}
+        current = {key: values(array) for key, array in arrays.items()}
         dim = sum(array.size for array in current.values())
         records = sum(self.setups[site].count for site in sites.values())
         plan = self.mechanism.plan(self.cfg, parties=len(nodes), records=records, dim=dim,
@@ -760,8 +761,8 @@ class SurvivalFedAvg(FedAvg):
             return reason, None, 0.0, None
         update = next(iter(content.array_records.values()))
         assert self.global_arrays is not None
-        reason = check_arrays({key: array.numpy() for key, array in self.global_arrays.items()},
-                              {key: array.numpy() for key, array in update.items()})
+        reason = check_arrays({key: values(array) for key, array in self.global_arrays.items()},
+                              {key: values(array) for key, array in update.items()})
         if reason or (reason := self._replay(server_round, site, update)):
             return reason, None, float(count), None
         previous = self.site_reports(site, server_round - 1)
@@ -870,9 +871,9 @@ class SurvivalFedAvg(FedAvg):
         record = self._record(server_round)
         arrays = [next(iter(message.content.array_records.values())) for message in contributing]
         names = list(arrays[0].keys())
-        shapes = {name: arrays[0][name].numpy().shape for name in names}
-        dtypes = {name: arrays[0][name].numpy().dtype for name in names}
-        vectors = np.stack([np.concatenate([array[name].numpy().astype(np.float64).ravel() for name in names])
+        shapes = {name: values(arrays[0][name]).shape for name in names}
+        dtypes = {name: values(arrays[0][name]).dtype for name in names}
+        vectors = np.stack([np.concatenate([values(array[name]).astype(np.float64).ravel() for name in names])
                             for array in arrays])
         weights = np.array([float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY])
                             for message in contributing])
