@@ -325,7 +325,7 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: B
 ENGINES = (AUTO, "ray", "inprocess")
 #: ``simulation.engine = auto`` runs a federation of up to this many sites over the in-process grid, a larger one on
 #: Ray (measured: docs/howto/experiments.md, "Which engine").
-INPROCESS_MAX_SITES = 500
+INPROCESS_MAX_SITES = 1000
 
 
 # ------------------------------------------------------------------ the schema
