@@ -336,12 +336,11 @@ def _recall_noise(context: Context) -> None:
     from strategies.mechanisms import dp_sgd
 
     stored = context.state.config_records.get(NOISE_STATE)
-    if stored is not None:
-        dp_sgd.remember_noise(str(stored["json"]))
+    dp_sgd.remember_noise(None if stored is None else str(stored["json"]))
 
 
 def _keep_noise(context: Context) -> None:
-    """Keep this process's noise calibrations in the site's node state, when there are new ones."""
+    """Keep the noise calibrations this message used in the site's node state, when they changed."""
     from strategies.mechanisms import dp_sgd
 
     text = dp_sgd.remembered_noise()

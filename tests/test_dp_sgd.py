@@ -395,10 +395,19 @@ def test_a_sites_calibrations_survive_in_its_node_state_and_are_not_redone(monke
     """A deployed site handles each message in a new process: σ kept as JSON in its node state comes back exactly."""
     from strategies.mechanisms import dp_sgd
 
+    import json
+    import threading
+
     kwargs = dict(epsilon=1.0, delta=1e-5, sample_rate=512 / 1260, steps=140, accountant="pld",
                   prior=((7.38, 1.0, 1),))
+    dp_sgd.remember_noise(None)  # a message starts
     sigma = dp_sgd.calibrated_noise_multiplier(**kwargs)
+    other = threading.Thread(target=dp_sgd.calibrated_noise_multiplier,  # another simulated site's message
+                             kwargs={**kwargs, "sample_rate": 0.5})
+    other.start()
+    other.join()
     kept = dp_sgd.remembered_noise()
+    assert len(json.loads(kept)) == 1  # only what this message used goes into this site's state
     monkeypatch.setattr(dp_sgd, "_NOISE", {})  # a new process
     monkeypatch.setattr(dp_sgd, "calibrate_noise_multiplier", lambda **_: pytest.fail("calibrated again"))
     dp_sgd.remember_noise(kept)

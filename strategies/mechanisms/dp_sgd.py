@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,8 @@ def require_decomposable_loss(strategy: str, cfg: ExperimentConfig) -> None:
 #: (:func:`remembered_noise`, :func:`remember_noise`); at most :data:`_NOISE_MEMO_SIZE`, the oldest dropped first.
 _NOISE: dict[tuple, float] = {}
 _NOISE_MEMO_SIZE = 1024
+#: The calibrations each thread used since its last :func:`remember_noise` (a simulation's sites share a process).
+_used = threading.local()
 
 
 def _noise_key(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
@@ -113,6 +116,7 @@ def calibrated_noise_multiplier(*, epsilon: float, delta: float, sample_rate: fl
                                 accountant: str, prior: tuple[tuple[float, float, int], ...] = ()) -> float:
     """σ for ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` to spend ``(ε, δ)`` after ``prior`` (memoised)."""
     key = _noise_key(epsilon, delta, sample_rate, steps, accountant, prior)
+    _used.__dict__.setdefault("keys", set()).add(key)
     if key not in _NOISE:
         if len(_NOISE) >= _NOISE_MEMO_SIZE:
             del _NOISE[next(iter(_NOISE))]
@@ -122,14 +126,18 @@ def calibrated_noise_multiplier(*, epsilon: float, delta: float, sample_rate: fl
 
 
 def remembered_noise() -> str:
-    """This process's calibrations as JSON: what a deployed site keeps in its node state, whose every message is
-    handled in a new process, so that only its first message calibrates σ (0.5-1.5 s on 2 cores)."""
-    return json.dumps([[*key[:5], [list(entry) for entry in key[5]], sigma] for key, sigma in _NOISE.items()])
+    """The calibrations this thread used since its last :func:`remember_noise`, as JSON: what a deployed site keeps
+    in its node state, whose every message is handled in a new process, so that only its first message calibrates
+    σ (0.5-1.5 s on 2 cores)."""
+    keys = sorted(_used.__dict__.get("keys", ()))
+    return json.dumps([[*key[:5], [list(entry) for entry in key[5]], _NOISE[key]] for key in keys if key in _NOISE])
 
 
-def remember_noise(text: str) -> None:
-    """Take back calibrations of :func:`remembered_noise` (the site's own node state; the server never writes it)."""
-    for *head, prior, sigma in json.loads(text):
+def remember_noise(text: str | None) -> None:
+    """Take back calibrations of :func:`remembered_noise` (the site's own node state; the server never writes it),
+    and start this thread's record of the calibrations used afresh."""
+    _used.keys = set()
+    for *head, prior, sigma in json.loads(text or "[]"):
         _NOISE.setdefault(_noise_key(*head, prior), float(sigma))
 
 
