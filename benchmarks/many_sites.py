@@ -8,8 +8,8 @@ each) through Flower's simulation engine, for ``--rounds`` rounds. Reported per 
   the actors' imports, reported apart as ``first_round_s``);
 * ``peak_rss_gb``: the largest resident memory of this process and all its descendants (Ray's
   raylet, GCS and workers) together, sampled every 0.2 s;
-* the same-run reference ``inprocess_round_s`` (and its ``inprocess_peak_rss_gb``): one round of the same run with the same
-  ServerApp and ClientApp over the in-process grid (:func:`simulations.engine.run_inprocess`:
+* the same-run reference ``inprocess_round_s`` (and its ``inprocess_peak_rss_gb``): one round of the same run
+  with the same ServerApp and ClientApp over the in-process grid (:func:`simulations.engine.run_inprocess`:
   the same messages and work, the sites one after the other in this process, no Ray, no
   serialisation; half the difference between 3 rounds and 1), so
   ``overhead_ratio = round_s / inprocess_round_s`` is what the simulation engine costs a round.

@@ -119,7 +119,8 @@ def subsampled_gaussian_rdp(*, sample_rate: float, noise_multiplier: float, step
 
 @functools.lru_cache(maxsize=1024)
 def _step_rdp(sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]) -> Any:
-    rdp = opacus_rdp_analysis().compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
+    rdp = opacus_rdp_analysis().compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+                                            orders=list(orders))
     rdp.flags.writeable = False
     return rdp
 

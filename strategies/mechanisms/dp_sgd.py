@@ -120,8 +120,9 @@ def calibrated_noise_multiplier(*, epsilon: float, delta: float, sample_rate: fl
     if key not in _NOISE:
         if len(_NOISE) >= _NOISE_MEMO_SIZE:
             del _NOISE[next(iter(_NOISE))]
-        _NOISE[key] = calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                                 steps=steps, accountant=accountant, prior=prior)  # type: ignore[arg-type]
+        _NOISE[key] = calibrate_noise_multiplier(  # type: ignore[arg-type]
+            target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=accountant,
+            prior=prior)
     return _NOISE[key]
 
 
