@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -99,3 +103,20 @@ def test_no_project_file_reads_or_names_the_sibling_shared_folder() -> None:
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             hits += [f"{path.relative_to(PROJECT_ROOT)}:{number}: {word}" for word in _PRIVATE if word in line]
     assert not hits, "\n".join(hits)
+
+
+def test_a_flower_app_bundle_without_the_csvs_reads_the_installed_packages_copy(tmp_path) -> None:
+    """``flwr run`` loads the apps from the FAB it built, which carries Python and text files only: a named data set
+    is then read from the installed package (on ``sys.path`` after the bundle), not refused as missing."""
+    bundle = tmp_path / "fab"
+    shutil.copytree(PROJECT_ROOT / "models", bundle / "models",
+                    ignore=lambda folder, names: [name for name in names if name.endswith((".csv", ".gz", ".pyc"))])
+    assert not list((bundle / "models" / "data" / "bundled").glob("*.csv*"))
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import models.data as data; "
+              "assert data.__file__.startswith(sys.argv[1]), data.__file__; "
+              "print(data.BUNDLED_DIR, len(data.load_table('metabric').time))")
+    result = subprocess.run([sys.executable, "-c", script, str(bundle)], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120, env={k: v for k, v in os.environ.items() if k != DATA_DIR_ENV})
+    assert result.returncode == 0, result.stderr[-2000:]
+    folder, rows = result.stdout.split()
+    assert Path(folder) == BUNDLED_DIR and int(rows) == len(load_table("metabric").time)

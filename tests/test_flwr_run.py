@@ -25,6 +25,7 @@ def superlinks_of(flwr_home: Path) -> list[psutil.Process]:
 
 
 def test_flwr_run_trains_with_the_run_config(tmp_path):
+    """METABRIC: a bundled CSV, which the app bundle ``flwr run`` builds does not carry (the installed copy is read)."""
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent))
     assert flwr, "the flwr CLI is installed with the project"
     flwr_home = tmp_path / "flwr_home"
@@ -35,7 +36,8 @@ def test_flwr_run_trains_with_the_run_config(tmp_path):
     try:
         result = subprocess.run(
             [flwr, "run", ".", "local", "--stream",
-             "--run-config", f"federation.num_sites=3 federation.rounds=2 output.dir='{out}' model.name='cox_mlp'",
+             "--run-config", f"data.name='metabric' federation.num_sites=3 federation.rounds=2 output.dir='{out}' "
+                            "model.name='cox_mlp'",
              "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"],
             cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=500,
         )
@@ -51,7 +53,7 @@ def test_flwr_run_trains_with_the_run_config(tmp_path):
     assert runs and all(run["status"] == "finished:completed" for run in runs), runs
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "cox_mlp" and summary["rounds"] == 2 and summary["num_sites"] == 3
-    assert summary["test"]["c_index"] > 0.75
+    assert summary["data"]["name"] == "metabric" and summary["test"]["c_index"] > 0.58
     assert not superlinks_of(flwr_home)
 
 

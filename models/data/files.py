@@ -9,12 +9,11 @@ replaces the bundled one; it holds the same file names, each plain or gzip-compr
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from models.data.validate import DataValidationError
 
-#: The folder of the files shipped with the package.
-BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 #: Environment variable naming a data folder when ``data.dir`` is empty.
 DATA_DIR_ENV = "FEDSURV_DATA_DIR"
 #: File of each named data set read from the data folder (plain or with ``.gz`` appended).
@@ -24,6 +23,24 @@ DATA_FILES = {
     "whas": "whas.csv",
     "sba": "sba_national_subset.csv",
 }
+
+
+def _bundled_dir() -> Path:
+    """``models/data/bundled`` beside this module, or, where that copy has no data, the installed package's.
+
+    ``flwr run`` loads the apps from the Flower app bundle it built (FAB), which carries Python
+    and text files only, never the CSVs: the installed package (an editable install's source
+    tree, or site-packages) is then found on ``sys.path`` after the bundle.
+    """
+    here = Path(__file__).resolve().parent / "bundled"
+    for folder in (here, *(Path(entry or ".") / "models" / "data" / "bundled" for entry in sys.path)):
+        if any((folder / name).exists() or (folder / f"{name}.gz").exists() for name in DATA_FILES.values()):
+            return folder.resolve()
+    return here
+
+
+#: The folder of the files shipped with the package.
+BUNDLED_DIR = _bundled_dir()
 
 
 def resolve_data_dir(data_dir: str | Path = "") -> Path:
