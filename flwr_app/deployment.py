@@ -94,6 +94,8 @@ MAX_COUNT_RATIO = 100.0
 MAX_RANGE_RATIO = 100.0
 #: Resolution of the federated time grid: intervals of the sites' time histograms.
 TIME_HISTOGRAM_BINS = 2000
+#: Seconds between the server's looks for a deployed site's replies (Flower's gRPC grid sleeps 3 s between looks).
+PULL_INTERVAL_S = 0.1
 
 
 def _payload(content: Mapping[str, Any]) -> RecordDict:
@@ -104,6 +106,34 @@ def _read(message: Message) -> dict[str, Any]:
     return json.loads(str(message.content.config_records[PAYLOAD]["json"]))
 
 
+def exchange(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
+             on_reply: Callable[[Message, int | None, float], None] | None = None) -> list[Message]:
+    """Push ``messages``; pull their replies until all have come or ``timeout`` seconds have passed.
+
+    Flower's ``Grid.send_and_receive`` does the same but sleeps 3 s between looks, which a deployed
+    message's round trip pays on average half of, every message. This looks every
+    :data:`PULL_INTERVAL_S` (a grid's own ``pull_interval`` where it has one: the in-memory grid of a
+    simulation). ``on_reply(reply, node asked, seconds waited)`` sees each reply as it comes.
+    """
+    messages = list(messages)
+    interval = float(getattr(grid, "pull_interval", PULL_INTERVAL_S))
+    started = time.monotonic()
+    ids = {message_id: message.metadata.dst_node_id
+           for message_id, message in zip(grid.push_messages(messages), messages) if message_id}
+    waiting = set(ids)
+    replies: list[Message] = []
+    while waiting:
+        for reply in grid.pull_messages(list(waiting)):
+            waiting.discard(reply.metadata.reply_to_message_id)
+            if on_reply is not None:
+                on_reply(reply, ids.get(reply.metadata.reply_to_message_id), time.monotonic() - started)
+            replies.append(reply)
+        if not waiting or (timeout is not None and time.monotonic() - started >= timeout):
+            break
+        time.sleep(interval)
+    return replies
+
+
 def _ask(
     grid: Grid, message_type: str, contents: Mapping[int, Mapping[str, Any]], timeout: float,
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
@@ -112,7 +142,7 @@ def _ask(
                 for node, content in contents.items()]
     answered: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    replies = exchange(grid, messages, timeout=timeout)
     sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
             if message.metadata.message_id}  # the grid names each message as it pushes it
     for reply in replies:  # a reply belongs to the node asked (the SuperLink answers for a node gone offline)
@@ -244,15 +274,12 @@ class RejoiningSites(ParticipatingSites):
     """
 
     def __init__(self, grid: Grid, setup: SiteSetup, node_sites: dict[int, str], *,
-                 history: Callable[[str], tuple[str | None, int]] | None = None, timeout: float = 600.0,
-                 pull_interval: float | None = None) -> None:
+                 history: Callable[[str], tuple[str | None, int]] | None = None, timeout: float = 600.0) -> None:
         super().__init__(grid, node_sites)
         self._setup = setup
         self._node_sites = node_sites  # the strategy's own mapping: a node that takes a site's place is named there
         self._history = history or (lambda site: (None, 0))
         self._timeout = timeout
-        self._pull_interval = pull_interval if pull_interval is not None else min(
-            1.0, float(getattr(grid, "pull_interval", 1.0)))
         self._activated = self._activations()
         self._pending: set[int] = set()
         self._refused: dict[int, str] = dict(setup.left_out)  # a site left out at set-up is never asked again
@@ -282,7 +309,7 @@ class RejoiningSites(ParticipatingSites):
         """Ask each new node which site it is; one claiming a set-up site whose node is gone takes its place."""
         messages = [Message(content=_payload({}), dst_node_id=node, message_type=IDENTITY) for node in nodes]
         claims: dict[int, str] = {}
-        for reply in self._grid.send_and_receive(messages, timeout=min(self._timeout, 60.0)):
+        for reply in exchange(self._grid, messages, timeout=min(self._timeout, 60.0)):
             if not reply.has_error():
                 claims[reply.metadata.src_node_id] = str(_read(reply).get("site", ""))
         for node in nodes:
@@ -329,20 +356,7 @@ class RejoiningSites(ParticipatingSites):
         targets = {message.metadata.dst_node_id for message in messages}
         if self._pending & targets:
             self._send_setup_again(self._pending & targets)
-        started = time.monotonic()
-        ids = {message_id: message.metadata.dst_node_id
-               for message_id, message in zip(self._grid.push_messages(messages), messages) if message_id}
-        waiting = set(ids)
-        replies: list[Message] = []
-        while waiting:
-            for reply in self._grid.pull_messages(list(waiting)):
-                waiting.discard(reply.metadata.reply_to_message_id)
-                self._explain(reply, ids.get(reply.metadata.reply_to_message_id), time.monotonic() - started)
-                replies.append(reply)
-            if not waiting or (timeout is not None and time.monotonic() - started >= timeout):
-                break
-            time.sleep(self._pull_interval)
-        return replies
+        return exchange(self._grid, messages, timeout=timeout, on_reply=self._explain)
 
     def _explain(self, reply: Message, node: int | None, elapsed: float) -> None:
         """Give the SuperLink's offline error its detection time; note a node that has lost its set-up."""

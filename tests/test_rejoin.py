@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -125,8 +126,7 @@ def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_
     rounds = {1: RoundRecord(released={"site-a": {}, "site-b": {}}, privacy_states={"site-a": '{"s": 1}',
                                                                                      "site-b": '{"s": 1}'}),
               2: RoundRecord(released={"site-a": {}, "site-b": None}, privacy_states={"site-a": '{"s": 2}'})}
-    grid = RejoiningSites(nodes, setup, node_sites, history=lambda site: privacy_position(rounds, site), timeout=5,
-                          pull_interval=0)
+    grid = RejoiningSites(nodes, setup, node_sites, history=lambda site: privacy_position(rounds, site), timeout=5)
     assert all(not reply.has_error() for reply in _round(grid).values())
     nodes.restart(2)  # same node ID (Flower binds it to the key), empty node state, activated again
     nodes.messaged.clear()
@@ -147,7 +147,7 @@ def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_
 def test_a_node_that_says_it_has_no_setup_gets_it_before_its_next_message():
     setup = _setup()
     nodes = NodeGrid(setup)
-    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5, pull_interval=0)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5)
     nodes.restart(2, activated="t0")  # the SuperLink does not say it was activated again
     replies = _round(grid)
     assert replies[2].has_error() and "holds no set-up" in replies[2].error.reason
@@ -161,7 +161,7 @@ def test_a_node_that_says_it_has_no_setup_gets_it_before_its_next_message():
 def test_the_superlinks_offline_reply_says_when_the_server_saw_it():
     setup = _setup()
     nodes = NodeGrid(setup)
-    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5, pull_interval=0)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5)
     messages = [Message(content=RecordDict(), dst_node_id=node, message_type=TRAIN) for node in grid.get_node_ids()]
     nodes.online.discard(2)
     replies = {reply.metadata.reply_to_message_id: reply for reply in grid.send_and_receive(messages, timeout=5)}
@@ -175,7 +175,7 @@ def test_a_new_node_takes_a_site_only_when_that_sites_node_is_gone():
     setup = _setup()
     nodes = NodeGrid(setup)
     node_sites = dict(setup.sites)
-    grid = RejoiningSites(nodes, setup, node_sites, timeout=5, pull_interval=0)
+    grid = RejoiningSites(nodes, setup, node_sites, timeout=5)
     nodes.restart(7, site="site-a")  # claims a live site
     nodes.restart(8, site="site-z")  # not a site of the set-up
     nodes.restart(9, site="site-b")  # left out at set-up: never asked again, though it claims a site
@@ -236,3 +236,42 @@ def test_a_resumed_site_charges_the_rounds_released_after_its_checkpointed_state
     site = SimpleNamespace(train=None)
     assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}
     assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}
+
+
+class SlowGrid:
+    """Answers each message on the third look for it (or never, for the nodes in ``silent``)."""
+
+    def __init__(self, silent=()) -> None:
+        self.silent, self.looks, self.pushed = set(silent), 0, {}
+
+    def push_messages(self, messages):
+        ids = []
+        for number, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"m{number}"
+            self.pushed[f"m{number}"] = message
+            ids.append(f"m{number}")
+        return ids
+
+    def pull_messages(self, message_ids):
+        self.looks += 1
+        if self.looks < 3:
+            return []
+        return [Message(content=RecordDict(), reply_to=self.pushed[message_id]) for message_id in message_ids
+                if self.pushed[message_id].metadata.dst_node_id not in self.silent]
+
+
+def test_exchange_looks_for_replies_every_tenth_of_a_second_and_gives_up_at_the_timeout():
+    """Flower's grid sleeps 3 s between looks; the deployment's exchange looks every PULL_INTERVAL_S, names the node
+    each reply answers for, and stops at the timeout with the replies it has."""
+    messages = [Message(content=RecordDict(), dst_node_id=node, message_type=TRAIN) for node in (7, 8)]
+    seen = []
+    started = time.monotonic()
+    replies = deployment.exchange(SlowGrid(), messages, timeout=30,
+                                  on_reply=lambda reply, node, waited: seen.append((node, waited)))
+    assert len(replies) == 2 and sorted(node for node, _ in seen) == [7, 8]
+    assert time.monotonic() - started < 2 * 3 * deployment.PULL_INTERVAL_S + 0.5
+    started = time.monotonic()
+    messages = [Message(content=RecordDict(), dst_node_id=node, message_type=TRAIN) for node in (7, 8)]
+    replies = deployment.exchange(SlowGrid(silent={8}), messages, timeout=1.0)
+    assert [reply.metadata.reply_to_message_id for reply in replies] == ["m0"]
+    assert 1.0 <= time.monotonic() - started < 1.0 + 3 * deployment.PULL_INTERVAL_S
