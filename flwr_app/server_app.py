@@ -343,7 +343,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             ledger.record(entry)
         global_test: dict[str, float] = {}
         diverged = ""
-        if cfg.server_evaluation:
+        if cfg.server_evaluation and survival.evaluates(server_round):
             global_test, diverged = _evaluate_global(model, arrays, survival.baseline, dataset, survival.exponents)
         line: dict[str, Any] = {
             "round": server_round,
@@ -379,7 +379,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         print(
             f"round {server_round:3d}/{cfg.federation.rounds}"
             + (f"  train_loss {train_loss:.4f}" if train_loss is not None and math.isfinite(train_loss) else "")
-            + f"  {'test' if global_test else 'sites'}: {_fmt(shown)}"
+            + (f"  {'test' if global_test else 'sites'}: {_fmt(shown)}" if survival.evaluates(server_round)
+               else f"  (not evaluated: evaluation.every = {cfg.evaluation_every})")
             + (f"  epsilon {line['privacy']['epsilon']:.3f}" if line["privacy"]["epsilon"] is not None else "")
             + (f"  [{len(line['failures'])} failed: "
                + ", ".join(sorted({f"{f['site']} ({f['phase']})" for f in line["failures"]})) + "]"

@@ -602,6 +602,10 @@ class ExperimentConfig:
     evaluation_screen: bool = setting(False, "leave a site whose test metrics stand far outside the other sites' out of "
                                              "the sites' mean, as a named failure; off: its metrics are kept and "
                                              "flagged (heterogeneous sites are normal)", key="evaluation.screen")
+    evaluation_every: int = setting(1, "horizontal: evaluate the global model (the sites on their test parts, and in a "
+                                       "simulation the server on the pooled test split) after every k-th round and "
+                                       "the last; the rounds between send the sites no evaluation message",
+                                    bounds=POSITIVE, key="evaluation.every")
     centralized_baseline: bool = setting(True, "simulation only: also train the same model on the pooled training "
                                                "data", key="baseline.centralized")
     resume_from: str = setting("", "horizontal: a run directory (or its checkpoint.pt) to continue after its last "
@@ -941,7 +945,8 @@ def _check_server_optimizer(cfg: ExperimentConfig) -> None:
 
 
 def _check_faults(cfg: ExperimentConfig) -> None:
-    """Injected failures are for simulations; split runs have no checkpoints and no Breslow or evaluate messages."""
+    """Injected failures are for simulations; split runs have no checkpoints, no Breslow or evaluate messages and
+    no evaluation schedule."""
     debug = cfg.debug
     if cfg.data.deployed and (debug.fail_site or debug.stop_after_round):
         raise ConfigError("run config: 'debug.fail_site' and 'debug.stop_after_round' inject failures into "
@@ -949,6 +954,9 @@ def _check_faults(cfg: ExperimentConfig) -> None:
                           "defaults ('' and 0)")
     if not STRATEGIES[cfg.strategy].vertical:
         return
+    if cfg.evaluation_every != 1:
+        raise ConfigError(f"run config: 'evaluation.every' = {cfg.evaluation_every} applies to horizontal runs only: "
+                          f"strategy {cfg.strategy!r} evaluates once, after its last epoch (leave it at 1)")
     if debug.stop_after_round:  # resume.from: the split mechanisms do not honour it (Mechanism.honours)
         raise ConfigError("run config: 'debug.stop_after_round' applies to horizontal runs only: a split run keeps "
                           "each site's encoder in that site's node state, which no server checkpoint can restore")

@@ -616,17 +616,18 @@ class SurvivalFedAvg(FedAvg):
 
     def _evaluate_and_close(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy,
                             end_of_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
-        """A round's evaluation, then ``end_of_round``; returns the model the round keeps.
+        """A round's evaluation (on the rounds :meth:`evaluates`), then ``end_of_round``; returns the model kept.
 
         A new global model that has diverged (:func:`divergence`) is rolled back to the last good one
-        before any site sees it; one whose predictions most evaluating sites find not finite is rolled
-        back after the evaluation, which then runs again on the model kept (:meth:`_roll_back`).
+        before any site sees it; on an evaluated round, one whose predictions most evaluating sites find
+        not finite is rolled back after the evaluation, which then runs again on the model kept (:meth:`_roll_back`).
         :class:`TooFewSitesError` after ``end_of_round`` if the round was not aggregated.
         """
         record = self._record(server_round)
         if reason := divergence(self.last_good[1], arrays):
             arrays = self._roll_back(server_round, reason)
-        self._evaluate(grid, server_round, arrays, outer)
+        if self.evaluates(server_round):
+            self._evaluate(grid, server_round, arrays, outer)
         if not record.rolled_back and (reason := _predictions_diverged(record)):
             arrays = self._roll_back(server_round, reason)
             record.evaluate_sites.clear()
@@ -641,6 +642,10 @@ class SurvivalFedAvg(FedAvg):
                                    + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
                                                for f in record.failures))
         return arrays
+
+    def evaluates(self, server_round: int) -> bool:
+        """Whether ``server_round``'s model is evaluated: every ``evaluation.every``-th round, and the last."""
+        return server_round % self.cfg.evaluation_every == 0 or server_round >= self.cfg.federation.rounds
 
     def _evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy) -> None:
         messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))

@@ -3,6 +3,8 @@ the run's model skeleton are built once per process and key, and never carry a r
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -133,3 +135,31 @@ def test_the_privacy_state_stays_in_each_node_state():
     assert [client_app._privacy_state(c, ConfigRecord()) for c in contexts] == states
     kept = repr([vars(entry) for entry in client_app.MODELS.entries.values()]) + repr(client_app.SITES.entries)
     assert "rounds" not in kept
+
+
+def test_evaluation_every_k_rounds_sends_no_evaluation_message_between_and_evaluates_the_last(tmp_path):
+    """``evaluation.every = 3`` over 4 rounds: the sites are sent evaluation messages (and the server evaluates the
+    pooled test split) after rounds 3 and 4 only; the final figures are those of ``every = 1``'s last round."""
+    asked: list[tuple[str, int]] = []
+
+    def observe(message, reply):
+        if message.metadata.message_type == "evaluate":
+            asked.append((message.metadata.message_type, int(message.content["config"]["server-round"])))
+
+    overrides = {**SMALL, "federation.rounds": 4, "evaluation.server_side": True, "seed": 2}
+    every = run_inprocess({**overrides, "evaluation.every": 3, "output.dir": str(tmp_path / "every3")},
+                          observe=observe)
+    assert sorted({server_round for _, server_round in asked}) == [3, 4] and len(asked) == 2 * 2
+    lines = [json.loads(line) for line in (tmp_path / "every3" / "metrics.jsonl").read_text().splitlines()]
+    assert [bool(line["sites"]) for line in lines] == [False, False, True, True]
+    assert [bool(line["global_test"]) for line in lines] == [False, False, True, True]
+    each = run_inprocess({**overrides, "output.dir": str(tmp_path / "every1")})
+    assert every["test"] == pytest.approx(each["test"], rel=0, abs=1e-12)
+    assert every["sites"].keys() == each["sites"].keys()
+    for site in each["sites"]:
+        assert every["sites"][site] == pytest.approx(each["sites"][site], rel=0, abs=1e-12)
+
+
+def test_evaluation_every_is_refused_for_a_split_run():
+    with pytest.raises(config.ConfigError, match="'evaluation.every' = 2 applies to horizontal runs only"):
+        resolve({"strategy.name": "split", "data.name": "metabric", "evaluation.every": 2})
