@@ -10,9 +10,6 @@ its own process group and stopped by it.
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,139 +18,17 @@ import pandas as pd
 import pytest
 import torch
 
-from flwr_app.config import PROJECT_ROOT
+from benchmarks.loopback import BIN, CONNECTION, SITES, Deployment, loopback
 from models.data.datasets import _sksurv_flchain
 from models.data.vertical import simulate_multimodal
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
-DEPLOY = PROJECT_ROOT / "deploy"
-CONNECTION = "deployment"
-SITES = ("site-1", "site-2", "site-3")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Deployment:
-    """The processes of one deployment; :meth:`stop_all` ends every one of them by process group."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.logs = root / "logs"
-        self.logs.mkdir()
-        self.env = {**os.environ, "FLWR_HOME": str(root / "flwr_home"), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "PATH": f"{BIN}:{os.environ['PATH']}"}
-        self.port = free_port()
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def run(self, *command: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(part) for part in command], cwd=PROJECT_ROOT, env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
-
-    def start(self, name: str, *command: str | Path) -> subprocess.Popen:
-        if name in self.processes:  # a test that failed before stopping its own: never lose track of a process
-            self.stop(name)
-        with (self.logs / f"{name}.log").open("w") as log:
-            process = subprocess.Popen([str(part) for part in command], cwd=self.root, env=self.env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes[name] = process
-        return process
-
-    def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text()
-
-    def start_supernode(self, site: str, node_config: str, *, key: str | None = None) -> subprocess.Popen:
-        return self.start(site, BIN / "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
-                          "--root-certificates", self.root / "certs" / "ca.crt",
-                          "--auth-supernode-private-key", self.root / "keys" / (key or site),
-                          "--port", str(free_port()), "--node-config", node_config)
-
-    def stop(self, name: str) -> None:
-        process = self.processes.pop(name)
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # children left in the group (SuperExec, app processes) after the leader exited
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def stop_all(self) -> None:
-        for name in list(self.processes):
-            self.stop(name)
-
-    def flwr_run(self, run_config: str) -> dict:
-        """``flwr run`` against the deployment; the run's entry of ``flwr ls`` (``--stream`` exits 0 on failure)."""
-        before = {run["run-id"] for run in self.runs()}
-        result = self.run(BIN / "flwr", "run", ".", CONNECTION, "--stream", "--run-config", run_config, timeout=480)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        (run,) = [run for run in self.runs() if run["run-id"] not in before]
-        assert run["status"] == "finished:completed", (run, result.stdout[-4000:], self.log("superlink")[-4000:])
-        return run
-
-    def submit(self, run_config: str) -> int:
-        """``flwr run`` without ``--stream``: the new run's ID (it returns once the SuperLink has the run)."""
-        before = {run["run-id"] for run in self.runs()}
-        result = self.run(BIN / "flwr", "run", ".", CONNECTION, "--run-config", run_config, timeout=240)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        (run,) = [run for run in self.runs() if run["run-id"] not in before]
-        return run["run-id"]
-
-    def wait_finished(self, run_id: int, *, timeout: float) -> dict:
-        """Poll ``flwr ls`` until the run has finished; its entry."""
-        deadline = time.monotonic() + timeout
-        while True:
-            (run,) = [run for run in self.runs() if run["run-id"] == run_id]
-            if run["status"].startswith("finished"):
-                return run
-            assert time.monotonic() < deadline, (run, self.log("superlink")[-4000:])
-            time.sleep(2)
-
-    def runs(self) -> list[dict]:
-        return json.loads(self.run(BIN / "flwr", "ls", CONNECTION, "--format", "json").stdout)["runs"]
-
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deployment")
-    deploy = Deployment(root)
-    try:
-        for command in (
-            ["make_certificates.sh", root / "certs", "127.0.0.1"],
-            ["make_supernode_keys.sh", root / "keys", *SITES, "intruder"],
-            ["add_connection.sh", CONNECTION, f"127.0.0.1:{deploy.port}", root / "certs" / "ca.crt"],
-        ):
-            result = deploy.run("bash", DEPLOY / command[0], *command[1:])
-            assert result.returncode == 0, result.stderr
-        certs = root / "certs"
-        deploy.start("superlink", BIN / "flower-superlink", "--ssl-ca-certfile", certs / "ca.crt",
-                     "--ssl-certfile", certs / "server.crt", "--ssl-keyfile", certs / "server.key",
-                     "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(deploy.port))
-        deadline = time.monotonic() + 60
-        while deploy.run(BIN / "flwr", "supernode", "list", CONNECTION).returncode != 0:
-            assert time.monotonic() < deadline, deploy.log("superlink")
-            assert deploy.processes["superlink"].poll() is None, deploy.log("superlink")
-            time.sleep(1)
-        for site in SITES:
-            result = deploy.run(BIN / "flwr", "supernode", "register", root / "keys" / f"{site}.pub", CONNECTION,
-                                "--format", "json")
-            assert result.returncode == 0 and json.loads(result.stdout)["success"], result.stdout + result.stderr
+    with loopback(tmp_path_factory.mktemp("deployment"), keys=(*SITES, "intruder")) as deploy:
         yield deploy
-    finally:
-        deploy.stop_all()
 
 
 def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed_mid_run(deployment):
