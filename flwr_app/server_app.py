@@ -166,12 +166,13 @@ def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str
 def run_identity(cfg: ExperimentConfig) -> dict[str, Any]:
     """The configuration a resumed run must share with its checkpoint, as JSON values.
 
-    Everything but where the outputs go, ``resume.from``, the injected failures (``debug.*``) and
-    ``federation.timeout_s``: in particular ``federation.rounds``, for which the sites calibrated
-    their noise (extending a run would spend more than ``privacy.epsilon``).
+    Everything but where the outputs go, ``resume.from``, the injected failures (``debug.*``),
+    ``federation.timeout_s`` and ``evaluation.every`` (which rounds are evaluated: neither training
+    nor privacy): in particular ``federation.rounds``, for which the sites calibrated their noise
+    (extending a run would spend more than ``privacy.epsilon``).
     """
     identity = cfg.as_dict()
-    for key in ("output_dir", "resume_from", "debug"):
+    for key in ("output_dir", "resume_from", "debug", "evaluation_every"):
         identity.pop(key)
     identity["federation"].pop("timeout_s")
     return json.loads(json.dumps(identity))
