@@ -303,6 +303,15 @@ def benchmarks_section(results: Path, out: Path) -> str:
         lines.append(f"| one {cold['strategy']} training message in a new process (a deployed site's every message) | "
                      f"{cold['message_in_a_new_process_s']:.2f} s | the same message warm {median['warm_s']:.2f} s | "
                      f"{cold['message_in_a_new_process_s'] / median['warm_s']:.0f} | – (loopback round trip ≤ 3 s) |")
+    if loop := load("loopback"):
+        for row in loop["rows"]:
+            target = (f"≤ {loop['targets']['distributed_dp_round_s']:g} s a round" if row["strategy"] == "distributed_dp"
+                      else f"≤ {loop['targets']['message_round_trip_s']:g} s a message")
+            lines.append(f"| loopback deployment (TLS, SuperNode auth, 3 SuperNodes on this machine), {row['strategy']}, "
+                         f"{'evaluated every round' if row.get('evaluation_every', 1) == 1 else 'evaluated every ' + str(row['evaluation_every']) + ' rounds'}, "
+                         f"SuperNodes' executor polling every {row['executor_poll_s']:g} s | {row['round_s']:.1f} s a round, "
+                         f"{row['message_round_trip_s']:.1f} s a message ({row['messages_per_round']} a round) | – | – | "
+                         f"{target} |")
     if sweep := load("epsilon_sweep"):
         lines.append(f"| ε sweep, {sweep['runs']} runs on FLCHAIN | {sweep['flower_total_s']} s | in process "
                      f"{sweep['inprocess_total_s']} s | {sweep['ratio']} | < {sweep['target_flower_total_s']} s |")
