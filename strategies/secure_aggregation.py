@@ -145,11 +145,14 @@ def self_mask_key(seed: bytes) -> bytes:
     return _derive(seed, _SELF_LABEL)
 
 
-def pairwise_mask_key(private_key: bytes, public_key: bytes, nodes: tuple[int, int]) -> bytes:
+def pairwise_mask_key(private_key: bytes | ec.EllipticCurvePrivateKey, public_key: bytes,
+                      nodes: tuple[int, int]) -> bytes:
     """The key of the pairwise mask of ``nodes``: HKDF-SHA256 of the raw ECDH secret of ``private_key`` (one
-    node's first secret key, serialised) and ``public_key`` (the other's first public key), bound to the two
-    node ids (in increasing order, so both ends, and the server with a reconstructed key, get the same key)."""
-    secret = bytes_to_private_key(private_key).exchange(ec.ECDH(), bytes_to_public_key(public_key))
+    node's first secret key, serialised or loaded) and ``public_key`` (the other's first public key), bound to the
+    two node ids (in increasing order, so both ends, and the server with a reconstructed key, get the same key)."""
+    if not isinstance(private_key, ec.EllipticCurvePrivateKey):
+        private_key = bytes_to_private_key(private_key)
+    secret = private_key.exchange(ec.ECDH(), bytes_to_public_key(public_key))
     low, high = sorted(int(node) for node in nodes)
     return _derive(secret, _PAIRWISE_LABEL + f" {low} {high}".encode())
 
@@ -280,11 +283,12 @@ def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, byt
     seed_shares = create_shares(state.seed, state.threshold, len(public_keys))
     sk1_shares = create_shares(state.sk1, state.threshold, len(public_keys))
     destinations, ciphertexts = [], []
+    sk2 = bytes_to_private_key(state.sk2)  # loaded once, not once per neighbour
     for index, (node, (_, pk2)) in enumerate(sorted(public_keys.items())):
         if node == state.node:
             state.seed_shares[node], state.sk1_shares[node] = seed_shares[index], sk1_shares[index]
             continue
-        key = generate_shared_key(bytes_to_private_key(state.sk2), bytes_to_public_key(pk2))
+        key = generate_shared_key(sk2, bytes_to_public_key(pk2))
         plaintext = share_keys_plaintext_concat(state.node, node, seed_shares[index], sk1_shares[index])
         destinations.append(node)
         ciphertexts.append(encrypt(key, plaintext))
@@ -299,11 +303,12 @@ def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[by
     if vector.ndim != 1 or vector.dtype != np.int64:
         raise ValueError("secure aggregation: the vector to mask must be a flat int64 array")
     neighbours = []
+    sk1, sk2 = bytes_to_private_key(state.sk1), bytes_to_private_key(state.sk2)  # loaded once, not per neighbour
     for source, ciphertext in zip(sources, ciphertexts, strict=True):
         source = int(source)
         if source not in state.public_keys or source == state.node:
             raise ValueError(f"secure aggregation: a share from node {source}, which is not a neighbour")
-        key = generate_shared_key(bytes_to_private_key(state.sk2), bytes_to_public_key(state.public_keys[source][1]))
+        key = generate_shared_key(sk2, bytes_to_public_key(state.public_keys[source][1]))
         sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(decrypt(key, ciphertext))
         if sender != source or receiver != state.node:
             raise ValueError(f"secure aggregation: a share claims to be from {sender} to {receiver}, but came from "
@@ -316,7 +321,7 @@ def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[by
     size = vector.size
     masked = vector + mask_stream(self_mask_key(state.seed), modulus=state.modulus, dimension=size)
     for node in neighbours:
-        key = pairwise_mask_key(state.sk1, state.public_keys[node][0], (state.node, node))
+        key = pairwise_mask_key(sk1, state.public_keys[node][0], (state.node, node))
         mask = mask_stream(key, modulus=state.modulus, dimension=size)
         masked = masked + mask if state.node > node else masked - mask
     state.stage = MASKED
