@@ -7,7 +7,7 @@ Every process is started in its own process group and stopped by it. ``tests/tes
 uses the same harness.
 
 As a benchmark (issue 28: a message round trip ≤ 3 s, a distributed_dp round ≤ 15 s), it runs
-FLCHAIN split over 3 SuperNodes (6,805 records after the rows with a missing value are dropped)
+FLCHAIN split over 3 SuperNodes (6,524 records: those without a missing value)
 and reports, from each run's ``metrics.jsonl``:
 
 * ``round_s``: the median wall time of a round but the first and the last (the first also pays the
@@ -44,7 +44,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from flwr_app.config import PROJECT_ROOT
+
 BIN = Path(sys.executable).parent
 DEPLOY = PROJECT_ROOT / "deploy"
 CONNECTION = "deployment"
