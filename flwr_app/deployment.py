@@ -574,11 +574,13 @@ def site_name(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
 
-def _site_table(cfg: ExperimentConfig, context: Context) -> tuple[RawTable, np.ndarray, np.ndarray]:
+def _site_table(cfg: ExperimentConfig, context: Context, *, notes: bool = True
+                ) -> tuple[RawTable, np.ndarray, np.ndarray]:
+    """The site's file, split into training and test parts; ``notes``: log its integer-code notes (set-up only)."""
     if "data-path" not in context.node_config:
         raise ValueError(f"node config has no 'data-path': in a deployment (data.name = {DEPLOYED_DATA!r}) every "
                          "SuperNode names its data file, e.g. --node-config \"data-path='/data/site.csv'\"")
-    table = task.load_site_table(cfg, str(context.node_config["data-path"]))
+    table = task.load_site_table(cfg, str(context.node_config["data-path"]), notes=notes)
     train, test = split_site_table(table, name=site_name(context), seed=cfg.seed, test_fraction=cfg.data.test_fraction)
     return table, train, test
 
@@ -625,8 +627,9 @@ def stored_spec(context: Context) -> task.SiteSpec:
 
 
 def deployed_site(cfg: ExperimentConfig, context: Context) -> SiteData:
-    """This site's training and test parts, encoded with the shared preprocessing."""
-    table, train, test = _site_table(cfg, context)
+    """This site's training and test parts, encoded with the shared preprocessing (the file's notes were logged at
+    set-up: a deployed site reads its file again for every message)."""
+    table, train, test = _site_table(cfg, context, notes=False)
     return preprocessed_site(table, train, test, stored_spec(context).preprocessor, name=site_name(context))
 
 

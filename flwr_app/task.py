@@ -293,16 +293,17 @@ def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:
                          time_scale=spec.time_scale)
 
 
-def load_site_table(cfg: ExperimentConfig, path: str) -> RawTable:
+def load_site_table(cfg: ExperimentConfig, path: str, *, notes: bool = True) -> RawTable:
     """A deployed site's own file (CSV or Parquet), validated like ``data.name = "csv"``.
 
     Outcome columns ``data.time_col`` and ``data.event_col`` ("" = ``time``, ``event``), features
     ``data.feature_cols`` ("" = every other column but ``data.id_col``, ``data.drop_cols`` and
     ``data.split_col``); errors name the file, the column and the rows. A column that looks like a
     record identifier is refused here, before anything derived from the file leaves the site.
+    ``notes``: log the notes on integer-coded columns (:func:`models.data.load_table`).
     """
     return load_table("csv", path=path, time_col=cfg.data.time_col, event_col=cfg.data.event_col,
-                      feature_cols=cfg.data.feature_cols, roles=column_roles(cfg))
+                      feature_cols=cfg.data.feature_cols, roles=column_roles(cfg), notes=notes)
 
 
 def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool = True,

@@ -97,3 +97,42 @@ def test_deployed_sites_with_a_private_set_up_agree_the_categories(centres_csv, 
     assert summary["num_sites"] == 2
     inputs = json.loads((tmp_path / "out" / "preprocessing.json").read_text())["model_inputs"]
     assert [name for name in inputs if name.startswith("centre")] == [f"centre={code}" for code in range(1, 6)]
+
+
+def test_a_deployed_site_logs_its_files_notes_at_set_up_only(tmp_path, monkeypatch):
+    """A deployed site reads its file again for every message (a new process each, under Flower's SuperNode): the
+    integer-code note is logged while it answers set-up messages, never with a training or evaluation message."""
+    from simulations import engine
+
+    frame = centres()
+    configs = []
+    for index, rows in enumerate(np.array_split(np.arange(len(frame)), 2)):
+        path = tmp_path / f"site-{index}.csv"
+        frame.iloc[rows].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    handling: list[str] = []
+    deliver = engine.InProcessGrid._deliver
+
+    def tagged(grid, message):  # noqa: ANN001, ANN202
+        handling.append(message.metadata.message_type)
+        return deliver(grid, message)
+
+    noted: list[tuple[str, str]] = []
+
+    class Notes(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            noted.append((handling[-1] if handling else "", record.getMessage()))
+
+    monkeypatch.setattr(engine.InProcessGrid, "_deliver", tagged)
+    handler = Notes(level=logging.WARNING)
+    logging.getLogger("models.data.datasets").addHandler(handler)
+    try:
+        run_inprocess({"data.name": "site_files", "federation.num_sites": 2, "federation.rounds": 2,
+                       "evaluation.server_side": False, "baseline.centralized": False,
+                       "data.categorical_cols": "centre", "output.dir": str(tmp_path / "out")}, node_configs=configs)
+    finally:
+        logging.getLogger("models.data.datasets").removeHandler(handler)
+    assert {"train", "evaluate"} <= set(handling)
+    assert {note.split(":")[0] for _, note in noted} == {str(tmp_path / "site-0.csv"), str(tmp_path / "site-1.csv")}
+    assert all("column 'stage' holds 3 integer values" in note for _, note in noted)
+    assert not [kind for kind, _ in noted if kind in ("train", "evaluate")], noted

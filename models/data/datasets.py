@@ -381,6 +381,7 @@ def load_table(
     feature_cols: Sequence[str] = (),
     sba_horizon_months: int = 48,
     roles: ColumnRoles = ColumnRoles(),
+    notes: bool = True,
 ) -> RawTable:
     """Load and validate one survival table.
 
@@ -404,6 +405,10 @@ def load_table(
         Observation horizon of the SBA default outcome.
     roles
         The record ID, the columns to leave out and the train/test labels (:class:`ColumnRoles`).
+    notes
+        Log a warning for each ``"csv"`` feature whose values look like category codes
+        (:func:`~models.data.validate.integer_code_notes`); a deployed site, which reads its file for
+        every message, logs them at set-up only.
 
     Raises
     ------
@@ -431,7 +436,7 @@ def load_table(
         problems = identifier_problems(table.features, source=table.source)
         if problems:
             raise DataValidationError("\n".join(problems))
-        for note in integer_code_notes(table.features, source=table.source):
+        for note in integer_code_notes(table.features, source=table.source) if notes else ():
             logger.warning(note)
         return table
     raise DataValidationError(f"unknown data set '{name}'; options: {', '.join(DATASETS)}")
