@@ -83,13 +83,19 @@ def test_a_federation_one_hot_encodes_the_codes_and_learns_a_non_monotone_centre
     assert c_index["codes"] > c_index["number"] + 0.1, c_index
 
 
-def test_deployed_sites_with_a_private_set_up_agree_the_categories(centres_csv, tmp_path):
+def _site_files(tmp_path) -> list[dict[str, str]]:
+    """The centres data split over two deployed sites' files; their node configs."""
     frame = centres()
     configs = []
     for index, rows in enumerate(np.array_split(np.arange(len(frame)), 2)):
         path = tmp_path / f"site-{index}.csv"
         frame.iloc[rows].to_csv(path, index=False)
         configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    return configs
+
+
+def test_deployed_sites_with_a_private_set_up_agree_the_categories(centres_csv, tmp_path):
+    configs = _site_files(tmp_path)
     summary = run_inprocess({"data.name": "site_files", "strategy.name": "dp_sgd", "privacy.epsilon": 10.0,
                              "federation.num_sites": 2, "federation.rounds": 1, "evaluation.server_side": False,
                              "baseline.centralized": False, "data.categorical_cols": "centre",
@@ -104,12 +110,7 @@ def test_a_deployed_site_logs_its_files_notes_at_set_up_only(tmp_path, monkeypat
     integer-code note is logged while it answers set-up messages, never with a training or evaluation message."""
     from simulations import engine
 
-    frame = centres()
-    configs = []
-    for index, rows in enumerate(np.array_split(np.arange(len(frame)), 2)):
-        path = tmp_path / f"site-{index}.csv"
-        frame.iloc[rows].to_csv(path, index=False)
-        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    configs = _site_files(tmp_path)
     handling: list[str] = []
     deliver = engine.InProcessGrid._deliver
 
