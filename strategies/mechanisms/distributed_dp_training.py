@@ -38,13 +38,14 @@ def rounded_gradient_sum(model: HazardModel, x: np.ndarray, time: np.ndarray, ev
     a chunk's sum stays below 2^53 (the chunk is shortened when gamma is large).
     """
     model = _require_hazard_model(model)
-    names = [name for name, _ in model.net.named_parameters()]
+    parameters = dict(model.net.named_parameters())
+    names = list(parameters)
     if list(model.net.state_dict()) != names:
         raise ValueError("distributed_dp needs a network whose state dict is exactly its parameters")
     torch.default_generator.manual_seed(seed)  # torch.manual_seed's CPU part, without its lazy CUDA call (~1 ms)
     model.net.train()
-    sums = {name: torch.zeros(p.shape, dtype=torch.int64) for name, p in model.net.named_parameters()}
-    name_of = {id(p): name for name, p in model.net.named_parameters()}
+    sums = {name: torch.zeros(p.shape, dtype=torch.int64) for name, p in parameters.items()}
+    name_of = {id(p): name for name, p in parameters.items()}
     chunk = int(max(1, min(CHUNK, 2.0 ** 52 / (gamma * clip_norm + 1.0))))
     xs, ts, es = (torch.as_tensor(a) for a in (np.asarray(x, np.float32), np.asarray(time), np.asarray(event)))
     for start in range(0, len(xs), chunk):
