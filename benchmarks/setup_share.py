@@ -72,7 +72,8 @@ def validation_row(name: str, path: Path, overrides: dict, *, setting: str, epsi
                              "privacy.epsilon": epsilon, "seed": seed, "baseline.centralized": False,
                              "output.dir": str(out), **NATURAL.get(name, {}), **overrides})
     return {"data": name, "setting": setting, "epsilon": epsilon, "seed": seed,
-            "c_index": summary["test"]["c_index"], "ibs": summary["test"]["ibs"],
+            "c_index": summary["test"]["c_index"], "c_index_td": summary["test"].get("c_index_td"),
+            "ibs": summary["test"]["ibs"],
             "gap": summary.get("calibration", {}).get("median_gap", float("nan")),
             "ledger_epsilon": summary["privacy"]["epsilon"]}
 

@@ -66,6 +66,7 @@ from models.bayesian import (
     seeded,
 )
 from models.losses import logistic_hazard_nll
+from models.survival import RISK_LAYERS
 
 __all__ = [
     "HEAD_SEED_NAME",
@@ -88,8 +89,6 @@ __all__ = [
 _WIDTHS = (128, 256, 512, 1024)
 #: Name under which the fusion head's seeds are derived (:func:`part_seed`); no modality may use it.
 HEAD_SEED_NAME = "fusion_head"
-#: The fusion head's risk layers (:class:`FusionHead`): the paper's per-interval linear map, or one score.
-RISK_LAYERS = ("interval", "proportional")
 
 
 def _linear(in_features: int, out_features: int, prior: ScaleMixturePrior | None, bayesian: bool) -> nn.Module:

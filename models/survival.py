@@ -46,6 +46,7 @@ __all__ = [
     "CoxTimeNet",
     "HazardMLP",
     "HazardModel",
+    "RISK_LAYERS",
     "SurvivalModel",
     "build_survival_model",
     "discretise",
@@ -54,6 +55,9 @@ __all__ = [
 
 #: A baseline hazard is clipped to [HAZARD_CLIP, 1 - HAZARD_CLIP] before its logit becomes an output bias.
 HAZARD_CLIP = 1e-5
+#: How a hazard network's logits come from its last hidden layer: one linear map per interval, or one risk score
+#: shifting every interval's baseline (:class:`HazardMLP`; the fusion head's :class:`models.multimodal.FusionHead`).
+RISK_LAYERS = ("interval", "proportional")
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "selu": nn.SELU,
@@ -194,18 +198,33 @@ class HazardMLP(nn.Module):
 
     Default architecture is FSL-BDP's Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T with SELU.
 
+    ``risk_layer`` (:data:`RISK_LAYERS`) is how the last hidden layer gives the logits:
+
+    ``"interval"``
+        ``Linear(width, T)``: every interval has its own function of the record,
+        :math:`\phi_j(x) = w_j^\top z(x) + b_j`, so curves of two records may cross.
+    ``"proportional"``
+        One risk score shifting every interval's baseline logit alike,
+        :math:`\phi_j(x) = \beta_j + w^\top z(x)` (``layers`` ends in ``Linear(width, 1)``
+        without bias; ``baseline`` holds :math:`\beta`): the discrete logistic model of
+        Cox (1972, Sec. 6), as :class:`models.multimodal.ProportionalRisk`. The curves never
+        cross, so the ranking of records is the same at every time, and the output layer has
+        ``width`` weights instead of ``width * T``: under DP noise every interval's events
+        train one score.
+
     Start: with ``baseline_hazard`` :math:`\bar h` (e.g. :func:`models.time_grid.interval_hazard`
-    of the set-up's released counts), the output layer starts with zero weights and biases
-    :math:`\operatorname{logit}(\bar h_j)` (clipped to :data:`HAZARD_CLIP`), so the untrained net
-    predicts :math:`\prod_{l \le j}(1 - \bar h_l)` for every record: the covariate-free
-    Kaplan-Meier curve at the cuts. Without it, a data-independent constant hazard
-    :math:`h` with :math:`(1 - h)^T = 1/2`: with zero output biases every interval would start at
-    :math:`h = 1/2` (survival :math:`2^{-T}` at the end), and the first rounds, or a noisy DP-SGD
-    run's whole budget, would go into unlearning that.
+    of the set-up's released counts), the output weights start at zero and the interval logits
+    (the output biases, or :math:`\beta`) at :math:`\operatorname{logit}(\bar h_j)` (clipped to
+    :data:`HAZARD_CLIP`), so the untrained net predicts :math:`\prod_{l \le j}(1 - \bar h_l)` for
+    every record: the covariate-free Kaplan-Meier curve at the cuts. Without it, a data-independent
+    constant hazard :math:`h` with :math:`(1 - h)^T = 1/2`: with zero output biases every interval
+    would start at :math:`h = 1/2` (survival :math:`2^{-T}` at the end), and the first rounds, or a
+    noisy DP-SGD run's whole budget, would go into unlearning that.
 
     References
     ----------
-    FSL-BDP paper, Sec. 3 (architecture); Gensheimer & Narasimhan (2019), PeerJ 7:e6257.
+    FSL-BDP paper, Sec. 3 (architecture); Gensheimer & Narasimhan (2019), PeerJ 7:e6257; Cox (1972),
+    JRSS-B 34:187, Sec. 6.
     """
 
     def __init__(
@@ -216,23 +235,32 @@ class HazardMLP(nn.Module):
         activation: str = "selu",
         dropout: float = 0.0,
         baseline_hazard: np.ndarray | None = None,
+        risk_layer: str = "interval",
     ) -> None:
         super().__init__()
-        self.layers = _mlp(in_features, tuple(hidden), num_durations, activation=activation, dropout=dropout)
-        output = self.layers[-1]
+        if risk_layer not in RISK_LAYERS:
+            raise ValueError(f"risk_layer must be one of {RISK_LAYERS}, got {risk_layer!r}")
+        proportional = risk_layer == "proportional"
+        self.layers = _mlp(in_features, tuple(hidden), 1 if proportional else num_durations, activation=activation,
+                           dropout=dropout, output_bias=not proportional)
         if baseline_hazard is None:
             hazard = np.full(num_durations, 1.0 - 0.5 ** (1.0 / num_durations))
         else:
             hazard = np.clip(np.asarray(baseline_hazard, dtype=np.float64), HAZARD_CLIP, 1.0 - HAZARD_CLIP)
             if hazard.shape != (num_durations,) or not np.all(np.isfinite(hazard)):
                 raise ValueError(f"baseline_hazard must be {num_durations} finite hazards, got shape {hazard.shape}")
-            nn.init.zeros_(output.weight)
-        with torch.no_grad():
-            output.bias.copy_(torch.from_numpy(np.log(hazard / (1.0 - hazard))))
+            nn.init.zeros_(self.layers[-1].weight)
+        logits = torch.from_numpy(np.log(hazard / (1.0 - hazard))).float()
+        if proportional:
+            self.baseline = nn.Parameter(logits)
+        else:
+            with torch.no_grad():
+                self.layers[-1].bias.copy_(logits)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (n, T)."""
-        return self.layers(x)
+        baseline = getattr(self, "baseline", None)
+        return self.layers(x) if baseline is None else self.layers(x) + baseline
 
 
 class CoxMLP(nn.Module):
@@ -559,6 +587,7 @@ def build_survival_model(
     penalty: float = 0.0,
     time_scale: tuple[float, float] = (0.0, 1.0),
     baseline_hazard: np.ndarray | None = None,
+    risk_layer: str = "interval",
     seed: int = 0,
 ) -> SurvivalModel:
     r"""Build a survival model wrapper with a freshly initialised network.
@@ -582,6 +611,9 @@ def build_survival_model(
         ``hazard_mlp``: the hazard per interval the untrained net predicts for every record (see
         :class:`HazardMLP`); None keeps the data-independent start. Ignored by the Cox kinds,
         whose baseline is the Breslow estimator after training.
+    risk_layer : {"interval", "proportional"}, default "interval"
+        ``hazard_mlp``: its output layer (see :class:`HazardMLP`); only ``"interval"`` for the Cox
+        kinds, whose net gives one log-risk already.
     seed : int, default 0
         Seeds the initialisation (the global torch RNG is left untouched).
 
@@ -592,6 +624,8 @@ def build_survival_model(
     if kind not in _NETS:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(_NETS)}")
     cuts = _check_cuts(cuts)
+    if kind != "hazard_mlp" and risk_layer != "interval":
+        raise ValueError(f"risk_layer {risk_layer!r} is for hazard_mlp; {kind} gives one log-risk already")
     overrides = {
         name: value
         for name, value in (("hidden", hidden), ("dropout", dropout), ("activation", activation))
@@ -600,7 +634,8 @@ def build_survival_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind == "hazard_mlp":
-            net = HazardMLP(in_features, cuts.size, baseline_hazard=baseline_hazard, **overrides)
+            net = HazardMLP(in_features, cuts.size, baseline_hazard=baseline_hazard, risk_layer=risk_layer,
+                            **overrides)
             return HazardModel(net, cuts, in_features)
         net = _NETS[kind](in_features, **overrides)
     if kind == "cox_mlp":

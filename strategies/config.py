@@ -93,6 +93,7 @@ class Strategy:
 TRAINING_DEFAULTS: Mapping[str, Any] = {
     "train.local_epochs": 1, "train.batch_size": 128, "train.lr": 0.003, "privacy.clip_norm": 1.0,
     "federation.rounds": 20, "split.risk_layer": "proportional", "privacy.setup_share": 0.0,
+    "model.risk_layer": "interval",
 }
 #: The DP-SGD recipe of dp_sgd and bdp: chosen on validation splits of public data sets that no result reports
 #: (METABRIC, GBSG, WHAS; ``docs/privacy-methods.md``, "The DP training recipe").
@@ -409,6 +410,10 @@ class ModelConfig:
     dropout: float | None = setting(AUTO, "dropout rate", bounds=Bounds(0.0, 1.0, low_closed=True),
                                     auto="the model's")
     penalty: float = setting(0.0, "Cox-MLP: lambda * sum |g| penalty of the LS-ADP paper (eq. 5)", bounds=NON_NEGATIVE)
+    risk_layer: str = setting(AUTO, "hazard_mlp's output layer: interval (a logit per interval from the last hidden "
+                                    "layer) or proportional (one risk score shifts every interval's baseline logit: "
+                                    "curves never cross, far fewer output weights)",
+                              choices=("interval", "proportional"), auto=_recipe_auto("model.risk_layer"))
 
 
 @dataclass(frozen=True)
@@ -679,7 +684,8 @@ def defaults() -> dict[str, Any]:
 #: every mechanism until one declares it.
 MECHANISM_KEYS: tuple[str, ...] = (
     "privacy.*", "split.*", "train.local_epochs", "train.batch_size", "train.lr", "train.weight_decay",
-    "train.proximal_mu", "model.hidden", "model.activation", "model.dropout", "model.penalty", "data.dictionary",
+    "train.proximal_mu", "model.hidden", "model.activation", "model.dropout", "model.penalty", "model.risk_layer",
+    "data.dictionary",
     "federation.num_sites", "federation.partition", "federation.dirichlet_alpha", "federation.min_site_records",
     "federation.fraction_train", "federation.min_sites", "federation.aggregation", "federation.update_bound",
     "federation.trim_fraction", "federation.max_malicious", "federation.server_optimizer", "federation.server_lr",
@@ -865,6 +871,10 @@ def _resolve_auto(values: dict[str, Any]) -> None:
     strategy = STRATEGIES[values["strategy.name"]]
     if values["model.name"] is None:
         values["model.name"] = DEFAULT_MODEL["vertical" if strategy.vertical else "horizontal"]
+    if values["model.risk_layer"] is not None and values["model.name"] != "hazard_mlp":
+        raise ConfigError(f"run config: model.risk_layer = {values['model.risk_layer']!r} is read only by "
+                          f"model.name = 'hazard_mlp', which {values['model.name']!r} is not; leave it at {AUTO!r}"
+                          + (" (the fusion head's is split.risk_layer)" if strategy.vertical else ""))
     if values["model.num_durations"] is None:
         values["model.num_durations"] = MODELS[values["model.name"]].num_durations
     if values["data.test_fraction"] is None:

@@ -85,10 +85,25 @@ def test_the_schema_names_the_data_loaders_and_fault_modes():
     assert set(_TAMPERED_MESSAGE) == set(HOSTILE_MODES)
 
 
-def test_the_schema_names_the_fusion_heads_risk_layers():
-    from models.multimodal import RISK_LAYERS
+def test_the_schema_names_the_risk_layers_of_the_fusion_head_and_the_hazard_model():
+    from models.survival import RISK_LAYERS
 
     assert set(KEYS["split.risk_layer"].setting.choices) == set(RISK_LAYERS)
+    assert set(KEYS["model.risk_layer"].setting.choices) == set(RISK_LAYERS)
+
+
+def test_model_risk_layer_is_read_by_the_hazard_model_only():
+    from strategies.config import DP_SGD_RECIPE, TRAINING_DEFAULTS
+
+    assert parse_flat({"model.risk_layer": "proportional"}).model.risk_layer == "proportional"
+    assert parse_flat({}).model.risk_layer == TRAINING_DEFAULTS["model.risk_layer"]
+    dp_sgd = parse_flat({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0})
+    assert dp_sgd.model.risk_layer == DP_SGD_RECIPE.get("model.risk_layer", TRAINING_DEFAULTS["model.risk_layer"])
+    for model in ("cox_mlp", "cox_time"):
+        with pytest.raises(ConfigError, match=r"model.risk_layer = 'interval' is read only by model.name = 'hazard_mlp'"):
+            parse_flat({"model.name": model, "model.risk_layer": "interval"})
+    with pytest.raises(ConfigError, match=r"model.risk_layer .*split.risk_layer"):
+        parse_flat({"strategy.name": "split", "data.name": "synthetic_multimodal", "model.risk_layer": "proportional"})
 
 
 def _option_overrides(group: str, option: str) -> tuple[list[str], dict]:
@@ -323,7 +338,7 @@ def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_va
         return {"train.local_epochs": cfg.train.local_epochs, "train.batch_size": cfg.train.batch_size,
                 "train.lr": cfg.train.lr, "privacy.clip_norm": cfg.privacy.clip_norm,
                 "federation.rounds": cfg.federation.rounds, "split.risk_layer": cfg.split.risk_layer,
-                "privacy.setup_share": cfg.privacy.setup_share}
+                "privacy.setup_share": cfg.privacy.setup_share, "model.risk_layer": cfg.model.risk_layer}
 
     assert training(parse_flat({"strategy.name": "fedavg"})) == dict(TRAINING_DEFAULTS)
     for strategy in ("dp_sgd", "bdp"):

@@ -190,13 +190,15 @@ def test_the_plan_keeps_the_wrap_around_bound_and_meets_epsilon():
     assert 0.999 < spent <= 1.0
 
 
-def test_one_records_rounded_contribution_is_within_the_quantisation_bound():
+@pytest.mark.parametrize("risk_layer", ["interval", "proportional"])
+def test_one_records_rounded_contribution_is_within_the_quantisation_bound(risk_layer):
     from strategies.mechanisms.distributed_dp_training import rounded_gradient_sum
     from models.survival import build_survival_model
 
     rng = np.random.default_rng(0)
     model = build_survival_model("hazard_mlp", in_features=6, cuts=np.linspace(0.0, 10.0, 8), hidden=(16, 8),
-                                 dropout=0.0, activation="relu", penalty=0.0, time_scale=(5.0, 2.0))
+                                 dropout=0.0, activation="relu", penalty=0.0, time_scale=(5.0, 2.0),
+                                 risk_layer=risk_layer)
     x, time, event = rng.normal(size=(40, 6)) * 5, rng.uniform(0.1, 10.0, 40), rng.integers(0, 2, 40)
     dim = sum(p.numel() for p in model.net.parameters())
     gamma, clip = 1e4, 0.5

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.survival import build_survival_model
+from models.survival import RISK_LAYERS, build_survival_model
 from models.time_grid import make_time_grid
 from strategies.mechanisms.dp_sgd_training import (
     DecomposabilityError,
@@ -46,10 +46,10 @@ def data():
     return _flchain_like()
 
 
-def _hazard(data, seed=0, dtype=torch.float32, num_durations=20):
+def _hazard(data, seed=0, dtype=torch.float32, num_durations=20, risk_layer="interval"):
     x, time, event = data
     cuts = make_time_grid(time, event, num_durations=num_durations)
-    model = build_survival_model("hazard_mlp", in_features=x.shape[1], cuts=cuts, seed=seed)
+    model = build_survival_model("hazard_mlp", in_features=x.shape[1], cuts=cuts, seed=seed, risk_layer=risk_layer)
     model.net.to(dtype)
     return model
 
@@ -88,8 +88,9 @@ def test_per_sample_loss_fn_matches_model_including_ties_and_times_beyond_last_c
     torch.testing.assert_close(ours, model.per_sample_loss(x, time, event), rtol=0, atol=1e-12)
 
 
-def test_torch_func_per_sample_gradients_equal_a_loop_of_single_record_backward_passes(data):
-    model = _hazard(data, dtype=torch.float64)
+@pytest.mark.parametrize("risk_layer", RISK_LAYERS)
+def test_torch_func_per_sample_gradients_equal_a_loop_of_single_record_backward_passes(data, risk_layer):
+    model = _hazard(data, dtype=torch.float64, risk_layer=risk_layer)
     x, time, event = _batch(data, 32, torch.float64)
     grads, losses = per_sample_gradients(model.net, hazard_per_sample_loss_fn(model), x, time, event, return_loss=True)
     reference = _loop_gradients(model, x, time, event)
@@ -100,9 +101,11 @@ def test_torch_func_per_sample_gradients_equal_a_loop_of_single_record_backward_
     torch.testing.assert_close(losses, model.per_sample_loss(x, time, event).detach(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("risk_layer", RISK_LAYERS)
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-6), (torch.float32, 1e-6)])
-def test_opacus_and_ghost_agree_with_torch_func(data, dtype, atol):
-    model = _hazard(data, dtype=dtype)
+def test_opacus_and_ghost_agree_with_torch_func(data, dtype, atol, risk_layer):
+    """Also for the proportional net, whose interval baselines the ghost plan takes as a bias-only layer."""
+    model = _hazard(data, dtype=dtype, risk_layer=risk_layer)
     x, time, event = _batch(data, 64, dtype)
     ref = per_sample_gradients(model.net, hazard_per_sample_loss_fn(model), x, time, event)
     scale = max(g.abs().max().item() for g in ref.values())
@@ -273,11 +276,12 @@ def test_empty_batch_step_still_adds_noise(data):
         assert changed is moves and stats["batch_size"] == 0
 
 
-def test_backends_give_the_same_noisy_update(data):
+@pytest.mark.parametrize("risk_layer", RISK_LAYERS)
+def test_backends_give_the_same_noisy_update(data, risk_layer):
     x, time, event = _batch(data, 64)
     params = {}
     for backend in BACKENDS:
-        model = _hazard(data)
+        model = _hazard(data, risk_layer=risk_layer)
         opt = torch.optim.SGD(model.net.parameters(), lr=0.05)
         dp_sgd_step(model, opt, x, time, event, noise_multiplier=1.0, clip_norm=0.5, expected_batch_size=64.0,
                     generator=torch.Generator().manual_seed(7), backend=backend)

@@ -10,6 +10,7 @@ from sksurv.datasets import load_flchain
 from sksurv.metrics import concordance_index_censored
 from torch import nn
 
+from models.metrics import evaluate_survival
 from models.survival import build_survival_model, discretise, restricted_mean_survival_time
 from models.time_grid import make_time_grid
 from models.training import train_epochs
@@ -81,6 +82,33 @@ def test_hazard_mlp_architecture_and_no_batchnorm_by_default():
         build_survival_model("deephit", in_features=4, cuts=cuts)
     with pytest.raises(ValueError, match="activation"):
         build_survival_model("cox_mlp", in_features=4, cuts=cuts, activation="swish")
+
+
+def test_proportional_hazard_mlp_starts_at_the_baseline_and_ranks_records_alike_at_every_time():
+    """The discrete logistic model: logit h_j(x) = beta_j + g(x). It starts at the given hazards for every record;
+    after training its curves never cross, so Antolini's C_td equals Harrell's C on -RMST."""
+    x, time, event, _ = _synthetic()
+    cuts = make_time_grid(time, event, num_durations=12)
+    hazard = np.linspace(0.05, 0.3, cuts.size)
+    model = build_survival_model("hazard_mlp", in_features=5, cuts=cuts, hidden=(16,), risk_layer="proportional",
+                                 baseline_hazard=hazard)
+    linears = [m for m in model.net.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features, m.bias is None) for m in linears] == [(5, 16, False), (16, 1, True)]
+    assert model.net.baseline.shape == (cuts.size,)
+    _, surv = model.predict_survival(x)
+    np.testing.assert_allclose(surv, np.broadcast_to(np.cumprod(1.0 - hazard), surv.shape), rtol=1e-5)
+    train_epochs(model, x, time, event, epochs=5, batch_size=64, lr=0.01, seed=0)
+    logits = model.net(torch.from_numpy(x)).detach().double() - model.net.baseline.detach().double()
+    torch.testing.assert_close(logits, logits[:, :1].expand_as(logits), rtol=0, atol=1e-6)
+    _, surv = model.predict_survival(x)
+    order = np.argsort(surv[:, -1])
+    assert np.all(np.diff(surv[order], axis=0) >= 0)  # one order of the records at every cut
+    metrics = evaluate_survival(*model.predict_survival(x), time=time, event=event, risk=model.risk_score(x))
+    assert metrics["c_index"] > 0.6 and metrics["c_index_td"] == pytest.approx(metrics["c_index"], abs=1e-9)
+    with pytest.raises(ValueError, match="risk_layer"):
+        build_survival_model("cox_mlp", in_features=5, cuts=cuts, risk_layer="proportional")
+    with pytest.raises(ValueError, match="risk_layer"):
+        build_survival_model("hazard_mlp", in_features=5, cuts=cuts, risk_layer="shared")
 
 
 def test_seed_fixes_initialisation_and_leaves_global_rng_alone():

@@ -81,7 +81,7 @@ __all__ = [
 HORIZONTAL: frozenset[str] = frozenset({
     "federation.num_sites", "federation.partition", "federation.dirichlet_alpha", "federation.min_site_records",
     "federation.fraction_train", "federation.min_sites", "model.hidden", "model.activation", "model.dropout",
-    "resume.from"})
+    "model.risk_layer", "resume.from"})
 #: Local mini-batch training at a site (FedProx's term included).
 LOCAL_TRAINING: frozenset[str] = frozenset({"train.local_epochs", "train.batch_size", "train.lr", "train.weight_decay",
                                             "train.proximal_mu"})

@@ -58,8 +58,9 @@ def rounded_gradient_sum(model: HazardModel, x: np.ndarray, time: np.ndarray, ev
         factor = torch.clamp(clip_norm * (1.0 - CLIP_MARGIN) / torch.clamp(squared.sqrt(), min=1e-300), max=1.0)
         for layer, a, d in zip(per_sample._linear, inputs, deltas):
             scaled = d * (factor * gamma).unsqueeze(1)
-            weight = (scaled.unsqueeze(2) * a.unsqueeze(1)).round_().sum(0)  # rounded in place: one n x out x in
-            sums[name_of[id(layer.weight)]] += weight.to(torch.int64)
+            if layer.weight is not None:  # a proportional net's baselines have none
+                weight = (scaled.unsqueeze(2) * a.unsqueeze(1)).round_().sum(0)  # rounded in place: one n x out x in
+                sums[name_of[id(layer.weight)]] += weight.to(torch.int64)
             if layer.bias is not None:
                 sums[name_of[id(layer.bias)]] += torch.round(scaled).sum(0).to(torch.int64)
     model.net.zero_grad(set_to_none=True)

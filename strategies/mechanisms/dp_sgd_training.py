@@ -284,18 +284,31 @@ def per_sample_gradients_opacus(
     return grads, losses.detach()
 
 
+class _Offset:
+    r"""A proportional :class:`models.survival.HazardMLP`'s interval baselines as the chain's first layer: a bias
+    without weight or input (``in_features`` 0) added to the logits, so its per-sample gradient is the logits'
+    output gradient :math:`\delta_i` and its squared norm :math:`\lVert\delta_i\rVert^2 (0 + 1)`. First, as the
+    net's own parameter comes first in ``net.named_parameters()``."""
+
+    weight = None
+
+    def __init__(self, baseline: nn.Parameter) -> None:
+        self.bias, self.in_features, self.out_features = baseline, 0, baseline.numel()
+
+
 class _GhostPlan:
     """A :class:`models.survival.HazardMLP`'s chain of Linear and parameter-free layers, worked out once.
 
-    ``linear`` are the Linear layers, ``params`` their weights and biases in
-    ``net.named_parameters()`` order (which is also the order of the noise draws) with their
-    ``names``; ``split`` cuts a (B, sum of widths) matrix into per-layer column blocks.
-    :meth:`indicators` gives the 0/1 matrices that turn squared entries into per-layer squared
-    norms with one matrix product (:func:`_ghost_clip`).
+    ``linear`` are the Linear layers (after a proportional net's :class:`_Offset`, ``offset``),
+    ``params`` their weights and biases in ``net.named_parameters()`` order (which is also the order
+    of the noise draws) with their ``names``; ``split`` cuts a (B, sum of widths) matrix into
+    per-layer column blocks. :meth:`indicators` gives the 0/1 matrices that turn squared entries into
+    per-layer squared norms with one matrix product (:func:`_ghost_clip`).
     """
 
-    def __init__(self, layers: tuple[nn.Module, ...], linear: list[nn.Linear], names: list[str]) -> None:
+    def __init__(self, layers: tuple[nn.Module, ...], linear: list[nn.Linear | _Offset], names: list[str]) -> None:
         self.layers, self.linear, self.names = layers, tuple(linear), names
+        self.offset = linear[0] if isinstance(linear[0], _Offset) else None
         self.params = [p for layer in linear for p in (layer.weight, layer.bias) if p is not None]
         self._in = [layer.in_features for layer in linear]
         self._out = [layer.out_features for layer in linear]
@@ -338,7 +351,10 @@ def _ghost_plan(net: nn.Module) -> _GhostPlan | None:
     plan = None
     if all(isinstance(layer, nn.Linear) or not (any(True for _ in layer.parameters())
                                                 or any(True for _ in layer.buffers())) for layer in key):
-        linear = [layer for layer in key if isinstance(layer, nn.Linear)]
+        linear: list[nn.Linear | _Offset] = [layer for layer in key if isinstance(layer, nn.Linear)]
+        baseline = getattr(net, "baseline", None)
+        if isinstance(baseline, nn.Parameter):
+            linear.insert(0, _Offset(baseline))
         named = list(net.named_parameters())
         chain = [p for layer in linear for p in (layer.weight, layer.bias) if p is not None]
         if len(named) == len(chain) and all(p is q for (_, p), q in zip(named, chain)):
@@ -387,7 +403,7 @@ class GhostPerSample(PerSampleView):
     :math:`\bar g_i^{b_l} = f_i \delta_{il}`; ``deltas`` already hold :math:`f_i \delta_{il}`.
     """
 
-    def __init__(self, model: HazardModel, linear: list[nn.Linear], inputs: list[Tensor],
+    def __init__(self, model: HazardModel, linear: list[nn.Linear | _Offset], inputs: list[Tensor],
                  deltas: list[Tensor], clipped_norms: Tensor) -> None:
         self._model, self._linear, self._inputs, self._deltas = model, linear, inputs, deltas
         self._norms = clipped_norms
@@ -397,7 +413,8 @@ class GhostPerSample(PerSampleView):
         per_param: dict[str, Tensor] = {}
         for layer, a, d in zip(self._linear, self._inputs, self._deltas):
             a, d = a[:rows], d[:rows]
-            per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(d.shape[0], -1)
+            if layer.weight is not None:
+                per_param[names[id(layer.weight)]] = (d.unsqueeze(2) * a.unsqueeze(1)).reshape(d.shape[0], -1)
             if layer.bias is not None:
                 per_param[names[id(layer.bias)]] = d
         return torch.cat([per_param[name] for name, _ in self._model.net.named_parameters()], dim=1)
@@ -471,7 +488,8 @@ def clipped_sum_ghost(
     norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
     summed: list[Tensor] = []  # plan.params order: weight, bias of each layer
     for layer, a, d in zip(plan.linear, inputs, scaled):
-        summed.append(d.T @ a)
+        if layer.weight is not None:
+            summed.append(d.T @ a)
         if layer.bias is not None:
             summed.append(d.sum(0))
     ordered = dict(zip(plan.names, summed))
@@ -500,6 +518,10 @@ def _ghost_backward(model: HazardModel, plan: _GhostPlan, x: Tensor, time: Tenso
             outputs.append(h)
         else:
             h = layer(h)
+    if plan.offset is not None:  # the baselines (first in the plan): no input, the logits' gradient
+        inputs.insert(0, h.new_zeros(h.shape[0], 0))
+        h = h + plan.offset.bias
+        outputs.insert(0, h)
     idx, events = _discretise_tensor(time, event, model._cuts_tensor)  # as model.per_sample_loss
     losses = logistic_hazard_nll(h, idx, events, reduction="none")
     if x.shape[0] == 0:
