@@ -45,7 +45,8 @@ from flwr_app import interrupt
 from simulations.results_file import append_jsonl, code_commit
 
 SEEDS5 = range(5)
-OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0}
+OLD_RECIPE = {"train.lr": 0.003, "train.batch_size": 128, "train.local_epochs": 1, "privacy.clip_norm": 1.0,
+              "model.risk_layer": "interval"}
 SBA_REGIONS = {"data.name": "sba", "federation.partition": "region"}
 SBA_STATES = {"data.name": "sba", "federation.partition": "State", "federation.min_site_records": 100}
 FIELD_DATA = ("flchain", "metabric", "gbsg", "whas", "sba")
