@@ -339,7 +339,8 @@ _PLANS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], _Ghost
 
 def _ghost_plan(net: nn.Module) -> _GhostPlan | None:
     """The :class:`_GhostPlan` of a HazardMLP whose layers are all ``nn.Linear`` or parameter- and
-    buffer-free (activations, dropout) and whose parameters are exactly those layers'; else None.
+    buffer-free (activations, dropout) and whose parameters are exactly those layers' (and a proportional
+    net's ``baseline``, an :class:`_Offset`); else None.
     Cached per net and checked against the current ``net.layers`` on every call."""
     layers = getattr(net, "layers", None)
     if not isinstance(net, HazardMLP) or not isinstance(layers, nn.Sequential):
@@ -454,7 +455,8 @@ def clipped_sum_ghost(
     ----------
     model : HazardModel
         Its net must be a :class:`models.survival.HazardMLP` of Linear layers and
-        parameter-free activations/dropout (the default; raises ``ValueError`` otherwise).
+        parameter-free activations/dropout, with either risk layer (the default; raises
+        ``ValueError`` otherwise).
     x : Tensor, shape (B, p)
     time, event : Tensor, shape (B,)
     clip_norm : float
