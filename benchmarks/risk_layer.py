@@ -8,8 +8,10 @@ federation, 80 % ``train`` and 20 % ``test``; the seed's test records are never 
 WHAS at 5 i.i.d. sites, SBA over its 4 census regions. Each strategy runs with each risk layer of the hazard model
 (:class:`models.survival.HazardMLP`) at each ε through the ServerApp and ClientApp, the other keys at the strategy's
 recipe, and is scored by Harrell's C, the IBS and the calibration gap at the median follow-up on the pooled
-validation parts. Per strategy (one ranking printed each), a layer's score is its mean rank over data sets, ε, seeds and the three figures (the
-lowest wins). Prints one JSON line per run (``c_index_td`` beside Harrell's C) and each strategy's ranking.
+validation parts. Per strategy, a layer's score is its mean rank over data sets, ε, seeds and the three figures
+(the lowest wins). Prints one JSON line per run (``c_index_td`` beside Harrell's C) and each strategy's ranking.
+The saved rows (``docs/results/benchmarks/risk_layer.jsonl``) are three runs: ``--strategies dp_sgd``,
+``--strategies distributed_dp`` and ``--strategies bdp``.
 """
 
 from __future__ import annotations
