@@ -242,7 +242,7 @@ def build_network(
         penalty=cfg.model.penalty,
         time_scale=time_scale,
         baseline_hazard=baseline_hazard,
-        risk_layer=cfg.model.risk_layer if cfg.model.name == "hazard_mlp" else "interval",
+        risk_layer=cfg.model.risk_layer,
         seed=cfg.seed,
     )
 

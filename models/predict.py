@@ -236,5 +236,5 @@ def _model(config: Mapping[str, Any], preprocessor: Preprocessor, spec: Mapping[
         hidden=None if model["hidden"] is None else tuple(model["hidden"]), dropout=model["dropout"],
         activation=model["activation"], penalty=model["penalty"],
         time_scale=(float(spec["time_scale"][0]), float(spec["time_scale"][1])), seed=int(config["seed"]),
-        risk_layer=(model.get("risk_layer") or "interval") if model["name"] == "hazard_mlp" else "interval",
+        risk_layer=model.get("risk_layer", "interval"),  # runs saved before the key: the interval layer
     )

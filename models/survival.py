@@ -254,13 +254,14 @@ class HazardMLP(nn.Module):
         if proportional:
             self.baseline = nn.Parameter(logits)
         else:
+            self.register_parameter("baseline", None)
             with torch.no_grad():
                 self.layers[-1].bias.copy_(logits)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (n, T)."""
-        baseline = getattr(self, "baseline", None)
-        return self.layers(x) if baseline is None else self.layers(x) + baseline
+        logits = self.layers(x)
+        return logits if self.baseline is None else logits + self.baseline
 
 
 class CoxMLP(nn.Module):

@@ -874,10 +874,12 @@ def _resolve_auto(values: dict[str, Any]) -> None:
     strategy = STRATEGIES[values["strategy.name"]]
     if values["model.name"] is None:
         values["model.name"] = DEFAULT_MODEL["vertical" if strategy.vertical else "horizontal"]
-    if values["model.risk_layer"] is not None and values["model.name"] != "hazard_mlp":
-        raise ConfigError(f"run config: model.risk_layer = {values['model.risk_layer']!r} is read only by "
-                          f"model.name = 'hazard_mlp', which {values['model.name']!r} is not; leave it at {AUTO!r}"
-                          + (" (the fusion head's is split.risk_layer)" if strategy.vertical else ""))
+    if values["model.name"] != "hazard_mlp":  # the other models have no risk layer to choose
+        if values["model.risk_layer"] is not None:
+            raise ConfigError(f"run config: model.risk_layer = {values['model.risk_layer']!r} is read only by "
+                              f"model.name = 'hazard_mlp', which {values['model.name']!r} is not; leave it at "
+                              f"{AUTO!r}" + (" (the fusion head's is split.risk_layer)" if strategy.vertical else ""))
+        values["model.risk_layer"] = "interval"
     if values["model.num_durations"] is None:
         values["model.num_durations"] = MODELS[values["model.name"]].num_durations
     if values["data.test_fraction"] is None:
