@@ -126,6 +126,32 @@ def test_by_default_the_ipcw_censoring_is_the_evaluated_records_own_as_sksurv_co
         evaluate_survival(grid, surv, time=time, event=event, censor_time=time)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_ibs_and_brier_at_equal_sksurv_on_small_sites_with_tied_times(seed):
+    """A small site's test split (rounded times: events tied with censorings, eval times on the
+    records' times), weighted by its own censoring or by other records' (none censored: G = 1)."""
+    from sksurv.metrics import integrated_brier_score
+
+    time, event, grid, surv, _ = _exponential_data(9, seed=seed)
+    time = np.round(time, 1) + 0.1
+    event[:2] = 1, 0
+    time[1] = time[0]  # an event and a censoring at the same time
+    eval_times = default_eval_times(time, time, event)
+    eval_times = np.union1d(eval_times, time[(time > eval_times[0]) & (time < eval_times[-1])])
+    test = Surv.from_arrays(event.astype(bool), time)
+    at = survival_at(grid, surv, eval_times)
+    reference = integrated_brier_score(test, test, at, eval_times)
+    assert evaluate_survival(grid, surv, time=time, event=event, eval_times=eval_times)["ibs"] == pytest.approx(
+        reference, rel=1e-12)
+    other_time = np.linspace(0.05, 1.2 * time.max(), 11)
+    uncensored = Surv.from_arrays(np.ones(11, dtype=bool), other_time)
+    out = evaluate_survival(grid, surv, time=time, event=event, censor_time=other_time,
+                            censor_event=np.ones(11, dtype=int), eval_times=eval_times)
+    assert out["ibs"] == pytest.approx(integrated_brier_score(uncensored, test, at, eval_times), rel=1e-12)
+    np.testing.assert_allclose(brier_at(grid, surv, time=time, event=event, horizons=eval_times),
+                               brier_score(test, test, at, eval_times)[1], rtol=1e-12)
+
+
 def test_inbll_matches_pycox_when_training_and_test_censoring_coincide():
     time, event, grid, surv, _ = _exponential_data(400, seed=5)
     eval_times = default_eval_times(time, time, event)
