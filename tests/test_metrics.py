@@ -68,6 +68,27 @@ def test_antolini_matches_pycox_on_a_grid_holding_the_test_times():
     assert abs(out["c_index_td"] - out["c_index"]) > 1e-3
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_antolini_counts_every_pair_as_its_definition_on_a_coarse_grid(seed):
+    """Times before, between and beyond a coarse grid (most records after its last point), tied
+    times and tied curve values: the concordant and comparable pairs of the definition, one by one."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    time = np.round(rng.exponential(3.0, n), 1)
+    event = rng.integers(0, 2, n)
+    grid = np.array([0.5, 1.0, 1.5, 2.5])
+    surv = np.round(rng.uniform(0.0, 1.0, (n, grid.size)), 1)
+    at_own_time = survival_at(grid, surv, time)  # (n, n): S_j(T_i) in column i
+    concordant = comparable = 0
+    for i in np.flatnonzero(event == 1):
+        for j in range(n):
+            if time[i] < time[j] or (time[i] == time[j] and event[j] == 0):
+                comparable += 1
+                concordant += at_own_time[i, i] < at_own_time[j, i]
+    out = evaluate_survival(grid, surv, time=time, event=event)
+    assert out["c_index_td"] == concordant / comparable
+
+
 def _censoring_km(train_time, train_event):
     """G(t) = prod_{s <= t} (1 - c_s / n_s) from the training data, as a step function."""
     uniq = np.unique(train_time)
