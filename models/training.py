@@ -115,7 +115,7 @@ def train_epochs(
     num_steps = 0
     epoch_loss = float("nan")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # dropout draws from the global generator
+        torch.default_generator.manual_seed(seed)  # dropout draws from it (torch.manual_seed: + CUDA, ~1 ms)
         for _ in range(epochs):
             total = 0.0
             for batch in torch.randperm(n, generator=generator).split(batch_size):

@@ -965,7 +965,7 @@ def train_epochs_dp(
     last_loss = last_count = 0.0
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # dropout draws from the global generator
+            torch.default_generator.manual_seed(seed)  # dropout draws from it (torch.manual_seed: + CUDA)
             batches = poisson_batches(n, sample_rate=sample_rate, steps=steps, generator=generator)
             for step, batch in enumerate(batches):
                 stats = dp_sgd_step(
