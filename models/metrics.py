@@ -116,7 +116,11 @@ def default_eval_times(
     outcomes as ``censor_time``/``censor_event`` for fedsurv's convention (module docstring).
     """
     time = np.asarray(time, dtype=np.float64)
-    upper = _ipcw_upper_limit(time, censor_time, censor_event)
+    return _grid_below(time, _ipcw_upper_limit(time, censor_time, censor_event), num)
+
+
+def _grid_below(time: np.ndarray, upper: float, num: int) -> np.ndarray:
+    """:func:`default_eval_times` for the limit ``upper`` of :func:`_ipcw_upper_limit`."""
     low, high = np.quantile(time, [0.05, 0.95])
     grid = np.linspace(low, high, num)
     grid = grid[grid < upper]
@@ -204,10 +208,9 @@ def evaluate_survival(
     risk = np.asarray(risk, dtype=np.float64)
     if risk.shape != time.shape:
         raise ValueError(f"risk must have shape {time.shape}, got {risk.shape}")
-    if eval_times is None:
-        eval_times = default_eval_times(time, censor_time, censor_event)
-    eval_times = np.asarray(eval_times, dtype=np.float64)
-    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < _ipcw_upper_limit(time, censor_time, censor_event))]
+    upper = _ipcw_upper_limit(time, censor_time, censor_event)
+    eval_times = _grid_below(time, upper, 100) if eval_times is None else np.asarray(eval_times, dtype=np.float64)
+    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < upper)]
     finite = bool(np.all(np.isfinite(surv)))
     return {
         "c_index": _harrell(risk, time, event),
