@@ -89,6 +89,37 @@ def test_antolini_counts_every_pair_as_its_definition_on_a_coarse_grid(seed):
     assert out["c_index_td"] == concordant / comparable
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_harrell_and_the_censoring_kaplan_meier_equal_sksurv_with_ties(seed):
+    """Tied times (events with censorings), risks tied exactly and within sksurv's 1e-8, small and
+    pooled sizes; no censoring and all censored."""
+    from sksurv.exceptions import NoComparablePairException
+    from sksurv.metrics import concordance_index_censored
+    from sksurv.nonparametric import kaplan_meier_estimator
+
+    from models.metrics import _censoring_km, _harrell
+
+    rng = np.random.default_rng(seed)
+    for n in (3, 9, 40, 1500):
+        time = np.round(rng.exponential(2.0, n), 1) + 0.1
+        event = rng.integers(0, 2, n)
+        risk = np.round(rng.normal(size=n), 1)
+        risk[: n // 3] += rng.choice([0.0, 5e-9, 2e-8], n // 3)  # within and beyond the tolerance
+        ours = _harrell(risk, time, event)
+        if math.isnan(ours):  # no comparable pair: sksurv refuses
+            with pytest.raises((NoComparablePairException, ValueError)):  # ValueError: no event at all
+                concordance_index_censored(event.astype(bool), time, risk)
+        else:
+            assert ours == concordance_index_censored(event.astype(bool), time, risk)[0]
+        for censor_event in (event, np.ones(n, dtype=int), np.zeros(n, dtype=int)):
+            km = kaplan_meier_estimator(censor_event == 0, time)
+            reverse = kaplan_meier_estimator(censor_event == 1, time, reverse=True)
+            for ours, theirs in ((_censoring_km(time, censor_event, reverse=False), km),
+                                 (_censoring_km(time, censor_event, reverse=True), reverse)):
+                np.testing.assert_array_equal(ours[0], theirs[0])
+                np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-15, atol=0)
+
+
 def _censoring_km(train_time, train_event):
     """G(t) = prod_{s <= t} (1 - c_s / n_s) from the training data, as a step function."""
     uniq = np.unique(train_time)
