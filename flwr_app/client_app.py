@@ -444,6 +444,7 @@ def _training_message(message: Message, context: Context) -> tuple[SiteData, int
 def train(message: Message, context: Context) -> Message:
     """One round of the run's mechanism on the site's training part, starting from the global model."""
     from flwr_app import task
+    from strategies.arrays import array_record
     from strategies.horizontal import WEIGHT_KEY
     from strategies.mechanisms.base import LocalUpdateMechanism
 
@@ -466,7 +467,7 @@ def train(message: Message, context: Context) -> Message:
         privacy_state = json.dumps(update.state)
         context.state[PRIVACY_STATE] = ConfigRecord({"json": privacy_state})
     metrics = {**update.report, WEIGHT_KEY: setup.count if update.contributes else 0.0}
-    content = _content(site, metrics, ArrayRecord(model.net.state_dict()), privacy_state=privacy_state)
+    content = _content(site, metrics, array_record(model.net.state_dict()), privacy_state=privacy_state)
     return _reply(message, content, cfg, site, server_round, "train")
 
 
