@@ -335,3 +335,21 @@ def test_divergence_is_non_finite_weights_or_an_exploding_norm_and_one_site_cann
     assert _predictions_diverged(rounds) == ""  # one site's claim rolls nothing back
     rounds.evaluate_undefined["site-2"] = broken
     assert _predictions_diverged(rounds) == "the new global model's predictions are not finite at 2 of 3 sites"
+
+
+def test_weighted_mean_writes_the_bytes_of_flowers_fedavg_mean():
+    """The plain mean of accepted updates (no update bounded) is FedAvg's, byte for byte, for float32 and
+    float64 arrays and integer or fractional weights."""
+    from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    from strategies.horizontal import weighted_mean
+
+    rng = np.random.default_rng(0)
+    for weights in ([3, 5, 1, 8], [2.5, 0.1, 7.0, 1.25]):
+        contents = [RecordDict({"arrays": ArrayRecord({"w": Array(rng.normal(size=(4, 3)).astype(np.float32)),
+                                                       "b": Array(rng.normal(size=3))}),
+                                "metrics": MetricRecord({"num-examples": weight})}) for weight in weights]
+        ours, flowers = weighted_mean(contents, "num-examples"), aggregate_arrayrecords(contents, "num-examples")
+        assert list(ours) == list(flowers)
+        assert all(ours[key].data == flowers[key].data for key in flowers)
