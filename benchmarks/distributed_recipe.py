@@ -4,7 +4,10 @@
 [--epsilons 1,10] [--seeds 0] [--out rows.jsonl]``
 
 The saved rows (``docs/results/benchmarks/distributed_recipe.jsonl``, 11 settings) came from three runs: the
-defaults; ``--clips 10 --lrs 0.01,0.02`` and ``--clips 5 --lrs 0.01``; ``--clips 20,40 --lrs 0.005,0.01``.
+defaults; ``--clips 10 --lrs 0.01,0.02`` and ``--clips 5 --lrs 0.01``; ``--clips 20,40 --lrs 0.005,0.01``. Those of the
+proportional risk layer (``docs/results/benchmarks/distributed_recipe_proportional.jsonl``, 8 settings) came from
+``--clips 5,10,20 --lrs 0.01,0.02`` and ``--clips 5,10 --lrs 0.005``, each with ``--data sba,flchain,metabric,gbsg,whas
+--epsilons 1 --seeds 0,1`` (run as two processes per grid, one on SBA and FLCHAIN, one on the rest).
 
 The validation files are those of :mod:`benchmarks.setup_share` (each seed's training records of the default
 federation, 80 % ``train`` and 20 % ``test``; the seed's test records are never read). Each (clip norm, learning

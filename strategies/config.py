@@ -110,7 +110,7 @@ DP_SGD_RECIPE: Mapping[str, Any] = {"train.local_epochs": 3, "train.batch_size":
 #: the SBA training records; the clip norm and learning rate through the apps on validation splits of FLCHAIN,
 #: METABRIC, GBSG and WHAS (``benchmarks/distributed_recipe.py``; ``docs/privacy-methods.md``, "Distributed DP over
 #: secure aggregation"); the proportional risk layer on validation splits of FLCHAIN, METABRIC, GBSG, WHAS and SBA
-#: (``benchmarks/risk_layer.py``).
+#: (``benchmarks/risk_layer.py``), where the clip norm and learning rate were checked again and kept.
 DISTRIBUTED_DP_RECIPE: Mapping[str, Any] = {"federation.rounds": 60, "train.lr": 0.01, "privacy.clip_norm": 10.0,
                                             "privacy.setup_share": 0.3, "model.risk_layer": "proportional"}
 
