@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,10 +75,8 @@ def array_record(state_dict: Mapping[str, Any]) -> ArrayRecord:
     record = ArrayRecord()
     for name, tensor in state_dict.items():
         array = tensor.detach().cpu().numpy()
-        if not array.flags.c_contiguous or array.dtype.hasobject:
-            record[name] = Array(array)
-            continue
-        header = _npy_header(array.dtype.str, array.shape)
+        plain = array.flags.c_contiguous and not array.dtype.hasobject
+        header = _npy_header(array.dtype.str, array.shape) if plain else None
         record[name] = Array(array) if header is None else Array(
             dtype=str(array.dtype), shape=tuple(array.shape), stype="numpy.ndarray", data=header + array.tobytes())
     return record
