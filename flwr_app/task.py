@@ -319,8 +319,7 @@ def evaluate(model: SurvivalModel, test: SurvivalArrays, *, concordance_td: bool
     """
     from models.metrics import evaluate_survival  # scikit-survival: imported by the messages that evaluate
 
-    times, surv, risk = predictions if predictions is not None else (*model.predict_survival(test.x),
-                                                                      model.risk_score(test.x))
+    times, surv, risk = predictions if predictions is not None else model.predict(test.x)
     return evaluate_survival(times, surv, time=test.time, event=test.event, risk=risk, concordance_td=concordance_td)
 
 
@@ -330,8 +329,8 @@ def undefined_metrics(model: SurvivalModel, test: SurvivalArrays, metrics: Mappi
     :data:`models.metrics.UNDEFINED_REASONS` (what a site sends beside its metrics)."""
     from models.metrics import undefined_reasons
 
-    _, surv = model.predict_survival(test.x)
-    finite = bool(np.isfinite(surv).all() and np.isfinite(model.risk_score(test.x)).all())
+    _, surv, risk = model.predict(test.x)
+    finite = bool(np.isfinite(surv).all() and np.isfinite(risk).all())
     return undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,
                              concordance_td=concordance_td)
 
@@ -342,8 +341,7 @@ def evaluate_with_reasons(model: SurvivalModel, test: SurvivalArrays, *,
     (what a site's evaluation reply carries)."""
     from models.metrics import undefined_reasons
 
-    times, surv = model.predict_survival(test.x)
-    risk = model.risk_score(test.x)
+    times, surv, risk = model.predict(test.x)
     metrics = evaluate(model, test, concordance_td=concordance_td, predictions=(times, surv, risk))
     finite = bool(np.isfinite(surv).all() and np.isfinite(risk).all())
     return metrics, undefined_reasons(dict(metrics), time=test.time, event=test.event, finite=finite,

@@ -405,7 +405,15 @@ class SurvivalModel(ABC):
     def risk_score(self, x: np.ndarray) -> np.ndarray:
         r"""Risk score, higher = higher risk: :math:`-\mathrm{RMST}` over the grid by default
         (see :func:`restricted_mean_survival_time`)."""
+        return self._risk(x, *self.predict_survival(x))
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(times, surv, risk)``: :meth:`predict_survival` and :meth:`risk_score` of ``x``, the curves predicted once."""
         times, surv = self.predict_survival(x)
+        return times, surv, self._risk(x, times, surv)
+
+    def _risk(self, x: np.ndarray, times: np.ndarray, surv: np.ndarray) -> np.ndarray:
+        """The risk score of the records ``x``, whose predicted curves are ``surv``."""
         return -restricted_mean_survival_time(times, surv)
 
     @abstractmethod
@@ -524,6 +532,9 @@ class CoxModel(_BreslowModel):
         features = _features(x, self.in_features)
         with _inference(self.net):
             return self._log_risk_on_grid(features)
+
+    def _risk(self, x: np.ndarray, times: np.ndarray, surv: np.ndarray) -> np.ndarray:
+        return self.risk_score(x)
 
 
 class CoxTimeModel(_BreslowModel):

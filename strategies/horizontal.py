@@ -39,7 +39,7 @@ import collections
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from logging import WARNING
 from typing import Any
@@ -326,13 +326,38 @@ def centred_clip(updates: np.ndarray, weights: np.ndarray, bound: float) -> tupl
     summing to 1; ``bound``: :math:`b \ge 1`. Returns the aggregate, each update's scale (1: untouched) and
     its distance over the median distance.
     """
-    centre = np.median(updates, axis=0)
-    distance = np.linalg.norm(updates - centre, axis=1)
+    centre = coordinate_median(updates)
+    offsets = updates - centre
+    distance = np.linalg.norm(offsets, axis=1)
     typical = float(np.median(distance))
     spread = distance / typical if typical > 0 else np.where(distance > 0, np.inf, 1.0)
     tau = bound * typical
     scale = np.minimum(1.0, np.divide(tau, distance, out=np.ones_like(distance), where=distance > 0))
-    return centre + (weights * scale) @ (updates - centre), scale, spread
+    return centre + (weights * scale) @ offsets, scale, spread
+
+
+def coordinate_median(updates: np.ndarray) -> np.ndarray:
+    """``np.median(updates, axis=0)`` of finite ``updates`` (shape ``(k, d)``), the same floats, from one partition:
+    for even ``k`` the upper middle value is the smallest of the upper half (``np.median`` partitions at both)."""
+    k = updates.shape[0]
+    middle = k // 2
+    if k % 2:
+        return np.partition(updates, middle, axis=0)[middle]
+    parts = np.partition(updates, middle - 1, axis=0)
+    return (parts[middle - 1] + parts[middle:].min(axis=0)) / 2.0
+
+
+def _stacked(arrays: Sequence[ArrayRecord], names: Sequence[str]) -> np.ndarray:
+    """The updates as the rows of one float64 matrix, each the concatenation of its arrays ``names`` flattened (read
+    as views, :func:`strategies.arrays.values`, and converted once, into the matrix)."""
+    sizes = [values(arrays[0][name]).size for name in names]
+    matrix = np.empty((len(arrays), sum(sizes)))
+    for row, array in zip(matrix, arrays, strict=True):
+        start = 0
+        for name, size in zip(names, sizes, strict=True):
+            row[start:start + size] = values(array[name]).ravel()
+            start += size
+    return matrix
 
 
 def robust_minimum(name: str, *, trim_fraction: float, malicious: int) -> float:
@@ -448,7 +473,7 @@ class SurvivalFedAvg(FedAvg):
         self._recalibrated = False
         #: Each site's updates (digest -> the round and the digest of the global model it was sent then).
         self._sent_updates: dict[str, dict[bytes, tuple[int, bytes]]] = {}
-        self._global_digest: tuple[int, bytes] = (0, b"")
+        self._global: tuple[int, bytes, dict[str, np.ndarray]] = (0, b"", {})  # round, digest, arrays as views
         #: The last round whose model did not diverge, and that model (where a diverged round goes back to).
         self.last_good: tuple[int, ArrayRecord | None] = (0, None)
 
@@ -782,8 +807,7 @@ class SurvivalFedAvg(FedAvg):
         if reason:
             return reason, None, 0.0, None
         update = next(iter(content.array_records.values()))
-        assert self.global_arrays is not None
-        reason = check_arrays({key: values(array) for key, array in self.global_arrays.items()},
+        reason = check_arrays(self._global_model(server_round)[1],
                               {key: values(array) for key, array in update.items()})
         if reason or (reason := self._replay(server_round, site, update)):
             return reason, None, float(count), None
@@ -802,16 +826,22 @@ class SurvivalFedAvg(FedAvg):
                 return "the privacy state is not a JSON object of reasonable size", None, float(count), None
         return "", {key: float(value) for key, value in numbers.items()}, float(count), state
 
+    def _global_model(self, server_round: int) -> tuple[bytes, dict[str, np.ndarray]]:
+        """The digest and the arrays (views) of the global model sent in ``server_round`` (read once a round)."""
+        assert self.global_arrays is not None
+        if self._global[0] != server_round:
+            self._global = (server_round, _digest(self.global_arrays),
+                            {key: values(array) for key, array in self.global_arrays.items()})
+        return self._global[1], self._global[2]
+
     def _replay(self, server_round: int, site: str, update: ArrayRecord) -> str:
         """Why ``update`` is refused as a replay ("" if it is not): bit for bit an update ``site`` sent in an earlier
         round, when it was sent another global model (training from another model never gives the same bits; from
         the same one, after a rolled-back round, it can)."""
-        assert self.global_arrays is not None
-        if self._global_digest[0] != server_round:
-            self._global_digest = (server_round, _digest(self.global_arrays))
+        digest = self._global_model(server_round)[0]
         seen = self._sent_updates.setdefault(site, {})
-        earlier = seen.setdefault(_digest(update), (server_round, self._global_digest[1]))
-        if earlier[1] != self._global_digest[1]:
+        earlier = seen.setdefault(_digest(update), (server_round, digest))
+        if earlier[1] != digest:
             return (f"its update is bit for bit the one it sent in round {earlier[0]}, when it was sent another "
                     "global model: a replay")
         return ""
@@ -899,8 +929,7 @@ class SurvivalFedAvg(FedAvg):
         names = list(arrays[0].keys())
         shapes = {name: values(arrays[0][name]).shape for name in names}
         dtypes = {name: values(arrays[0][name]).dtype for name in names}
-        vectors = np.stack([np.concatenate([values(array[name]).astype(np.float64).ravel() for name in names])
-                            for array in arrays])
+        vectors = _stacked(arrays, names)
         weights = np.array([float(next(iter(message.content.metric_records.values()))[WEIGHT_KEY])
                             for message in contributing])
         bounds = self._bounds_updates()

@@ -272,6 +272,25 @@ def test_the_bounded_mean_is_the_weighted_mean_until_an_update_is_far_and_then_b
     assert np.linalg.norm(bounded - others) <= weights[2] * tau * (1 + 1e-9)  # its pull is at most w tau
 
 
+@pytest.mark.parametrize("sites", [1, 2, 3, 4, 7, 10, 101])
+def test_the_coordinate_median_is_numpys_to_the_bit(sites):
+    """One partition gives np.median's floats for odd and even site counts, with tied coordinates; the matrix of
+    stacked updates holds each update's arrays flattened in order, converted from float32 as astype does."""
+    from flwr.app import Array, ArrayRecord
+
+    from strategies.horizontal import _stacked, coordinate_median
+
+    rng = np.random.default_rng(sites)
+    updates = rng.normal(size=(sites, 40))
+    updates[rng.random(updates.shape) < 0.3] = 0.25
+    np.testing.assert_array_equal(coordinate_median(updates), np.median(updates, axis=0))
+    records = [ArrayRecord({"w": Array(rng.normal(size=(3, 4)).astype(np.float32)),
+                            "b": Array(rng.normal(size=2).astype(np.float32))}) for _ in range(sites)]
+    expected = np.stack([np.concatenate([r["w"].numpy().astype(np.float64).ravel(),
+                                         r["b"].numpy().astype(np.float64).ravel()]) for r in records])
+    np.testing.assert_array_equal(_stacked(records, ["w", "b"]), expected)
+
+
 @pytest.mark.parametrize(("overrides", "words"), [
     ({"strategy.name": "central_dp", "privacy.epsilon": 1.0, "federation.update_bound": 3},
      "federation.update_bound = 3 bounds FedAvg's weighted mean, which"),

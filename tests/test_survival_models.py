@@ -211,6 +211,10 @@ def test_predictions_are_valid_curves_and_restore_training_mode():
         assert np.all(np.diff(surv, axis=1) <= 1e-12)
         np.testing.assert_array_equal(surv, model.predict_survival(x)[1])  # eval mode: no dropout noise
         assert model.risk_score(x).shape == (300,)
+        together = model.predict(x)  # the curves predicted once: the same arrays as the two calls
+        for got, expected in zip(together, (times, surv, model.risk_score(x)), strict=True):
+            np.testing.assert_array_equal(got, expected)
+        assert model.net.training
     with pytest.raises(ValueError, match="shape"):
         model.predict_survival(x[:, :3])
 
