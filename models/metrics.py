@@ -58,6 +58,7 @@ compare each with sksurv.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -429,26 +430,69 @@ def _check_outcomes(time: np.ndarray, event: np.ndarray, n: int | None) -> tuple
 
 
 def _harrell(risk: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
-    """Harrell's C exactly as ``sksurv.metrics.concordance_index_censored`` (risks within its
-    ``tied_tol`` = 1e-8 of each other count one half; an event is comparable with every later record
-    and with censorings at its own time), counted pair by pair in numpy blocks of events against the
-    records from their time on (sksurv loops over the events in Python after validating its inputs
-    through scikit-learn: about 1.5 ms for a small site, 0.3 s for 10,000 records)."""
+    """Harrell's C exactly as ``sksurv.metrics.concordance_index_censored``.
+
+    sksurv counts, for each event i, the records j comparable with it (a later time, or a censoring
+    at its own time): concordant when :math:`r_i - r_j > 10^{-8}` (its ``tied_tol``, the difference
+    computed in floating point as sksurv does), tied when :math:`|r_i - r_j| \le 10^{-8}`. Up to
+    :data:`_BLOCK` records the pairs are counted directly in one array; beyond, in O(n log² n): ordered by
+    time descending with censorings before events at one time, i's comparable records are a prefix of
+    the order, and each condition a range of the risks' ranks (:func:`_rank_cut`), so both counts are
+    prefix-rank counts (:func:`_prefix_counts`). The integer counts, and so the C, are sksurv's (tests);
+    sksurv loops over the events in Python after validating its inputs through scikit-learn (1.5 ms for
+    a small site; O(n²), 0.2 s for 10,000 records, where this takes 13 ms).
+    """
     if not (np.all(np.isfinite(risk)) and _has_comparable_pair(time, event)):
         return _NAN
-    order = np.argsort(time, kind="stable")
+    if time.size <= _BLOCK:
+        died = event == 1
+        t_i, r_i = time[died][:, None], risk[died][:, None]
+        pairs = (time > t_i) | ((time == t_i) & (event == 0))
+        ties = pairs & (np.absolute(risk - r_i) <= _TIED_TOL)
+        return float(((pairs & ~ties & (risk < r_i)).sum() + 0.5 * ties.sum()) / pairs.sum())
+    order = np.lexsort((event, -time))  # time descending; at one time, censorings before events
     time, event, risk = time[order], event[order], risk[order]
     events = np.flatnonzero(event == 1)
-    numerator = comparable = 0.0
-    for start in range(0, events.size, _BLOCK):
-        block = events[start:start + _BLOCK]
-        rest = slice(np.searchsorted(time, time[block[0]]), None)  # records at or after the block's first time
-        t_i, r_i, t_j, r_j = time[block][:, None], risk[block][:, None], time[None, rest], risk[None, rest]
-        pairs = (t_j > t_i) | ((t_j == t_i) & (event[None, rest] == 0))
-        ties = pairs & (np.absolute(r_j - r_i) <= _TIED_TOL)
-        numerator += (pairs & ~ties & (r_j < r_i)).sum() + 0.5 * ties.sum()
-        comparable += pairs.sum()
-    return float(numerator / comparable)
+    first = np.r_[True, (time[1:] != time[:-1]) | (event[:-1] == 0)]  # an event run starts here
+    prefix = np.maximum.accumulate(np.where(first, np.arange(time.size), 0))[events]  # i's comparable records
+    levels, rank = np.unique(risk, return_inverse=True)
+    r_i = risk[events]
+    below = _rank_cut(levels, r_i, lambda i, v: r_i[i] - v > _TIED_TOL, np.searchsorted(levels, r_i - _TIED_TOL))
+    above = _rank_cut(levels, r_i, lambda i, v: r_i[i] - v >= -_TIED_TOL,
+                      np.searchsorted(levels, r_i + _TIED_TOL, side="right"))
+    concordant = _prefix_counts(rank, prefix, below)
+    ties = _prefix_counts(rank, prefix, above) - concordant
+    return float((concordant.sum() + 0.5 * ties.sum()) / prefix.sum())
+
+
+def _rank_cut(levels: np.ndarray, values: np.ndarray, holds: Callable[[np.ndarray, np.ndarray], np.ndarray],
+              guess: np.ndarray) -> np.ndarray:
+    """For each ``values[i]``, how many of the sorted ``levels`` satisfy ``holds(i, level)``, a condition true on a
+    prefix of them, starting from ``guess`` (right up to a rounding) and moved until it is exact."""
+    cut = guess.copy()
+    index = np.arange(values.size)
+    while True:
+        back = (cut > 0) & ~holds(index, levels[np.maximum(cut - 1, 0)])
+        ahead = (cut < levels.size) & holds(index, levels[np.minimum(cut, levels.size - 1)])
+        if not (back.any() or ahead.any()):
+            return cut
+        cut += ahead.astype(np.int64) - back.astype(np.int64)
+
+
+def _prefix_counts(rank: np.ndarray, prefix: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    """``#{j < prefix[k] : rank[j] < threshold[k]}`` for every k (``rank``: integers in ``[0, n)``), in
+    O(n log² n): the prefix is split into aligned blocks of powers of two, and each level's blocks sorted by rank."""
+    n = rank.size
+    counts = np.zeros(prefix.size, dtype=np.int64)
+    position = np.arange(n, dtype=np.int64)
+    level = 0
+    while (1 << level) <= n:
+        take = ((prefix >> level) & 1).astype(bool)  # the block [s, s + 2^level) with s = prefix with these bits cut
+        keys = np.sort((position >> level) * (n + 1) + rank)
+        start = ((prefix[take] >> (level + 1)) << 1) * (n + 1)
+        counts[take] += np.searchsorted(keys, start + threshold[take]) - np.searchsorted(keys, start)
+        level += 1
+    return counts
 
 
 def _has_comparable_pair(time: np.ndarray, event: np.ndarray) -> bool:

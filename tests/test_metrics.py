@@ -301,3 +301,21 @@ def test_calibration_of_the_true_model_and_km_against_lifelines():
     wrong = calibration_table(grid, surv**2, time=time, event=event, horizons=horizons)
     assert np.all(wrong["predicted"] < wrong["km_lower"])
     assert math.isnan(calibration_table(grid, surv, time=time, event=event, horizons=[1e6])["km"].iloc[0])
+
+
+@pytest.mark.parametrize("n", [30, 800])
+def test_harrell_rounds_the_tie_tolerance_as_sksurv_does(n):
+    """Risk differences within a rounding of sksurv's 1e-8 tolerance, over the direct count (n <= 512) and the
+    rank counts (n > 512): the same C as sksurv, bit for bit."""
+    from sksurv.metrics import concordance_index_censored
+
+    from models.metrics import _harrell
+
+    rng = np.random.default_rng(n)
+    for _ in range(20):
+        time = np.round(rng.exponential(2.0, n), 1) + 0.1
+        event = rng.integers(0, 2, n)
+        base = rng.choice([0.3, 1.0, 1e-8, 123.456, -2.5], size=n)
+        risk = base + rng.choice([0.0, 1e-8, -1e-8, np.nextafter(1e-8, 1), np.nextafter(1e-8, 0), 1e-8 * (1 + 2**-40),
+                                  5e-9], size=n)
+        assert _harrell(risk, time, event) == concordance_index_censored(event.astype(bool), time, risk)[0]
