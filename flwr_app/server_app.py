@@ -333,6 +333,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     def end_of_round(server_round: int, arrays: ArrayRecord) -> None:
         record = survival.rounds.get(server_round)
         released = record.released if record else {}
+        entries = []
         for site in sorted(released):
             entry = mechanism.ledger_entry(cfg, server_round, site, setup=setups[site],
                                            reports=survival.site_reports(site, server_round))
@@ -341,7 +342,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
                 entry = dataclasses.replace(entry, assumptions=entry.assumptions + (
                     f"round {server_round}: no accepted reply from this site (refused, or none within "
                     "federation.timeout_s: it may have sent its update late); the round counts as released",))
-            ledger.record(entry)
+            entries.append(entry)
+        ledger.record(*entries)
         global_test: dict[str, float] = {}
         diverged = ""
         if cfg.server_evaluation and survival.evaluates(server_round):

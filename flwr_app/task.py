@@ -171,10 +171,22 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` without what does not change the data or the set-up (so that one cache entry serves a run)."""
-    return replace(cfg, output_dir="", resume_from="", debug=replace(cfg.debug, fail_site="", stop_after_round=0),
-                   federation=replace(cfg.federation, timeout_s=0.0), server_evaluation=False,
-                   centralized_baseline=False)
+    """``cfg`` without what does not change the data or the set-up (so that one cache entry serves a run); the
+    last few configs' keys are kept by identity (a run's messages share one parsed config object)."""
+    kept = _SIMULATION_KEYS.get(id(cfg))
+    if kept is not None and kept[0] is cfg:
+        return kept[1]
+    key = replace(cfg, output_dir="", resume_from="", debug=replace(cfg.debug, fail_site="", stop_after_round=0),
+                  federation=replace(cfg.federation, timeout_s=0.0), server_evaluation=False,
+                  centralized_baseline=False)
+    if len(_SIMULATION_KEYS) >= 16:
+        _SIMULATION_KEYS.clear()
+    _SIMULATION_KEYS[id(cfg)] = (cfg, key)
+    return key
+
+
+#: :func:`_simulation_key`'s recent results: id(cfg) -> (cfg, key) (the config is held, so its id is not reused).
+_SIMULATION_KEYS: dict[int, tuple[ExperimentConfig, ExperimentConfig]] = {}
 
 
 def load_federation(cfg: ExperimentConfig) -> FederatedDataset:

@@ -81,12 +81,12 @@ class PrivacyLedger:
                                          "prior": tuple(tuple(entry) for entry in fields.get("prior", ()))})
                           for fields in map(json.loads, lines)])
 
-    def record(self, entry: LedgerEntry) -> None:
-        """Append ``entry`` (and flush it to disk at once, so a crash loses nothing)."""
-        self.entries.append(entry)
-        if self.path is not None:
+    def record(self, *entries: LedgerEntry) -> None:
+        """Append ``entries`` (and write them to disk at once, in one append, so a crash loses nothing)."""
+        self.entries.extend(entries)
+        if self.path is not None and entries:
             with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(asdict(entry)) + "\n")
+                handle.write("".join(json.dumps(asdict(entry)) + "\n" for entry in entries))
 
     def headline(self) -> dict[str, object]:
         """The run's privacy claim: the worst (largest) cumulative ε over sites.
