@@ -348,7 +348,7 @@ def test_training_keys_left_at_auto_take_the_strategys_recipe_and_an_explicit_va
     assert training(split) == {**TRAINING_DEFAULTS, **SPLIT_RECIPE}
     private = parse_flat({"strategy.name": "private_split", "data.name": "metabric", "privacy.epsilon": 10.0})
     assert training(private) == {**TRAINING_DEFAULTS, **PRIVATE_SPLIT_RECIPE}
-    assert private.split.risk_layer == "interval" and split.split.risk_layer == "proportional"
+    assert private.split.risk_layer == split.split.risk_layer == "proportional"
     assert DP_SGD_RECIPE["train.lr"] != 0.005 and TRAINING_DEFAULTS["train.lr"] != 0.005
     explicit = parse_flat({"strategy.name": "dp_sgd", "train.lr": 0.005, "privacy.clip_norm": "auto"})
     assert explicit.train.lr == 0.005 and explicit.privacy.clip_norm == DP_SGD_RECIPE["privacy.clip_norm"]
