@@ -430,7 +430,7 @@ def _check_outcomes(time: np.ndarray, event: np.ndarray, n: int | None) -> tuple
 
 
 def _harrell(risk: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
-    """Harrell's C exactly as ``sksurv.metrics.concordance_index_censored``.
+    r"""Harrell's C exactly as ``sksurv.metrics.concordance_index_censored``.
 
     sksurv counts, for each event i, the records j comparable with it (a later time, or a censoring
     at its own time): concordant when :math:`r_i - r_j > 10^{-8}` (its ``tied_tol``, the difference
