@@ -219,7 +219,7 @@ class _Skeleton:
                 return False
             if any(getattr(module, hooks) for hooks in _HOOKS):
                 return False
-            module.training = original.training
+            vars(module)["training"] = original.training  # a plain flag: what Module.__setattr__ ends up doing
         parameters = list(model.net.parameters())
         if len(parameters) != len(self._parameters):
             return False
@@ -234,8 +234,21 @@ class _Skeleton:
                     buffer.data.copy_(self._transient[name])
         net = model.net
         vars(model).clear()
-        vars(model).update(copy.deepcopy(self._attributes), net=net)
+        vars(model).update({name: _fresh(value) for name, value in self._attributes.items()}, net=net)
         return True
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of a skeleton's attribute for a model copy: ``copy.deepcopy``, a NumPy array's or a tensor's own copy
+    (the same values, far cheaper; a deep copy does not share their memory either)."""
+    import numpy as np
+    import torch
+
+    if type(value) is np.ndarray:
+        return value.copy()
+    if type(value) is torch.Tensor:
+        return value.detach().clone()
+    return copy.deepcopy(value)
 
 
 #: A module's hook tables: a copy with any hook left in them is not reused.

@@ -65,6 +65,7 @@ def test_a_returned_copy_is_the_skeleton_again_and_a_hooked_one_is_dropped():
     model = skeleton.take()
     model.set_exponents(np.ones(model.cuts.size))
     model.net.eval()
+    model._cuts_tensor += 1.0  # changed in place: neither the skeleton nor the next copy may see it
     model.cuts = model.cuts + 1.0
     for parameter in model.net.parameters():
         parameter.grad = torch.ones_like(parameter)
@@ -74,6 +75,8 @@ def test_a_returned_copy_is_the_skeleton_again_and_a_hooked_one_is_dropped():
     assert again is model and skeleton.copies == 1
     assert again.exponents is None and again.net.training == skeleton.model.net.training
     assert np.array_equal(again.cuts, skeleton.model.cuts)
+    assert torch.equal(again._cuts_tensor, skeleton.model._cuts_tensor)
+    assert again._cuts_tensor is not skeleton.model._cuts_tensor and again.cuts is not skeleton.model.cuts
     assert all(p.grad is None and not hasattr(p, "grad_sample") for p in again.net.parameters())
     handle = next(iter(again.net.modules())).register_forward_hook(lambda *args: None)
     skeleton.give_back(again)
