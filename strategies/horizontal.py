@@ -195,7 +195,7 @@ def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WE
     return result
 
 
-def records_of(content: RecordDict, kind: type) -> list:
+def _records_of(content: RecordDict, kind: type) -> list:
     """The records of type ``kind`` in ``content``, in order, as ``content.array_records.values()`` & co. list them
     (those properties build and type-check a new dictionary at every access: a large federation reads them often)."""
     return [record for record in content.values() if isinstance(record, kind)]
@@ -213,7 +213,7 @@ def _claimed_name(message: Message) -> str | None:
 
 
 def _metric_record(message: Message) -> MetricRecord | None:
-    records = records_of(message.content, MetricRecord)
+    records = _records_of(message.content, MetricRecord)
     return records[0] if len(records) == 1 else None
 
 
@@ -296,9 +296,9 @@ def _value_bytes(value: Any) -> int:
 
 def payload_bytes(content: RecordDict) -> int:
     """The bytes a message's records carry: its arrays' data, each key, 8 per number, each string's length."""
-    arrays = sum(len(array.data) for record in records_of(content, ArrayRecord) for array in record.values())
+    arrays = sum(len(array.data) for record in _records_of(content, ArrayRecord) for array in record.values())
     values = sum(len(key) + _value_bytes(value)
-                 for record in (*records_of(content, MetricRecord), *records_of(content, ConfigRecord))
+                 for record in (*_records_of(content, MetricRecord), *_records_of(content, ConfigRecord))
                  for key, value in record.items())
     return arrays + values
 
@@ -311,11 +311,11 @@ def weighted_mean(contents: list[RecordDict], weight_key: str) -> ArrayRecord:
     """FedAvg's weighted mean of the replies' arrays: Flower's ``aggregate_arrayrecords``, the same float
     operations in the same order (the same bytes: tests), reading each array as a view
     (:func:`strategies.arrays.values`) instead of parsing it with ``Array.numpy()``."""
-    weights = [records_of(content, MetricRecord)[0][weight_key] for content in contents]
+    weights = [_records_of(content, MetricRecord)[0][weight_key] for content in contents]
     total = sum(weights)
     sums: dict[str, np.ndarray] = {}
     for content, factor in zip(contents, [weight / total for weight in weights], strict=True):
-        for record in records_of(content, ArrayRecord):
+        for record in _records_of(content, ArrayRecord):
             for key, array in record.items():
                 if key not in sums:
                     sums[key] = values(array) * factor
@@ -808,7 +808,7 @@ class SurvivalFedAvg(FedAvg):
                                                                                      float, str | None]:
         """Why a training reply is refused ("" when accepted), its report, its reported count and privacy state."""
         content = message.content
-        updates = records_of(content, ArrayRecord)
+        updates = _records_of(content, ArrayRecord)
         if len(updates) != 1:
             return "the reply must carry exactly one model update", None, 0.0, None
         record = _metric_record(message)
@@ -889,7 +889,7 @@ class SurvivalFedAvg(FedAvg):
             if state is not None:
                 record.privacy_states[site] = state
             weight = self.mechanism.aggregation_weight(self.setups[site]) if count > 0 else 0.0
-            content = RecordDict({self.arrayrecord_key: records_of(message.content, ArrayRecord)[0],
+            content = RecordDict({self.arrayrecord_key: _records_of(message.content, ArrayRecord)[0],
                                   "metrics": MetricRecord({WEIGHT_KEY: weight})})
             accepted.append((site, Message(content=content, dst_node_id=node,
                                            message_type=message.metadata.message_type)))
@@ -904,7 +904,7 @@ class SurvivalFedAvg(FedAvg):
         every site has, the global model stays as it is.
         """
         contributing = [message for message in replies if not message.has_error()
-                        and float(records_of(message.content, MetricRecord)[0][WEIGHT_KEY]) > 0]
+                        and float(_records_of(message.content, MetricRecord)[0][WEIGHT_KEY]) > 0]
         if not contributing:
             return None, None
         if len(contributing) >= 3:
@@ -938,12 +938,12 @@ class SurvivalFedAvg(FedAvg):
         each one's pull bounded and flag the sites it bounded; None otherwise, or when it bounded none (the plain
         weighted mean, which FedAvg computes, is then the same)."""
         record = self._record(server_round)
-        arrays = [records_of(message.content, ArrayRecord)[0] for message in contributing]
+        arrays = [_records_of(message.content, ArrayRecord)[0] for message in contributing]
         names = list(arrays[0].keys())
         shapes = {name: values(arrays[0][name]).shape for name in names}
         dtypes = {name: values(arrays[0][name]).dtype for name in names}
         vectors = _stacked(arrays, names)
-        weights = np.array([float(records_of(message.content, MetricRecord)[0][WEIGHT_KEY])
+        weights = np.array([float(_records_of(message.content, MetricRecord)[0][WEIGHT_KEY])
                             for message in contributing])
         bounds = self._bounds_updates()
         mean, scale, spread = centred_clip(vectors, weights / weights.sum(),
