@@ -49,8 +49,10 @@ ADAPTIVE_DP_GRIDS: dict[str, list[str]] = {
                 "LS-ADP exact"],
 }
 FSL_BDP_GRIDS: dict[str, str] = {
-    "regions": "SBA loans, 4 census regions as sites (5 seeds)",
-    "states": "SBA loans, 40 states as sites (5 seeds)",
+    "regions_529c944": "SBA loans, 4 census regions as sites, the defaults of commit 529c944 (5 seeds without DP, 3 "
+                       "with)",
+    "regions": "SBA loans, 4 census regions as sites (5 seeds; commit d452edc, the defaults of its time)",
+    "states": "SBA loans, 40 states as sites (5 seeds; commit d452edc, the defaults of its time)",
 }
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
 TABLE2_GRIDS: tuple[str, ...] = ("table2", "table2_clean_inference", "table2_embedding16",
