@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
+from benchmarks.small_cohort import DICTIONARY, target_rows, write_sample
 from flwr_app import split_messages as wire
 from flwr_app.config import ConfigError
 from simulations.engine import resolve, run_inprocess
@@ -158,35 +159,12 @@ def test_own_vertical_files_run_privately_and_equal_their_twin(tmp_path):
 
 # --------------------------------------------------------------------------- small cohorts (issue 24, item 6)
 
-METABRIC_DICTIONARY = {  # public knowledge, not the data: log2 expression intensities and adult ages
-    "numeric": {"x0": [4, 16], "x1": [4, 16], "x2": [4, 16], "x3": [4, 16], "x8": [20, 100]},
-    "categorical": {column: ["0.0", "1.0"] for column in ("x4", "x5", "x6", "x7")},
-}
-
-
-def metabric_sample(folder, n: int = 120, seed: int = 0) -> dict:
-    """A random ``n``-record sample of METABRIC as a user's vertical files (labels, genomic, clinical)."""
-    from models.data.vertical import METABRIC_CATEGORICAL, load_metabric_vertical
-
-    table = load_metabric_vertical()
-    rows = np.sort(np.random.default_rng(seed).choice(len(table.ids), n, replace=False))
-    ids = table.ids[rows]
-    import pandas as pd
-
-    pd.DataFrame({"id": ids, "time": table.time[rows], "event": table.event[rows]}).to_csv(folder / "labels.csv",
-                                                                                          index=False)
-    for name, frame in table.modalities.items():
-        frame.iloc[rows].set_axis(ids).rename_axis("id").reset_index().to_csv(folder / f"{name}.csv", index=False)
-    return {"strategy.name": "private_split", "data.name": "vertical_files",
-            "data.labels_path": str(folder / "labels.csv"),
-            "data.modality_paths": f"{folder / 'genomic.csv'},{folder / 'clinical.csv'}",
-            "data.categorical_cols": ",".join(METABRIC_CATEGORICAL["clinical"]), "baseline.centralized": False}
-
-
 @pytest.fixture(scope="module")
 def small_cohort(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("metabric120")
-    return folder, metabric_sample(folder)
+    from models.data.vertical import load_metabric_vertical
+
+    folder = tmp_path_factory.mktemp("metabric120")  # sample 0 of the small-cohort benchmark
+    return folder, write_sample(folder, target_rows(0, len(load_metabric_vertical().ids)))
 
 
 def test_a_120_record_cohort_runs_at_epsilon_10_at_every_seed(small_cohort):
@@ -221,7 +199,7 @@ def test_too_small_a_cohort_for_its_epsilon_stops_with_the_smallest_size_and_the
     assert smallest > 96
     # the remedies it names: public ranges, or a larger budget
     dictionary = folder / "dictionary.json"
-    dictionary.write_text(json.dumps(METABRIC_DICTIONARY))
+    dictionary.write_text(json.dumps(DICTIONARY))
     assert run_inprocess({**files, "privacy.epsilon": 1.0, "data.dictionary": str(dictionary),
                           "federation.rounds": 2, "output.dir": str(folder / "eps1_dictionary")})["widths"]
 
