@@ -8,9 +8,11 @@ see below). Four stages, each one round trip of query messages, as in Flower's
 0. **setup** (:data:`SETUP`): each site makes two key pairs (``flwr.supercore.primitives.asymmetric``)
    and sends the public keys;
 1. **share keys** (:data:`SHARE_KEYS`): the server forwards to each site its neighbours' public keys;
-   the site draws its private-mask seed ``b``, Shamir-shares ``b`` and its first secret key
-   (``flwr.common.secure_aggregation.crypto.shamir``) among its neighbours, each share encrypted to
-   its recipient (ECDH + Fernet, ``symmetric_encryption``), and sends the ciphertexts;
+   the site draws its private-mask seed ``b``, Shamir-shares ``b`` and its first secret key (its
+   48-byte scalar; :func:`create_shares`, the bytes of Flower's, from pycryptodome's ``Shamir``)
+   among its neighbours, each share encrypted to its recipient (ECDH + Fernet,
+   ``symmetric_encryption``; the site keeps each neighbour's channel key for stage 2), and sends the
+   ciphertexts;
 2. **masked vector** (:data:`MASKED`): the server forwards the ciphertexts; the site computes its
    integer vector ``x`` (the caller's function) and sends ``y = x + PRG(b) + sum_v ±PRG(s_uv) mod M``
    (:func:`mask_stream`, ChaCha20 keyed by :func:`self_mask_key` / :func:`pairwise_mask_key`; ``s_uv``
@@ -18,8 +20,8 @@ see below). Four stages, each one round trip of query messages, as in Flower's
 3. **unmask** (:data:`UNMASK`): the server names the surviving and the dropped neighbours; each site
    returns its shares of the survivors' ``b`` and of the dropped sites' first secret keys. With at
    least ``threshold`` shares each, the server removes every survivor's private mask and the
-   pairwise masks the survivors share with dropped sites; the pairwise masks between survivors
-   cancel in the sum.
+   pairwise masks the survivors share with dropped sites (a reconstructed secret key must be the
+   one of the dropped site's public key); the pairwise masks between survivors cancel in the sum.
 
 Neighbours: as in Flower's workflow, the selected sites are shuffled onto a ring and each site's
 neighbours are the ``num_shares`` sites of the window around it (itself included); with
@@ -61,7 +63,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Util.Padding import pad, unpad
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
 from flwr.serverapp import Grid
@@ -83,6 +86,8 @@ __all__ = [
     "SecureSumResult",
     "SiteState",
     "centred",
+    "combine_shares",
+    "create_shares",
     "mask_stream",
     "masked_reply",
     "pairwise_mask_key",
@@ -190,6 +195,73 @@ def mask_stream(key: bytes, *, modulus: int, dimension: int) -> np.ndarray:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- the shares
+
+#: Shamir's scheme shares 16-byte blocks (pycryptodome's ``Shamir``, over GF(2^128)).
+SHARE_BLOCK = 16
+#: The length of a P-384 private scalar, the form in which a site shares its first secret key.
+SCALAR_BYTES = 48
+
+
+def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
+    """``num`` Shamir shares of ``secret``, any ``threshold`` of which recover it (:func:`combine_shares`).
+
+    The bytes of Flower's ``create_shares``: the secret padded to whole 16-byte blocks (PKCS#7), each block
+    split with pycryptodome's ``Shamir.split`` (the library Flower calls); share ``i`` is ``i`` (4 bytes,
+    little-endian) followed by its share of every block. Flower's function starts a thread pool per call,
+    which costs more than the shares of a 32- or 48-byte secret (pycryptodome holds the GIL); this one does not.
+    """
+    padded = pad(secret, SHARE_BLOCK)
+    shares = [bytearray(index.to_bytes(4, "little", signed=False)) for index in range(1, num + 1)]
+    for start in range(0, len(padded), SHARE_BLOCK):
+        for index, share in Shamir.split(threshold, num, padded[start:start + SHARE_BLOCK], ssss=False):
+            shares[index - 1] += share
+    return [bytes(share) for share in shares]
+
+
+def combine_shares(shares: list[bytes]) -> bytes:
+    """The secret of :func:`create_shares` (or Flower's) from at least ``threshold`` of its shares.
+
+    Raises ``ValueError`` when the shares are malformed or do not combine into a padded secret (a share
+    altered in transit fails the padding check with probability about 255/256).
+    """
+    if not shares or any(len(share) != len(shares[0]) or (len(share) - 4) % SHARE_BLOCK for share in shares):
+        raise ValueError("the shares are not equally long runs of an index and 16-byte blocks")
+    indices = [int.from_bytes(share[:4], "little", signed=False) for share in shares]
+    if len(set(indices)) != len(indices) or 0 in indices:
+        raise ValueError("the shares' indices must be distinct and positive")
+    blocks = (len(shares[0]) - 4) // SHARE_BLOCK
+    padded = b"".join(
+        Shamir.combine([(index, share[4 + SHARE_BLOCK * block:4 + SHARE_BLOCK * (block + 1)])
+                        for index, share in zip(indices, shares, strict=True)], ssss=False)
+        for block in range(blocks))
+    try:
+        return unpad(padded, SHARE_BLOCK)
+    except ValueError:
+        raise ValueError("Failed to combine shares") from None
+
+
+def private_scalar(private_key: bytes) -> bytes:
+    """The 48-byte private scalar of a serialised P-384 key (``flwr``'s PEM), the secret a site shares."""
+    key = bytes_to_private_key(private_key)
+    if not isinstance(key.curve, ec.SECP384R1):
+        raise ValueError(f"secure aggregation: a first secret key must be on P-384, got {key.curve.name}")
+    return key.private_numbers().private_value.to_bytes(SCALAR_BYTES, "big")
+
+
+def private_key_from_scalar(scalar: bytes, public_key: bytes) -> ec.EllipticCurvePrivateKey:
+    """The P-384 private key of ``scalar`` (:func:`private_scalar`), checked against its owner's ``public_key``.
+
+    Raises ``ValueError`` when the scalar is not 48 bytes or is not the private key of ``public_key``.
+    """
+    if len(scalar) != SCALAR_BYTES:
+        raise ValueError(f"a P-384 private scalar is {SCALAR_BYTES} bytes, got {len(scalar)}")
+    key = ec.derive_private_key(int.from_bytes(scalar, "big"), ec.SECP384R1())
+    if public_key_to_bytes(key.public_key()) != public_key:
+        raise ValueError("the reconstructed secret key is not the one of the node's public key")
+    return key
+
+
 def centred(total: np.ndarray, modulus: int) -> np.ndarray:
     """The representative of ``total`` mod ``modulus`` in ``[-M/2, M/2)`` (int64)."""
     total = np.mod(total.astype(np.int64), modulus)
@@ -216,6 +288,7 @@ class SiteState:
     public_keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     seed_shares: dict[int, bytes] = field(default_factory=dict)
     sk1_shares: dict[int, bytes] = field(default_factory=dict)
+    channel_keys: dict[int, bytes] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
         nodes = sorted(self.public_keys)
@@ -226,6 +299,8 @@ class SiteState:
             "keys.pk2": [self.public_keys[n][1] for n in nodes],
             "seed_shares.nodes": sorted(self.seed_shares), "seed_shares": [self.seed_shares[n] for n in sorted(self.seed_shares)],
             "sk1_shares.nodes": sorted(self.sk1_shares), "sk1_shares": [self.sk1_shares[n] for n in sorted(self.sk1_shares)],
+            "channel_keys.nodes": sorted(self.channel_keys),
+            "channel_keys": [self.channel_keys[n] for n in sorted(self.channel_keys)],
         })
 
     @classmethod
@@ -240,6 +315,7 @@ class SiteState:
             public_keys={int(n): (a, b) for n, a, b in zip(record.get("keys.nodes", []), record.get("keys.pk1", []),
                                                            record.get("keys.pk2", []), strict=True)},
             seed_shares=pairs("seed_shares.nodes", "seed_shares"), sk1_shares=pairs("sk1_shares.nodes", "sk1_shares"),
+            channel_keys=pairs("channel_keys.nodes", "channel_keys"),
         )
 
 
@@ -281,14 +357,14 @@ def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, byt
     state.public_keys = dict(public_keys)
     state.seed = os.urandom(32)
     seed_shares = create_shares(state.seed, state.threshold, len(public_keys))
-    sk1_shares = create_shares(state.sk1, state.threshold, len(public_keys))
+    sk1_shares = create_shares(private_scalar(state.sk1), state.threshold, len(public_keys))
     destinations, ciphertexts = [], []
     sk2 = bytes_to_private_key(state.sk2)  # loaded once, not once per neighbour
     for index, (node, (_, pk2)) in enumerate(sorted(public_keys.items())):
         if node == state.node:
             state.seed_shares[node], state.sk1_shares[node] = seed_shares[index], sk1_shares[index]
             continue
-        key = generate_shared_key(sk2, bytes_to_public_key(pk2))
+        key = state.channel_keys[node] = generate_shared_key(sk2, bytes_to_public_key(pk2))
         plaintext = share_keys_plaintext_concat(state.node, node, seed_shares[index], sk1_shares[index])
         destinations.append(node)
         ciphertexts.append(encrypt(key, plaintext))
@@ -303,13 +379,13 @@ def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[by
     if vector.ndim != 1 or vector.dtype != np.int64:
         raise ValueError("secure aggregation: the vector to mask must be a flat int64 array")
     neighbours = []
-    sk1, sk2 = bytes_to_private_key(state.sk1), bytes_to_private_key(state.sk2)  # loaded once, not per neighbour
+    sk1 = bytes_to_private_key(state.sk1)  # loaded once, not per neighbour
     for source, ciphertext in zip(sources, ciphertexts, strict=True):
         source = int(source)
         if source not in state.public_keys or source == state.node:
             raise ValueError(f"secure aggregation: a share from node {source}, which is not a neighbour")
-        key = generate_shared_key(sk2, bytes_to_public_key(state.public_keys[source][1]))
-        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(decrypt(key, ciphertext))
+        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(
+            decrypt(state.channel_keys[source], ciphertext))
         if sender != source or receiver != state.node:
             raise ValueError(f"secure aggregation: a share claims to be from {sender} to {receiver}, but came from "
                              f"{source} to {state.node}")
@@ -523,8 +599,9 @@ class SecureSum:
                     mask = mask_stream(self_mask_key(secret), modulus=self.modulus, dimension=self.dimension)
                     total = np.mod(total - mask, self.modulus)
                     continue
+                secret_key = private_key_from_scalar(secret, keys[node][0])
                 for other in sorted(neighbours[node] & included):
-                    key = pairwise_mask_key(secret, keys[other][0], (node, other))
+                    key = pairwise_mask_key(secret_key, keys[other][0], (node, other))
                     mask = mask_stream(key, modulus=self.modulus, dimension=self.dimension)
                     total = np.mod(total + mask if node > other else total - mask, self.modulus)
             except ValueError as err:

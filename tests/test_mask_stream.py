@@ -211,3 +211,51 @@ def test_flowers_32_bit_mask_generator_is_used_nowhere_in_the_project():
                 if name in banned:
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno if hasattr(node, 'lineno') else ''}")
     assert offenders == []
+
+
+# ---------------------------------------------------------------------------------------------- Shamir shares
+
+
+@pytest.mark.parametrize("length", [32, 48])
+def test_shares_are_flowers_bytes_and_combine_either_way(length):
+    """``create_shares`` / ``combine_shares`` are Flower's functions without their thread pool: Flower combines
+    our shares and we combine Flower's, from any ``threshold`` of them, into the secret."""
+    from flwr.common.secure_aggregation.crypto import shamir as flower
+
+    rng = np.random.default_rng(length)
+    for _ in range(5):
+        secret = rng.bytes(length)
+        ours, theirs = secagg.create_shares(secret, 3, 5), flower.create_shares(secret, 3, 5)
+        assert [len(share) for share in ours] == [len(share) for share in theirs]
+        assert [share[:4] for share in ours] == [share[:4] for share in theirs]   # the same index prefixes
+        for subset in ([0, 1, 2], [4, 2, 1], [0, 1, 2, 3, 4]):
+            assert flower.combine_shares([ours[i] for i in subset]) == secret
+            assert secagg.combine_shares([theirs[i] for i in subset]) == secret
+
+
+def test_fewer_shares_than_the_threshold_or_malformed_shares_do_not_give_the_secret():
+    secret = bytes(range(32))
+    shares = secagg.create_shares(secret, 3, 5)
+    for pair in ([0, 1], [1, 4], [2, 3]):   # two of three: a bad padding or another secret
+        try:
+            combined = secagg.combine_shares([shares[i] for i in pair])
+        except ValueError:
+            continue
+        assert combined != secret
+    with pytest.raises(ValueError, match="distinct"):
+        secagg.combine_shares([shares[0], shares[0], shares[1]])
+    with pytest.raises(ValueError, match="equally long"):
+        secagg.combine_shares([shares[0], shares[1][:-1], shares[2]])
+
+
+def test_a_site_shares_its_secret_key_as_a_scalar_checked_against_its_public_key():
+    state, _ = secagg.site_setup(1, {"modulus": 2 ** 20, "num_shares": 3, "threshold": 2})
+    other, _ = secagg.site_setup(2, {"modulus": 2 ** 20, "num_shares": 3, "threshold": 2})
+    scalar = secagg.private_scalar(state.sk1)
+    assert len(scalar) == 48
+    key = secagg.private_key_from_scalar(secagg.combine_shares(secagg.create_shares(scalar, 2, 3)[1:]), state.pk1)
+    assert pairwise_mask_key(key, other.pk1, (1, 2)) == pairwise_mask_key(state.sk1, other.pk1, (1, 2))
+    with pytest.raises(ValueError, match="not the one of the node's public key"):
+        secagg.private_key_from_scalar(scalar, other.pk1)
+    with pytest.raises(ValueError, match="48 bytes"):
+        secagg.private_key_from_scalar(scalar[1:], state.pk1)
