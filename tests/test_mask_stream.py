@@ -170,7 +170,7 @@ def test_the_unmasked_sum_is_exact_through_the_new_generator(monkeypatch, drop):
     assert len(calls) == sites * 4 + len(included) + (3 if drop else 0)
     assert all(len(key) == 32 and kwargs == {"modulus": modulus, "dimension": 3000} for key, kwargs in calls)
     assert secrets and min(len(s) for s in secrets) >= 16
-    assert sorted({len(s) for s in secrets}) == [32, 48]   # the private-mask seed; the raw P-384 ECDH secret
+    assert sorted({len(s) for s in secrets}) == [32]   # the private-mask seed and the raw X25519 secret
 
 
 def test_a_masked_vector_is_uniform_whatever_the_site_vector():
@@ -248,14 +248,31 @@ def test_fewer_shares_than_the_threshold_or_malformed_shares_do_not_give_the_sec
         secagg.combine_shares([shares[0], shares[1][:-1], shares[2]])
 
 
-def test_a_site_shares_its_secret_key_as_a_scalar_checked_against_its_public_key():
+def test_a_dropped_sites_reconstructed_key_is_checked_against_its_public_key():
     state, _ = secagg.site_setup(1, {"modulus": 2 ** 20, "num_shares": 3, "threshold": 2})
     other, _ = secagg.site_setup(2, {"modulus": 2 ** 20, "num_shares": 3, "threshold": 2})
-    scalar = secagg.private_scalar(state.sk1)
-    assert len(scalar) == 48
-    key = secagg.private_key_from_scalar(secagg.combine_shares(secagg.create_shares(scalar, 2, 3)[1:]), state.pk1)
+    assert {len(key) for key in (state.sk1, state.pk1, state.sk2, state.pk2)} == {32}
+    key = secagg.secret_key(secagg.combine_shares(secagg.create_shares(state.sk1, 2, 3)[1:]), state.pk1)
     assert pairwise_mask_key(key, other.pk1, (1, 2)) == pairwise_mask_key(state.sk1, other.pk1, (1, 2))
+    assert pairwise_mask_key(other.sk1, state.pk1, (2, 1)) == pairwise_mask_key(state.sk1, other.pk1, (1, 2))
+    assert secagg.channel_key(state.sk2, other.pk2) == secagg.channel_key(other.sk2, state.pk2)
+    assert secagg.channel_key(state.sk1, other.pk1) != secagg.channel_key(state.sk2, other.pk2)
     with pytest.raises(ValueError, match="not the one of the node's public key"):
-        secagg.private_key_from_scalar(scalar, other.pk1)
-    with pytest.raises(ValueError, match="48 bytes"):
-        secagg.private_key_from_scalar(scalar[1:], state.pk1)
+        secagg.secret_key(state.sk1, other.pk1)
+    with pytest.raises(ValueError, match="32 bytes"):
+        secagg.secret_key(state.sk1[1:], state.pk1)
+
+
+def test_a_public_key_of_the_wrong_length_is_a_named_refusal_and_the_others_are_summed(monkeypatch):
+    vectors = _vectors(4, 50, seed=1)
+    original = secagg.site_setup
+
+    def short_key(node, config):
+        state, values = original(node, config)
+        return state, ({**values, "pk1": values["pk1"][:31]} if node == 2 else values)
+
+    monkeypatch.setattr(secagg, "site_setup", short_key)
+    result, _ = _secure_sum(vectors, modulus=2 ** 40)
+    assert result.failures == [(secagg.SETUP, 2, "the reply must carry two public keys (32 bytes each)")]
+    assert result.included == [1, 3, 4]
+    assert np.array_equal(result.total, np.mod(vectors[1] + vectors[3] + vectors[4], 2 ** 40))

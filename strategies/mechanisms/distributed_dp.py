@@ -362,10 +362,11 @@ class DistributedDP(SecureSumMechanism):
             "(noise_multiplier*Delta)^2; a round in which more than D sites drop out is not unmasked",
             f"threat model: honest-but-curious server that follows the protocol; up to t = {t} sites "
             "(privacy.colluding_sites) collude with it; the server sees only the sum of the masked vectors",
-            "what secure aggregation (SecAgg+) rests on: ECDH key agreement on P-384 and Fernet encryption of the "
-            "Shamir shares (Flower's primitives, over the cryptography library); Shamir secret sharing with a "
-            "threshold above t (Flower's); masks expanded by the ChaCha20 stream cipher (cryptography library), "
-            "each keyed by HKDF-SHA256 of the full secret: the 48-byte ECDH secret of a pair (pairwise masks) or a "
+            "what secure aggregation (SecAgg+) rests on: X25519 key agreement (cryptography library) and Fernet "
+            "encryption of the Shamir shares (Flower's, over the cryptography library); Shamir secret sharing with a "
+            "threshold above t (pycryptodome, in Flower's share format); masks expanded by the ChaCha20 stream cipher "
+            "(cryptography library), each keyed by HKDF-SHA256 of the full secret: the 32-byte X25519 secret of a "
+            "pair (pairwise masks) or a "
             "site's 32-byte random seed (its private mask), with fresh key pairs and seeds every round, so no secret "
             "is shorter than 128 bits and no stream repeats; a mask is uniform mod M, so a masked vector alone, or a "
             "sum missing an honest site's masks, tells nothing about the vectors (strategies.secure_aggregation)",
