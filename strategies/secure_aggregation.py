@@ -37,7 +37,8 @@ from its 32-byte key, so 2^32 guesses strip a mask; it is not used. Every mask h
 key stream (``cryptography``, which Flower installs) turned into integers mod M by :func:`mask_stream`;
 each stream's 256-bit key is derived with HKDF-SHA256 from the full secret: the 32-byte X25519
 secret of the pair's first key pairs for a pairwise mask (:func:`pairwise_mask_key`), the
-32-byte Shamir-shared random seed for a site's private mask (:func:`self_mask_key`), with a label
+31-byte (248-bit) Shamir-shared random seed for a site's private mask (:func:`self_mask_key`; 31 bytes
+fill two 16-byte Shamir blocks with their padding byte, where 32 would take a third), with a label
 that separates the two and, for a pair, the two node ids. Key pairs and seeds are drawn fresh at every
 run of the protocol (:func:`site_setup`, :func:`site_share_keys`), so no key, and hence no stream,
 repeats across rounds; a fixed nonce is therefore safe. No secret shorter than 128 bits is accepted
@@ -140,6 +141,8 @@ _PAIRWISE_LABEL = b"fedsurv secagg v2 pairwise mask"
 _CHANNEL_LABEL = b"fedsurv secagg v2 channel"
 #: The length of an X25519 private or public key (RFC 7748), raw.
 KEY_BYTES = 32
+#: The length of a site's private-mask seed: 248 bits, which with Flower's padding fill two Shamir blocks.
+SEED_BYTES = 31
 
 
 def _derive(secret: bytes, info: bytes) -> bytes:
@@ -224,7 +227,7 @@ def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
     The bytes of Flower's ``create_shares``: the secret padded to whole 16-byte blocks (PKCS#7), each block
     split with pycryptodome's ``Shamir.split`` (the library Flower calls); share ``i`` is ``i`` (4 bytes,
     little-endian) followed by its share of every block. Flower's function starts a thread pool per call,
-    which costs more than the shares of a 32-byte secret (pycryptodome holds the GIL); this one does not.
+    which costs more than the shares of a 31- or 32-byte secret (pycryptodome holds the GIL); this one does not.
     """
     padded = pad(secret, SHARE_BLOCK)
     shares = [bytearray(index.to_bytes(4, "little", signed=False)) for index in range(1, num + 1)]
@@ -359,7 +362,7 @@ def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, byt
     if len(set(flat)) != len(flat):
         raise ValueError("secure aggregation: two neighbours have the same public key")
     state.public_keys = dict(public_keys)
-    state.seed = os.urandom(32)
+    state.seed = os.urandom(SEED_BYTES)
     seed_shares = create_shares(state.seed, state.threshold, len(public_keys))
     sk1_shares = create_shares(state.sk1, state.threshold, len(public_keys))
     destinations, ciphertexts = [], []

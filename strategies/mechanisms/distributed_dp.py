@@ -367,7 +367,7 @@ class DistributedDP(SecureSumMechanism):
             "threshold above t (pycryptodome, in Flower's share format); masks expanded by the ChaCha20 stream cipher "
             "(cryptography library), each keyed by HKDF-SHA256 of the full secret: the 32-byte X25519 secret of a "
             "pair (pairwise masks) or a "
-            "site's 32-byte random seed (its private mask), with fresh key pairs and seeds every round, so no secret "
+            "site's 31-byte random seed (its private mask), with fresh key pairs and seeds every round, so no secret "
             "is shorter than 128 bits and no stream repeats; a mask is uniform mod M, so a masked vector alone, or a "
             "sum missing an honest site's masks, tells nothing about the vectors (strategies.secure_aggregation)",
             f"modular wrap-around: the server sees the integer sum mod 2^{cfg.privacy.modulus_bits} (post-processing); "
