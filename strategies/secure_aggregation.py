@@ -66,13 +66,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Util.Padding import pad, unpad
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from Crypto.Protocol.SecretSharing import Shamir
-from Crypto.Util.Padding import pad, unpad
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
 from flwr.serverapp import Grid
@@ -218,7 +218,6 @@ def mask_stream(key: bytes, *, modulus: int, dimension: int) -> np.ndarray:
 
 #: Shamir's scheme shares 16-byte blocks (pycryptodome's ``Shamir``, over GF(2^128)).
 SHARE_BLOCK = 16
-SCALAR_BYTES = 48
 
 
 def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
@@ -240,8 +239,8 @@ def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
 def combine_shares(shares: list[bytes]) -> bytes:
     """The secret of :func:`create_shares` (or Flower's) from at least ``threshold`` of its shares.
 
-    Raises ``ValueError`` when the shares are malformed or do not combine into a padded secret (a share
-    altered in transit fails the padding check with probability about 255/256).
+    Raises ``ValueError`` when the shares are malformed or do not combine into a padded secret (a wrong share
+    gives random bytes, whose padding is valid with probability about 1/255).
     """
     if not shares or any(len(share) != len(shares[0]) or (len(share) - 4) % SHARE_BLOCK for share in shares):
         raise ValueError("the shares are not equally long runs of an index and 16-byte blocks")
