@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -183,7 +182,7 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     assert set(lines[-1]["sites"]) == set(SITES)
     log = (out / "run.log").read_text()
     assert f"site '{killed}'" in log and "rejoined: the agreed set-up sent again" in log
-    Path("/tmp/rejoin_log.txt").write_text(
+    (out / "rejoin_log.txt").write_text(
         f"kill -9 {killed} during round 2; `flwr supernode list` had it offline after {offline_after:.0f} s; "
         "restarted with its key\n"
         + "".join(text + "\n" for text in log.splitlines() if killed in text or text.startswith("round"))
@@ -249,6 +248,6 @@ def test_a_site_whose_policy_is_epsilon_1_refuses_a_run_at_3_before_releasing_an
     assert [line["message"] for line in lines if line["kind"] == "release"] == ["setup_ranges", "setup_moments",
                                                                                "train"] * 2
     assert max(line["epsilon"] for line in lines[1:]) <= 1.0
-    Path("/tmp/policy_log.txt").write_text("\n".join(report) + "\n\n" + ledger_table(lines) + "\n")
+    (deployment.root / "policy_log.txt").write_text("\n".join(report) + "\n\n" + ledger_table(lines) + "\n")
     for site in SITES:
         deployment.stop(site)
