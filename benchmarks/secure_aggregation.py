@@ -13,17 +13,20 @@ hazard MLP and the same per-round evaluation; the set-up is exact in both (``pri
   sites' gradient and noise computation);
 * ``ratio = secure_round_s / plain_round_s`` (target, issue 28: at most 2 at 40 sites).
 
-Prints one JSON object.
+The plain and the secure run are made ``--pairs`` times in turn (the same runs each time: only the machine's
+timing differs); each figure is the median over the pairs, and ``pair_ratios`` lists every pair's ratio, so
+the spread of a shared machine shows beside the median. Prints one JSON object.
 
 Usage::
 
-    python benchmarks/secure_aggregation.py [--sites 5,40,200] [--rounds 3] [key=value ...]
+    python benchmarks/secure_aggregation.py [--sites 5,40,200] [--rounds 3] [--pairs 3] [key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -78,29 +81,38 @@ class _Timed:
         secure_aggregation.SecureSum.run, DistributedDP.contribution = self._run, self._contribution
 
 
-def measure(num_sites: int, rounds: int, extra: dict) -> dict:
+def measure(num_sites: int, rounds: int, extra: dict, pairs: int) -> dict:
+    """The medians over ``pairs`` plain and secure runs made in turn, and each pair's ratio."""
     common = {"data.name": "flchain", "federation.num_sites": num_sites, "baseline.centralized": False,
               "privacy.setup_share": 0.0, **extra}
-    plain = _round_s({**common, "strategy.name": "fedavg"}, rounds)
-    with _Timed() as timed:
-        secure = _round_s({**common, "strategy.name": "distributed_dp", "privacy.epsilon": 1.0}, rounds)
-    protocol = (timed.protocol_s - timed.contribution_s) / max(1, timed.runs)
-    return {"sites": num_sites, "plain_round_s": round(plain, 3), "secure_round_s": round(secure, 3),
-            "protocol_s": round(protocol, 3), "ratio": round(secure / plain, 2)}
+    plain, secure, protocol = [], [], []
+    for _ in range(pairs):
+        plain.append(_round_s({**common, "strategy.name": "fedavg"}, rounds))
+        with _Timed() as timed:
+            secure.append(_round_s({**common, "strategy.name": "distributed_dp", "privacy.epsilon": 1.0}, rounds))
+        protocol.append((timed.protocol_s - timed.contribution_s) / max(1, timed.runs))
+    ratios = [s / p for s, p in zip(secure, plain, strict=True)]
+    return {"sites": num_sites, "plain_round_s": round(statistics.median(plain), 3),
+            "secure_round_s": round(statistics.median(secure), 3), "protocol_s": round(statistics.median(protocol), 3),
+            "ratio": round(statistics.median(ratios), 2), "pair_ratios": [round(ratio, 2) for ratio in ratios]}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sites", default="5,40,200", help="comma-separated numbers of sites")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per run (>= 2; the first is not timed)")
+    parser.add_argument("--pairs", type=int, default=3, help="plain and secure runs made in turn (>= 1)")
     parser.add_argument("overrides", nargs="*", help="run-config key=value")
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2")
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
     extra = dict(item.split("=", 1) for item in args.overrides)
     extra = {key: parse_value(value) for key, value in extra.items()}
     results = {"benchmark": "secure_aggregation", "data": "flchain", "target_ratio_at_40_sites": 2.0,
-               "rounds": args.rounds, "runs": [measure(int(n), args.rounds, extra) for n in args.sites.split(",")]}
+               "rounds": args.rounds, "pairs": args.pairs,
+               "runs": [measure(int(n), args.rounds, extra, args.pairs) for n in args.sites.split(",")]}
     print(json.dumps(results, indent=2))
     return results
 

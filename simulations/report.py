@@ -268,7 +268,9 @@ def benchmarks_section(results: Path, out: Path) -> str:
         for run in secure["runs"]:
             lines.append(f"| distributed_dp round (SecAgg+, {run['sites']} FLCHAIN sites, in process) | "
                          f"{run['secure_round_s']:.3f} s ({run['protocol_s']:.3f} s of protocol) | plain FedAvg round "
-                         f"{run['plain_round_s']:.3f} s | {run['ratio']:.2f} | "
+                         f"{run['plain_round_s']:.3f} s | {run['ratio']:.2f}"
+                         + (f" (median of the pairs {', '.join(f'{ratio:.2f}' for ratio in run['pair_ratios'])})"
+                            if "pair_ratios" in run else "") + " | "
                          + (f"≤ {secure['target_ratio_at_40_sites']:g} |" if run["sites"] == 40 else "– |"))
     if step := load("dp_step"):
         dp_ms = step[f"dp_{step['default_backend']}_step_ms"]
