@@ -6,7 +6,9 @@ see below). Four stages, each one round trip of query messages, as in Flower's
 ``SecAggPlusWorkflow`` / ``secaggplus_mod`` (Bell et al., CCS 2020; Bonawitz et al., CCS 2017):
 
 0. **setup** (:data:`SETUP`): each site makes two X25519 key pairs (``cryptography``; RFC 7748) and
-   sends the public keys (32 bytes each);
+   sends the public keys (32 bytes each). The server refuses a key of another length or of small order,
+   and a key that two sites sent (it cannot tell which copied: both are left out of this sum), so that
+   no honest site fails on a neighbour's key at stage 1;
 1. **share keys** (:data:`SHARE_KEYS`): the server forwards to each site its neighbours' public keys;
    the site draws its private-mask seed ``b``, Shamir-shares ``b`` and its first secret key
    (:func:`create_shares`: the bytes of Flower's function, from pycryptodome's ``Shamir``) among its
@@ -516,8 +518,13 @@ class SecureSum:
             pk1, pk2 = record.get("pk1"), record.get("pk2")
             if not all(isinstance(key, bytes) and len(key) == KEY_BYTES for key in (pk1, pk2)):
                 self._refuse(result, SETUP, node, f"the reply must carry two public keys ({KEY_BYTES} bytes each)")
+            elif _small_order(pk1) or _small_order(pk2):
+                self._refuse(result, SETUP, node, "a public key of small order, with which no key can be agreed")
             else:
                 keys[node] = (pk1, pk2)
+        for node, others in _shared_keys(keys).items():
+            self._refuse(result, SETUP, node, f"a public key that node(s) {others} sent too: one of them copied it")
+            keys.pop(node)
         if not self._enough(result, neighbours, set(keys), "after the key set-up"):
             return result
 
@@ -638,6 +645,32 @@ class SecureSum:
                                 "tolerated)") if alive else f"{when}, no site remains"
             return False
         return True
+
+
+def _small_order(public_key: bytes) -> bool:
+    """Whether X25519 agrees only the all-zero secret with ``public_key`` (a point of small order: with any private
+    key, as X25519 clamps every scalar to a multiple of the cofactor), which ``cryptography`` refuses. The server
+    refuses such a key at stage 0, so that no honest neighbour fails on it at stage 1."""
+    try:
+        x25519.X25519PrivateKey.generate().exchange(x25519.X25519PublicKey.from_public_bytes(public_key))
+    except ValueError:
+        return True
+    return False
+
+
+def _shared_keys(keys: Mapping[int, tuple[bytes, bytes]]) -> dict[int, list[int]]:
+    """Each node one of whose public keys another node (or its own other key) repeats, with those nodes: the
+    server refuses them at stage 0, as an honest site refuses a neighbourhood with a repeated key."""
+    owners: dict[bytes, list[int]] = {}
+    for node, pair in sorted(keys.items()):
+        for key in pair:
+            owners.setdefault(key, []).append(node)
+    repeated: dict[int, set[int]] = {}
+    for nodes in owners.values():
+        if len(nodes) > 1:
+            for node in nodes:
+                repeated.setdefault(node, set()).update(nodes)
+    return {node: sorted(nodes - {node}) or [node] for node, nodes in sorted(repeated.items())}
 
 
 def masked_reply(vector: np.ndarray) -> ArrayRecord:

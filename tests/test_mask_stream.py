@@ -276,3 +276,30 @@ def test_a_public_key_of_the_wrong_length_is_a_named_refusal_and_the_others_are_
     assert result.failures == [(secagg.SETUP, 2, "the reply must carry two public keys (32 bytes each)")]
     assert result.included == [1, 3, 4]
     assert np.array_equal(result.total, np.mod(vectors[1] + vectors[3] + vectors[4], 2 ** 40))
+
+
+@pytest.mark.parametrize("bad", ["small order", "copied"])
+def test_a_public_key_no_neighbour_could_use_is_refused_at_stage_0_and_no_honest_site_fails(monkeypatch, bad):
+    """A hostile site's small-order key (X25519 agrees only the zero secret with it, which ``cryptography`` refuses)
+    or a copy of another site's key would make its honest neighbours fail at stage 1; the server refuses it first."""
+    vectors = _vectors(6, 40, seed=2)
+    original, sent = secagg.site_setup, {}
+
+    def hostile(node, config):
+        state, values = original(node, config)
+        sent[node] = values
+        if node == 3:
+            values = {**values, "pk2": bytes(32) if bad == "small order" else sent[1]["pk1"]}
+        return state, values
+
+    monkeypatch.setattr(secagg, "site_setup", hostile)
+    result, _ = _secure_sum(vectors, modulus=2 ** 40, max_dropouts=2)
+    refused = {node: reason for stage, node, reason in result.failures if stage == secagg.SETUP}
+    if bad == "small order":
+        assert refused == {3: "a public key of small order, with which no key can be agreed"}
+    else:   # the server cannot tell which of the two copied: both are left out of this sum, the copy named
+        assert refused == {1: "a public key that node(s) [3] sent too: one of them copied it",
+                           3: "a public key that node(s) [1] sent too: one of them copied it"}
+    assert [failure for failure in result.failures if failure[0] != secagg.SETUP] == []   # no honest site failed
+    assert result.included == sorted(set(vectors) - set(refused))
+    assert np.array_equal(result.total, np.mod(sum(vectors[node] for node in result.included), 2 ** 40))
