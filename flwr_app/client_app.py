@@ -616,9 +616,10 @@ def secagg_masked(message: Message, context: Context) -> Message:
     vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]
-    masked = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
+    masked, disputed = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
     context.state[SECAGG_STATE] = state.to_record()
-    content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked), secagg.RECORD: ConfigRecord({})})
+    content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked),
+                          secagg.RECORD: ConfigRecord({"disputed": disputed})})
     return _reply(message, content, cfg, site, server_round, "train")
 
 

@@ -15,7 +15,8 @@ see below). Four stages, each one round trip of query messages, as in Flower's
    neighbours, each share encrypted to its recipient (Fernet, Flower's ``symmetric_encryption``, under
    :func:`channel_key`: HKDF-SHA256 of the X25519 secret of the two sites' second key pairs; the site
    keeps each neighbour's channel key for stage 2), and sends the ciphertexts;
-2. **masked vector** (:data:`MASKED`): the server forwards the ciphertexts; the site computes its
+2. **masked vector** (:data:`MASKED`): the server forwards the ciphertexts (a site names, rather than failing
+   on, a neighbour's ciphertext it cannot use; the server leaves both out of the sum); the site computes its
    integer vector ``x`` (the caller's function) and sends ``y = x + PRG(b) + sum_v ±PRG(s_uv) mod M``
    (:func:`mask_stream`, ChaCha20 keyed by :func:`self_mask_key` / :func:`pairwise_mask_key`; ``s_uv``
    the X25519 secret of its first key pair and neighbour ``v``'s);
@@ -70,6 +71,7 @@ from typing import Any
 import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
 from Crypto.Util.Padding import pad, unpad
+from cryptography.fernet import InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -380,24 +382,25 @@ def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, byt
     return {"destinations": destinations, "ciphertexts": ciphertexts}
 
 
-def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[bytes], vector: np.ndarray) -> np.ndarray:
-    """Stage 2: store the shares the neighbours sent; return ``vector`` masked, mod M (int64)."""
+def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[bytes],
+              vector: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Stage 2: store the shares the neighbours sent; return ``vector`` masked, mod M (int64), and the neighbours
+    whose share this site could not use (:func:`_share_from`), which the server leaves out of the sum with it."""
     _expect(state, MASKED)
     vector = np.asarray(vector)
     if vector.ndim != 1 or vector.dtype != np.int64:
         raise ValueError("secure aggregation: the vector to mask must be a flat int64 array")
-    neighbours = []
+    neighbours, disputed = [], []
     sk1 = x25519.X25519PrivateKey.from_private_bytes(state.sk1)  # loaded once, not per neighbour
     for source, ciphertext in zip(sources, ciphertexts, strict=True):
         source = int(source)
         if source not in state.public_keys or source == state.node:
             raise ValueError(f"secure aggregation: a share from node {source}, which is not a neighbour")
-        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(
-            decrypt(state.channel_keys[source], ciphertext))
-        if sender != source or receiver != state.node:
-            raise ValueError(f"secure aggregation: a share claims to be from {sender} to {receiver}, but came from "
-                             f"{source} to {state.node}")
-        state.seed_shares[source], state.sk1_shares[source] = seed_share, sk1_share
+        shares = _share_from(state, source, ciphertext)
+        if shares is None:
+            disputed.append(source)
+            continue
+        state.seed_shares[source], state.sk1_shares[source] = shares
         neighbours.append(source)
     if len(neighbours) + 1 < state.threshold:
         raise ValueError(f"secure aggregation: shares from {len(neighbours)} neighbours, fewer than the threshold "
@@ -409,7 +412,21 @@ def site_mask(state: SiteState, sources: Iterable[int], ciphertexts: Iterable[by
         mask = mask_stream(key, modulus=state.modulus, dimension=size)
         masked = masked + mask if state.node > node else masked - mask
     state.stage = MASKED
-    return np.mod(masked, state.modulus).astype(np.int64)
+    return np.mod(masked, state.modulus).astype(np.int64), disputed
+
+
+def _share_from(state: SiteState, source: int, ciphertext: bytes) -> tuple[bytes, bytes] | None:
+    """``source``'s shares of its seed and first secret key for this site, or None when the ciphertext does not
+    decrypt under their channel key, names another sender or receiver, or carries shares of the wrong length."""
+    try:
+        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(
+            decrypt(state.channel_keys[source], ciphertext))
+    except InvalidToken:
+        return None
+    lengths = (4 + SHARE_BLOCK * (SEED_BYTES // SHARE_BLOCK + 1), 4 + SHARE_BLOCK * (KEY_BYTES // SHARE_BLOCK + 1))
+    if (sender, receiver) != (source, state.node) or (len(seed_share), len(sk1_share)) != lengths:
+        return None
+    return seed_share, sk1_share
 
 
 def site_unmask(state: SiteState, survivors: Iterable[int], dropped: Iterable[int]) -> dict[str, list]:
@@ -564,15 +581,11 @@ class SecureSum:
             contents[node] = content
         result.sent = sorted(contents)
         replies = self._exchange(grid, MASKED, contents, result, group)
+        vectors = self._accepted_vectors(result, replies, forwarded)
         total = np.zeros(self.dimension, dtype=np.int64)
-        included: set[int] = set()
-        for node, reply in sorted(replies.items()):
-            vector, reason = self._masked_vector(reply)
-            if reason:
-                self._refuse(result, MASKED, node, reason)
-                continue
+        for vector in vectors.values():
             total = np.mod(total + vector, self.modulus)
-            included.add(node)
+        included = set(vectors)
         dropped = shared - included
         if len(included) < min_included:
             result.shortfall = (f"{len(included)} of {len(nodes)} sites' masked vectors were accepted, fewer than "
@@ -622,6 +635,33 @@ class SecureSum:
                 return result
         result.total, result.included = total, sorted(included)
         return result
+
+    def _accepted_vectors(self, result: SecureSumResult, replies: Mapping[int, Message],
+                          forwarded: Mapping[int, list[tuple[int, bytes]]]) -> dict[int, np.ndarray]:
+        """Stage 2's well-formed masked vectors, less both sites of every dispute: a site that could not use a
+        neighbour's share names it, and as the server cannot tell which of the two is at fault, both are named
+        and left out of this sum (drop-outs, whose masks the unmasking removes)."""
+        vectors: dict[int, np.ndarray] = {}
+        disputes: list[tuple[int, int]] = []
+        for node, reply in sorted(replies.items()):
+            vector, reason = self._masked_vector(reply)
+            disputed = reply.content.config_records[RECORD].get("disputed", [])
+            senders = {source for source, _ in forwarded[node]}
+            if not reason and (not isinstance(disputed, list)
+                               or any(type(source) is not int or source not in senders for source in disputed)):
+                reason = "the reply's disputed neighbours must be nodes that sent it a share"
+            if reason:
+                self._refuse(result, MASKED, node, reason)
+                continue
+            vectors[node] = vector
+            disputes += [(node, source) for source in disputed]
+        for reporter, source in disputes:
+            both = "both are left out of this sum (the server cannot tell which one is at fault)"
+            self._refuse(result, SHARE_KEYS, source, f"node {reporter} could not use its encrypted share: {both}")
+            self._refuse(result, MASKED, reporter, f"it could not use node {source}'s encrypted share: {both}")
+            vectors.pop(reporter, None)
+            vectors.pop(source, None)
+        return vectors
 
     def _masked_vector(self, reply: Message) -> tuple[np.ndarray | None, str]:
         records = reply.content.array_records

@@ -54,10 +54,10 @@ class SiteGrid:
             elif stage == secagg.SHARE_KEYS:
                 values = secagg.site_share_keys(self.states[node], {int(n): tuple(v) for n, v in record.items()})
             elif stage == secagg.MASKED:
-                self.masked[node] = secagg.site_mask(self.states[node], record["sources"], record["ciphertexts"],
-                                                     self.vectors[node])
+                self.masked[node], disputed = secagg.site_mask(self.states[node], record["sources"],
+                                                               record["ciphertexts"], self.vectors[node])
                 content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(self.masked[node]),
-                                      secagg.RECORD: ConfigRecord({})})
+                                      secagg.RECORD: ConfigRecord({"disputed": disputed})})
                 replies.append(Message(content=content, reply_to=message))
                 continue
             else:
@@ -390,16 +390,16 @@ def _hostile_vectors(monkeypatch, mode):
         return vector * 1000 if local.hostile and mode == "scale" else vector
 
     def hostile_mask(state, sources, ciphertexts, vector):
-        masked = site_mask(state, sources, ciphertexts, vector)
+        masked, disputed = site_mask(state, sources, ciphertexts, vector)
         if not getattr(local, "hostile", False):
-            return masked
+            return masked, disputed
         if mode == "zero":
-            return np.zeros_like(masked)
+            return np.zeros_like(masked), disputed
         if mode == "wrong_modulus":
-            return np.mod(masked, state.modulus // 2)
+            return np.mod(masked, state.modulus // 2), disputed
         if mode == "replayed":
             masked, previous["masked"] = previous.get("masked", masked), masked
-        return masked
+        return masked, disputed
 
     monkeypatch.setattr(DistributedDP, "contribution", hostile_contribution)
     monkeypatch.setattr(secagg, "site_mask", hostile_mask)

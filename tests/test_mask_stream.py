@@ -303,3 +303,31 @@ def test_a_public_key_no_neighbour_could_use_is_refused_at_stage_0_and_no_honest
     assert [failure for failure in result.failures if failure[0] != secagg.SETUP] == []   # no honest site failed
     assert result.included == sorted(set(vectors) - set(refused))
     assert np.array_equal(result.total, np.mod(sum(vectors[node] for node in result.included), 2 ** 40))
+
+
+@pytest.mark.parametrize("bad", ["not a token", "misaddressed"])
+def test_a_share_a_site_cannot_use_is_a_dispute_both_sites_leave_the_sum_and_no_site_fails(monkeypatch, bad):
+    """Site 3 sends site 1 a ciphertext that does not decrypt, or a valid one addressed to site 2: site 1 does not
+    fail but names it; the server cannot tell which of the two lies, so both are named and left out, and the others'
+    sum is exact (their pairwise masks with the two removed from the two's reconstructed keys)."""
+    from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt
+    from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
+
+    vectors = _vectors(6, 40, seed=4)
+    original = secagg.site_share_keys
+
+    def hostile(state, public_keys):
+        values = original(state, public_keys)
+        if state.node == 3:
+            at = values["destinations"].index(1)
+            values["ciphertexts"][at] = (b"not a Fernet token" if bad == "not a token" else encrypt(
+                state.channel_keys[1], share_keys_plaintext_concat(3, 2, bytes(36), bytes(52))))
+        return values
+
+    monkeypatch.setattr(secagg, "site_share_keys", hostile)
+    result, _ = _secure_sum(vectors, modulus=2 ** 40, max_dropouts=2)
+    both = "both are left out of this sum (the server cannot tell which one is at fault)"
+    assert result.failures == [(secagg.SHARE_KEYS, 3, f"node 1 could not use its encrypted share: {both}"),
+                               (secagg.MASKED, 1, f"it could not use node 3's encrypted share: {both}")]
+    assert result.included == [2, 4, 5, 6]
+    assert np.array_equal(result.total, np.mod(sum(vectors[node] for node in result.included), 2 ** 40))
