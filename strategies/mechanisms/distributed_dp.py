@@ -401,4 +401,8 @@ class DistributedDP(SecureSumMechanism):
             ReleasedValue("secure-aggregation keys", keys, "secure aggregation", True, no_info,
                           ("query.secagg_setup/secagg.*", "query.secagg_share_keys/secagg.*",
                            "query.secagg_unmask/secagg.*")),
+            ReleasedValue("disputed neighbours", "the neighbours whose encrypted share the site could not use (it did "
+                          "not decrypt, named another sender or receiver, or held shares of the wrong length)", "secure aggregation", True,
+                          "a fact about the other sites' messages, not computed from any record: carries no "
+                          "information about the records", ("query.secagg_masked/secagg.disputed",)),
         ])
