@@ -189,11 +189,15 @@ def loopback(root: Path, *, keys: tuple[str, ...] = SITES, env: dict[str, str] |
         deploy.stop_all()
 
 
-def _rounds(metrics: Path) -> tuple[list[float], list[bool]]:
-    """Wall time of each round but the first and the last, and whether its model was evaluated (sites' metrics)."""
+def _rounds(metrics: Path) -> tuple[list[float], list[bool], dict[str, int]]:
+    """Wall time of each round but the first and the last, whether its model was evaluated (sites' metrics), and
+    over all rounds how many were not aggregated and how many failures were filed (a timing of rounds that did
+    not complete is no timing of the protocol)."""
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     times = [later["elapsed_s"] - earlier["elapsed_s"] for earlier, later in zip(lines, lines[1:-1])]
-    return times, [bool(line["sites"]) for line in lines[1:-1]]
+    health = {"rounds_not_aggregated": sum("not_aggregated" in line for line in lines),
+              "failures": sum(len(line["failures"]) for line in lines)}
+    return times, [bool(line["sites"]) for line in lines[1:-1]], health
 
 
 def measure(strategy: str, rounds: int, *, poll: float | None, every: int = 1, keep: Path | None = None) -> dict:
@@ -225,12 +229,12 @@ def measure(strategy: str, rounds: int, *, poll: float | None, every: int = 1, k
             f"federation.rounds={rounds} evaluation.every={every} evaluation.server_side=false "
             f"baseline.centralized=false output.dir='{out}'")
         run_s = time.monotonic() - started
-        times, evaluated = _rounds(out / "metrics.jsonl")
+        times, evaluated, health = _rounds(out / "metrics.jsonl")
     messages = [MESSAGES_PER_ROUND[strategy] - (0 if done else 1) for done in evaluated]
     return {"strategy": strategy, "rounds": rounds, "records": len(flchain), "executor_poll_s": poll or 1.0,
             "evaluation_every": every, "run_s": run_s, "round_s_after_first": times, "evaluated": evaluated,
             "round_s": statistics.median(times), "messages_per_round": statistics.median(messages),
-            "message_round_trip_s": sum(times) / sum(messages)}
+            "message_round_trip_s": sum(times) / sum(messages), **health}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
