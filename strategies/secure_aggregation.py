@@ -62,6 +62,7 @@ message's values. Server side: :class:`SecureSum` runs the four stages over a ``
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -69,7 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Protocol.SecretSharing import Shamir, _Element  # _Element: Shamir's own GF(2^128) arithmetic
 from Crypto.Util.Padding import pad, unpad
 from cryptography.fernet import InvalidToken
 from cryptography.hazmat.primitives import hashes
@@ -97,6 +98,7 @@ __all__ = [
     "mask_stream",
     "masked_reply",
     "pairwise_mask_key",
+    "share_index",
     "protocol_parameters",
     "secret_key",
     "self_mask_key",
@@ -243,23 +245,51 @@ def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
 def combine_shares(shares: list[bytes]) -> bytes:
     """The secret of :func:`create_shares` (or Flower's) from at least ``threshold`` of its shares.
 
-    Raises ``ValueError`` when the shares are malformed or do not combine into a padded secret (a wrong share
-    gives random bytes, whose padding is valid with probability about 1/255).
+    The value of pycryptodome's ``Shamir.combine`` on every block (tested against it), with the Lagrange
+    coefficients at 0 computed once per set of share indices (:func:`_lagrange_at_zero`) instead of once per
+    block and call: they depend on the indices only, and a server combines every node's shares with the same
+    few index sets. Raises ``ValueError`` when the shares are malformed or do not combine into a padded secret
+    (a wrong share gives random bytes, whose padding is valid with probability about 1/255).
     """
     if not shares or any(len(share) != len(shares[0]) or (len(share) - 4) % SHARE_BLOCK for share in shares):
         raise ValueError("the shares are not equally long runs of an index and 16-byte blocks")
-    indices = [int.from_bytes(share[:4], "little", signed=False) for share in shares]
+    shares = sorted(shares, key=share_index)
+    indices = tuple(share_index(share) for share in shares)
     if len(set(indices)) != len(indices) or 0 in indices:
         raise ValueError("the shares' indices must be distinct and positive")
-    blocks = (len(shares[0]) - 4) // SHARE_BLOCK
-    padded = b"".join(
-        Shamir.combine([(index, share[4 + SHARE_BLOCK * block:4 + SHARE_BLOCK * (block + 1)])
-                        for index, share in zip(indices, shares, strict=True)], ssss=False)
-        for block in range(blocks))
+    coefficients = _lagrange_at_zero(indices)
+    padded = bytearray()
+    for start in range(4, len(shares[0]), SHARE_BLOCK):
+        block = 0
+        for share, coefficient in zip(shares, coefficients, strict=True):
+            block ^= int(_Element(share[start:start + SHARE_BLOCK]) * coefficient)  # + in GF(2^128) is XOR
+        padded += _Element(block).encode()
     try:
-        return unpad(padded, SHARE_BLOCK)
+        return unpad(bytes(padded), SHARE_BLOCK)
     except ValueError:
         raise ValueError("Failed to combine shares") from None
+
+
+def share_index(share: bytes) -> int:
+    """A share's index (its first 4 bytes, little-endian: Flower's layout, :func:`create_shares`)."""
+    return int.from_bytes(share[:4], "little", signed=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lagrange_at_zero(indices: tuple[int, ...]) -> tuple[_Element, ...]:
+    r"""The Lagrange basis at 0 of the points ``indices`` in pycryptodome's GF(2^128), as ``Shamir.combine``
+    computes them: :math:`l_j(0) = \prod_{m \ne j} x_m / (x_j + x_m)` (subtraction is addition in
+    characteristic 2), so a block's secret is :math:`\sum_j y_j l_j(0)`."""
+    points = [_Element(index) for index in indices]
+    basis = []
+    for j, x_j in enumerate(points):
+        numerator, denominator = _Element(1), _Element(1)
+        for m, x_m in enumerate(points):
+            if m != j:
+                numerator *= x_m
+                denominator *= x_j + x_m
+        basis.append(numerator * denominator.inverse())
+    return tuple(basis)
 
 
 def secret_key(secret: bytes, public_key: bytes) -> x25519.X25519PrivateKey:
@@ -619,8 +649,8 @@ class SecureSum:
                                     f"threshold {self.threshold}: the sum cannot be unmasked")
                 return result
             try:
-                # threshold shares determine the secret; the rest only cost Lagrange terms (quadratic in the count)
-                secret = combine_shares(shares[node][:self.threshold])
+                # any threshold shares determine the secret: the lowest indices, whose Lagrange basis is mostly cached
+                secret = combine_shares(sorted(shares[node], key=share_index)[:self.threshold])
                 if node in included:
                     mask = mask_stream(self_mask_key(secret), modulus=self.modulus, dimension=self.dimension)
                     total = np.mod(total - mask, self.modulus)

@@ -233,6 +233,24 @@ def test_shares_are_flowers_bytes_and_combine_either_way(length):
             assert secagg.combine_shares([theirs[i] for i in subset]) == secret
 
 
+def test_the_cached_lagrange_basis_gives_pycryptodomes_combine_on_any_blocks():
+    """``combine_shares`` weights each block by the basis of its index set, computed once per set: on arbitrary
+    blocks (not only valid shares) and index sets, the weighted XOR is what ``Shamir.combine`` returns."""
+    from Crypto.Protocol.SecretSharing import Shamir, _Element
+
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        indices = tuple(int(i) for i in rng.choice(np.arange(1, 40), size=int(rng.integers(1, 7)), replace=False))
+        blocks = [rng.bytes(16) for _ in indices]
+        basis = secagg._lagrange_at_zero(indices)
+        ours = 0
+        for block, coefficient in zip(blocks, basis, strict=True):
+            ours ^= int(_Element(block) * coefficient)
+        assert _Element(ours).encode() == Shamir.combine(list(zip(indices, blocks, strict=True)), ssss=False)
+    shares = secagg.create_shares(bytes(31), 4, 6)
+    assert secagg.combine_shares([shares[i] for i in (5, 0, 3, 2)]) == bytes(31)   # any order
+
+
 def test_fewer_shares_than_the_threshold_or_malformed_shares_do_not_give_the_secret():
     secret = bytes(range(32))
     shares = secagg.create_shares(secret, 3, 5)
