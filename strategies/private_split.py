@@ -12,7 +12,9 @@ or learns nothing. This protocol spends the record's budget where it buys utilit
    (``data.dictionary``) lists for the site's columns is public and costs nothing; a column whose
    range does not stand out of the noise is left out of the site's model (a note to the label
    holder), and a site left without any column stops with the smallest training size its
-   columns need (:func:`smallest_site`).
+   columns need (:func:`smallest_site`). With ``privacy.setup_share = 0`` a site releases no
+   set-up statistic and nothing is charged for it: every numeric column's range must be in the
+   dictionary (the site stops naming the first that is not); levels are schema either way.
 2. **Private encoder.** Each site fits a linear encoder ``x ↦ Wᵀx`` from one Gaussian release of
    a statistic of its training records (``split.encoder``):
 
@@ -62,7 +64,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from models.data.dictionary import DataDictionary
+from models.data.dictionary import DataDictionary, DataDictionaryError
 from models.data.preprocess import Preprocessor, is_numeric_feature
 from strategies.accounting.private_split import (
     FIT_SENSITIVITY,
@@ -231,8 +233,15 @@ class PrivateSplitSite:
         columns = tuple(map(str, self.features.columns))
         numeric = frozenset(c for c in columns
                             if c not in set(self.categorical) and is_numeric_feature(self.features[c]))
+        public = _site_dictionary(self.dictionary, columns)
+        hidden = sorted(numeric - set(public.numeric))
+        if self.plan.private and self.noise.setup_multiplier == 0 and hidden:  # privacy.setup_share = 0
+            raise DataDictionaryError(  # the column and the keys first: a console line shows its first 300 characters
+                f"{self.source}: column '{hidden[0]}' has no range in data.dictionary, and privacy.setup_share = 0 gives "
+                f"the set-up no budget: list it there or raise privacy.setup_share ({len(hidden)} such column(s); "
+                f"dictionary {public.source})")
         plan = SetupPlan(columns, numeric, noise_multiplier=self.noise.setup_multiplier, adjacency="replace-one",
-                         dictionary=_site_dictionary(self.dictionary, columns))
+                         dictionary=public)
         zeros = np.zeros(len(train))
         shared, _ = run_setup(plan, {self.source: (train, zeros, zeros)}, {self.source: rng}, num_durations=2)
         if not shared.preprocessor.columns:

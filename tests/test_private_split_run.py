@@ -240,14 +240,59 @@ def test_the_dictionary_makes_a_sites_columns_public_at_no_cost(small_cohort, mo
     assert str(dictionary) in json.dumps(manifest)
 
 
+def test_with_every_range_public_setup_share_0_releases_no_setup_statistic_and_charges_nothing(small_cohort,
+                                                                                              monkeypatch):
+    """``privacy.setup_share = 0`` with a dictionary listing every numeric column: no range histogram and no moment
+    leaves the set-up, the plan charges the set-up nothing (the releases get its share: less noise at the same
+    epsilon), and a numeric column the dictionary leaves out stops its site, naming the file and the column."""
+    from strategies.mechanisms import setup_statistics
+
+    folder, files = small_cohort
+    dictionary = folder / "full_dictionary.json"
+    dictionary.write_text(json.dumps(DICTIONARY))
+    released = []
+    for name in ("release_ranges", "release_moments"):
+        original = getattr(setup_statistics, name)
+        monkeypatch.setattr(setup_statistics, name, lambda *a, _f=original, **k: released.append(_f(*a, **k))
+                            or released[-1])
+    run = {**files, "privacy.epsilon": 10.0, "federation.rounds": 2, "data.dictionary": str(dictionary),
+           "privacy.setup_share": 0.0}
+    summary = run_inprocess({**run, "output.dir": str(folder / "share0")})
+    assert summary["privacy"]["epsilon"] == pytest.approx(10.0, rel=1e-4)
+    assert summary["widths"] == {"genomic": 1, "clinical": 1}
+    ranges = [r for r in released if isinstance(r, setup_statistics.RangeRelease)]
+    moments = [r for r in released if isinstance(r, setup_statistics.MomentRelease)]
+    assert len(ranges) == len(moments) == 2   # one pass each at each site, and nothing in them that depends on a record:
+    assert all(not r.histograms and r.time is None for r in ranges)   # no range histogram, no time histogram
+    assert all(not r.moments and r.events is None for r in moments)   # no moment (levels are schema; counts public)
+    mechanism = get_mechanism("private_split")
+    free = plan_noise(mechanism.plan(resolve(run)[1], num_sites=2))
+    charged = plan_noise(mechanism.plan(resolve({**run, "privacy.setup_share": 0.2})[1], num_sites=2))
+    assert free.setup_multiplier == 0 and free.release_scale < charged.release_scale
+    google = RdpAccountant(list(DEFAULT_RDP_ORDERS))   # only the encoder statistics are Gaussian; Laplace adds 2C/b
+    google.compose(dp_accounting.GaussianDpEvent(free.fit_multiplier), count=2)
+    laplace = 2 * 2.0 * resolve(run)[1].privacy.clip_norm / free.release_scale
+    assert google.get_epsilon(resolve(run)[1].privacy.delta) + laplace == pytest.approx(10.0, rel=1e-6)
+    ledger = [json.loads(line) for line in (folder / "share0" / "ledger.jsonl").read_text().splitlines()]
+    assert any("releases no set-up statistic (privacy.setup_share = 0" in text for text in ledger[-1]["assumptions"])
+    partial = folder / "partial_dictionary.json"
+    partial.write_text(json.dumps({**DICTIONARY, "numeric": {k: v for k, v in DICTIONARY["numeric"].items()
+                                                              if k != "x8"}}))
+    with pytest.raises(SplitSiteError) as err:
+        run_inprocess({**run, "data.dictionary": str(partial), "output.dir": str(folder / "share0_partial")})
+    assert ("clinical.csv: column 'x8' has no range in data.dictionary, and privacy.setup_share = 0 gives the set-up "
+            "no budget: list it there or raise privacy.setup_share") in str(err.value) and "\n" not in str(err.value)
+
+
 def test_setup_share_is_read_by_private_split_and_refused_where_it_would_be_ignored():
     cfg = resolve({**RUN, "privacy.setup_share": 0.05})[1]
     low = plan_noise(get_mechanism("private_split").plan(cfg, num_sites=2))
     default = plan_noise(get_mechanism("private_split").plan(resolve(RUN)[1], num_sites=2))
     assert low.setup_multiplier == pytest.approx(default.setup_multiplier * 2)  # a quarter of the share: twice z
-    with pytest.raises(ConfigError, match=r"privacy.setup_share = 0 \(an exact set-up\) is not offered by strategy "
+    with pytest.raises(ConfigError, match=r"privacy.setup_share = 0 needs data.dictionary with strategy "
                                           "'private_split'"):
         resolve({**RUN, "privacy.setup_share": 0.0})
+    assert resolve({**RUN, "privacy.setup_share": 0.0, "data.dictionary": "d.json"})[1].privacy.setup_share == 0
     with pytest.raises(ConfigError, match="privacy.setup_share = 0.05 has no effect on strategy 'split'"):
         resolve({**RUN, "strategy.name": "split", "privacy.setup_share": 0.05})
     with pytest.raises(ConfigError, match="privacy.setup_share = 0.05 has no effect on strategy 'nbafl'"):

@@ -70,7 +70,8 @@ class PrivateSplitPlan:
         Share of ε spent on the encoder statistics beyond the set-up, in (0, 1).
     setup_share : float
         Share of the record's RDP budget spent on the ``num_sites`` sites' set-ups together, in
-        (0, 1) (``privacy.setup_share``; :func:`setup_multiplier`).
+        [0, 1) (``privacy.setup_share``; :func:`setup_multiplier`). 0: no set-up release at all (every
+        numeric column's range public in ``data.dictionary``; a site with another numeric column stops).
     """
 
     epsilon: float
@@ -90,8 +91,8 @@ class PrivateSplitPlan:
             raise ValueError(f"release_noise must be one of {RELEASE_NOISES}, got {self.release_noise!r}")
         if not 0.0 < self.fit_share < 1.0:
             raise ValueError(f"fit_share must be in (0, 1), got {self.fit_share}")
-        if not 0.0 < self.setup_share < 1.0:
-            raise ValueError(f"setup_share must be in (0, 1), got {self.setup_share}")
+        if not 0.0 <= self.setup_share < 1.0:
+            raise ValueError(f"setup_share must be in [0, 1), got {self.setup_share}")
         if self.num_sites < 1 or self.dim < 1 or not self.clip_norm > 0 or not self.epsilon > 0:
             raise ValueError("num_sites, dim, clip_norm and epsilon must be positive")
 
@@ -105,7 +106,7 @@ class NoisePlan:
     """The noise every site adds (from :func:`plan_noise`; public, the same at every party).
 
     ``setup_multiplier``: ``z`` of the site's set-up releases (all of them together one Gaussian
-    mechanism of that multiplier, whatever the site's columns). ``fit_multiplier``: noise std of
+    mechanism of that multiplier, whatever the site's columns; 0: no set-up release). ``fit_multiplier``: noise std of
     the encoder statistic over its sensitivity (0: none made). ``release_scale``: Laplace scale
     ``b`` or Gaussian std of each embedding coordinate (0: no noise). ``epsilon``: the record's ε
     over every site after one release (:func:`record_epsilon`); ``epsilon_before_release``: the
@@ -157,7 +158,7 @@ def setup_multiplier(plan: PrivateSplitPlan) -> float:
     :math:`K \alpha / (2 z^2)`. With :math:`z = z_\varepsilon \sqrt{K / s}`
     (:func:`strategies.mechanisms.setup_statistics.setup_noise_multiplier` at share :math:`s / K`)
     that is exactly :math:`s` times the RDP of the one Gaussian mechanism spending
-    :math:`(\varepsilon, \delta)` alone, at every order. 0 without noise.
+    :math:`(\varepsilon, \delta)` alone, at every order. 0 without noise, and at share 0 (no set-up release).
     """
     if not plan.private:
         return 0.0

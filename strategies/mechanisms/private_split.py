@@ -54,9 +54,10 @@ class PrivateSplitDP(Mechanism):
             raise ConfigError("run config: strategy 'private_split' protects a record's features under replace-one "
                               "adjacency (the server sees which records each site holds); add/remove is not offered")
         self.check_accountant(cfg)
-        if cfg.privacy.setup_share == 0:
-            raise ConfigError("run config: privacy.setup_share = 0 (an exact set-up) is not offered by strategy "
-                              "'private_split', whose set-up is private; give public ranges in data.dictionary instead")
+        if cfg.privacy.setup_share == 0 and cfg.privacy.enabled and not cfg.data.dictionary:
+            raise ConfigError("run config: privacy.setup_share = 0 needs data.dictionary with strategy 'private_split': "
+                              "a site then releases no set-up statistic, so every numeric column's range must be public "
+                              "there (an exact set-up from the records is not offered)")
         # A budget the set-up and encoder statistics leave nothing of is refused when the run knows its number of
         # sites (flwr_app.private_split_server), before any site fits or releases anything.
 
@@ -125,11 +126,7 @@ class PrivateSplitDP(Mechanism):
         return (
             "unit: one record's features at every site together; adjacency replace-one; the server picks the IDs "
             "and knows which records were released, so no amplification is credited",
-            "each site fits its preprocessing from noisy sums of its training records (the set-up mechanism of the "
-            f"horizontal strategies at one site, replace-one; every site's set-up together spends privacy.setup_share "
-            f"= {cfg.privacy.setup_share:g} of the RDP budget of epsilon) and keeps it: the statistics never leave the "
-            "site, and a record's influence on them, hence on every other record's release, is covered"
-            + self._public(cfg),
+            self._setup_sentence(cfg) + self._public(cfg),
             encoder + "; computed and kept at the site, covered the same way",
             f"each record's embedding leaves each site once ({release}); the site caches it and answers any later "
             "request for the record with the same values; the label holder trains on the cached releases for as "
@@ -147,6 +144,18 @@ class PrivateSplitDP(Mechanism):
             "plan and refuse a second release of a record); the residuals it sends are labels, not a site's data",
             uncovered_sentence(self.manifest(cfg)),
         )
+
+    @staticmethod
+    def _setup_sentence(cfg: ExperimentConfig) -> str:
+        """How the sites' preprocessing is fitted: noisy sums of their training records, or (share 0) the dictionary."""
+        if cfg.privacy.setup_share == 0:
+            return ("each site takes its preprocessing from data.dictionary and releases no set-up statistic "
+                    "(privacy.setup_share = 0: nothing is charged for it; a site with a numeric column the dictionary "
+                    "does not list stops before it releases anything)")
+        return ("each site fits its preprocessing from noisy sums of its training records (the set-up mechanism of the "
+                f"horizontal strategies at one site, replace-one; every site's set-up together spends privacy.setup_share "
+                f"= {cfg.privacy.setup_share:g} of the RDP budget of epsilon) and keeps it: the statistics never leave the "
+                "site, and a record's influence on them, hence on every other record's release, is covered")
 
     @staticmethod
     def _public(cfg: ExperimentConfig) -> str:
