@@ -229,19 +229,21 @@ class PrivateSplitSite:
         SetupNoiseError
             When no column is left (every numeric range hidden by the noise, no categorical
             column), naming the smallest training size (:func:`smallest_site`) and the keys that help.
+        DataDictionaryError
+            At ``privacy.setup_share = 0`` (no set-up release), when a numeric column has no range in the
+            dictionary: before anything is released.
         """
         columns = tuple(map(str, self.features.columns))
         numeric = frozenset(c for c in columns
                             if c not in set(self.categorical) and is_numeric_feature(self.features[c]))
-        public = _site_dictionary(self.dictionary, columns)
-        hidden = sorted(numeric - set(public.numeric))
+        plan = SetupPlan(columns, numeric, noise_multiplier=self.noise.setup_multiplier, adjacency="replace-one",
+                         dictionary=_site_dictionary(self.dictionary, columns))
+        hidden = plan.private_numeric
         if self.plan.private and self.noise.setup_multiplier == 0 and hidden:  # privacy.setup_share = 0
             raise DataDictionaryError(  # the column and the keys first: a console line shows its first 300 characters
                 f"{self.source}: column '{hidden[0]}' has no range in data.dictionary, and privacy.setup_share = 0 gives "
                 f"the set-up no budget: list it there or raise privacy.setup_share ({len(hidden)} such column(s); "
-                f"dictionary {public.source})")
-        plan = SetupPlan(columns, numeric, noise_multiplier=self.noise.setup_multiplier, adjacency="replace-one",
-                         dictionary=public)
+                f"dictionary {plan.dictionary.source})")
         zeros = np.zeros(len(train))
         shared, _ = run_setup(plan, {self.source: (train, zeros, zeros)}, {self.source: rng}, num_durations=2)
         if not shared.preprocessor.columns:
