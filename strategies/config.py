@@ -509,8 +509,9 @@ class PrivacyConfig:
                                        "model's recalibration): their noise is that of one Gaussian mechanism "
                                        "spending this share of the RDP budget of epsilon (private_split: every "
                                        "site's set-up together), so a larger epsilon gives finer statistics; 0 = "
-                                       "exact set-up (not covered by epsilon); private_split: no set-up release and nothing charged, every "
-                                       "numeric column's range public in data.dictionary (needed)",
+                                       "exact set-up (not covered by epsilon); private_split: no set-up release and "
+                                       "nothing charged, every numeric column's range public in data.dictionary "
+                                       "(needed)",
                                  bounds=Bounds(0.0, 1.0, low_closed=True), auto=_recipe_auto("privacy.setup_share"))
     max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
                                    "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",
