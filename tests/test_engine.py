@@ -147,3 +147,36 @@ def test_run_simulation_dispatches_on_the_key_and_keeps_run_log_and_no_ray(tmp_p
     with pytest.raises(ValueError, match="observe and node_configs need engine='inprocess'"):
         engine.run_simulation({"federation.num_sites": 2, "output.dir": str(tmp_path / "ray")}, engine="ray",
                               observe=lambda message, reply: None)
+
+
+def test_the_in_process_grid_delivers_a_batch_in_one_thread_and_gives_up_on_a_hung_site_only(monkeypatch):
+    """A round's messages run one after another in one thread (a thread per message pays PyTorch's per-thread set-up
+    every time); a ClientApp that has not returned within the timeout gets no reply and keeps its thread, and the
+    messages after it are delivered in order in a new one, each with its reply."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    for name, value in (("_task_id", 1), ("_run_id", engine.INPROCESS_RUN_ID), ("_node_id", engine.SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(engine.TaskIdentity, name, value)  # what a run sets (messages are stamped with them)
+    app, release, handled = ClientApp(), threading.Event(), []
+
+    @app.query("probe")
+    def probe(message, context):  # noqa: ANN001, ANN202
+        handled.append((context.node_id, threading.current_thread()))
+        if context.node_id == 2:
+            release.wait()  # hangs until the test ends
+        return Message(content=RecordDict({"c": ConfigRecord({"node": context.node_id})}), reply_to=message)
+
+    grid = engine.InProcessGrid(app, {}, 4)
+    messages = [grid.create_message(RecordDict(), "query.probe", node, "1") for node in (1, 2, 3, 4)]
+    try:
+        replies = grid.send_and_receive(messages, timeout=0.5)
+        assert sorted(reply.content["c"]["node"] for reply in replies) == [1, 3, 4]
+        assert [node for node, _ in handled] == [1, 2, 3, 4]
+        threads = dict(handled)
+        assert threads[1] is threads[2] and threads[3] is threads[4]
+        assert threads[2] is not threads[3] and threading.main_thread() not in threads.values()
+        again = grid.send_and_receive([grid.create_message(RecordDict(), "query.probe", 3, "2")], timeout=0.5)
+        assert [reply.content["c"]["node"] for reply in again] == [3]
+    finally:
+        release.set()
