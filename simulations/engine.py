@@ -378,57 +378,76 @@ def _num_sites(cfg: ExperimentConfig) -> int:
 INPROCESS_RUN_ID = 1
 
 
-class _Deliveries:
-    """Messages delivered one after another in a daemon thread of their own, each given up to a timeout.
+class _Courier:
+    """A daemon thread that delivers batches of messages, one message after another, each given up to a timeout.
 
-    One thread runs the whole batch, and the caller sleeps until the batch is done or the message
-    in progress has run out of time: a thread per message would pay PyTorch's set-up of a
-    thread's first forward and backward pass (about 4 and 10 ms on 2 cores, against a 1 ms
-    training step of a small site: 1000 sites, 12 s a round), and waking the caller after every
-    message costs the delivering thread the GIL that often.
+    One thread serves a grid's batches for as long as none hangs, and the caller sleeps until its
+    batch is done or the message in progress has run out of time: a thread per message (or per
+    batch) would pay PyTorch's set-up of a thread's first forward and backward pass (about 4 and
+    10 ms on 2 cores, against a 1 ms training step of a small site: 1000 sites, 12 s a round), and
+    waking the caller after every message costs the delivering thread the GIL that often.
     """
 
-    def __init__(self, deliver: Callable[[Message], None], messages: Sequence[Message]) -> None:
-        self._deliver, self._messages = deliver, messages
+    def __init__(self, deliver: Callable[[Message], None]) -> None:
+        self._deliver = deliver
         self._changed = threading.Condition()
-        self._claimed = 0  # messages taken by the thread; the last one is in progress or done
-        self._started = time.monotonic()  # when the last one taken started
-        self._done = False  # the thread has ended
-        self._abandoned = False
+        self._batch: Sequence[Message] = ()
+        self._claimed = 0  # messages of the batch taken; the last one is in progress or done
+        self._started = 0.0  # when the last one taken started
+        self._busy = False  # a batch is given and not finished
+        self._ended = False  # the thread has ended, or is to end once its message returns
         threading.Thread(target=self._serve, daemon=True, name="inprocess-grid").start()
 
     def _serve(self) -> None:
         try:
-            while (index := self._take()) is not None:
+            while (taken := self._take()) is not None:
                 try:
-                    self._deliver(self._messages[index])
+                    self._deliver(taken)
                 except Exception:  # as a thread per message would: reported, and the next message still delivered
                     logging.getLogger(__name__).exception("an in-process delivery failed")
         finally:
             with self._changed:
-                self._done = True
-                self._changed.notify()
+                self._ended = True
+                self._changed.notify_all()
 
-    def _take(self) -> int | None:
-        """The next message's index, its start noted; None once all are taken or the caller gave up on the thread."""
+    def _take(self) -> Message | None:
+        """The next message to deliver, its start noted (waiting for a batch); None once the courier is to end."""
         with self._changed:
-            if self._abandoned or self._claimed == len(self._messages):
-                return None
-            index, self._claimed, self._started = self._claimed, self._claimed + 1, time.monotonic()
-            return index
+            while not self._ended:
+                if self._busy and self._claimed < len(self._batch):
+                    self._claimed, self._started = self._claimed + 1, time.monotonic()
+                    return self._batch[self._claimed - 1]
+                if self._busy:  # the batch is done
+                    self._busy = False
+                    self._changed.notify_all()
+                self._changed.wait()
+            return None
 
-    def wait(self, timeout: float | None) -> int:
-        """Wait until every message is delivered or one has not returned within ``timeout`` seconds of its start;
-        return how many are done with: all of them, or those up to that one (its ClientApp keeps the thread,
-        which delivers no other message)."""
+    def deliver(self, messages: Sequence[Message], timeout: float | None) -> int:
+        """Deliver ``messages`` in turn; return how many are done with: all of them, or those up to the first that
+        has not returned within ``timeout`` seconds of its start (its ClientApp keeps the thread, and the courier
+        takes no other message)."""
         with self._changed:
-            while not self._done:
+            self._batch, self._claimed, self._started, self._busy = messages, 0, time.monotonic(), True
+            self._changed.notify_all()
+            while self._busy and not self._ended:
                 remaining = None if timeout is None else self._started + timeout - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    self._abandoned = True
+                    self._ended = True
                     return self._claimed
                 self._changed.wait(remaining)
-        return len(self._messages)
+            return self._claimed if self._busy else len(messages)  # busy: the thread ended by an error
+
+    @property
+    def ended(self) -> bool:
+        """The courier takes no more messages (it gave up on a hung one, was closed, or its thread failed)."""
+        return self._ended
+
+    def close(self) -> None:
+        """End the thread (once the message it runs, if any, has returned)."""
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
 
 
 class InProcessGrid(Grid):
@@ -437,11 +456,11 @@ class InProcessGrid(Grid):
     Node ``i + 1`` is partition ``i`` (node config ``partition-id``, ``num-partitions``) with its
     own ``context.state``, which, as in Flower's simulation engine, changes only when the ClientApp
     returns; a ClientApp that raises gives an error reply (worded as Flower's) and leaves the node
-    state as it was. Messages run one at a time in the order given, in a thread of their own
-    (:class:`_Deliveries`), each waited for up to ``timeout`` seconds (the real sites run in parallel,
-    each within the round's timeout); a ClientApp that has not returned by then gives no reply and
-    keeps running in that daemon thread, as a hung site would, and the messages after it go to a
-    new thread.
+    state as it was. Messages run one at a time in the order given, in one thread (:class:`_Courier`),
+    each waited for up to ``timeout`` seconds (the real sites run in parallel, each within the round's
+    timeout); a ClientApp that has not returned by then gives no reply and keeps running in that
+    daemon thread, as a hung site would, and the messages after it go to a new thread. :meth:`close`
+    ends the thread.
 
     ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
     need what the server received, e.g. the sites' updates or embeddings; tests of what a site was
@@ -469,6 +488,7 @@ class InProcessGrid(Grid):
         self.timeout: float | None = None
         self.observer_error: Exception | None = None
         self._lock = threading.Lock()
+        self._courier: _Courier | None = None
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -516,9 +536,19 @@ class InProcessGrid(Grid):
             message.metadata.__dict__["_message_id"] = str(uuid4())
             batch.append(message)
         done = 0
-        while done < len(batch):  # after a hung message, the rest in a new thread
-            done += _Deliveries(self._deliver, batch[done:]).wait(self.timeout)
+        while done < len(batch):  # after a hung message, the rest go to a new courier
+            if self._courier is None:
+                self._courier = _Courier(self._deliver)
+            done += self._courier.deliver(batch[done:], self.timeout)
+            if self._courier.ended:
+                self._courier = None
         return [message.metadata.message_id for message in batch]
+
+    def close(self) -> None:
+        """End the courier's thread (a later message starts a new one)."""
+        if self._courier is not None:
+            self._courier.close()
+            self._courier = None
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         with self._lock:
@@ -697,5 +727,8 @@ def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, A
     """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
     grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs)
-    server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
-                                 state=RecordDict(), run_config=fused))
+    try:
+        server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
+                                     state=RecordDict(), run_config=fused))
+    finally:
+        grid.close()

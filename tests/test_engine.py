@@ -149,10 +149,11 @@ def test_run_simulation_dispatches_on_the_key_and_keeps_run_log_and_no_ray(tmp_p
                               observe=lambda message, reply: None)
 
 
-def test_the_in_process_grid_delivers_a_batch_in_one_thread_and_gives_up_on_a_hung_site_only(monkeypatch):
-    """A round's messages run one after another in one thread (a thread per message pays PyTorch's per-thread set-up
-    every time); a ClientApp that has not returned within the timeout gets no reply and keeps its thread, and the
-    messages after it are delivered in order in a new one, each with its reply."""
+def test_the_in_process_grid_delivers_in_one_thread_and_gives_up_on_a_hung_site_only(monkeypatch):
+    """The messages run one after another in one thread, batch after batch (a thread per message pays PyTorch's
+    per-thread set-up every time); a ClientApp that has not returned within the timeout gets no reply and keeps
+    its thread, and the messages after it are delivered in order in a new one, each with its reply; closing the
+    grid ends that thread."""
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
 
@@ -172,11 +173,14 @@ def test_the_in_process_grid_delivers_a_batch_in_one_thread_and_gives_up_on_a_hu
     try:
         replies = grid.send_and_receive(messages, timeout=0.5)
         assert sorted(reply.content["c"]["node"] for reply in replies) == [1, 3, 4]
-        assert [node for node, _ in handled] == [1, 2, 3, 4]
-        threads = dict(handled)
-        assert threads[1] is threads[2] and threads[3] is threads[4]
-        assert threads[2] is not threads[3] and threading.main_thread() not in threads.values()
-        again = grid.send_and_receive([grid.create_message(RecordDict(), "query.probe", 3, "2")], timeout=0.5)
-        assert [reply.content["c"]["node"] for reply in again] == [3]
+        again = grid.send_and_receive([grid.create_message(RecordDict(), "query.probe", 1, "2")], timeout=0.5)
+        assert [reply.content["c"]["node"] for reply in again] == [1]
+        assert [node for node, _ in handled] == [1, 2, 3, 4, 1]
+        threads = [thread for _, thread in handled]
+        assert threads[0] is threads[1] and threads[2] is threads[3] is threads[4]
+        assert threads[1] is not threads[2] and threading.main_thread() not in threads
+        grid.close()
+        threads[2].join(5)
+        assert not threads[2].is_alive() and threads[1].is_alive()  # the hung one runs on
     finally:
         release.set()
