@@ -270,6 +270,16 @@ def test_the_bounded_mean_is_the_weighted_mean_until_an_update_is_far_and_then_b
     assert scale[2] < 1 and np.all(np.delete(scale, 2) == 1.0) and spread[2] > 1e5
     others = centre + np.delete(weights, 2) @ (np.delete(far, 2, axis=0) - centre)
     assert np.linalg.norm(bounded - others) <= weights[2] * tau * (1 + 1e-9)  # its pull is at most w tau
+    wide = rng.normal(size=(7, 1000))  # several blocks of columns: the same as the formula on the whole matrix
+    wide[3] *= 50.0
+    wide_weights = np.full(7, 1 / 7)
+    centre = np.median(wide, axis=0)
+    distance = np.linalg.norm(wide - centre, axis=1)
+    expected_scale = np.minimum(1.0, 2.0 * np.median(distance) / distance)
+    mean, scale, spread = centred_clip(wide, wide_weights, 2.0)
+    np.testing.assert_allclose(scale, expected_scale, rtol=1e-12)
+    np.testing.assert_allclose(spread, distance / np.median(distance), rtol=1e-12)
+    np.testing.assert_allclose(mean, centre + (wide_weights * expected_scale) @ (wide - centre), rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("sites", [1, 2, 3, 4, 7, 10, 101])
@@ -278,10 +288,10 @@ def test_the_coordinate_median_is_numpys_to_the_bit(sites):
     stacked updates holds each update's arrays flattened in order, converted from float32 as astype does."""
     from flwr.app import Array, ArrayRecord
 
-    from strategies.horizontal import _stacked, coordinate_median
+    from strategies.horizontal import COLUMN_BLOCK, _stacked, coordinate_median
 
     rng = np.random.default_rng(sites)
-    updates = rng.normal(size=(sites, 40))
+    updates = rng.normal(size=(sites, 2 * COLUMN_BLOCK + 40))  # two whole blocks of columns and part of one
     updates[rng.random(updates.shape) < 0.3] = 0.25
     np.testing.assert_array_equal(coordinate_median(updates), np.median(updates, axis=0))
     records = [ArrayRecord({"w": Array(rng.normal(size=(3, 4)).astype(np.float32)),
@@ -289,6 +299,9 @@ def test_the_coordinate_median_is_numpys_to_the_bit(sites):
     expected = np.stack([np.concatenate([r["w"].numpy().astype(np.float64).ravel(),
                                          r["b"].numpy().astype(np.float64).ravel()]) for r in records])
     np.testing.assert_array_equal(_stacked(records, ["w", "b"]), expected)
+    buffer = np.full(expected.shape, np.nan)
+    assert _stacked(records, ["w", "b"], buffer) is buffer  # a buffer of the right shape is written, not replaced
+    np.testing.assert_array_equal(buffer, expected)
 
 
 @pytest.mark.parametrize(("overrides", "words"), [
