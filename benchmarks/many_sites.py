@@ -10,9 +10,10 @@ each) through Flower's simulation engine, for ``--rounds`` rounds. Reported per 
   raylet, GCS and workers) together, sampled every 0.2 s;
 * the same-run reference ``inprocess_round_s`` (and its ``inprocess_peak_rss_gb``): one round of the same run
   with the same ServerApp and ClientApp over the in-process grid (:func:`simulations.engine.run_inprocess`:
-  the same messages and work, the sites one after the other in this process, no Ray, no
-  serialisation; half the difference between 3 rounds and 1), so
-  ``overhead_ratio = round_s / inprocess_round_s`` is what the simulation engine costs a round.
+  the same messages and work, no Ray; the sites one after the other in this process and, from 100 sites on, in
+  one worker process per further CPU, ``inprocess_processes`` in all; half the difference between 3 rounds
+  and 1, so the workers' start is not counted), so ``overhead_ratio = round_s / inprocess_round_s`` is what
+  Ray costs a round against the default engine.
   (``benchmarks/flower_overhead.py`` measures the whole Flower path against a bare loop.)
 
 Prints one JSON object. Targets (issue 28): 1000 sites, one round of the default engine (``simulation.engine =
@@ -90,17 +91,18 @@ def measure(num_sites: int, rounds: int, extra: dict) -> dict:
     with PeakMemory() as memory:
         wall_s, elapsed, summary = _wall_s(functools.partial(run_simulation, engine="ray"), overrides)
     later = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
-    inprocess_s = {}
+    inprocess_s, inprocess_summary = {}, {}
     with PeakMemory() as inprocess_memory:
         for inprocess_rounds in (1, 3):  # the difference removes the set-up and the final evaluation
-            inprocess_s[inprocess_rounds] = _wall_s(run_inprocess,
-                                                    {**overrides, "federation.rounds": inprocess_rounds})[0]
+            inprocess_s[inprocess_rounds], _, inprocess_summary = _wall_s(
+                run_inprocess, {**overrides, "federation.rounds": inprocess_rounds})
     inprocess_round_s = (inprocess_s[3] - inprocess_s[1]) / 2
     round_s = sum(later) / len(later) if later else elapsed[0]
     return {
         "sites": num_sites, "rounds": rounds, "wall_s": wall_s, "first_round_s": elapsed[0], "round_s": round_s,
         "peak_rss_gb": memory.peak_bytes / 2**30, "inprocess_round_s": inprocess_round_s,
         "inprocess_peak_rss_gb": inprocess_memory.peak_bytes / 2**30,
+        "inprocess_processes": inprocess_summary["engine"]["processes"],
         "overhead_ratio": round_s / inprocess_round_s, "final_c_index": summary["test"].get("c_index"),
     }
 

@@ -10,8 +10,9 @@ federation's size and whether a Ray cluster is running, :func:`choose_engine`):
   :func:`ray_cluster`, or the user's, of one machine or many) or on a Ray instance started for the
   run. ``flwr.simulation.run_simulation`` would pass an empty run config, so we call the runtime
   function it wraps (``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries the overrides.
-* ``inprocess``: :class:`InProcessGrid`, a Flower ``Grid`` whose nodes are ClientApp calls in this
-  process: no Ray start, no serialisation, one site at a time. :func:`run_inprocess` forces it
+* ``inprocess``: :class:`~simulations.inprocess.InProcessGrid`, a Flower ``Grid`` whose nodes are ClientApp
+  calls in this process, one site at a time, and from :data:`~simulations.inprocess.PARALLEL_MIN_SITES` sites on
+  in one worker process per further CPU as well: no Ray start. :func:`run_inprocess` forces it
   and takes what only it offers: ``observe`` sees every message and its reply (audits of what
   the server received), and ``node_configs`` runs a deployment's sites, each reading its own
   file. Tests check that both engines give the same run.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import functools
 import json
 import logging
@@ -45,15 +45,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from queue import Queue
 from typing import Any
-from uuid import uuid4
 
-from flwr.app import Context, Error, Message, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.clientapp.client_app import ClientAppException
+from flwr.app import Context, Message, RecordDict
 from flwr.common.config import get_fused_config_from_dir, get_project_config
 from flwr.common.constant import (
     NUM_PARTITIONS_KEY,
@@ -61,11 +58,9 @@ from flwr.common.constant import (
     RUN_ID_NUM_BYTES,
     SUPERLINK_NODE_ID,
     TASK_ID_NUM_BYTES,
-    ErrorCode,
 )
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-from flwr.serverapp import Grid
 from flwr.simulation.run_simulation import _run_simulation
 from flwr.supercore.constant import NOOP_FEDERATION_ID
 from flwr.supercore.run import Run
@@ -76,6 +71,7 @@ from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_c
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 from models.split_run import SITES_DIR
+from simulations.inprocess import INPROCESS_RUN_ID, InProcessGrid, site_processes
 from strategies.config import AUTO, ENGINES, INPROCESS_MAX_SITES
 from strategies.mechanisms.registry import get_mechanism
 
@@ -374,194 +370,6 @@ def _num_sites(cfg: ExperimentConfig) -> int:
     return task.load_federation(cfg).num_sites
 
 
-#: The run ID of every :func:`run_inprocess` run (one run per grid).
-INPROCESS_RUN_ID = 1
-
-
-class _Courier:
-    """A daemon thread that delivers batches of messages, one message after another, each given up to a timeout.
-
-    One thread serves a grid's batches for as long as none hangs, and the caller sleeps until its
-    batch is done or the message in progress has run out of time: a thread per message (or per
-    batch) would pay PyTorch's set-up of a thread's first forward and backward pass (about 4 and
-    10 ms on 2 cores, against a 1 ms training step of a small site: 1000 sites, 12 s a round), and
-    waking the caller after every message costs the delivering thread the GIL that often.
-    """
-
-    def __init__(self, deliver: Callable[[Message], None]) -> None:
-        self._deliver = deliver
-        self._changed = threading.Condition()
-        self._batch: Sequence[Message] = ()
-        self._claimed = 0  # messages of the batch taken; the last one is in progress or done
-        self._started = 0.0  # when the last one taken started
-        self._busy = False  # a batch is given and not finished
-        self._ended = False  # the thread has ended, or is to end once its message returns
-        threading.Thread(target=self._serve, daemon=True, name="inprocess-grid").start()
-
-    def _serve(self) -> None:
-        try:
-            while (taken := self._take()) is not None:
-                try:
-                    self._deliver(taken)
-                except Exception:  # as a thread per message would: reported, and the next message still delivered
-                    logging.getLogger(__name__).exception("an in-process delivery failed")
-        finally:
-            with self._changed:
-                self._ended = True
-                self._changed.notify_all()
-
-    def _take(self) -> Message | None:
-        """The next message to deliver, its start noted (waiting for a batch); None once the courier is to end."""
-        with self._changed:
-            while not self._ended:
-                if self._busy and self._claimed < len(self._batch):
-                    self._claimed, self._started = self._claimed + 1, time.monotonic()
-                    return self._batch[self._claimed - 1]
-                if self._busy:  # the batch is done
-                    self._busy = False
-                    self._changed.notify_all()
-                self._changed.wait()
-            return None
-
-    def deliver(self, messages: Sequence[Message], timeout: float | None) -> int:
-        """Deliver ``messages`` in turn; return how many are done with: all of them, or those up to the first that
-        has not returned within ``timeout`` seconds of its start (its ClientApp keeps the thread, and the courier
-        takes no other message)."""
-        with self._changed:
-            self._batch, self._claimed, self._started, self._busy = messages, 0, time.monotonic(), True
-            self._changed.notify_all()
-            while self._busy and not self._ended:
-                remaining = None if timeout is None else self._started + timeout - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    self._ended = True
-                    return self._claimed
-                self._changed.wait(remaining)
-            return self._claimed if self._busy else len(messages)  # busy: the thread ended by an error
-
-    @property
-    def ended(self) -> bool:
-        """The courier takes no more messages (it gave up on a hung one, was closed, or its thread failed)."""
-        return self._ended
-
-    def close(self) -> None:
-        """End the thread (once the message it runs, if any, has returned)."""
-        with self._changed:
-            self._ended = True
-            self._changed.notify_all()
-
-
-class InProcessGrid(Grid):
-    """A Flower ``Grid`` whose nodes are calls of ``client_app`` in this process (simulated sites).
-
-    Node ``i + 1`` is partition ``i`` (node config ``partition-id``, ``num-partitions``) with its
-    own ``context.state``, which, as in Flower's simulation engine, changes only when the ClientApp
-    returns; a ClientApp that raises gives an error reply (worded as Flower's) and leaves the node
-    state as it was. Messages run one at a time in the order given, in one thread (:class:`_Courier`),
-    each waited for up to ``timeout`` seconds (the real sites run in parallel, each within the round's
-    timeout); a ClientApp that has not returned by then gives no reply and keeps running in that
-    daemon thread, as a hung site would, and the messages after it go to a new thread. :meth:`close`
-    ends the thread.
-
-    ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
-    need what the server received, e.g. the sites' updates or embeddings; tests of what a site was
-    sent). ``node_configs`` replaces the simulated partitions with the given node configs (a
-    deployment's ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1`` getting
-    ``node_configs[i]``.
-    """
-
-    def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
-                 observe: Callable[[Message, Message], None] | None = None,
-                 node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
-        self.app = app
-        self.observe = observe
-        self._run = Run.create_empty(run_id=INPROCESS_RUN_ID)
-        if node_configs is None:
-            node_configs = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_nodes} for index in range(num_nodes)]
-        elif len(node_configs) != num_nodes:
-            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
-        self.contexts = {
-            node: Context(run_id=INPROCESS_RUN_ID, node_id=node, node_config=dict(config), state=RecordDict(),
-                          run_config=dict(run_config))
-            for node, config in enumerate(node_configs, start=1)
-        }
-        self.replies: dict[str, Message] = {}
-        self.timeout: float | None = None
-        self.observer_error: Exception | None = None
-        self._lock = threading.Lock()
-        self._courier: _Courier | None = None
-
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def _deliver(self, message: Message) -> None:
-        """Run the node's ClientApp on ``message``; keep its reply (or error) and, on success, its node state."""
-        node = message.metadata.dst_node_id
-        stored = self.contexts[node]
-        context = Context(run_id=stored.run_id, node_id=node, node_config=stored.node_config,
-                          state=copy.deepcopy(stored.state), run_config=stored.run_config)
-        try:
-            reply = self.app(message, context)
-            with self._lock:
-                stored.state = context.state
-        except Exception as err:  # as Flower's simulation engine: every exception becomes an error reply
-            wrapped = ClientAppException(str(err))
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"),
-                            reply_to=message)
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
-        if self.observe is not None:
-            try:
-                self.observe(message, reply)
-            except Exception as err:  # an observer's bug must fail the run, not leave the server waiting
-                self.observer_error = err
-        with self._lock:
-            self.replies[message.metadata.message_id] = reply
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Deliver each message in turn, waiting up to :attr:`timeout` seconds for its ClientApp."""
-        batch = []
-        for message in messages:
-            if message.metadata.dst_node_id not in self.contexts:
-                raise ValueError(f"no node {message.metadata.dst_node_id} in this in-process federation")
-            message.metadata.__dict__["_message_id"] = str(uuid4())
-            batch.append(message)
-        done = 0
-        while done < len(batch):  # after a hung message, the rest go to a new courier
-            if self._courier is None:
-                self._courier = _Courier(self._deliver)
-            done += self._courier.deliver(batch[done:], self.timeout)
-            if self._courier.ended:
-                self._courier = None
-        return [message.metadata.message_id for message in batch]
-
-    def close(self) -> None:
-        """End the courier's thread (a later message starts a new one)."""
-        if self._courier is not None:
-            self._courier.close()
-            self._courier = None
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        with self._lock:
-            return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        self.timeout = timeout
-        replies = self.pull_messages(self.push_messages(messages))
-        if self.observer_error is not None:
-            raise RuntimeError(f"the observer of InProcessGrid raised: {self.observer_error!r}") from self.observer_error
-        return replies
-
-
 # ------------------------------------------------------------------ the runner and its two engines
 
 #: The engines that carry a simulation's messages (``simulation.engine``; ``auto`` picks one: :func:`choose_engine`).
@@ -599,7 +407,9 @@ def run_simulation(overrides: Mapping[str, Any], *, engine: str | None = None, c
     * ``"ray"``: Flower's simulation engine, one Ray actor per site, the sites in parallel
       (``cpus_per_site`` CPUs each); on the cluster ``RAY_ADDRESS`` names if set
       (:func:`ray_cluster`, or the user's), else on a Ray instance started for the run.
-    * ``"inprocess"``: :class:`InProcessGrid`, the sites one at a time in this process.
+    * ``"inprocess"``: :class:`InProcessGrid`, the sites one at a time in this process and, from
+      :data:`~simulations.inprocess.PARALLEL_MIN_SITES` sites on, in one worker process per further CPU
+      (:func:`~simulations.inprocess.site_processes`; ``summary["engine"]["processes"]``).
       ``observe`` and ``node_configs`` are for this engine only (:class:`InProcessGrid`).
 
     The number of sites is the data set's (for a natural partition the number of groups, known
@@ -655,6 +465,7 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
         raise ValueError("observe and node_configs need engine='inprocess'")
     if node_configs is None:
         node_configs = site_node_configs(cfg, outputs, num_sites)
+    processes = 1 if chosen == RAY or observe is not None else site_processes(num_sites)
     with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), \
             _ray_processes_ended() if chosen == RAY else contextlib.nullcontext():
         with interrupt.at_once_allowed():
@@ -666,9 +477,11 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
                 if chosen == RAY:
                     _run_on_ray(overrides, fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
                 else:
-                    _run_in_process(fused, node_configs, observe=observe)
+                    _run_in_process(fused, node_configs, observe=observe, processes=processes)
     summary = json.loads(outputs.summary_path.read_text(encoding="utf-8"))
     summary["engine"] = {"requested": engine or cfg.engine, "ran": chosen, "sites": num_sites}
+    if chosen == INPROCESS:
+        summary["engine"]["processes"] = processes
     outputs.write_summary(summary)
     return summary
 
@@ -723,10 +536,12 @@ def _run_on_ray(overrides: Mapping[str, Any], fused: dict[str, Any], node_config
 
 
 def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,
-                    observe: Callable[[Message, Message], None] | None) -> None:
-    """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`."""
+                    observe: Callable[[Message, Message], None] | None, processes: int) -> None:
+    """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`, the sites in ``processes``
+    processes (this one and workers)."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
-    grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs)
+    grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs,
+                         processes=processes)
     try:
         server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                                      state=RecordDict(), run_config=fused))

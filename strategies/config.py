@@ -331,6 +331,10 @@ ENGINES = (AUTO, "ray", "inprocess")
 #: ``simulation.engine = auto`` runs a federation of up to this many sites over the in-process grid, a larger one on
 #: Ray (measured: docs/howto/experiments.md, "Which engine").
 INPROCESS_MAX_SITES = 1000
+#: The in-process engine runs a federation of at least this many sites in this process and in worker processes,
+#: one per further CPU (``simulations.inprocess.site_processes``); a smaller one in this process only, where a
+#: worker's start (its imports, then the site data: seconds) would cost more than it saves.
+PARALLEL_MIN_SITES = 100
 
 
 # ------------------------------------------------------------------ the schema
@@ -623,8 +627,9 @@ class ExperimentConfig:
                                    "completed round", key="resume.from")
     engine: str = setting(AUTO, "simulation only: what carries the messages of python -m simulations.run, its sweeps "
                                 "and fedsurv.fit: ray (Flower's simulation engine, the sites in parallel) or "
-                                "inprocess (the same apps over an in-process grid, one site at a time); auto = "
-                                f"inprocess up to {INPROCESS_MAX_SITES} sites, ray above or on a running Ray cluster "
+                                f"inprocess (the same apps over an in-process grid; from {PARALLEL_MIN_SITES} sites on, one "
+                                f"process per CPU); auto = inprocess up to {INPROCESS_MAX_SITES} sites, ray above or on "
+                                "a running Ray cluster "
                                 "(RAY_ADDRESS: a sweep's, or yours)", choices=ENGINES, key="simulation.engine")
     debug: DebugConfig
 

@@ -116,7 +116,7 @@ def test_the_summary_records_the_engine_auto_chose(monkeypatch, tmp_path):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     summary = engine.run_simulation({"federation.num_sites": 2, "federation.rounds": 1, "baseline.centralized": False,
                                      "output.dir": str(tmp_path)})
-    assert summary["engine"] == {"requested": "auto", "ran": "inprocess", "sites": 2}
+    assert summary["engine"] == {"requested": "auto", "ran": "inprocess", "sites": 2, "processes": 1}
     assert json.loads((tmp_path / "summary.json").read_text())["engine"] == summary["engine"]
 
 
@@ -184,3 +184,66 @@ def test_the_in_process_grid_delivers_in_one_thread_and_gives_up_on_a_hung_site_
         assert not threads[2].is_alive() and threads[1].is_alive()  # the hung one runs on
     finally:
         release.set()
+
+
+# ------------------------------------------------------------------ the in-process engine's worker processes
+
+
+def test_a_large_federation_runs_in_one_process_per_cpu_and_a_small_one_here_only():
+    from simulations.inprocess import PARALLEL_MIN_SITES, site_processes
+
+    assert site_processes(PARALLEL_MIN_SITES - 1, cpus=4) == 1
+    assert site_processes(PARALLEL_MIN_SITES, cpus=4) == 4
+    assert site_processes(10 * PARALLEL_MIN_SITES, cpus=1) == 1
+
+
+def test_sites_in_a_worker_process_give_the_same_run_as_one_process(monkeypatch, tmp_path):
+    """Half the sites in a worker process: every round's metrics, failures and flags are those of the run in one
+    process (site-5, in the worker's share, raises in training: a named failure both times)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    overrides = {"data.name": "sim_cox", "federation.num_sites": 6, "federation.rounds": 2,
+                 "baseline.centralized": False, "debug.fail_site": "site-5", "debug.fail_mode": "raise"}
+    runs = {}
+    for processes in (2, 1):
+        monkeypatch.setattr(engine, "site_processes", lambda num_sites, processes=processes: processes)
+        summary = engine.run_inprocess({**overrides, "output.dir": str(tmp_path / str(processes))})
+        lines = [json.loads(line) for line in (tmp_path / str(processes) / "metrics.jsonl").read_text().splitlines()]
+        for line in lines:
+            line.pop("elapsed_s")
+        runs[processes] = summary, lines
+    assert runs[2][0]["engine"]["processes"] == 2 and runs[1][0]["engine"]["processes"] == 1
+    assert {(failure["phase"], failure["site"]) for failure in runs[2][1][0]["failures"]} == {("train", "site-5")}
+    assert runs[2][1] == runs[1][1]
+    assert runs[2][0]["test"] == runs[1][0]["test"]
+
+
+def test_a_worker_process_that_ends_leaves_its_sites_without_replies_and_the_grid_goes_on(monkeypatch, caplog):
+    """Its sites answer until the process is killed; then the others still answer, its own give no reply (named
+    failures at the server), and the error says which sites; closing the grid ends the workers."""
+    from flwr.app import RecordDict
+
+    from flwr_app import client_app
+
+    for name, value in (("_task_id", 1), ("_run_id", engine.INPROCESS_RUN_ID), ("_node_id", engine.SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(engine.TaskIdentity, name, value)
+    fused, _ = engine.resolve({"data.name": "sim_cox", "federation.num_sites": 4})
+    grid = engine.InProcessGrid(client_app.app, fused, 4, processes=2)
+
+    def ask(group: str) -> list[tuple[int, str]]:
+        messages = [grid.create_message(RecordDict(), "query.site_name", node, group) for node in grid.get_node_ids()]
+        return sorted((reply.metadata.src_node_id, reply.content["site"]["name"])
+                      for reply in grid.send_and_receive(messages, timeout=120))
+
+    try:
+        assert grid.processes == 2 and sorted(grid.contexts) == [1, 2]
+        assert ask("1") == [(1, "site-0"), (2, "site-1"), (3, "site-2"), (4, "site-3")]
+        worker = grid._workers[0]
+        worker._process.kill()
+        worker._process.wait()
+        assert ask("2") == [(1, "site-0"), (2, "site-1")]
+        assert "the worker process of sites 3-4 gives no more replies" in caplog.text
+        assert "(exit code -9)" in caplog.text
+        assert ask("3") == [(1, "site-0"), (2, "site-1")]
+    finally:
+        grid.close()
+    assert grid.processes == 1
