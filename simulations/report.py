@@ -52,6 +52,7 @@ FSL_BDP_GRIDS: dict[str, str] = {
     "regions_529c944": "SBA loans, 4 census regions as sites, the defaults of commit 529c944 (5 seeds without DP, 3 "
                        "with)",
     "regions": "SBA loans, 4 census regions as sites (5 seeds; commit d452edc, the defaults of its time)",
+    "states_3161f8e": "SBA loans, 40 states as sites, the defaults of commit 3161f8e (5 seeds without DP, 3 with)",
     "states": "SBA loans, 40 states as sites (5 seeds; commit d452edc, the defaults of its time)",
 }
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
