@@ -219,20 +219,18 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Deliver each message, waiting up to :attr:`timeout` seconds for its ClientApp: the workers' shares are
         sent first, then this process's are delivered in turn while the workers deliver theirs."""
-        batch = []
+        batch, here = [], []
+        shares: dict[_Worker, list[Message]] = collections.defaultdict(list)
         for message in messages:
             node = message.metadata.dst_node_id
             if node not in self.contexts and node not in self._worker_of:
                 raise ValueError(f"no node {node} in this in-process federation")
             message.metadata.__dict__["_message_id"] = str(uuid4())
             batch.append(message)
-        shares: dict[_Worker, list[Message]] = collections.defaultdict(list)
-        for message in batch:
-            if (worker := self._worker_of.get(message.metadata.dst_node_id)) is not None:
-                shares[worker].append(message)
+            (here if node in self.contexts else shares[self._worker_of[node]]).append(message)
         for worker, share in shares.items():
             worker.send(share, self.timeout)
-        self.deliver([message for message in batch if message.metadata.dst_node_id in self.contexts])
+        self.deliver(here)
         for worker in shares:
             replies = worker.receive()
             with self._lock:
