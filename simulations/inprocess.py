@@ -300,14 +300,13 @@ class _Worker:
             stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
         theirs.close()
         self._connection.send((run_config, configs))
-        self._alive = True
         self._waiting = 0
         self._timeout: float | None = None
 
     def send(self, messages: list[Message], timeout: float | None) -> None:
         """Hand ``messages`` to the worker (nothing, once it has ended: they get no reply)."""
         self._waiting, self._timeout = len(messages), timeout
-        if self._alive:
+        if not self._connection.closed:  # closed: the worker has ended
             try:
                 self._connection.send((messages, timeout))
             except (OSError, ValueError) as err:
@@ -317,7 +316,7 @@ class _Worker:
         """The replies to the messages last sent (by message ID), with the worker's log records logged here; none
         from a worker that has ended, or has not answered within the most its messages may take (each its
         timeout, plus a minute)."""
-        if not self._alive:
+        if self._connection.closed:
             return {}
         limit = None if self._timeout is None else self._timeout * self._waiting + 60.0
         try:
@@ -339,9 +338,8 @@ class _Worker:
 
     def close(self) -> None:
         """Ask the worker to end; kill it if it has not within :attr:`CLOSE_S` seconds."""
-        if not self._alive and self._connection.closed:
+        if self._connection.closed:
             return
-        self._alive = False
         with contextlib.suppress(OSError, ValueError):
             self._connection.send(None)
         self._connection.close()
