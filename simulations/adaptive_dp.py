@@ -102,6 +102,8 @@ def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
     method, epsilon, seed, shared = job
     warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverged model: reported as such
     started = time.perf_counter()
+    if method == "no DP":  # no mechanism: the shared privacy keys would be refused as having no effect
+        shared = {key: value for key, value in shared.items() if not key.startswith("privacy.")}
     with TemporaryDirectory() as out:
         overrides = {**shared, **METHODS[method], "seed": seed, "baseline.centralized": False, "output.dir": out,
                      "privacy.epsilon": "inf" if method == "no DP" else epsilon}

@@ -90,3 +90,14 @@ def test_a_healthy_model_is_evaluated(cox_setup) -> None:
     fresh = task.build_model(cfg, dataset)
     metrics, error = _evaluate_global(fresh, ArrayRecord(model.net.state_dict()), _baseline(model, dataset), dataset)
     assert error == "" and 0.0 < metrics["c_index"] < 1.0 and math.isfinite(metrics["ibs"])
+
+
+def test_the_reproductions_shared_privacy_keys_reach_the_dp_methods_and_not_the_no_dp_baseline() -> None:
+    """The documented commands pass ``privacy.clip_norm`` to every run; FedAvg refuses a key it ignores."""
+    from simulations.adaptive_dp import _run
+
+    shared = {"data.name": "sim_cox", "model.name": "cox_mlp", "federation.rounds": 1, "privacy.clip_norm": 5.0}
+    baseline = _run(("no DP", math.inf, 0, shared))
+    assert math.isfinite(baseline["c_index"]) and not baseline["error"] and math.isnan(baseline["epsilon_rdp"])
+    private = _run(("NbAFL", 1.0, 0, shared))
+    assert math.isfinite(private["epsilon_rdp"]) and private["noise_multiplier"] > 0
