@@ -89,6 +89,21 @@ def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray,
         model.set_exponents(exponents)
 
 
+def _load_final(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None,
+                exponents: np.ndarray | None) -> str:
+    """Load the run's final global model for saving; return "" or why it has diverged.
+
+    A diverged Cox model's Breslow aggregates can give no baseline hazard (an interval with events and an
+    empty risk set): the network alone is then loaded, and the run still writes its summary and model.
+    """
+    try:
+        _load(model, arrays, baseline, exponents)
+        return ""
+    except ValueError as err:
+        model.net.load_state_dict(arrays.to_torch_state_dict())
+        return f"global model diverged: {err}"
+
+
 def poll_replies_often(grid: Grid) -> None:
     """In a simulation, look for the sites' replies every :data:`SIMULATION_PULL_INTERVAL_S` seconds per 25 sites.
 
@@ -462,9 +477,10 @@ def _write_results(
     oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}
     if oot:
         summary["oot"] = oot
+    loaded = _load_final(model, arrays, strategy.baseline, strategy.exponents)
+    diverged = diverged or loaded
     if diverged:
         summary["diverged"] = diverged
-    _load(model, arrays, strategy.baseline, strategy.exponents)
     model.net.eval()
     outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=strategy.baseline,
                        preprocessing=task.preprocessing(cfg, spec),

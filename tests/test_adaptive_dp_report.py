@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from flwr_app import task
-from flwr_app.server_app import _evaluate_global
+from flwr_app.server_app import _evaluate_global, _load_final
 from simulations.adaptive_dp import PAPER, write_report
 from simulations.engine import resolve
 from simulations.hydra_config import parse_value
@@ -82,6 +82,20 @@ def test_a_diverged_model_gets_no_metrics_and_the_reason(cox_setup, how: str, re
     fresh = task.build_model(cfg, dataset)
     metrics, error = _evaluate_global(fresh, arrays, baseline, dataset)
     assert metrics == {} and error.startswith("global model diverged") and reason in error
+
+
+def test_the_final_model_is_loaded_for_saving_even_when_its_baseline_does_not_exist(cox_setup) -> None:
+    """A run whose last model diverged (no Breslow baseline) writes its results instead of raising at the end."""
+    cfg, dataset = cox_setup
+    model = task.build_model(cfg, dataset)
+    _diverge(model, "underflow")
+    arrays, baseline = ArrayRecord(model.net.state_dict()), _baseline(model, dataset)
+    fresh = task.build_model(cfg, dataset)
+    assert "empty risk set" in _load_final(fresh, arrays, baseline, None)
+    assert all(torch.equal(fresh.net.state_dict()[key], value) for key, value in model.net.state_dict().items())
+    healthy = task.build_model(cfg, dataset)
+    assert _load_final(task.build_model(cfg, dataset), ArrayRecord(healthy.net.state_dict()),
+                       _baseline(healthy, dataset), None) == ""
 
 
 def test_a_healthy_model_is_evaluated(cox_setup) -> None:
