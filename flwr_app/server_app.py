@@ -158,13 +158,16 @@ def _evaluate_global(
     on the pooled test split.
 
     Returns ``(metrics, "")``, or ``({}, reason)`` when the model has diverged (non-finite
-    weights, or risks that overflow so that no baseline hazard or survival curve exists): a
-    noisy DP run can do that, and its round is then recorded as diverged instead of ending the run.
+    weights, or risks that overflow so that no baseline hazard or survival curve exists) or, for a
+    Cox model, when no site's Breslow aggregates came back (a diverged model's sites fail to compute
+    them): a noisy DP run can do that, and its round is then recorded instead of ending the run.
     """
     try:
         _load(model, arrays, baseline, exponents)
         if not all(bool(torch.isfinite(value).all()) for value in model.net.state_dict().values()):
             raise ValueError("non-finite weights")
+        if model.needs_baseline and baseline is None:
+            return {}, "no test metrics: no site's Breslow aggregates came back, so the model has no baseline hazard"
         return _global_metrics(model, dataset), ""
     except ValueError as err:
         return {}, f"global model diverged: {err}"

@@ -98,6 +98,14 @@ def test_the_final_model_is_loaded_for_saving_even_when_its_baseline_does_not_ex
                        _baseline(healthy, dataset), None) == ""
 
 
+def test_a_cox_model_without_breslow_aggregates_gets_no_metrics_and_the_reason(cox_setup) -> None:
+    """Every site's Breslow reply failed (they do when the model has diverged): the round is recorded, not raised."""
+    cfg, dataset = cox_setup
+    model = task.build_model(cfg, dataset)
+    metrics, error = _evaluate_global(task.build_model(cfg, dataset), ArrayRecord(model.net.state_dict()), None, dataset)
+    assert metrics == {} and "no site's Breslow aggregates came back" in error
+
+
 def test_a_healthy_model_is_evaluated(cox_setup) -> None:
     cfg, dataset = cox_setup
     model = task.build_model(cfg, dataset)
