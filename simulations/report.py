@@ -41,12 +41,14 @@ from simulations import adaptive_dp, bvflmsp, fsl_bdp, membership, table1
 from strategies.mechanisms.base import SecureSumMechanism
 from strategies.mechanisms.registry import MECHANISMS, get_mechanism
 
-#: The adaptive-DP grids as their commands ran them (docs/results/adaptive_dp.md, "Commands").
-ADAPTIVE_DP_GRIDS: dict[str, list[str]] = {
-    "sim_cox": ["--epsilons", "0.6,0.7,0.8,0.9,1.0", "--metrics", "inbll,ibs,c_index"],
-    "flchain": ["--epsilons", "3,4,5,7", "--metrics", "c_index,ibs,inbll", "--methods",
-                "no DP,NbAFL,ROW-DP(Std),ROW-DP(Var),ROW-DP(Range),ROW-DP(MAE),ROW-DP(IQR),LS-ADP,NbAFL exact,"
-                "LS-ADP exact"],
+_SIM_COX_ARGS = ["--epsilons", "0.6,0.7,0.8,0.9,1.0", "--metrics", "inbll,ibs,c_index"]
+_FLCHAIN_ARGS = ["--epsilons", "3,4,5,7", "--metrics", "c_index,ibs,inbll", "--methods",
+                 "no DP,NbAFL,ROW-DP(Std),ROW-DP(Var),ROW-DP(Range),ROW-DP(MAE),ROW-DP(IQR),LS-ADP,NbAFL exact,LS-ADP exact"]
+#: The adaptive-DP grids (folder: title, the arguments their commands ran with; docs/results/adaptive_dp.md, "Commands").
+ADAPTIVE_DP_GRIDS: dict[str, tuple[str, list[str]]] = {
+    "flchain_62d9d39": ("flchain, the code of commit 62d9d39", _FLCHAIN_ARGS),
+    "sim_cox": ("sim_cox (commits 20086e3 and 59e12dd, the defaults of their time)", _SIM_COX_ARGS),
+    "flchain": ("flchain (commit 26dd4a2, the defaults of its time)", _FLCHAIN_ARGS),
 }
 FSL_BDP_GRIDS: dict[str, str] = {
     "regions_529c944": "SBA loans, 4 census regions as sites, the defaults of commit 529c944 (5 seeds without DP, 3 "
@@ -135,8 +137,9 @@ def flchain_sweep(results: Path, out: Path) -> str:
 
 def adaptive_dp_section(results: Path, out: Path) -> str:
     """LS-ADP / ROW-DP / NbAFL (the adaptive-DP Cox-MLP paper): tables with the paper's numbers in brackets."""
-    blocks = _grid_blocks(out, adaptive_dp.main, {grid: results / "adaptive_dp" / grid for grid in ADAPTIVE_DP_GRIDS},
-                          ADAPTIVE_DP_GRIDS)
+    blocks = _grid_blocks(out, adaptive_dp.main,
+                          {title: results / "adaptive_dp" / grid for grid, (title, _) in ADAPTIVE_DP_GRIDS.items()},
+                          {title: argv for title, argv in ADAPTIVE_DP_GRIDS.values()})
     blocks.append(f"Setup, commands and reading: {_link(results / 'adaptive_dp.md', out)}.")
     return "\n".join(blocks)
 
