@@ -4,7 +4,8 @@ For every (strategy, ε, seed) the federation runs through the ServerApp and Cli
 (:func:`simulations.engine.run_inprocess`). The server then attacks, per site,
 
 * the final **global** model, and
-* the site's **update** in the last round (the weights the site sent, as the server received them),
+* the site's **update** in the last round (the weights the site sent, as the server received them;
+  not for a strategy with a secure sum, whose server receives only masked vectors: :func:`targets`),
 
 with Yeom et al.'s loss-threshold attack (:func:`strategies.audits.membership.loss_threshold_attack`
 on :func:`~strategies.audits.membership.survival_log_loss`): members are the site's training
@@ -42,7 +43,7 @@ from flwr_app import interrupt
 from simulations.hydra_config import parse_value
 from simulations.results_file import append_runs, mean_std, read_rows
 
-STRATEGIES = ("fedavg", "dp_sgd", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
+STRATEGIES = ("fedavg", "dp_sgd", "distributed_dp", "bdp", "central_dp", "nbafl", "ls_adp", "row_dp")
 TARGETS = ("global", "update")
 FPR = 0.01
 FIELDS = ("strategy", "epsilon_target", "seed", "site", "target", "auc", "auc_se", "advantage", "tpr_at_fpr",
@@ -50,11 +51,22 @@ FIELDS = ("strategy", "epsilon_target", "seed", "site", "target", "auc", "auc_se
           "guarantee", "members", "non_members", "test_c_index")
 
 
+def targets(strategy: str) -> tuple[str, ...]:
+    """What the server can attack in a run of ``strategy``: the global model, and each site's update unless the
+    sites send it into a secure sum (the server then receives masked vectors, uniform alone, and only their sum)."""
+    from strategies.mechanisms.base import SecureSumMechanism
+    from strategies.mechanisms.registry import horizontal_mechanism
+
+    return ("global",) if isinstance(horizontal_mechanism(strategy), SecureSumMechanism) else TARGETS
+
+
 def record_level_budget(entry: Mapping[str, Any] | None, *, target: str) -> tuple[float, float, str]:
     """The record-level (ε, δ) that bounds a membership attack on ``target``, from the site's last ledger entry.
 
     * ``dp_sgd``: the site's ε (add/remove one record) for the update and, by post-processing, the
       global model.
+    * ``distributed_dp``: the site's ε (add/remove one record, on the union of the sites, under the
+      secure sum's threat model) for the global model; its update is never seen (:func:`targets`).
     * ``nbafl``/``ls_adp``/``row_dp``: the site's RDP ε (replace-one record, under the paper's
       sensitivity assumption); the membership game with a fixed number of records is a
       replace-one experiment.
@@ -117,7 +129,7 @@ def _audit(job: tuple[str, float, int, dict[str, Any]]) -> list[dict[str, Any]]:
     last_entry = {entry["site"]: entry for entry in ledger}
     rows = []
     for node, site in enumerate(dataset.sites, start=1):
-        for target in TARGETS:
+        for target in targets(strategy):
             arrays = saved["state_dict"] if target == "global" else updates[node].to_torch_state_dict()
             model.net.load_state_dict(arrays)
             if model.needs_baseline and saved.get("baseline") is not None:

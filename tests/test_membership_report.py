@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from simulations.membership import record_level_budget, run_grid, write_report
+from simulations.membership import record_level_budget, run_grid, targets, write_report
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.audits.membership import max_auc
 
@@ -36,3 +36,15 @@ def test_small_grid_rows_ceilings_and_report(tmp_path) -> None:
     assert run_grid(tmp_path, ["fedavg", "dp_sgd"], [2.0], [0], shared, jobs=1) == rows  # a rerun adds nothing
     text = write_report(tmp_path, rows)
     assert text.count("| dp_sgd | 2 |") == 2 and (tmp_path / "figure.png").exists()
+
+
+def test_a_secure_sum_run_is_attacked_on_its_global_model_only(tmp_path) -> None:
+    assert targets("distributed_dp") == ("global",) and targets("dp_sgd") == targets("fedavg") == ("global", "update")
+    shared = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False,
+              "evaluation.server_side": True}
+    rows = run_grid(tmp_path, ["distributed_dp"], [2.0], [0], shared, jobs=1)
+    assert [row["target"] for row in rows] == ["global"] * 3  # the server never sees a site's update, only the sum
+    for row in rows:
+        assert 0 < row["epsilon_record"] <= 2.0 + 1e-9 and row["guarantee"] == "record-level, add-remove"
+        assert row["ceiling_auc"] == pytest.approx(max_auc(epsilon=row["epsilon_record"], delta=row["delta_record"]))
+    assert write_report(tmp_path, rows).count("| distributed_dp | 2 | global |") == 1
