@@ -60,6 +60,17 @@ def targets(strategy: str) -> tuple[str, ...]:
     return ("global",) if isinstance(horizontal_mechanism(strategy), SecureSumMechanism) else TARGETS
 
 
+def strategy_overrides(strategy: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``shared`` without the mechanism keys that ``strategy`` does not honour (it would refuse them: e.g.
+    ``train.local_epochs`` for ``distributed_dp``, whose round is one gradient step), and the keys left out."""
+    from strategies.config import mechanism_keys
+    from strategies.mechanisms.registry import get_mechanism
+
+    honours, keys = get_mechanism(strategy).honours, set(mechanism_keys())
+    dropped = tuple(key for key in shared if key in keys and key not in honours)
+    return {key: value for key, value in shared.items() if key not in dropped}, dropped
+
+
 def record_level_budget(entry: Mapping[str, Any] | None, *, target: str) -> tuple[float, float, str]:
     """The record-level (ε, δ) that bounds a membership attack on ``target``, from the site's last ledger entry.
 
@@ -111,6 +122,7 @@ def _audit(job: tuple[str, float, int, dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
     strategy, epsilon, seed, shared = job
+    shared, _ = strategy_overrides(strategy, shared)
     updates: dict[int, Any] = {}
 
     def observe(message, reply) -> None:  # keep each node's last training reply: the update the server sees
@@ -158,6 +170,10 @@ def run_grid(out: Path, strategies: Sequence[str], epsilons: Sequence[float], se
              shared: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
     """Run the missing (strategy, ε, seed) audits (FedAvg once per seed, at ε = inf); return every row."""
     path = out / "results.csv"
+    for strategy in strategies:
+        if dropped := strategy_overrides(strategy, shared)[1]:
+            print(f"membership grid: {strategy} runs without {', '.join(f'{k}={shared[k]}' for k in dropped)} "
+                  "(keys it does not honour)", flush=True)
     done = {(row["strategy"], row["epsilon_target"], int(row["seed"])) for row in _read(path)}
     todo = [(strategy, epsilon, seed, shared) for seed in seeds for strategy in strategies
             for epsilon in ([math.inf] if strategy == "fedavg" else epsilons)

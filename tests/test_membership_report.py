@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from simulations.membership import record_level_budget, run_grid, targets, write_report
+from simulations.membership import record_level_budget, run_grid, strategy_overrides, targets, write_report
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.audits.membership import max_auc
 
@@ -38,10 +38,12 @@ def test_small_grid_rows_ceilings_and_report(tmp_path) -> None:
     assert text.count("| dp_sgd | 2 |") == 2 and (tmp_path / "figure.png").exists()
 
 
-def test_a_secure_sum_run_is_attacked_on_its_global_model_only(tmp_path) -> None:
+def test_a_secure_sum_run_is_attacked_on_its_global_model_only_without_keys_it_refuses(tmp_path) -> None:
     assert targets("distributed_dp") == ("global",) and targets("dp_sgd") == targets("fedavg") == ("global", "update")
     shared = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False,
-              "evaluation.server_side": True}
+              "evaluation.server_side": True, "train.local_epochs": 2}  # the grid's key distributed_dp would refuse
+    assert strategy_overrides("distributed_dp", shared)[1] == ("train.local_epochs",)
+    assert strategy_overrides("dp_sgd", shared) == (shared, ())
     rows = run_grid(tmp_path, ["distributed_dp"], [2.0], [0], shared, jobs=1)
     assert [row["target"] for row in rows] == ["global"] * 3  # the server never sees a site's update, only the sum
     for row in rows:
