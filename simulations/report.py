@@ -60,7 +60,10 @@ FSL_BDP_GRIDS: dict[str, str] = {
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
 TABLE2_GRIDS: tuple[str, ...] = ("table2", "table2_clean_inference", "table2_embedding16",
                                  "table2_embedding16_large_epsilon")
-MEMBERSHIP_GRIDS: tuple[str, ...] = ("flchain", "metabric_overfit")
+MEMBERSHIP_GRIDS: dict[str, str] = {
+    "flchain_b96d482": "flchain, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
+    "metabric_overfit_b96d482": "metabric built to over-fit, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
+}
 UNCERTAINTY_DATA: tuple[str, ...] = ("metabric", "synthetic_multimodal")
 
 
@@ -232,7 +235,8 @@ def uncertainty_section(results: Path, out: Path) -> str:
 
 def membership_section(results: Path, out: Path) -> str:
     """Membership-inference audit: attack AUC per strategy and ε beside the DP ceiling of the release."""
-    blocks = _grid_blocks(out, membership.main, {grid: results / "membership" / grid for grid in MEMBERSHIP_GRIDS})
+    blocks = _grid_blocks(out, membership.main,
+                          {title: results / "membership" / grid for grid, title in MEMBERSHIP_GRIDS.items()})
     blocks.append(f"Threat model, commands and reading: {_link(results / 'membership.md', out)}.")
     return "\n".join(blocks)
 
