@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import signal
 import statistics
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,20 +55,37 @@ def append_runs(
     """Run ``run(job)`` for every job in ``workers`` processes; append and flush its rows as they come.
 
     ``run(job)`` returns one row or a list of rows (a run that yields one row per site, say);
-    ``describe(row)`` is the progress line printed for each row.
+    ``describe(row)`` is the progress line printed for each row. Under :func:`flwr_app.interrupt.run_stoppable`, a
+    signal (Ctrl-C reaches the workers too; they ignore it) stops the grid after the runs under way: no further run
+    starts, and the rows written stay.
     """
+    from flwr_app.interrupt import raise_before_run
+
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.exists()
-    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=workers) as pool:
+    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=workers,
+                                                                   initializer=_leave_signals_to_parent) as pool:
         writer = csv.DictWriter(handle, fieldnames=list(fields))
         if new_file:
             writer.writeheader()
-        for count, result in enumerate(pool.map(run, jobs), start=1):
-            rows = result if isinstance(result, list) else [result]
-            writer.writerows(rows)
-            handle.flush()
-            for row in rows:
-                print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
+        try:
+            for count, result in enumerate(pool.map(run, jobs), start=1):
+                rows = result if isinstance(result, list) else [result]
+                writer.writerows(rows)
+                handle.flush()
+                for row in rows:
+                    print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
+                raise_before_run()  # a stop was requested (interrupt.run_stoppable): no further run starts
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # the runs under way finish; their rows are not written
+            raise
+
+
+def _leave_signals_to_parent() -> None:
+    """A grid's worker ignores SIGINT and SIGTERM: Ctrl-C reaches the whole process group, and the parent stops the
+    grid (:func:`append_runs`) instead of each worker dying mid-run (the pool would break with a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 #: The paths whose uncommitted changes would change what a run computes (docs and reports do not).
