@@ -532,6 +532,38 @@ def breslow(message: Message, context: Context) -> Message:
 
 #: Stream of a site's recalibration noise (beside its round's other draws from the same seed).
 RECALIBRATION_STREAM = 23
+#: Node state: the site released its recalibration sums in this run (it releases them once).
+RECALIBRATED = "recalibration.released"
+
+
+def _recalibration_terms(message: Message, context: Context) -> tuple[SiteData, int, int, ExperimentConfig, Any]:
+    """What a recalibration release starts with: the site, its seed index, the round, the run config and its
+    training records' power terms at the message's horizons (:func:`models.recalibration.power_terms`, shape
+    ``(records, size)``). Refused unless the site's own config plans the release, the horizons are 1 to
+    ``len(RECALIBRATION_QUANTILES)`` finite times and the site has not released its sums in this run; charged
+    to the site's policy (:func:`_charge`) before anything is computed."""
+    import numpy as np
+
+    from models.recalibration import power_terms
+    from strategies.horizontal import RECALIBRATION_HORIZONS
+    from strategies.mechanisms.base import recalibration_history, recalibration_multiplier
+    from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
+
+    site, index, server_round, cfg, model = _message(message, context, "recalibration")
+    horizons = np.asarray(message.content["config"][RECALIBRATION_HORIZONS], dtype=np.float64)
+    planned = horizons.ndim == 1 and 1 <= horizons.size <= len(RECALIBRATION_QUANTILES)
+    if recalibration_multiplier(cfg) <= 0 or not planned or not np.all(np.isfinite(horizons)):
+        raise ValueError("recalibration query refused: this run's config plans no recalibration release, or the "
+                         f"horizons are not 1 to {len(RECALIBRATION_QUANTILES)} finite times ({horizons.tolist()})")
+    if RECALIBRATED in context.state.config_records:
+        raise ValueError("recalibration query refused: this site released its recalibration sums in this run already "
+                         "(the run's plan has one release)")
+    _charge(context, cfg, site, server_round, "recalibration", "recalibration sums", recalibration_history(cfg))
+    context.state[RECALIBRATED] = ConfigRecord({"round": server_round})
+    times, surv = model.predict_survival(site.train.x)
+    at = np.clip(np.searchsorted(times, horizons, side="right") - 1, 0, times.size - 1)  # right-continuous steps
+    terms = power_terms(surv[:, at])
+    return site, index, server_round, cfg, terms.reshape(terms.shape[0], -1)
 
 
 @app.query("recalibration")
@@ -539,29 +571,22 @@ RECALIBRATION_STREAM = 23
 def recalibration(message: Message, context: Context) -> Message:
     """The site's noisy recalibration release: power sums of its training records' predicted survival at the
     plan's horizons (:func:`models.recalibration.power_sums`) plus Gaussian noise whose level the site takes
-    from its own run config (:func:`~strategies.mechanisms.base.recalibration_multiplier`), never from the message."""
+    from its own run config (:func:`~strategies.mechanisms.base.recalibration_multiplier`), never from the message.
+    A strategy with a secure sum refuses it: its sites send these sums through the secure sum only."""
     import numpy as np
 
     from flwr_app import task
-    from models.recalibration import power_sums
-    from strategies.horizontal import RECALIBRATION_HORIZONS
-    from strategies.mechanisms.base import recalibration_history, recalibration_multiplier
-    from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
+    from strategies.mechanisms.base import SecureSumMechanism, recalibration_multiplier
+    from strategies.mechanisms.registry import horizontal_mechanism
 
-    site, index, server_round, cfg, model = _message(message, context, "recalibration")
-    config = message.content["config"]
-    horizons = np.asarray(config[RECALIBRATION_HORIZONS], dtype=np.float64)
-    multiplier = recalibration_multiplier(cfg)
-    planned = horizons.ndim == 1 and 1 <= horizons.size <= len(RECALIBRATION_QUANTILES)
-    if multiplier <= 0 or not planned or not np.all(np.isfinite(horizons)):
-        raise ValueError("recalibration query refused: this run's config plans no recalibration release, or the "
-                         f"horizons are not 1 to {len(RECALIBRATION_QUANTILES)} finite times ({horizons.tolist()})")
-    _charge(context, cfg, site, server_round, "recalibration", "recalibration sums", recalibration_history(cfg))
-    times, surv = model.predict_survival(site.train.x)
-    at = np.clip(np.searchsorted(times, horizons, side="right") - 1, 0, times.size - 1)  # right-continuous steps
-    sums = power_sums(surv[:, at]).ravel()
+    cfg = _run_config(context)
+    if isinstance(horizontal_mechanism(cfg.strategy), SecureSumMechanism):
+        raise ValueError(f"recalibration query refused: strategy '{cfg.strategy}' sends its recalibration sums "
+                         "through its secure sum only")
+    site, index, server_round, cfg, terms = _recalibration_terms(message, context)
+    sums = terms.sum(axis=0)
     rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
-    noisy = sums + rng.normal(0.0, multiplier * np.sqrt(sums.size), sums.size)
+    noisy = sums + rng.normal(0.0, recalibration_multiplier(cfg) * np.sqrt(sums.size), sums.size)
     return _reply(message, _content(site, {"power_sums": noisy.tolist()}), cfg, site, server_round, "recalibration")
 
 
@@ -601,26 +626,44 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 @app.query("secagg_masked")
 @_gives_back
 def secagg_masked(message: Message, context: Context) -> Message:
-    """Stage 2: the site's contribution of the round (its mechanism's), masked; this is the site's training reply."""
+    """Stage 2: the site's contribution, masked: its mechanism's vector of the round (its training reply) or, when
+    the message carries the recalibration's horizons, its recalibration sums' vector (:func:`_recalibration_terms`)."""
+    import numpy as np
+
     from flwr_app import task
     from strategies import secure_aggregation as secagg
     from strategies.mechanisms.base import SecureSumMechanism
+    from strategies.mechanisms.registry import horizontal_mechanism
 
-    site, index, server_round, cfg, model, mechanism = _training_message(message, context)
-    if not isinstance(mechanism, SecureSumMechanism):
-        raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
+    from strategies.horizontal import RECALIBRATION_HORIZONS
+
     public = context.state.config_records[SECAGG_ROUND]
-    plan = mechanism.plan(cfg, parties=int(public["parties"]), records=float(public["records"]),
-                          dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
-    _charge(context, cfg, site, server_round, "train", "masked contribution", None)
-    vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
+    parties, records = int(public["parties"]), float(public["records"])
+    if RECALIBRATION_HORIZONS in message.content["config"]:  # after the last round: the recalibration sums
+        cfg = _run_config(context)
+        mechanism = horizontal_mechanism(cfg.strategy)
+        if not isinstance(mechanism, SecureSumMechanism):
+            raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'recalibration'")
+        site, index, server_round, cfg, terms = _recalibration_terms(message, context)
+        plan = mechanism.recalibration_plan(cfg, parties=parties, records=records, size=terms.shape[1])
+        rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
+        vector, phase = mechanism.recalibration_contribution(terms, plan, rng=rng), "recalibration"
+    else:
+        site, index, server_round, cfg, model, mechanism = _training_message(message, context)
+        if not isinstance(mechanism, SecureSumMechanism):
+            raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
+        plan = mechanism.plan(cfg, parties=parties, records=records,
+                              dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
+        _charge(context, cfg, site, server_round, "train", "masked contribution", None)
+        vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
+        phase = "train"
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]
     masked, disputed = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
     context.state[SECAGG_STATE] = state.to_record()
     content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked),
                           secagg.RECORD: ConfigRecord({"disputed": disputed})})
-    return _reply(message, content, cfg, site, server_round, "train")
+    return _reply(message, content, cfg, site, server_round, phase)
 
 
 @app.query("secagg_unmask")

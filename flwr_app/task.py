@@ -121,7 +121,8 @@ def plan_recalibration(cfg: ExperimentConfig, shared: SharedSetup, counts: Mappi
     """The run's recalibration plan (:func:`~strategies.mechanisms.setup_statistics.recalibration_plan`), or None."""
     if not recalibrates(cfg):
         return None
-    return recalibration_plan(shared.time_counts, count=sum(counts.values()), sites=len(counts),
+    spread = horizontal_mechanism(cfg.strategy).recalibration_spread(cfg, len(counts))
+    return recalibration_plan(shared.time_counts, count=sum(counts.values()), spread=spread,
                               multiplier=recalibration_multiplier(cfg))
 
 

@@ -30,12 +30,23 @@ import math
 
 import numpy as np
 
-__all__ = ["EXPONENTS", "EXPONENT_RANGE", "apply_exponents", "cut_exponents", "fit_exponents", "power_sums"]
+__all__ = ["EXPONENTS", "EXPONENT_RANGE", "apply_exponents", "cut_exponents", "fit_exponents", "power_sums", "power_terms"]
 
 #: The exponents at which a site sums its records' predicted survival powers.
 EXPONENTS: tuple[float, ...] = (1.0, 2.0, 4.0)
 #: The exponents a recalibration may take (beyond it the target is not trusted).
 EXPONENT_RANGE: tuple[float, float] = (0.1, 10.0)
+
+
+def power_terms(surv_at_horizons: np.ndarray) -> np.ndarray:
+    r"""Each record's :math:`S_i(t_h)^{c}` for every horizon :math:`h` and exponent :math:`c` in ``EXPONENTS``.
+
+    ``surv_at_horizons``: shape ``(n, H)``, values clipped to ``[0, 1]``. Returns shape ``(n, H, len(EXPONENTS))``.
+    """
+    surv = np.clip(np.asarray(surv_at_horizons, dtype=np.float64), 0.0, 1.0)
+    if surv.ndim != 2:
+        raise ValueError(f"survival at the horizons must be (records, horizons), got shape {surv.shape}")
+    return np.stack([np.power(surv, c) for c in EXPONENTS], axis=2)
 
 
 def power_sums(surv_at_horizons: np.ndarray) -> np.ndarray:
@@ -44,10 +55,7 @@ def power_sums(surv_at_horizons: np.ndarray) -> np.ndarray:
     ``surv_at_horizons``: shape ``(n, H)``, values in ``[0, 1]``. Returns shape ``(H, len(EXPONENTS))``.
     One record moves each entry by at most 1 (L2 sensitivity :math:`\sqrt{H |C|}` under add/remove).
     """
-    surv = np.clip(np.asarray(surv_at_horizons, dtype=np.float64), 0.0, 1.0)
-    if surv.ndim != 2:
-        raise ValueError(f"survival at the horizons must be (records, horizons), got shape {surv.shape}")
-    return np.stack([np.power(surv, c).sum(axis=0) for c in EXPONENTS], axis=1)
+    return power_terms(surv_at_horizons).sum(axis=0)
 
 
 def fit_exponents(sums: np.ndarray, count: float, target: np.ndarray) -> np.ndarray:

@@ -767,7 +767,7 @@ class SurvivalFedAvg(FedAvg):
         it stops when :data:`MAX_REFUSED_SUMS` consecutive rounds' sums were refused.
         """
         from strategies.mechanisms.distributed_dp import count_std as _count_std
-        from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
+        from strategies.secure_aggregation import centred
 
         record = self._record(server_round)
         contents = {m.metadata.dst_node_id: m.content for m in messages if m.metadata.dst_node_id in self.node_sites}
@@ -778,18 +778,10 @@ class SurvivalFedAvg(FedAvg):
         records = sum(self.setups[site].count for site in sites.values())
         plan = self.mechanism.plan(self.cfg, parties=len(nodes), records=records, dim=dim,
                                    setup=self.setups[sites[nodes[0]]])
-        privacy = self.cfg.privacy
-        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
-                                                    colluding=privacy.colluding_sites)
-        secure = SecureSum(modulus=plan.modulus, num_shares=num_shares, threshold=threshold, dimension=dim,
-                           timeout=self.timeout, shuffle_seed=self.cfg.seed * 100_003 + server_round)
-        result = secure.run(grid, nodes, setup={"parties": len(nodes), "records": float(records)},
-                            masked_content=lambda node: RecordDict(dict(contents[node].items())),
-                            group=str(server_round), min_included=len(nodes) - privacy.max_dropouts)
+        result = self._secure_sum(grid, server_round, nodes, modulus=plan.modulus, dim=dim, records=records,
+                                  content=lambda node: RecordDict(dict(contents[node].items())))
         for node in result.sent:
             record.released[sites[node]] = plan.report()
-        for stage, node, reason in result.failures:
-            self._fail(server_round, stage.removeprefix("query."), node, reason)
         if result.total is None:
             record.shortfall = f"secure aggregation did not complete: {result.shortfall}; the round was not aggregated"
             return arrays
@@ -1073,11 +1065,24 @@ class SurvivalFedAvg(FedAvg):
 
     def _collect_recalibration(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> np.ndarray | None:
         """The final model's recalibration exponents at its cuts, from the accepted sites' noisy power sums
-        (:func:`models.recalibration.fit_exponents` against the plan's target); None when no site answered."""
+        (:func:`models.recalibration.fit_exponents` against the plan's target); None when no sum came. A mechanism
+        with a secure sum collects them through it (:meth:`_secure_power_sums`), any other by a plain query."""
         plan, cuts = self.recalibration
         config = ConfigRecord({"server-round": server_round, RECALIBRATION_HORIZONS: plan.horizons.tolist()})
-        messages = [Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
-                            dst_node_id=node_id, message_type=RECALIBRATION_QUERY) for node_id in grid.get_node_ids()]
+        collect = self._secure_power_sums if isinstance(self.mechanism, SecureSumMechanism) else self._power_sums
+        total, count = collect(server_round, RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
+                               grid, plan)
+        if total is None or count == 0:
+            log(WARNING, "Round %s: no recalibration sum came; the curves stay as trained", server_round)
+            return None
+        exponents = fit_exponents(total.reshape(plan.horizons.size, -1), count, plan.target)
+        return cut_exponents(cuts, plan.horizons, exponents)
+
+    def _power_sums(self, server_round: int, content: RecordDict, grid: Grid,
+                    plan: RecalibrationPlan) -> tuple[np.ndarray | None, float]:
+        """The accepted sites' noisy power sums, each site's release checked on its own; and their agreed records."""
+        messages = [Message(content=content, dst_node_id=node_id, message_type=RECALIBRATION_QUERY)
+                    for node_id in grid.get_node_ids()]
         replies = grid.send_and_receive(messages, timeout=self.timeout)
         std = recalibration_multiplier(self.cfg) * plan.sensitivity()
         total, count = np.zeros(plan.size), 0.0
@@ -1088,11 +1093,54 @@ class SurvivalFedAvg(FedAvg):
         for _, site, _, metrics in accepted:
             total += np.asarray(metrics["power_sums"], dtype=np.float64)
             count += self.setups[site].count
-        if count == 0:
-            log(WARNING, "Round %s: no site answered the recalibration query; the curves stay as trained", server_round)
-            return None
-        exponents = fit_exponents(total.reshape(plan.horizons.size, -1), count, plan.target)
-        return cut_exponents(cuts, plan.horizons, exponents)
+        return total, count
+
+    def _secure_power_sums(self, server_round: int, content: RecordDict, grid: Grid,
+                           plan: RecalibrationPlan) -> tuple[np.ndarray | None, float]:
+        """The sites' summed power sums through the secure sum (the mechanism's ``recalibration_plan``), and the
+        included sites' agreed records. A protocol that does not complete, or a sum beyond what honest sites can
+        produce, is a failure of phase ``recalibration`` (a refused sum names no site) and gives no sums."""
+        from strategies.mechanisms.distributed_dp import count_std
+        from strategies.secure_aggregation import centred
+
+        nodes = sorted(node for node in grid.get_node_ids() if node in self.node_sites)
+        records = sum(self.setups[self.node_sites[node]].count for node in nodes)
+        secure = self.mechanism.recalibration_plan(self.cfg, parties=len(nodes), records=records, size=plan.size)
+        result = self._secure_sum(grid, server_round, nodes, modulus=secure.modulus, dim=plan.size, records=records,
+                                  content=lambda node: RecordDict(dict(content.items())), phase="recalibration")
+        included = [self.node_sites[node] for node in result.included]
+        if result.total is None:
+            self._record(server_round).failures.append(failure("recalibration", UNATTRIBUTABLE, 0, result.shortfall))
+            return None, 0.0
+        count = sum(self.setups[site].count for site in included)
+        sums, reason = self.mechanism.recalibration_sums(
+            centred(result.total, secure.modulus), secure, count=count, sites=len(included),
+            count_std=max(count_std(self.setups[site].prior) for site in included))
+        if reason:
+            self._record(server_round).failures.append(failure("recalibration", UNATTRIBUTABLE, 0, reason))
+            log(WARNING, "Round %s: the recalibration sum was refused: %s", server_round, reason)
+            return None, 0.0
+        return sums, count
+
+    def _secure_sum(self, grid: Grid, server_round: int, nodes: list[int], *, modulus: int, dim: int, records: float,
+                    content: Callable[[int], RecordDict], phase: str | None = None) -> Any:
+        """One run of SecAgg+ (:class:`strategies.secure_aggregation.SecureSum`) over ``nodes``, whose agreed records
+        are ``records``; its failures recorded under the stage's name, or under ``phase`` naming the stage. The
+        sum is not unmasked when more than ``privacy.max_dropouts`` sites dropped out."""
+        from strategies.secure_aggregation import SecureSum, protocol_parameters
+
+        privacy = self.cfg.privacy
+        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
+                                                    colluding=privacy.colluding_sites)
+        secure = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dim,
+                           timeout=self.timeout, shuffle_seed=self.cfg.seed * 100_003 + server_round)
+        result = secure.run(grid, nodes, setup={"parties": len(nodes), "records": float(records)},
+                            masked_content=content, group=f"{server_round}{'-' + phase if phase else ''}",
+                            min_included=len(nodes) - privacy.max_dropouts)
+        for stage, node, reason in result.failures:
+            stage = stage.removeprefix("query.")
+            self._fail(server_round, phase or stage, node, f"{stage}: {reason}" if phase else reason)
+        return result
 
     # ------------------------------------------------------------------ checkpoints
 

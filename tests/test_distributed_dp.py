@@ -236,11 +236,20 @@ def test_a_run_finishes_and_the_server_sum_is_the_sites_noisy_sum(tmp_path, monk
         contributions.append(vector)
         return vector
 
+    def recorded_recalibration(self, *args, **kwargs):
+        vector = recalibration(self, *args, **kwargs)
+        recalibrations.append(vector)
+        return vector
+
+    recalibration, recalibrations = DistributedDP.recalibration_contribution, []
     monkeypatch.setattr(secagg.SecureSum, "run", recorded_run)
     monkeypatch.setattr(DistributedDP, "contribution", recorded_contribution)
+    monkeypatch.setattr(DistributedDP, "recalibration_contribution", recorded_recalibration)
     summary = run_inprocess({**RUN, "output.dir": str(tmp_path / "out")})
-    assert len(sums) == 2 and len(contributions) == 8
+    # two training rounds, then the recalibration sums (a hazard model under a private set-up)
+    assert len(sums) == 3 and len(contributions) == 8 and len(recalibrations) == 4
     assert np.array_equal(sums[0], sum(contributions[:4])) and np.array_equal(sums[1], sum(contributions[4:]))
+    assert np.array_equal(sums[2], sum(recalibrations))
     assert 0.5 < summary["test"]["c_index"] <= 1.0
     assert summary["privacy"]["epsilon"] == pytest.approx(1.0, abs=1e-3)
     ledger = [json.loads(line) for line in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
@@ -401,7 +410,13 @@ def _hostile_vectors(monkeypatch, mode):
             masked, previous["masked"] = previous.get("masked", masked), masked
         return masked, disputed
 
+    def honest_recalibration(self, terms, plan, *, rng):  # these tests are about the training sums: every site
+        local.hostile = False                            # sends its recalibration sums honestly (their own test:
+        return recalibration(self, terms, plan, rng=rng)  # tests/test_distributed_recalibration.py)
+
+    recalibration = DistributedDP.recalibration_contribution
     monkeypatch.setattr(DistributedDP, "contribution", hostile_contribution)
+    monkeypatch.setattr(DistributedDP, "recalibration_contribution", honest_recalibration)
     monkeypatch.setattr(secagg, "site_mask", hostile_mask)
 
 

@@ -82,14 +82,14 @@ def test_a_hazard_model_applies_its_exponents_and_rejects_bad_ones():
 def test_the_plan_takes_its_target_from_the_set_up_histogram_and_its_budget_from_the_share():
     points = np.array([1.0, 2.0, 3.0, 4.0])
     events, censored = np.array([10.0, 10.0, 10.0, 10.0]), np.array([0.0, 20.0, 0.0, 40.0])
-    plan = recalibration_plan((points, events, censored), count=100.0, sites=1, multiplier=0.0)
+    plan = recalibration_plan((points, events, censored), count=100.0, spread=1.0, multiplier=0.0)
     share = np.cumsum(events + censored) / 100
     np.testing.assert_allclose(plan.horizons, np.interp([0.25, 0.5, 0.75], share, points))
     np.testing.assert_allclose(plan.target, histogram_survival([0.0, *points], events, censored, plan.horizons))
     assert plan.size == plan.horizons.size * len(rc.EXPONENTS) and plan.sensitivity() == math.sqrt(plan.size)
-    assert recalibration_plan(None, count=100.0, sites=1, multiplier=0.0) is None
-    assert recalibration_plan((points, events, censored), count=100.0, sites=4, multiplier=1.0) is None  # too noisy
-    assert recalibration_plan((points, events, censored), count=1000.0, sites=4, multiplier=1.0) is not None
+    assert recalibration_plan(None, count=100.0, spread=1.0, multiplier=0.0) is None
+    assert recalibration_plan((points, events, censored), count=100.0, spread=2.0, multiplier=1.0) is None  # too noisy
+    assert recalibration_plan((points, events, censored), count=1000.0, spread=2.0, multiplier=1.0) is not None
     cfg = resolve({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0})[1]
     assert recalibrates(cfg)
     z = setup_noise_multiplier(epsilon=1.0, delta=1e-5, share=cfg.privacy.setup_share)

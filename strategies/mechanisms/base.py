@@ -355,13 +355,14 @@ def uncovered_sentence(manifest: Manifest) -> str:
 
 
 def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
-                    private_setup: bool = False) -> list[ReleasedValue]:
+                    private_setup: bool = False, secure_sum: bool = False) -> list[ReleasedValue]:
     """The releases every horizontal mechanism shares: set-up, identity, evaluation, Breslow, participation.
 
     ``private``: a DP mechanism ran; ``record_level``: its unit is one record (the held-out records
     are then outside the protected unit, and the evaluation is post-processing for it);
     ``private_setup``: the set-up statistics were released with DP
-    (:mod:`strategies.mechanisms.setup_statistics`) and composed in the site's accountant.
+    (:mod:`strategies.mechanisms.setup_statistics`) and composed in the site's accountant;
+    ``secure_sum``: the sites send their recalibration sums through the mechanism's secure sum.
     """
     held_out = private and record_level
     releases = [
@@ -425,7 +426,18 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                           "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
                           "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
         ]
-    if private_setup and recalibrates(cfg):
+    if private_setup and recalibrates(cfg) and secure_sum:
+        releases.append(ReleasedValue(
+            "recalibration sums", "after the last round, through the secure sum: the site's rounded sums (scale "
+            "gamma) over its training records of the final model's predicted survival at the plan's horizons raised "
+            "to each exponent of models.recalibration, plus its discrete Gaussian share, masked by SecAgg+ (the "
+            "recalibrated curves)", "recalibration", True,
+            "the server learns only the sites' sum, a distributed discrete Gaussian release (Kairouz et al. 2021, "
+            "Prop. 14) whose Renyi divergence is at most a Gaussian mechanism's at noise multiplier "
+            f"{recalibration_multiplier(cfg):.4g} at every order (the sites' noise is raised until it is), the entry "
+            "planned before training and composed by the site's accountant with the set-up and its training",
+            ("query.secagg_masked/masked.masked",)))
+    elif private_setup and recalibrates(cfg):
         releases.append(ReleasedValue(
             "recalibration sums", "after the last round: the sums over the site's training records of the final "
             "model's predicted survival at the plan's horizons raised to each exponent of models.recalibration, "
@@ -596,6 +608,11 @@ class HorizontalMechanism(Mechanism):
         """A site's FedAvg weight: its agreed record count (equal weights where the mechanism needs them)."""
         return float(setup.count)
 
+    def recalibration_spread(self, cfg: ExperimentConfig, sites: int) -> float:
+        """The noise std of the recalibration's summed power sums over one release's (:func:`recalibration_multiplier`
+        times the sensitivity): ``sqrt(sites)`` where each of ``sites`` sites adds all of its own noise."""
+        return math.sqrt(sites)
+
     def expected_report(self, cfg: ExperimentConfig, *, setup: SiteSetUp,
                         previous: Sequence[Mapping[str, float] | None]) -> dict[str, float]:
         """The figures an honest site reports after this round, recomputed from public inputs.
@@ -653,7 +670,8 @@ class HorizontalMechanism(Mechanism):
     def _manifest(self, cfg: ExperimentConfig, own: Iterable[ReleasedValue], *, record_level: bool | None = None) -> Manifest:
         record_level = self.unit == "record" if record_level is None else record_level
         releases = list(own) + common_releases(cfg, private=self.private, record_level=record_level,
-                                               private_setup=self.uses_private_setup(cfg))
+                                               private_setup=self.uses_private_setup(cfg),
+                                               secure_sum=isinstance(self, SecureSumMechanism))
         return Manifest(self.name, self.unit, tuple(releases))
 
 
@@ -701,3 +719,16 @@ class SecureSumMechanism(HorizontalMechanism):
                     count_std: float = 0.0) -> tuple[dict[str, Any] | None, dict[str, Any], str]:
         """The server's step from the unmasked sum: ``(new arrays, its state, "")``, or ``(None, state, reason)``
         when the sum is refused."""
+
+    @abstractmethod
+    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int) -> Any:
+        """The public plan of the recalibration's secure sum of ``size`` power sums (:mod:`models.recalibration`)."""
+
+    @abstractmethod
+    def recalibration_contribution(self, terms: Any, plan: Any, *, rng: Any) -> Any:
+        """The site's integer vector of the recalibration sum from its records' power terms (before masking)."""
+
+    @abstractmethod
+    def recalibration_sums(self, total: Any, plan: Any, *, count: float, sites: int,
+                           count_std: float = 0.0) -> tuple[Any, str]:
+        """The noisy power sums from the unmasked sum: ``(sums, "")``, or ``(None, reason)`` when it is refused."""

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from strategies.accounting.calibration import calibrate_noise
-from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsilon, l1_bound
+from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsilon, ddg_tau, l1_bound
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
@@ -57,12 +57,15 @@ from strategies.mechanisms.base import (
     ReleasedValue,
     SiteSetUp,
     record_level_closing,
+    recalibration_multiplier,
+    recalibrates,
     setup_sentence,
 )
+from strategies.mechanisms.discrete_gaussian import sample_discrete_gaussian
 from strategies.mechanisms.dp_sgd import require_decomposable_loss
 
 __all__ = ["REFUSAL_PROBABILITY", "DistributedDP", "RoundPlan", "SumBound", "WRAP_PROBABILITY", "count_std",
-           "round_plan"]
+           "gaussian_bound", "power_sum_contribution", "power_sum_plan", "round_plan"]
 
 #: The largest probability that a round's integer sum wraps around the modulus (the choice of gamma).
 WRAP_PROBABILITY = 1e-9
@@ -169,6 +172,19 @@ class RoundPlan:
             2.0 * math.log(2.0 * self.dim / p))
         return SumBound(records=n_max, data=data, noise=noise, norm=data + noise, coordinate=coordinate)
 
+    def refusal(self, total: np.ndarray, *, records: float, sites: int, count_std: float = 0.0) -> str:
+        """Why the unmasked (centred) integer sum ``total`` of ``sites`` included sites holding ``records`` agreed
+        records is beyond what honest sites can produce (:meth:`sum_bound`); "" when it is not."""
+        bound = self.sum_bound(records=records, sites=sites, count_std=count_std)
+        values = np.asarray(total, dtype=np.float64)
+        norm, largest = float(np.linalg.norm(values)), float(np.max(np.abs(values), initial=0.0))
+        if norm <= bound.norm and largest <= bound.coordinate:
+            return ""
+        return (f"the unmasked sum of {sites} sites has L2 norm {norm:.4g} and largest coordinate {largest:.4g}, "
+                f"beyond what honest sites can produce ({bound.norm:.4g} = {bound.records:.6g} records x Delta "
+                f"{self.l2:.4g} + noise tail {bound.noise:.4g}; coordinates {bound.coordinate:.4g}): a vector outside "
+                "the protocol is in the sum, and secure aggregation cannot say whose contribution did it")
+
     def report(self) -> dict[str, float]:
         """The figures the ledger recomputes ε from (the server records them for every site that was asked)."""
         return {key: float(value) for key, value in asdict(self).items()}
@@ -232,6 +248,66 @@ def round_plan(*, epsilon: float, delta: float, rounds: int, parties: int, max_d
 
 def _release(plan: RoundPlan) -> tuple[float, float, float, int, int]:
     return (plan.l2, plan.l1, plan.local_sigma, plan.honest, plan.dim)
+
+
+# ------------------------------------------------------------------------- the recalibration's secure sum
+
+#: The recalibration sum's noise is raised by this relative margin so that :func:`gaussian_bound` holds in
+#: floating point (without it, 1/(1/z) can round below z).
+BOUND_MARGIN = 1e-9
+
+
+def gaussian_bound(plan: RoundPlan) -> float:
+    r"""The noise multiplier :math:`z'` of a Gaussian mechanism (sample rate 1) whose RDP is at least that of
+    the plan's release at every order.
+
+    Proposition 14's third branch, an upper bound on the release's RDP, is
+    :math:`\frac\alpha2(\Delta_2/(\sqrt n s) + \tau\sqrt d)^2 = \alpha/(2z'^2)`, the Gaussian
+    mechanism's RDP at :math:`1/z' = \Delta_2/(\sqrt n s) + \tau\sqrt d` (n = ``plan.honest``).
+    """
+    tau = ddg_tau(plan.local_sigma, plan.honest)
+    return 1.0 / (plan.l2 / (math.sqrt(plan.honest) * plan.local_sigma) + tau * math.sqrt(plan.dim))
+
+
+def power_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, colluding: int, records: float, size: int,
+                   modulus_bits: int) -> RoundPlan:
+    r"""The public plan of the recalibration's secure sum: ``size`` power sums (:mod:`models.recalibration`),
+    each record's terms in [0, 1] (L2 norm at most :math:`\sqrt{size}`, the plan's clip), scaled by
+    :math:`\gamma`, rounded and summed with the sites' discrete Gaussian shares.
+
+    The noise is that of a Gaussian release with noise multiplier ``multiplier`` (the planned entry
+    ``(multiplier, 1, 1)`` of the site's prior, :func:`~strategies.mechanisms.base.recalibration_history`):
+    the sites' noise multiplier is raised from ``multiplier`` to :math:`1/(1/z - \tau\sqrt{size})` (and
+    :data:`BOUND_MARGIN`) so that :func:`gaussian_bound` of the plan is at least ``multiplier``; raising
+    it only raises :math:`s` and so lowers :math:`\tau`. ``ValueError`` when no such plan exists.
+    """
+    honest = parties - max_dropouts - colluding
+    if honest < 1 or not multiplier > 0:
+        raise ValueError(f"a recalibration sum of {parties} sites with {max_dropouts} drop-outs and {colluding} "
+                         f"colluding sites at noise multiplier {multiplier:g} has no honest survivor or no noise")
+    modulus, clip = 2 ** modulus_bits, math.sqrt(size)
+
+    def plan(z: float) -> RoundPlan:
+        return _plan(z, parties=parties, honest=honest, records=records, dim=size, modulus=modulus, clip=clip)
+
+    slack = 1.0 / multiplier - ddg_tau(plan(multiplier).local_sigma, honest) * math.sqrt(size)
+    result = plan((1.0 + BOUND_MARGIN) / slack) if slack > 0 else None
+    if result is None or result.gamma < 1.0 or gaussian_bound(result) < multiplier:
+        raise ValueError(f"a modulus of 2^{modulus_bits} leaves no recalibration sum at noise multiplier "
+                         f"{multiplier:g} over {honest} honest sites")
+    return result
+
+
+def power_sum_contribution(terms: np.ndarray, plan: RoundPlan, *, rng: np.random.Generator) -> np.ndarray:
+    r"""A site's integer vector of the recalibration's secure sum: :math:`\sum_i \mathrm{round}(\gamma p_i)` over
+    its records' terms ``terms`` (shape ``(records, plan.dim)``, each in [0, 1]) plus :math:`N_{\mathbb Z}(0, s^2)`
+    per coordinate, drawn from ``rng``. One record moves the rounded sum by at most :math:`\Delta = \gamma
+    \sqrt{d} + \sqrt d / 2` in L2 norm (the plan's ``l2``)."""
+    terms = np.asarray(terms, dtype=np.float64)
+    if terms.ndim != 2 or terms.shape[1] != plan.dim or not np.all((terms >= 0.0) & (terms <= 1.0)):
+        raise ValueError(f"recalibration terms must be (records, {plan.dim}) values in [0, 1], got shape {terms.shape}")
+    total = np.rint(plan.gamma * terms).astype(np.int64).sum(axis=0)  # exact: records * gamma is far below 2^62
+    return total + sample_discrete_gaussian(rng, plan.local_sigma ** 2, plan.dim)
 
 
 class DistributedDP(SecureSumMechanism):
@@ -307,15 +383,8 @@ class DistributedDP(SecureSumMechanism):
         learning rate ``lr``, its moments kept at the server.
         """
         sites = plan.parties if sites is None else sites
-        bound = plan.sum_bound(records=count, sites=sites, count_std=count_std)
-        values = total.astype(np.float64)
-        norm, largest = float(np.linalg.norm(values)), float(np.max(np.abs(values), initial=0.0))
-        if not (norm <= bound.norm and largest <= bound.coordinate):
-            return None, state or {}, (
-                f"the unmasked sum of {sites} sites has L2 norm {norm:.4g} and largest coordinate {largest:.4g}, "
-                f"beyond what honest sites can produce ({bound.norm:.4g} = {bound.records:.6g} records x Delta "
-                f"{plan.l2:.4g} + noise tail {bound.noise:.4g}; coordinates {bound.coordinate:.4g}): a vector outside "
-                "the protocol is in the sum, and secure aggregation cannot say whose contribution did it")
+        if reason := plan.refusal(total, records=count, sites=sites, count_std=count_std):
+            return None, state or {}, reason
         gradient = total.astype(np.float64) / (plan.gamma * count)
         state = dict(state or {"step": 0, "m": np.zeros(plan.dim), "v": np.zeros(plan.dim)})
         beta1, beta2, eps = 0.9, 0.999, 1e-8
@@ -329,6 +398,34 @@ class DistributedDP(SecureSumMechanism):
             new[key] = (array.astype(np.float64) - update[offset:offset + size].reshape(array.shape)).astype(array.dtype)
             offset += size
         return new, {"step": step, "m": m, "v": v}, ""
+
+    def recalibration_spread(self, cfg: ExperimentConfig, sites: int) -> float:
+        """The summed power sums' noise std over one release's: the ``sites`` shares over their ``k - D - t``
+        honest survivors' (:func:`power_sum_plan`)."""
+        honest = sites - cfg.privacy.max_dropouts - cfg.privacy.colluding_sites
+        return math.sqrt(sites / honest) if honest >= 1 else math.inf
+
+    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int) -> RoundPlan:
+        """The recalibration sum's public plan (:func:`power_sum_plan` at the run's recalibration multiplier)."""
+        try:
+            return power_sum_plan(multiplier=recalibration_multiplier(cfg), parties=parties,
+                                  max_dropouts=cfg.privacy.max_dropouts, colluding=cfg.privacy.colluding_sites,
+                                  records=float(records), size=size, modulus_bits=cfg.privacy.modulus_bits)
+        except ValueError as err:
+            raise ConfigError(f"run config: strategy 'distributed_dp' recalibration (privacy.max_dropouts, "
+                              f"privacy.colluding_sites, privacy.modulus_bits): {err}") from err
+
+    def recalibration_contribution(self, terms: np.ndarray, plan: RoundPlan, *, rng: np.random.Generator) -> np.ndarray:
+        """The site's integer vector of the recalibration sum (:func:`power_sum_contribution`)."""
+        return power_sum_contribution(terms, plan, rng=rng)
+
+    def recalibration_sums(self, total: np.ndarray, plan: RoundPlan, *, count: float, sites: int,
+                           count_std: float = 0.0) -> tuple[np.ndarray | None, str]:
+        """The noisy power sums from the unmasked (centred) sum, or ``(None, reason)`` when it is refused
+        (:meth:`RoundPlan.refusal`)."""
+        if reason := plan.refusal(total, records=count, sites=sites, count_std=count_std):
+            return None, reason
+        return np.asarray(total, dtype=np.float64) / plan.gamma, ""
 
     def ledger_entry(self, cfg: ExperimentConfig, server_round: int, site: str, *, setup: SiteSetUp,
                      reports: Sequence[Mapping[str, float] | None]) -> LedgerEntry:
@@ -376,6 +473,11 @@ class DistributedDP(SecureSumMechanism):
             "epsilon computed by the server with Kairouz, Liu & Steinke (2021), Prop. 14 (k - D - t parties), composed "
             "by RDP over the rounds in which the site was asked for its vector, converted at delta as for DP-SGD",
             setup_sentence(cfg, self.uses_private_setup(cfg)),
+            *(("the recalibration after the last round goes through the same secure sum: each site's rounded sums "
+               "(scale gamma) of its records' predicted survival powers plus its discrete Gaussian share; by Prop. 14's "
+               "third branch its RDP is at most the Gaussian mechanism's at the prior's recalibration entry (noise "
+               f"multiplier {recalibration_multiplier(cfg):.4g}, sample rate 1), the sites' noise raised until it is "
+               "(power_sum_plan)",) if recalibrates(cfg) else ()),
             "the server divides the sum by gamma and the agreed record count and takes one Adam step (lr = train.lr): "
             "post-processing",
             "what secure aggregation cannot attribute: the server sees only the sum, so it cannot say whose vector is "

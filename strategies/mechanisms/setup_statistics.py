@@ -1010,14 +1010,16 @@ class RecalibrationPlan:
 
 
 def recalibration_plan(time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None, *, count: float,
-                       sites: int, multiplier: float) -> RecalibrationPlan | None:
+                       spread: float, multiplier: float) -> RecalibrationPlan | None:
     """The plan from the set-up's denoised time histogram (``SharedSetup.time_counts``), for ``count``
-    records (the agreed counts' sum) over ``sites`` sites whose releases take noise multiplier
-    ``multiplier``. None without a histogram, or when the summed noise of one power sum would exceed
-    ``RECALIBRATION_MAX_ERROR`` of ``count`` (too few records for the budget: the release is then not
-    planned, and training gets its share). Post-processing of public values only."""
+    records (the agreed counts' sum), a release of noise multiplier ``multiplier`` whose summed noise is
+    ``spread`` times one release's (the square root of the site count where each site adds all of its own,
+    less through a secure sum: ``HorizontalMechanism.recalibration_spread``). None without a histogram,
+    or when the summed noise of one power sum would exceed ``RECALIBRATION_MAX_ERROR`` of ``count`` (too
+    few records for the budget: the release is then not planned, and training gets its share).
+    Post-processing of public values only."""
     size = len(RECALIBRATION_QUANTILES) * len(EXPONENTS)
-    if time_counts is None or multiplier * math.sqrt(size * sites) > RECALIBRATION_MAX_ERROR * count:
+    if time_counts is None or multiplier * math.sqrt(size) * spread > RECALIBRATION_MAX_ERROR * count:
         return None
     points, events, censored = (np.asarray(part, dtype=np.float64) for part in time_counts)
     records = events + censored
