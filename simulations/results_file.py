@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import multiprocessing
 import signal
 import statistics
 import subprocess
@@ -63,7 +64,10 @@ def append_runs(
 
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.exists()
-    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=workers,
+    # spawned, not forked: a fork of a process whose threads (torch's, an earlier in-process run's) hold a lock can
+    # leave the worker waiting on that lock for ever (a grid run from the test suite hung so)
+    context = multiprocessing.get_context("spawn")
+    with path.open("a", newline="") as handle, ProcessPoolExecutor(max_workers=workers, mp_context=context,
                                                                    initializer=_leave_signals_to_parent) as pool:
         writer = csv.DictWriter(handle, fieldnames=list(fields))
         if new_file:

@@ -21,13 +21,17 @@ GRID = textwrap.dedent("""
     def main():
         append_runs(Path(sys.argv[1]), ["job"], list(range(40)), run, workers=2, describe=str)
 
-    sys.exit(interrupt.run_stoppable(main))
+    if __name__ == "__main__":  # the spawned workers import this file
+        sys.exit(interrupt.run_stoppable(main))
 """)
 
 
 def test_ctrl_c_to_the_process_group_stops_a_grid_after_its_runs_under_way_keeping_its_rows(tmp_path: Path) -> None:
-    out = tmp_path / "rows.csv"
-    process = subprocess.Popen([sys.executable, "-c", GRID, str(out)], cwd=Path(__file__).resolve().parent.parent,
+    out, script = tmp_path / "rows.csv", tmp_path / "grid.py"
+    script.write_text(GRID)
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, str(script), str(out)], cwd=root,
+                               env={**os.environ, "PYTHONPATH": str(root)},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
