@@ -47,7 +47,7 @@ _FLCHAIN_ARGS = ["--epsilons", "3,4,5,7", "--metrics", "c_index,ibs,inbll", "--m
 #: The adaptive-DP grids (folder: title, the arguments their commands ran with; docs/results/adaptive_dp.md, "Commands").
 ADAPTIVE_DP_GRIDS: dict[str, tuple[str, list[str]]] = {
     "flchain_62d9d39": ("flchain, the code of commit 62d9d39", _FLCHAIN_ARGS),
-    "sim_cox_cf9d528": ("sim_cox, the code of commit cf9d528 (repetitions 0-7 of 10)", _SIM_COX_ARGS),
+    "sim_cox_cf9d528": ("sim_cox, the code of commit cf9d528", _SIM_COX_ARGS),
     "sim_cox": ("sim_cox (commits 20086e3 and 59e12dd, the defaults of their time)", _SIM_COX_ARGS),
     "flchain": ("flchain (commit 26dd4a2, the defaults of its time)", _FLCHAIN_ARGS),
 }
