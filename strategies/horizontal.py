@@ -1098,14 +1098,19 @@ class SurvivalFedAvg(FedAvg):
     def _secure_power_sums(self, server_round: int, content: RecordDict, grid: Grid,
                            plan: RecalibrationPlan) -> tuple[np.ndarray | None, float]:
         """The sites' summed power sums through the secure sum (the mechanism's ``recalibration_plan``), and the
-        included sites' agreed records. A protocol that does not complete, or a sum beyond what honest sites can
-        produce, is a failure of phase ``recalibration`` (a refused sum names no site) and gives no sums."""
+        included sites' agreed records. A plan the run's keys cannot meet, a protocol that does not complete, or a
+        sum beyond what honest sites can produce is a failure of phase ``recalibration`` (naming no site) and gives
+        no sums."""
         from strategies.mechanisms.distributed_dp import count_std
         from strategies.secure_aggregation import centred
 
         nodes = sorted(node for node in grid.get_node_ids() if node in self.node_sites)
         records = sum(self.setups[self.node_sites[node]].count for node in nodes)
-        secure = self.mechanism.recalibration_plan(self.cfg, parties=len(nodes), records=records, size=plan.size)
+        try:
+            secure = self.mechanism.recalibration_plan(self.cfg, parties=len(nodes), records=records, size=plan.size)
+        except ConfigError as err:  # nothing was asked of any site: the curves stay as trained
+            self._record(server_round).failures.append(failure("recalibration", UNATTRIBUTABLE, 0, str(err)))
+            return None, 0.0
         result = self._secure_sum(grid, server_round, nodes, modulus=secure.modulus, dim=plan.size, records=records,
                                   content=lambda node: RecordDict(dict(content.items())), phase="recalibration")
         included = [self.node_sites[node] for node in result.included]

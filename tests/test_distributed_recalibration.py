@@ -116,6 +116,19 @@ def test_a_recalibration_sum_outside_the_protocol_is_refused_unattributed(tmp_pa
     assert summary["test"]["c_index"] > 0.5
 
 
+def test_a_recalibration_sum_the_keys_cannot_plan_is_a_named_failure_not_a_crash(tmp_path, monkeypatch):
+    def unplannable(self, cfg, *, parties, records, size):
+        raise ConfigError("run config: strategy 'distributed_dp' recalibration (privacy.modulus_bits): no room")
+
+    seen = []
+    monkeypatch.setattr(DistributedDP, "recalibration_plan", unplannable)
+    run_inprocess({**RUN, "output.dir": str(tmp_path)}, observe=lambda message, reply: seen.append(message))
+    failures = _last_line(tmp_path)["failures"]
+    assert [(f["phase"], f["site"]) for f in failures] == [("recalibration", "unattributable")]
+    assert "privacy.modulus_bits" in failures[0]["reason"]
+    assert not any(RECALIBRATION_HORIZONS in m.content["config"] for m in seen if "config" in m.content)
+
+
 def test_a_distributed_dp_site_refuses_a_plain_recalibration_query(tmp_path, monkeypatch):
     """A server that asks for the sums in the clear (each site's own noise, outside the secure sum) is refused."""
     monkeypatch.setattr(SurvivalFedAvg, "_secure_power_sums", SurvivalFedAvg._power_sums)
