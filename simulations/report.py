@@ -59,7 +59,7 @@ FSL_BDP_GRIDS: dict[str, str] = {
     "states": "SBA loans, 40 states as sites (5 seeds; commit d452edc, the defaults of its time)",
 }
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
-TABLE2_GRIDS: tuple[str, ...] = ("table2", "table2_clean_inference", "table2_embedding16",
+TABLE2_GRIDS: tuple[str, ...] = ("table2_ba9875a", "table2", "table2_clean_inference", "table2_embedding16",
                                  "table2_embedding16_large_epsilon")
 MEMBERSHIP_GRIDS: dict[str, str] = {
     "flchain_b96d482": "flchain, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
