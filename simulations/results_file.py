@@ -7,6 +7,7 @@ loses at most the runs in flight.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import multiprocessing
@@ -14,7 +15,7 @@ import signal
 import statistics
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,12 @@ def append_runs(
     path: Path, fields: Sequence[str], jobs: Sequence[Any], run: Callable[[Any], dict[str, Any]], *,
     workers: int, describe: Callable[[dict[str, Any]], str],
 ) -> None:
-    """Run ``run(job)`` for every job in ``workers`` processes; append and flush its rows as they come.
+    """Run ``run(job)`` for every job in ``workers`` processes; append and flush its rows in job order as they come.
 
     ``run(job)`` returns one row or a list of rows (a run that yields one row per site, say);
-    ``describe(row)`` is the progress line printed for each row. Under :func:`flwr_app.interrupt.run_stoppable`, a
-    signal (Ctrl-C reaches the workers too; they ignore it) stops the grid after the runs under way: no further run
-    starts, and the rows written stay.
+    ``describe(row)`` is the progress line printed for each row. A job is submitted only when a worker is free,
+    so under :func:`flwr_app.interrupt.run_stoppable` a signal (Ctrl-C reaches the workers too; they ignore it)
+    stops the grid after the runs under way: no further run starts, and the rows written stay.
     """
     from flwr_app.interrupt import raise_before_run
 
@@ -72,14 +73,21 @@ def append_runs(
         writer = csv.DictWriter(handle, fieldnames=list(fields))
         if new_file:
             writer.writeheader()
+        queue, written = iter(jobs), 0
+        running = [pool.submit(run, job) for job in itertools.islice(queue, workers)]  # in job order
         try:
-            for count, result in enumerate(pool.map(run, jobs), start=1):
-                rows = result if isinstance(result, list) else [result]
-                writer.writerows(rows)
-                handle.flush()
-                for row in rows:
-                    print(f"[{count}/{len(jobs)}] {describe(row)}", flush=True)
+            while running:
+                wait(running, return_when=FIRST_COMPLETED)
+                while running and running[0].done():  # the rows of the oldest runs, in job order
+                    result, written = running.pop(0).result(), written + 1
+                    rows = result if isinstance(result, list) else [result]
+                    writer.writerows(rows)
+                    handle.flush()
+                    for row in rows:
+                        print(f"[{written}/{len(jobs)}] {describe(row)}", flush=True)
                 raise_before_run()  # a stop was requested (interrupt.run_stoppable): no further run starts
+                busy = sum(not future.done() for future in running)
+                running += [pool.submit(run, job) for job in itertools.islice(queue, workers - busy)]
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # the runs under way finish; their rows are not written
             raise

@@ -15,6 +15,8 @@ GRID = textwrap.dedent("""
     from simulations.results_file import append_runs
 
     def run(job):
+        with open(sys.argv[1] + ".started", "a") as handle:  # which runs started, and so how many
+            handle.write(f"{job}\\n")
         time.sleep(0.5)
         return {"job": job}
 
@@ -43,3 +45,5 @@ def test_ctrl_c_to_the_process_group_stops_a_grid_after_its_runs_under_way_keepi
     rows = out.read_text().splitlines()
     assert rows[0] == "job" and rows[1:] == [str(job) for job in range(len(rows) - 1)]  # in order, none torn
     assert 2 <= len(rows) - 1 < 40  # the grid stopped well before its end
+    started = (tmp_path / "rows.csv.started").read_text().split()
+    assert len(started) <= len(rows) - 1 + 2, started  # no run started after the stop: only the 2 under way
