@@ -632,10 +632,9 @@ def secagg_masked(message: Message, context: Context) -> Message:
 
     from flwr_app import task
     from strategies import secure_aggregation as secagg
+    from strategies.horizontal import RECALIBRATION_HORIZONS
     from strategies.mechanisms.base import SecureSumMechanism
     from strategies.mechanisms.registry import horizontal_mechanism
-
-    from strategies.horizontal import RECALIBRATION_HORIZONS
 
     public = context.state.config_records[SECAGG_ROUND]
     parties, records = int(public["parties"]), float(public["records"])
