@@ -223,16 +223,16 @@ def at_once_allowed() -> Iterator[None]:
 
 def run_stoppable(main: Callable[[], object]) -> int:
     """Run ``main`` (a command-line entry point whose runs go one after another in this process) and return its exit
-    code (what it returns if that is an int, else 0): SIGINT or SIGTERM stops the run in progress after its round (:func:`stop_on_signals`; the in-process
-    runner starts no other, :func:`raise_before_run`), prints one line and returns ``128 + signal``; a second signal
-    stops at once. What was written up to then stays."""
+    code (what it returns if that is an int, else 0): SIGINT or SIGTERM stops the run in progress after its round
+    (:func:`stop_on_signals`; the in-process runner starts no other, :func:`raise_before_run`; a grid finishes its
+    runs under way), prints one line (the stop's own message: where it stopped, how to go on) and returns
+    ``128 + signal``; a second signal stops at once. What was written up to then stays."""
     with stop_on_signals(), at_once_allowed():
         try:
             code = main()
             return code if isinstance(code, int) else 0  # a main may return its results (a dict): success
         except (StopRequested, Interrupted) as stop:
-            how = "the run in progress stopped after its round" if isinstance(stop, StopRequested) else "stopped at once"
-            print(f"stopped: {_name(stop.signum)}: {how}; what was written up to then is kept", file=sys.stderr)
+            print(f"stopped: {stop}; what was written up to then is kept", file=sys.stderr)
             return stop.exit_code
 
 

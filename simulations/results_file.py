@@ -1,7 +1,7 @@
 """The results file of a reproduction grid: one CSV row per run, appended as each run finishes.
 
-A rerun reads the rows already there and runs only the missing ones, so an interrupted grid
-loses at most the runs in flight.
+A rerun reads the rows already there and runs only the missing ones. A grid stopped by a signal
+writes the rows of its runs under way first; only a second signal (stop at once) loses them.
 """
 
 from __future__ import annotations
@@ -57,11 +57,16 @@ def append_runs(
     """Run ``run(job)`` for every job in ``workers`` processes; append and flush its rows in job order as they come.
 
     ``run(job)`` returns one row or a list of rows (a run that yields one row per site, say);
-    ``describe(row)`` is the progress line printed for each row. A job is submitted only when a worker is free,
-    so under :func:`flwr_app.interrupt.run_stoppable` a signal (Ctrl-C reaches the workers too; they ignore it)
-    stops the grid after the runs under way: no further run starts, and the rows written stay.
+    ``describe(row)`` is the progress line printed for each row. A job is submitted only when a worker is free.
+    Under :func:`flwr_app.interrupt.run_stoppable` (Ctrl-C reaches the workers too; they ignore it):
+
+    * a first signal stops the grid after the runs under way: no further run starts, their rows are written,
+      and :class:`~flwr_app.interrupt.StopRequested` says how many rows the file holds;
+    * a second signal stops at once: the workers are killed and the rows of the runs under way are lost.
+
+    A run that raises stops the grid the same way as a first signal, then its error is raised.
     """
-    from flwr_app.interrupt import raise_before_run
+    from flwr_app.interrupt import Interrupted, StopRequested, raise_before_run
 
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.exists()
@@ -73,24 +78,60 @@ def append_runs(
         writer = csv.DictWriter(handle, fieldnames=list(fields))
         if new_file:
             writer.writeheader()
-        queue, written = iter(jobs), 0
+        written = itertools.count(1)
+
+        def write(result: dict[str, Any] | list[dict[str, Any]]) -> None:
+            rows = result if isinstance(result, list) else [result]
+            writer.writerows(rows)
+            handle.flush()
+            for row in rows:
+                print(f"[{next(written)}/{len(jobs)}] {describe(row)}", flush=True)
+
+        queue = iter(jobs)
         running = [pool.submit(run, job) for job in itertools.islice(queue, workers)]  # in job order
         try:
             while running:
                 wait(running, return_when=FIRST_COMPLETED)
                 while running and running[0].done():  # the rows of the oldest runs, in job order
-                    result, written = running.pop(0).result(), written + 1
-                    rows = result if isinstance(result, list) else [result]
-                    writer.writerows(rows)
-                    handle.flush()
-                    for row in rows:
-                        print(f"[{written}/{len(jobs)}] {describe(row)}", flush=True)
+                    write(running.pop(0).result())
                 raise_before_run()  # a stop was requested (interrupt.run_stoppable): no further run starts
                 busy = sum(not future.done() for future in running)
                 running += [pool.submit(run, job) for job in itertools.islice(queue, workers - busy)]
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # the runs under way finish; their rows are not written
+        except (Interrupted, KeyboardInterrupt):
+            _stop_at_once(pool)
             raise
+        except StopRequested as stop:
+            _finish(running, write, pool)
+            with path.open(newline="") as rows_file:
+                rows = sum(1 for _ in csv.DictReader(rows_file))
+            raise StopRequested(f"{signal.Signals(stop.signum).name}: the grid stopped after its runs under way; "
+                                f"{path} holds {rows} rows (the same command runs the rest)",
+                                signum=stop.signum, completed=rows) from None
+        except BaseException:
+            _finish(running, write, pool)
+            raise
+
+
+def _finish(running: list[Any], write: Callable[[Any], None], pool: ProcessPoolExecutor) -> None:
+    """Wait for the runs under way and write the rows of those that succeed, in job order (a second signal: at once)."""
+    from flwr_app.interrupt import Interrupted
+
+    try:
+        for future in running:
+            try:
+                write(future.result())
+            except Exception:  # noqa: BLE001 - the grid is stopping already; the first error is the one raised
+                continue
+    except (Interrupted, KeyboardInterrupt):
+        _stop_at_once(pool)
+        raise
+
+
+def _stop_at_once(pool: ProcessPoolExecutor) -> None:
+    """Kill the grid's workers (they ignore SIGINT and SIGTERM) and drop the runs not started."""
+    for child in multiprocessing.active_children():
+        child.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _leave_signals_to_parent() -> None:

@@ -106,8 +106,9 @@ def test_an_entry_point_of_in_process_runs_stops_after_the_round_on_sigterm_and_
     assert signal.getsignal(signal.SIGTERM) is previous  # the handlers come back
     assert started == [0]
     assert torch.load(tmp_path / "0" / "checkpoint.pt", weights_only=True)["round"] == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "stopped: SIGTERM: the run in progress stopped after its round; what was written up to then is kept")
+    assert capsys.readouterr().err.splitlines()[-1] == (  # the stop's own message: where it stopped, how to go on
+        f"stopped: SIGTERM: the run stopped after round 2 of 3; continue it with the same settings and "
+        f"resume.from={tmp_path / '0'}; what was written up to then is kept")
 
 
 def test_a_split_run_stops_between_epochs_with_its_ledger_counting_what_was_sent(tmp_path):
