@@ -96,14 +96,14 @@ LOWER_IS_BETTER = {"ibs", "inbll"}
 
 def _run(job: tuple[str, float, int, dict[str, Any]]) -> dict[str, Any]:
     """One federation; the row of results.csv (the worst site's ledger figures; NaN metrics if the model diverged)."""
-    from simulations.engine import run_inprocess
+    from simulations.engine import run_inprocess, strategy_overrides
     from strategies.accounting.ledger import PrivacyLedger
 
     method, epsilon, seed, shared = job
     warnings.simplefilter("ignore", RuntimeWarning)  # overflow in a diverged model: reported as such
     started = time.perf_counter()
     if method == "no DP":  # no mechanism: the shared privacy keys would be refused as having no effect
-        shared = {key: value for key, value in shared.items() if not key.startswith("privacy.")}
+        shared, _ = strategy_overrides(METHODS[method]["strategy.name"], shared)
     with TemporaryDirectory() as out:
         overrides = {**shared, **METHODS[method], "seed": seed, "baseline.centralized": False, "output.dir": out,
                      "privacy.epsilon": "inf" if method == "no DP" else epsilon}

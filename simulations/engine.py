@@ -347,6 +347,17 @@ def resolve(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentCon
     return fused, parse_run_config(fused)
 
 
+def strategy_overrides(strategy: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``shared`` without the mechanism keys that ``strategy`` does not honour (it would refuse them: e.g.
+    ``train.local_epochs`` for ``distributed_dp``, whose round is one gradient step), and the keys left out."""
+    from strategies.config import mechanism_keys
+    from strategies.mechanisms.registry import get_mechanism
+
+    honours, keys = get_mechanism(strategy).honours, set(mechanism_keys())
+    dropped = tuple(key for key in shared if key in keys and key not in honours)
+    return {key: value for key, value in shared.items() if key not in dropped}, dropped
+
+
 def _prepare(overrides: Mapping[str, Any], runner: str) -> tuple[dict[str, Any], ExperimentConfig, RunOutputs]:
     """The fused and parsed run config of ``overrides``, and the run's outputs (checked before anything runs).
 

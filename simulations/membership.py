@@ -60,17 +60,6 @@ def targets(strategy: str) -> tuple[str, ...]:
     return ("global",) if isinstance(horizontal_mechanism(strategy), SecureSumMechanism) else TARGETS
 
 
-def strategy_overrides(strategy: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """``shared`` without the mechanism keys that ``strategy`` does not honour (it would refuse them: e.g.
-    ``train.local_epochs`` for ``distributed_dp``, whose round is one gradient step), and the keys left out."""
-    from strategies.config import mechanism_keys
-    from strategies.mechanisms.registry import get_mechanism
-
-    honours, keys = get_mechanism(strategy).honours, set(mechanism_keys())
-    dropped = tuple(key for key in shared if key in keys and key not in honours)
-    return {key: value for key, value in shared.items() if key not in dropped}, dropped
-
-
 def record_level_budget(entry: Mapping[str, Any] | None, *, target: str) -> tuple[float, float, str]:
     """The record-level (ε, δ) that bounds a membership attack on ``target``, from the site's last ledger entry.
 
@@ -112,7 +101,7 @@ def _audit(job: tuple[str, float, int, dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
 
     from flwr_app import task
-    from simulations.engine import resolve, run_inprocess
+    from simulations.engine import resolve, run_inprocess, strategy_overrides
     from strategies.audits.membership import (
         loss_threshold_attack,
         max_advantage,
@@ -169,6 +158,8 @@ def _audit(job: tuple[str, float, int, dict[str, Any]]) -> list[dict[str, Any]]:
 def run_grid(out: Path, strategies: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
              shared: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
     """Run the missing (strategy, ε, seed) audits (FedAvg once per seed, at ε = inf); return every row."""
+    from simulations.engine import strategy_overrides
+
     path = out / "results.csv"
     for strategy in strategies:
         if dropped := strategy_overrides(strategy, shared)[1]:
