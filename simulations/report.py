@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -59,13 +60,30 @@ FSL_BDP_GRIDS: dict[str, str] = {
     "states": "SBA loans, 40 states as sites (5 seeds; commit d452edc, the defaults of its time)",
 }
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
-TABLE2_GRIDS: tuple[str, ...] = ("table2_ba9875a", "table2", "table2_clean_inference", "table2_embedding16",
-                                 "table2_embedding16_large_epsilon")
+#: Table 1's folders (docs/results/bvflmsp/<folder>/<data>): folder -> the code that produced its rows.
+TABLE1_GRIDS: dict[str, str] = {
+    "table1_054062b": "the code of commit 054062b (BayesianMultisurv: seeds 0 and 1 only)",
+    "table1": "commits ca7f039 and fb158fa (before the encoders without batch norm, bc677bf, and the IBS/INBLL "
+              "censoring convention, 1664c29)",
+}
+#: Table 2's grids (docs/results/bvflmsp/<folder>): folder -> title naming the code that produced its rows.
+TABLE2_GRIDS: dict[str, str] = {
+    "table2_ba9875a": "table2_ba9875a: the code of commit ba9875a (seed 0)",
+    "table2": "table2: commits 8ecba34 and 210b245 (the rows saved there; before bc677bf and 1664c29)",
+    "table2_clean_inference": "table2_clean_inference: commit 8ecba34, the defaults of its time",
+    "table2_embedding16": "table2_embedding16: commit 8ecba34, the defaults of its time",
+    "table2_embedding16_large_epsilon": "table2_embedding16_large_epsilon: commit 8ecba34, the defaults of its time",
+}
 MEMBERSHIP_GRIDS: dict[str, str] = {
     "flchain_b96d482": "flchain, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
     "metabric_overfit_b96d482": "metabric built to over-fit, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
 }
 UNCERTAINTY_DATA: tuple[str, ...] = ("metabric", "synthetic_multimodal")
+#: The uncertainty runs' folders (docs/results/bvflmsp/<folder>/<data>): folder -> the code that produced them.
+UNCERTAINTY_GRIDS: dict[str, str] = {
+    "uncertainty_054062b": "the code of commit 054062b",
+    "uncertainty": "the code of commit 62850f5 (saved at 35cf494; before the encoders without batch norm, bc677bf)",
+}
 
 
 def _quietly(main: Callable[[list[str]], object], argv: list[str]) -> None:
@@ -192,10 +210,10 @@ def fsl_bdp_section(results: Path, out: Path) -> str:
 def bvflmsp_table1_section(results: Path, out: Path) -> str:
     """BVFLMSP Table 1: centralised baselines on three data sets, the paper's TCGA C-indices beside them."""
     blocks = []
-    for data in TABLE1_DATA:
-        folder = results / "bvflmsp" / "table1" / data
+    for (grid, code), data in itertools.product(TABLE1_GRIDS.items(), TABLE1_DATA):
+        folder = results / "bvflmsp" / grid / data
         _quietly(table1.main, ["--data", data, "--out", str(folder), "--report-only"])
-        blocks += [f"### {data}", "", (folder / "table.md").read_text(encoding="utf-8"), ""]
+        blocks += [f"### {data}, {code}", "", (folder / "table.md").read_text(encoding="utf-8"), ""]
     blocks += ["### The paper's Table 1 (TCGA, C-index; a different data set, for reference)", "",
                "| Model | " + " | ".join(table1.PAPER_TABLE1_COLUMNS) + " |",
                "| --- |" + " --- |" * len(table1.PAPER_TABLE1_COLUMNS)]
@@ -207,7 +225,7 @@ def bvflmsp_table1_section(results: Path, out: Path) -> str:
 
 def bvflmsp_table2_section(results: Path, out: Path) -> str:
     """BVFLMSP Table 2: split learning under embedding DP; record-level RDP ε beside the paper's ε claim."""
-    blocks = _grid_blocks(out, bvflmsp.main, {grid: results / "bvflmsp" / grid for grid in TABLE2_GRIDS})
+    blocks = _grid_blocks(out, bvflmsp.main, {title: results / "bvflmsp" / grid for grid, title in TABLE2_GRIDS.items()})
     blocks.append(f"Setup, commands, the diagnostics and reading: {_link(results / 'bvflmsp.md', out)}.")
     return "\n".join(blocks)
 
@@ -217,10 +235,10 @@ def uncertainty_section(results: Path, out: Path) -> str:
     blocks = ["Mean width of the 95 % band of the survival curve over test records (mean ± std over seeds), "
               "with all modalities, with one modality masked at prediction, and retrained without it; "
               "\"wider\" counts the seeds on which the band is wider than with all modalities.", ""]
-    for data in UNCERTAINTY_DATA:
-        folder = results / "bvflmsp" / "uncertainty" / data
+    for (grid, code), data in itertools.product(UNCERTAINTY_GRIDS.items(), UNCERTAINTY_DATA):
+        folder = results / "bvflmsp" / grid / data
         summary = pd.read_csv(folder / "summary.csv", float_precision="round_trip")
-        blocks += [f"### {data}", "", "| setup | modality | band width | C-index | difference | wider |",
+        blocks += [f"### {data}, {code}", "", "| setup | modality | band width | C-index | difference | wider |",
                    "| --- | --- | --- | --- | --- | --- |"]
         for _, row in summary.iterrows():
             modality = row["modality"] if isinstance(row["modality"], str) else "–"
