@@ -66,7 +66,7 @@ def append_runs(
 
     A run that raises stops the grid the same way as a first signal, then its error is raised.
     """
-    from flwr_app.interrupt import Interrupted, StopRequested, raise_before_run
+    from flwr_app.interrupt import StopRequested, raise_before_run
 
     path.parent.mkdir(parents=True, exist_ok=True)
     new_file = not path.exists()
@@ -97,7 +97,7 @@ def append_runs(
                 raise_before_run()  # a stop was requested (interrupt.run_stoppable): no further run starts
                 busy = sum(not future.done() for future in running)
                 running += [pool.submit(run, job) for job in itertools.islice(queue, workers - busy)]
-        except (Interrupted, KeyboardInterrupt):
+        except KeyboardInterrupt:  # a second signal (interrupt.Interrupted), or Ctrl-C without run_stoppable
             _stop_at_once(pool)
             raise
         except StopRequested as stop:
@@ -114,21 +114,20 @@ def append_runs(
 
 def _finish(running: list[Any], write: Callable[[Any], None], pool: ProcessPoolExecutor) -> None:
     """Wait for the runs under way and write the rows of those that succeed, in job order (a second signal: at once)."""
-    from flwr_app.interrupt import Interrupted
-
     try:
         for future in running:
             try:
                 write(future.result())
             except Exception:  # noqa: BLE001 - the grid is stopping already; the first error is the one raised
                 continue
-    except (Interrupted, KeyboardInterrupt):
+    except KeyboardInterrupt:
         _stop_at_once(pool)
         raise
 
 
 def _stop_at_once(pool: ProcessPoolExecutor) -> None:
-    """Kill the grid's workers (they ignore SIGINT and SIGTERM) and drop the runs not started."""
+    """Kill the grid's workers (they ignore SIGINT and SIGTERM; a grid's process has no other child processes) and
+    drop the runs not started."""
     for child in multiprocessing.active_children():
         child.kill()
     pool.shutdown(wait=False, cancel_futures=True)
