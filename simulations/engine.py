@@ -71,7 +71,7 @@ from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_c
 from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
 from flwr_app.outputs import RunOutputs
 from models.split_run import SITES_DIR
-from simulations.inprocess import INPROCESS_RUN_ID, InProcessGrid, site_processes
+from simulations.inprocess import InProcessGrid, new_run_id, site_processes
 from strategies.config import AUTO, ENGINES, INPROCESS_MAX_SITES
 from strategies.mechanisms.registry import get_mechanism
 
@@ -550,11 +550,12 @@ def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, A
                     observe: Callable[[Message, Message], None] | None, processes: int) -> None:
     """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`, the sites in ``processes``
     processes (this one and workers)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    run_id = new_run_id()  # one per run, as a SuperLink's: a site's ledger tells two runs apart
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs,
-                         processes=processes)
+                         processes=processes, run_id=run_id)
     try:
-        server_app.app(grid, Context(run_id=INPROCESS_RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
+        server_app.app(grid, Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},
                                      state=RecordDict(), run_config=fused))
     finally:
         grid.close()

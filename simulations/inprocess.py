@@ -13,6 +13,7 @@ import copy
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,12 +34,15 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies.config import PARALLEL_MIN_SITES
 
-__all__ = ["INPROCESS_RUN_ID", "PARALLEL_MIN_SITES", "InProcessGrid", "site_processes"]
+__all__ = ["PARALLEL_MIN_SITES", "InProcessGrid", "new_run_id", "site_processes"]
 
 _log = logging.getLogger(__name__)
 
-#: The run ID of every in-process run (one run per grid).
-INPROCESS_RUN_ID = 1
+
+def new_run_id() -> int:
+    """A fresh run ID, as Flower's SuperLink draws one: a random positive 63-bit integer (a site's ledger tells runs
+    apart by it)."""
+    return secrets.randbelow(2**63 - 1) + 1
 
 
 def site_processes(num_sites: int, *, cpus: int | None = None) -> int:
@@ -146,13 +150,14 @@ class InProcessGrid(Grid):
     need what the server received, e.g. the sites' updates or embeddings; tests of what a site was
     sent): one process only. ``node_configs`` replaces the simulated partitions with the given node
     configs (a deployment's ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1``
-    getting ``node_configs[i]`` (``nodes[i]`` where given).
+    getting ``node_configs[i]`` (``nodes[i]`` where given). ``run_id``: the run's ID, the same in every process
+    (default: a new one, :func:`new_run_id`), in :attr:`run_id` and every node's context.
     """
 
     def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
                  observe: Callable[[Message, Message], None] | None = None,
                  node_configs: Sequence[Mapping[str, Any]] | None = None, processes: int = 1,
-                 nodes: Sequence[int] | None = None) -> None:
+                 nodes: Sequence[int] | None = None, run_id: int | None = None) -> None:
         if node_configs is None:
             node_configs = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_nodes} for index in range(num_nodes)]
         elif len(node_configs) != num_nodes:
@@ -163,15 +168,17 @@ class InProcessGrid(Grid):
         shares = _shares(list(configs), max(1, min(processes, num_nodes)))
         self.app = app
         self.observe = observe
-        self._run = Run.create_empty(run_id=INPROCESS_RUN_ID)
-        self.contexts = {node: Context(run_id=INPROCESS_RUN_ID, node_id=node, node_config=configs[node],
+        self.run_id = new_run_id() if run_id is None else run_id
+        self._run = Run.create_empty(run_id=self.run_id)
+        self.contexts = {node: Context(run_id=self.run_id, node_id=node, node_config=configs[node],
                                        state=RecordDict(), run_config=dict(run_config)) for node in shares[0]}
         self.replies: dict[str, Message] = {}
         self.timeout: float | None = None
         self.observer_error: Exception | None = None
         self._lock = threading.Lock()
         self._courier: _Courier | None = None
-        self._workers = [_Worker(dict(run_config), {node: configs[node] for node in share}) for share in shares[1:]]
+        self._workers = [_Worker(dict(run_config), {node: configs[node] for node in share}, self.run_id)
+                         for share in shares[1:]]
         self._worker_of = {node: worker for worker in self._workers for node in worker.nodes}
 
     def set_run(self, run: Run) -> None:
@@ -291,7 +298,7 @@ class _Worker:
     #: Seconds a worker gets to end when the grid closes before it is killed.
     CLOSE_S = 5.0
 
-    def __init__(self, run_config: dict[str, Any], configs: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, run_config: dict[str, Any], configs: dict[int, dict[str, Any]], run_id: int) -> None:
         self.nodes = list(configs)
         self._connection, theirs = multiprocessing.Pipe()
         path = os.pathsep.join(entry for entry in sys.path if entry)  # the modules this process imports
@@ -299,7 +306,7 @@ class _Worker:
             [sys.executable, "-m", "simulations.inprocess", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
         theirs.close()
-        self._connection.send((run_config, configs))
+        self._connection.send((run_config, configs, run_id))
         self._waiting = 0
         self._timeout: float | None = None
 
@@ -370,12 +377,11 @@ class _KeptRecords(logging.Handler):
 
 
 def _serve(connection: Connection) -> None:
-    """A worker process: take its run config and nodes, then deliver each batch it is sent to its nodes and send
+    """A worker process: take its run config, nodes and run ID, then deliver each batch it is sent to its nodes and send
     back the replies and its log records, until it is sent None or its parent has gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from flwr_app import client_app
 
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
     kept = _KeptRecords()
     logging.getLogger().addHandler(kept)
     flwr_logger = logging.getLogger("flwr")
@@ -383,9 +389,10 @@ def _serve(connection: Connection) -> None:
     flwr_logger.setLevel(logging.WARNING)
     grid: InProcessGrid | None = None
     try:
-        run_config, configs = connection.recv()
+        run_config, configs, run_id = connection.recv()
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
         grid = InProcessGrid(client_app.app, run_config, len(configs), node_configs=list(configs.values()),
-                             nodes=list(configs))
+                             nodes=list(configs), run_id=run_id)
         while (request := connection.recv()) is not None:
             messages, grid.timeout = request
             grid.deliver(messages)

@@ -157,7 +157,7 @@ def test_the_in_process_grid_delivers_in_one_thread_and_gives_up_on_a_hung_site_
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    for name, value in (("_task_id", 1), ("_run_id", engine.INPROCESS_RUN_ID), ("_node_id", engine.SUPERLINK_NODE_ID)):
+    for name, value in (("_task_id", 1), ("_run_id", engine.new_run_id()), ("_node_id", engine.SUPERLINK_NODE_ID)):
         monkeypatch.setattr(engine.TaskIdentity, name, value)  # what a run sets (messages are stamped with them)
     app, release, handled = ClientApp(), threading.Event(), []
 
@@ -224,7 +224,7 @@ def test_a_worker_process_that_ends_leaves_its_sites_without_replies_and_the_gri
 
     from flwr_app import client_app
 
-    for name, value in (("_task_id", 1), ("_run_id", engine.INPROCESS_RUN_ID), ("_node_id", engine.SUPERLINK_NODE_ID)):
+    for name, value in (("_task_id", 1), ("_run_id", engine.new_run_id()), ("_node_id", engine.SUPERLINK_NODE_ID)):
         monkeypatch.setattr(engine.TaskIdentity, name, value)
     fused, _ = engine.resolve({"data.name": "sim_cox", "federation.num_sites": 4})
     grid = engine.InProcessGrid(client_app.app, fused, 4, processes=2)
