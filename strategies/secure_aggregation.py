@@ -35,6 +35,27 @@ total, and the server with ``t`` colluders learns nothing but that total. A secr
 ``threshold > t`` shares, and ``threshold <= num_shares - D`` so that ``D`` drop-outs still leave
 enough. :func:`protocol_parameters` picks both.
 
+A server that names different survivors to different sites (Bonawitz et al. 2017's active server): a partner site
+does not rely on the server here. Each holder of site ``u``'s shares reveals, at stage 3, its share of ``u``'s
+seed ``b`` (told ``u`` survived) or of ``u``'s first secret key (told ``u`` dropped), never both, and a site
+named dropped itself refuses; so by telling some holders one thing and the others the other, a lying server
+gets both secrets of ``u`` (and with them ``u``'s vector) iff two disjoint sets of the ``n - t`` honest holders
+(``n`` the holders, ``u`` itself among them, as it reveals its own share of its seed) each reach the threshold
+with the ``t`` colluders' shares: iff ``2 * threshold <= n + t``. Every site refuses such parameters before it
+makes a key or a share (:func:`_refuse_survivor_lies`, in :func:`site_setup` against ``num_shares`` and in
+:func:`site_share_keys` against the neighbours it is actually given, ``t`` from its own run config), and
+:func:`protocol_parameters` never picks them. When every site is every site's neighbour (``num_shares = k``,
+federations of at most ``2(D + t) + 3`` sites), the same inequality also leaves too few first-key shares for the
+other route to ``u``'s vector, ``b`` plus the first secret key of every neighbour: an honest site names at most
+``n - threshold`` nodes dropped, and ``n - t - 1`` honest neighbours each need ``threshold - t`` of those.
+Remaining limits: the sites cannot verify the neighbour graph or that a neighbour is a real site, as the server
+forwards every public key (no PKI). A server that gives ``u`` neighbours whose keys it holds (Sybils) adds
+colluders this count does not see; and with ring windows (``num_shares < k``), the holders of a neighbour's
+shares lie partly outside ``u``'s window: a server that also lies about the graph, or (by a max-flow count of
+the shares) one that follows the honest ring with ``D >= 4`` and enough sites (18 at ``D = 4``, ``t = 0``), can
+name enough holders dropped to collect every neighbour's first secret key. Closing these needs a PKI, a graph
+fixed by public randomness (Bell et al. 2020) and, for ``D >= 4``, a wider window than ``2(D + t) + 3``.
+
 The mask generator (issue 26): Flower's ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
 from its 32-byte key, so 2^32 guesses strip a mask; it is not used. Every mask here is a ChaCha20
 key stream (``cryptography``, which Flower installs) turned into integers mod M by :func:`mask_stream`;
@@ -82,6 +103,8 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, 
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
 from flwr.serverapp import Grid
 
+from strategies.config import ConfigError
+
 __all__ = [
     "MASKED",
     "SETUP",
@@ -122,15 +145,26 @@ MASKED_ARRAY = "masked"
 def protocol_parameters(selected: int, *, max_dropouts: int, colluding: int) -> tuple[int, int]:
     """``(num_shares, threshold)`` for ``selected`` sites, ``max_dropouts`` drop-outs and ``colluding`` sites.
 
-    ``num_shares = min(k, 2(D + t) + 3)`` (a ring window of half-width ``D + t + 1``, connectivity
-    ``2(D + t) + 2 > D + t``) and ``threshold = num_shares - D``, which exceeds ``t`` whenever
-    ``k - D - t >= 1``.
+    ``num_shares = n = min(k, 2(D + t) + 3)`` (a ring window of half-width ``D + t + 1``, connectivity
+    ``2(D + t) + 2 > D + t``) and ``threshold = n - D``, which exceeds ``t`` whenever ``k - D - t >= 1``.
+    ``ConfigError`` when ``k - D - t < 1`` (no honest survivor) or when ``2 * threshold <= n + t``, under which a
+    server naming different survivors to different sites could unmask a site (:func:`_refuse_survivor_lies`):
+    that is ``k <= 2D + t`` (a full window always passes), and no other threshold helps, as ``D`` drop-outs need
+    ``threshold <= n - D``. So ``k`` sites tolerate at most ``(k - t - 1) // 2`` drop-outs.
     """
     if selected - max_dropouts - colluding < 1 or selected < 2:
-        raise ValueError(f"secure aggregation of {selected} sites cannot tolerate {max_dropouts} drop-outs and "
-                         f"{colluding} colluding sites (needs k - D - t >= 1 and k >= 2)")
+        raise ConfigError(f"secure aggregation of {selected} sites cannot tolerate privacy.max_dropouts = "
+                          f"{max_dropouts} with privacy.colluding_sites = {colluding} (needs k - D - t >= 1 and "
+                          "k >= 2): tolerate fewer drop-outs or select more sites")
     num_shares = min(selected, 2 * (max_dropouts + colluding) + 3)
-    return num_shares, num_shares - max_dropouts
+    threshold = num_shares - max_dropouts
+    if 2 * threshold <= num_shares + colluding:
+        raise ConfigError(f"run config: privacy.max_dropouts = {max_dropouts} is too many for secure aggregation of "
+                          f"{selected} sites with privacy.colluding_sites = {colluding}: a server naming different "
+                          "survivors to different sites could unmask a site unless k > 2 * max_dropouts + "
+                          f"colluding_sites; set privacy.max_dropouts <= {(selected - colluding - 1) // 2} or select "
+                          "more sites")
+    return num_shares, threshold
 
 
 # ---------------------------------------------------------------------------------------------- the masks
@@ -321,6 +355,7 @@ class SiteState:
     modulus: int = 0
     num_shares: int = 0
     threshold: int = 0
+    colluding: int = 0
     sk1: bytes = b""
     pk1: bytes = b""
     sk2: bytes = b""
@@ -335,7 +370,8 @@ class SiteState:
         nodes = sorted(self.public_keys)
         return ConfigRecord({
             "node": self.node, "stage": self.stage, "modulus": self.modulus, "num_shares": self.num_shares,
-            "threshold": self.threshold, "sk1": self.sk1, "pk1": self.pk1, "sk2": self.sk2, "pk2": self.pk2,
+            "threshold": self.threshold, "colluding": self.colluding, "sk1": self.sk1, "pk1": self.pk1,
+            "sk2": self.sk2, "pk2": self.pk2,
             "seed": self.seed, "keys.nodes": nodes, "keys.pk1": [self.public_keys[n][0] for n in nodes],
             "keys.pk2": [self.public_keys[n][1] for n in nodes],
             "seed_shares.nodes": sorted(self.seed_shares), "seed_shares": [self.seed_shares[n] for n in sorted(self.seed_shares)],
@@ -351,7 +387,8 @@ class SiteState:
 
         return cls(
             node=int(record["node"]), stage=str(record["stage"]), modulus=int(record["modulus"]),
-            num_shares=int(record["num_shares"]), threshold=int(record["threshold"]), sk1=record["sk1"],
+            num_shares=int(record["num_shares"]), threshold=int(record["threshold"]),
+            colluding=int(record.get("colluding", 0)), sk1=record["sk1"],
             pk1=record["pk1"], sk2=record["sk2"], pk2=record["pk2"], seed=record["seed"],
             public_keys={int(n): (a, b) for n, a, b in zip(record.get("keys.nodes", []), record.get("keys.pk1", []),
                                                            record.get("keys.pk2", []), strict=True)},
@@ -366,15 +403,35 @@ def _expect(state: SiteState, stage: str) -> None:
         raise ValueError(f"secure aggregation: a {stage} message after stage {state.stage or 'none'}")
 
 
-def site_setup(node: int, config: Mapping[str, Any]) -> tuple[SiteState, dict[str, bytes]]:
-    """Stage 0: two fresh key pairs; returns the state and ``{"pk1", "pk2"}`` to send."""
+def _refuse_survivor_lies(threshold: int, holders: int, colluding: int) -> None:
+    """``ValueError`` unless ``2 * threshold > holders + colluding``.
+
+    ``holders``: the sites that get a share of this site's secrets, itself included; ``colluding``: the sites that
+    may collude with the server. Otherwise a server naming this site surviving to some holders and dropped to the
+    others could collect ``threshold`` shares of both its seed and its first secret key (module docstring).
+    """
+    if 2 * threshold <= holders + colluding:
+        raise ValueError(f"secure aggregation: threshold={threshold} with {holders} share holders and "
+                         f"colluding_sites={colluding} lets a server that names different survivors to different "
+                         "sites unmask this site (needs 2 * threshold > holders + colluding_sites): tolerate fewer "
+                         "drop-outs (privacy.max_dropouts) or select more sites")
+
+
+def site_setup(node: int, config: Mapping[str, Any], *, colluding: int = 0) -> tuple[SiteState, dict[str, bytes]]:
+    """Stage 0: two fresh key pairs; returns the state and ``{"pk1", "pk2"}`` to send.
+
+    ``colluding``: the sites that may collude with the server, from the site's own run config
+    (``privacy.colluding_sites``). Parameters under which a server lying about survivors could unmask this site
+    are refused (:func:`_refuse_survivor_lies` with ``num_shares`` holders) before any key is made.
+    """
     modulus, num_shares, threshold = (int(config[key]) for key in ("modulus", "num_shares", "threshold"))
-    if modulus < 2 or modulus & (modulus - 1) or not 1 <= threshold <= num_shares:
+    if modulus < 2 or modulus & (modulus - 1) or not 1 <= threshold <= num_shares or colluding < 0:
         raise ValueError(f"secure aggregation: bad parameters modulus={modulus}, num_shares={num_shares}, "
-                         f"threshold={threshold}")
+                         f"threshold={threshold}, colluding_sites={colluding}")
+    _refuse_survivor_lies(threshold, num_shares, colluding)
     sk1, sk2 = x25519.X25519PrivateKey.generate(), x25519.X25519PrivateKey.generate()
     state = SiteState(node=node, stage=SETUP, modulus=modulus, num_shares=num_shares, threshold=threshold,
-                      sk1=sk1.private_bytes_raw(), pk1=sk1.public_key().public_bytes_raw(),
+                      colluding=colluding, sk1=sk1.private_bytes_raw(), pk1=sk1.public_key().public_bytes_raw(),
                       sk2=sk2.private_bytes_raw(), pk2=sk2.public_key().public_bytes_raw())
     return state, {"pk1": state.pk1, "pk2": state.pk2}
 
@@ -383,12 +440,14 @@ def site_share_keys(state: SiteState, public_keys: Mapping[int, tuple[bytes, byt
     """Stage 1: share the mask seed and the first secret key among the neighbours, each share encrypted to it.
 
     ``public_keys``: neighbour node -> ``(pk1, pk2)``, this site included. Returns
-    ``{"destinations", "ciphertexts"}``.
+    ``{"destinations", "ciphertexts"}``. Refused before any share is made when the neighbours given, this site
+    included, are too many for the threshold (:func:`_refuse_survivor_lies`).
     """
     _expect(state, SHARE_KEYS)
     if len(public_keys) < state.threshold:
         raise ValueError(f"secure aggregation: {len(public_keys)} neighbours, fewer than the threshold "
                          f"{state.threshold}")
+    _refuse_survivor_lies(state.threshold, len(public_keys), state.colluding)
     if public_keys.get(state.node) != (state.pk1, state.pk2):
         raise ValueError("secure aggregation: the server did not forward this site's own public keys unchanged")
     flat = [key for pair in public_keys.values() for key in pair]
@@ -462,13 +521,16 @@ def _share_from(state: SiteState, source: int, ciphertext: bytes) -> tuple[bytes
 def site_unmask(state: SiteState, survivors: Iterable[int], dropped: Iterable[int]) -> dict[str, list]:
     """Stage 3: the shares of the survivors' mask seeds and of the dropped sites' first secret keys.
 
-    A site never reveals both shares of one node (a node named both surviving and dropped is
-    refused).
+    A site answers once and never reveals both shares of one node (a node named both surviving and dropped is
+    refused), nor its own share of its first secret key (named dropped while it answers: refused). Shares revealed
+    to a server naming different survivors to different sites: module docstring.
     """
     _expect(state, UNMASK)
     survivors, dropped = [int(n) for n in survivors], [int(n) for n in dropped]
     if set(survivors) & set(dropped):
         raise ValueError("secure aggregation: a node named both surviving and dropped")
+    if state.node in dropped:
+        raise ValueError(f"secure aggregation: this site (node {state.node}) is named dropped while it answers")
     if len(survivors) < state.threshold:
         raise ValueError(f"secure aggregation: {len(survivors)} surviving neighbours, fewer than the threshold "
                          f"{state.threshold}")
