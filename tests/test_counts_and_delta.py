@@ -10,10 +10,12 @@ deployment each site of a per-site mechanism refuses it against its own count be
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
+from flwr_app import site_errors, site_store
 from flwr_app.config import ConfigError
 from flwr_app.task import federation_setup
 from models.data.datasets import load_flchain
@@ -21,7 +23,7 @@ from simulations.engine import resolve, run_inprocess
 from strategies.horizontal import weighted_nanmean
 from strategies.mechanisms.base import delta_refusal
 from strategies.mechanisms.registry import MECHANISMS
-from strategies.replies import check_evaluation
+from strategies.replies import check_evaluation, error_message
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 1, "baseline.centralized": False,
          "evaluation.server_side": False}
@@ -149,10 +151,15 @@ def test_a_deployed_site_refuses_a_delta_above_one_over_its_own_count_before_rel
     summary = run_inprocess(overrides, observe=observe, node_configs=configs)
     refused = [reason for kind, reason in replies if reason]
     assert len(refused) == 1
-    assert "site 'site-0' releases nothing: run config: privacy.delta = 0.001 exceeds 1/n" in refused[0]
-    assert "n = 2400 at site 'site-0'" in refused[0]
+    said = ("site 'site-0': privacy.delta is more than 1/n for the site's training records; the site releases nothing "
+            "(the site's log has the detail)")  # a deployed site's reply: its exact count stays in its own log
+    assert error_message(refused[0]) == said
+    log = (site_store.site_dir(configs[0]) / site_errors.LOG_FILE).read_text()
+    assert "site 'site-0' releases nothing: run config: privacy.delta = 0.001 exceeds 1/n" in log
+    count = re.search(r"n = (\d+) at site 'site-0'", log).group(1)  # its training count: in its log only
+    assert 2000 < int(count) < 3000 and count not in refused[0]
     assert set(summary["sites"]) == {"site-1", "site-2"}
-    assert any("n = 2400 at site 'site-0'" in reason for reason in summary["left_out"].values())
+    assert list(summary["left_out"].values()) == [said]
 
 
 @pytest.mark.parametrize("strategy", ["split", "private_split"])

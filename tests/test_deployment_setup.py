@@ -1,13 +1,15 @@
-"""Deployed sites with bad data: the site's error names file, column and problem; the server
-reports it, leaves the site out and trains with the others (in process: the real ServerApp and ClientApp,
-each node reading its own file as a SuperNode would)."""
+"""Deployed sites with bad data: the site's error reply names the class of failure and the key (its log names file,
+column and rows); the server reports it, leaves the site out and trains with the others (in process: the real
+ServerApp and ClientApp, each node reading its own file as a SuperNode would)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from flwr_app import site_errors, site_store
 from models.data.datasets import load_flchain
 from simulations.engine import run_inprocess
 
@@ -59,20 +61,22 @@ def _break_extra_column(frame):
     return frame
 
 
+#: Damage, what the server is told, and what the site's own log says (a schema mismatch: the server's own finding).
 CASES = {
-    "missing time column": (_break_missing_time, ["futime"]),
-    "negative time": (_break_negative_time, ["futime", "negative"]),
-    "missing time": (_break_missing_time_value, ["futime"]),
-    "event not 0/1": (_break_event_values, ["death"]),
-    "no events": (_break_no_events, ["event"]),
-    "non-numeric value": (_break_non_numeric, ["age", "non-numeric", "row 6"]),
-    "extra column": (_break_extra_column, ["ward", "extra columns"]),
+    "missing time column": (_break_missing_time, ["data.time_col is not in the site's file"], ["'futime'"]),
+    "negative time": (_break_negative_time, ["data.time_col is not a valid time column"],
+                      ["futime", "negative", "row 4"]),
+    "missing time": (_break_missing_time_value, ["data.time_col is not a valid time column"], ["futime", "row 8"]),
+    "event not 0/1": (_break_event_values, ["data.event_col is not a valid event column"], ["death", "found 2"]),
+    "no events": (_break_no_events, ["data.event_col is not a valid event column"], ["no events at all"]),
+    "non-numeric value": (_break_non_numeric, ["data.feature_cols is not numeric"], ["age", "non-numeric", "row 6"]),
+    "extra column": (_break_extra_column, ["ward", "extra columns"], []),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_site_with_bad_data_is_reported_and_left_out_and_the_others_train(case, tmp_path):
-    damage, words = CASES[case]
+    damage, words, detail = CASES[case]
     frames = _frames()
     bad = tmp_path / "site-4.csv"
     configs = []
@@ -87,8 +91,11 @@ def test_a_site_with_bad_data_is_reported_and_left_out_and_the_others_train(case
     (reason,) = summary["left_out"].values()
     for word in words:
         assert word in reason, reason
-    if case != "extra column":  # the site's own error names its file (a schema mismatch names the sites)
-        assert str(bad) in reason, reason
+    if detail:  # the site's own error: its file, column and rows in its log, none of them in its reply
+        assert reason.startswith("site 'site-4': ") and str(bad) not in reason
+        assert not re.search(r"\d", reason.replace("site-4", "")), reason
+        log = (site_store.site_dir(configs[-1]) / site_errors.LOG_FILE).read_text()
+        assert all(word in log for word in [str(bad), *detail]), log
     assert summary["num_sites"] == 3 and set(summary["sites"]) == set(SITES[:3])
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["round"] for line in lines] == [1, 2] and all(not line["failures"] for line in lines)
@@ -152,7 +159,7 @@ def _scaled_feature(frame):
 
 HOSTILE_SETUP = {
     "a stretched time range": (_stretch_time, ["largest training time", "1e+12"]),
-    "a string identifier column": (_string_id, ["patient", "record identifier"]),
+    "a string identifier column": (_string_id, ["a feature column looks like a record identifier"]),
     "a feature on another scale": (_scaled_feature, ["'age'", "far outside"]),
 }
 

@@ -21,6 +21,14 @@ import pandas as pd
 from models.data import sba
 from models.data.files import data_file
 from models.data.validate import (
+    DUPLICATE_COLUMNS,
+    IDENTIFIER,
+    MISSING_COLUMN,
+    NOT_A_FEATURE,
+    NOT_SPLIT,
+    ROLE_CONFLICT,
+    TOO_FEW_RECORDS,
+    UNREADABLE,
     DataValidationError,
     column_problem,
     duplicate_column_problems,
@@ -139,23 +147,26 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataValidationError(f"{path}: file not found")
+        raise DataValidationError(f"{path}: file not found", public=[(UNREADABLE, "")])
     if path.suffix.lower() in PARQUET_SUFFIXES:
         return pd.read_parquet(path)
     try:
         header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist()
         duplicates = duplicate_column_problems(header, source=str(path))
         if duplicates:
-            raise DataValidationError("\n".join(duplicates))
+            raise DataValidationError("\n".join(duplicates), public=[(DUPLICATE_COLUMNS, "")])
         return pd.read_csv(path, low_memory=False)
     except pd.errors.EmptyDataError:
-        raise DataValidationError(f"{path}: empty file (no header, no data rows)") from None
+        raise DataValidationError(f"{path}: empty file (no header, no data rows)",
+                                  public=[(TOO_FEW_RECORDS, "")]) from None
     except UnicodeDecodeError as err:
         raise DataValidationError(f"{path}: not UTF-8 text at byte {err.start} (a binary file, or another encoding: "
-                                  "save it as UTF-8 CSV, optionally .gz, or as Parquet)") from None
+                                  "save it as UTF-8 CSV, optionally .gz, or as Parquet)",
+                                  public=[(UNREADABLE, "")]) from None
     except (pd.errors.ParserError, OSError, EOFError) as err:  # a malformed CSV, a corrupt .gz or .zip
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataValidationError(f"{path}: not a readable CSV file ({first[:200]})") from None
+        raise DataValidationError(f"{path}: not a readable CSV file ({first[:200]})",
+                                  public=[(UNREADABLE, "")]) from None
 
 
 def split_labels(series: pd.Series, *, source: str, column: str) -> np.ndarray:
@@ -174,11 +185,12 @@ def split_labels(series: pd.Series, *, source: str, column: str) -> np.ndarray:
         found = ", ".join(sorted({repr(value) for value in series[bad].tolist()})[:5])
         raise DataValidationError(column_problem(source, column, f"labels other than {' or '.join(SPLIT_LABELS)} "
                                                  f"(found {found}; data.split_col accepts {', '.join(SPLIT_LABELS)})",
-                                                 bad))
+                                                 bad), public=[(NOT_SPLIT, "data.split_col")])
     test = (labels == "test").to_numpy()
     if test.all() or not test.any():
         raise DataValidationError(f"{source}: column '{column}' (data.split_col): every row is labelled "
-                                  f"'{'test' if test.all() else 'train'}'; both train and test rows are needed")
+                                  f"'{'test' if test.all() else 'train'}'; both train and test rows are needed",
+                                  public=[(NOT_SPLIT, "data.split_col")])
     return test
 
 
@@ -220,16 +232,17 @@ def table_from_frame(
     frame = frame.rename(columns=str).reset_index(drop=True)
     duplicates = duplicate_column_problems(list(frame.columns), source=source)
     if duplicates:
-        raise DataValidationError("\n".join(duplicates))
+        raise DataValidationError("\n".join(duplicates), public=[(DUPLICATE_COLUMNS, "")])
     outcome = (time_col, event_col)
     named = roles.keys
     for column, key in named.items():
         if column not in frame.columns:
             raise DataValidationError(f"{source}: {key} names column '{column}', which the file does not have; "
-                                      f"columns present: {', '.join(frame.columns)}")
+                                      f"columns present: {', '.join(frame.columns)}", public=[(MISSING_COLUMN, key)])
         if column in feature_cols or column in outcome:
             raise DataValidationError(f"{source}: column '{column}' is named by {key} and is also "
-                                      f"{'an outcome column' if column in outcome else 'listed in data.feature_cols'}")
+                                      f"{'an outcome column' if column in outcome else 'listed in data.feature_cols'}",
+                                      public=[(ROLE_CONFLICT, key)])
     exclude = (*exclude, *named)
     if not feature_cols:
         feature_cols = [c for c in frame.columns if c not in (*outcome, *exclude)]
@@ -252,7 +265,9 @@ def _categories(frame: pd.DataFrame, columns: Sequence[str], features: Sequence[
         if column not in features:
             where = "the file does not have" if column not in frame.columns else "is not a feature of the run"
             raise DataValidationError(f"{source}: data.categorical_cols names column '{column}', which {where}; "
-                                      f"features: {', '.join(map(str, features))}")
+                                      f"features: {', '.join(map(str, features))}", public=[(
+                                          MISSING_COLUMN if column not in frame.columns else NOT_A_FEATURE,
+                                          "data.categorical_cols")])
         series = frame[column]
         values = pd.to_numeric(series, errors="coerce")
         if pd.api.types.is_numeric_dtype(series) and bool((values.dropna() % 1 == 0).all()):
@@ -435,7 +450,7 @@ def load_table(
         )  # fmt: skip
         problems = identifier_problems(table.features, source=table.source)
         if problems:
-            raise DataValidationError("\n".join(problems))
+            raise DataValidationError("\n".join(problems), public=[(IDENTIFIER, "data.id_col")])
         for note in integer_code_notes(table.features, source=table.source) if notes else ():
             logger.warning(note)
         return table

@@ -3,6 +3,8 @@
 Every check raises :class:`DataValidationError` whose message names the source (a file path or a
 label such as ``"sksurv:flchain"``), the column, the problem and the offending rows. Rows are
 1-based *data-row* numbers: row 1 is the first row after a CSV header (the first row of a frame).
+Its public part (:attr:`DataValidationError.public`) names only the class of failure and the
+run-config key of the column, never anything of the file.
 """
 
 from __future__ import annotations
@@ -18,8 +20,36 @@ MAX_LISTED = 5
 NUMERIC_LOOKING_SHARE = 0.9
 
 
+#: The classes of failure a :class:`DataValidationError` names in its public part (:attr:`DataValidationError.public`).
+MISSING_COLUMN = "missing column"
+NOT_TIME = "not a time column"
+NOT_EVENT = "not an event column"
+NOT_NUMERIC = "not numeric"
+NOT_A_FEATURE = "not a feature"
+ROLE_CONFLICT = "two roles"
+NOT_SPLIT = "not a split column"
+IDENTIFIER = "record identifier"
+TOO_FEW_RECORDS = "too few records"
+NO_TRAINING_EVENT = "no event in the training part"
+UNREADABLE = "unreadable file"
+DUPLICATE_COLUMNS = "duplicate column names"
+FAILURES = (MISSING_COLUMN, NOT_TIME, NOT_EVENT, NOT_NUMERIC, NOT_A_FEATURE, ROLE_CONFLICT, NOT_SPLIT, IDENTIFIER,
+            TOO_FEW_RECORDS, NO_TRAINING_EVENT, UNREADABLE, DUPLICATE_COLUMNS)
+#: The run-config key of each outcome and feature column, in a public part.
+TIME_KEY, EVENT_KEY, FEATURES_KEY = "data.time_col", "data.event_col", "data.feature_cols"
+
+
 class DataValidationError(ValueError):
-    """Raised when input data cannot be used; the message says where and why."""
+    """Raised when input data cannot be used; the message says where and why (file, column, rows, values).
+
+    ``public``: what may be said of the error without anything of the file, as ``(class of failure, key)``
+    pairs: a class of :data:`FAILURES` and the run-config key whose column failed (``"data.time_col"``; ``""``
+    where no key names it). A deployed site tells the server this part only (:mod:`flwr_app.site_errors`).
+    """
+
+    def __init__(self, message: str, *, public: Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.public = tuple(public)
 
 
 def describe_rows(positions: Iterable[int]) -> str:
@@ -48,8 +78,11 @@ def column_problem(source: str, column: str, problem: str, mask: np.ndarray) -> 
     return f"{source}: column '{column}': {positions.size} {problem} ({describe_rows(positions)})"
 
 
-def require_columns(columns: Iterable[str], present: Sequence[str], *, source: str) -> None:
+def require_columns(columns: Iterable[str], present: Sequence[str], *, source: str,
+                    keys: Mapping[str, str] | None = None) -> None:
     """Raise if any of ``columns`` is not among ``present``, listing the columns that exist.
+
+    ``keys``: the run-config key that names each column (its public part, :class:`DataValidationError`).
 
     Raises
     ------
@@ -61,7 +94,8 @@ def require_columns(columns: Iterable[str], present: Sequence[str], *, source: s
         names = ", ".join(f"'{c}'" for c in missing)
         noun = "column" if len(missing) == 1 else "columns"
         raise DataValidationError(
-            f"{source}: missing {noun} {names}; columns present: {', '.join(map(str, present))}"
+            f"{source}: missing {noun} {names}; columns present: {', '.join(map(str, present))}",
+            public=[(MISSING_COLUMN, (keys or {}).get(c, "")) for c in missing],
         )
 
 
@@ -232,13 +266,16 @@ def validate_survival_frame(
         one per line.
     """
     if len(df) == 0:
-        raise DataValidationError(f"{source}: empty file (no data rows)")
-    require_columns([time_col, event_col, *feature_cols], list(map(str, df.columns)), source=source)
-    times, problems = time_problems(df[time_col], source=source, column=time_col)
+        raise DataValidationError(f"{source}: empty file (no data rows)", public=[(TOO_FEW_RECORDS, "")])
+    keys = {**{column: FEATURES_KEY for column in feature_cols}, event_col: EVENT_KEY, time_col: TIME_KEY}
+    require_columns([time_col, event_col, *feature_cols], list(map(str, df.columns)), source=source, keys=keys)
+    times, time_issues = time_problems(df[time_col], source=source, column=time_col)
     events, event_issues = event_problems(df[event_col], source=source, column=event_col)
-    problems += event_issues + feature_problems(df[list(feature_cols)], source=source)
-    if problems:
-        raise DataValidationError("\n".join(problems))
+    feature_issues = feature_problems(df[list(feature_cols)], source=source)
+    public = [part for part, issues in (((NOT_TIME, TIME_KEY), time_issues), ((NOT_EVENT, EVENT_KEY), event_issues),
+                                        ((NOT_NUMERIC, FEATURES_KEY), feature_issues)) if issues]
+    if public:
+        raise DataValidationError("\n".join(time_issues + event_issues + feature_issues), public=public)
     return times, events
 
 
@@ -254,7 +291,8 @@ def check_site_events(event_by_site: Mapping[str, np.ndarray], *, source: str, p
     if empty:
         raise DataValidationError(
             f"{source}: no events in the {part} part of {', '.join(empty)}; a site needs at least "
-            "one event (use fewer sites, another partition or a larger min_site_records)"
+            "one event (use fewer sites, another partition or a larger min_site_records)",
+            public=[(NO_TRAINING_EVENT, EVENT_KEY)] if part == "training" else (),
         )
 
 
