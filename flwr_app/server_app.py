@@ -376,6 +376,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "sites_mean": weighted_nanmean(record.evaluate_sites) if record else {},
             "sites_average": site_average(record.evaluate_sites) if record else {},
             "sites": site_metrics(record) if record else {},
+            "sites_kept_local": sorted(record.evaluate_local) if record else [],
             "failures": record.failures if record else [],
             "flags": ([{"phase": "train", "site": site, "reason": reason}
                        for site, reason in sorted(record.train_flags.items())]
@@ -409,6 +410,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             + (f"  [{len(line['flags'])} flagged: " + ", ".join(f"{f['site']} ({f['phase']})" for f in line["flags"])
                + "]"
                if line["flags"] else "")
+            + (f"  [test metrics kept at the site: {', '.join(line['sites_kept_local'])}]"
+               if line["sites_kept_local"] else "")
             + (f"  [{diverged}]" if diverged else "")
             + (f"  [{_rollback_text(record.rolled_back)}]" if record and record.rolled_back else ""),
             flush=True,
@@ -475,6 +478,8 @@ def _write_results(
     }
     if left_out:
         summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
+    if last and last.evaluate_local:  # their policy keeps their test metrics at the site: in no figure above
+        summary["sites_kept_local"] = sorted(last.evaluate_local)
     if resumed_after_round:
         summary["resumed_after_round"] = resumed_after_round  # wall_time_s then counts the resumed part only
     oot = {key[4:]: value for key, value in test.items() if key.startswith("oot_")}

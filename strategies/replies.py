@@ -9,7 +9,8 @@ round and goes on without the reply.
   and finite values.
 * :func:`check_count`: a record count equals the one fixed at set-up (or 0: nothing new).
 * :func:`check_evaluation` and :func:`suspect_evaluations`: test metrics are finite and in range,
-  no record count comes with them, and no site's figures stand far outside the other sites'.
+  no record count comes with them (none at all from a site that keeps them local), and no site's
+  figures stand far outside the other sites'.
 * :func:`check_breslow`: Breslow aggregates have the grid's length, are finite and non-negative,
   and count no more events than the site has records.
 * :func:`check_embeddings`: a split-learning site's embeddings have the requested shape and finite
@@ -92,14 +93,18 @@ def check_count(reported: object, agreed: float) -> str:
     return ""
 
 
-def check_evaluation(metrics: Mapping[str, object]) -> str:
+def check_evaluation(metrics: Mapping[str, object], *, kept_local: bool = False) -> str:
     """Why a site's evaluation reply is unusable ("" when it is fine).
 
     Known metric names only (:data:`METRIC_RANGES`, optionally prefixed ``oot_``); each a number in its
     range or NaN (a metric undefined on the site's held-out part, e.g. no events). A record count
     (``num-examples``) is refused: the server weights a site's metrics by its count agreed at set-up,
-    and an exact held-out count would reveal the site's size beyond the set-up's noisy count.
+    and an exact held-out count would reveal the site's size beyond the set-up's noisy count. A reply
+    that says the site kept its test metrics (``kept_local``) carries none.
     """
+    if kept_local and metrics:
+        return (f"the reply says the site kept its test metrics local but carries {len(metrics)} metric(s): "
+                f"{', '.join(name[:40] for name in sorted(map(str, metrics))[:5])}")
     if "num-examples" in metrics:
         return ("num-examples: an evaluation reply carries no record count (the server weights the site's test "
                 "metrics by its count agreed at set-up)")

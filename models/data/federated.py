@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from models.data import sba
-from models.data.datasets import ColumnRoles, RawTable, load_table
+from models.data.datasets import PARQUET_SUFFIXES, ColumnRoles, RawTable, load_table
 from models.data.partition import SCHEMES, natural_partition, partition_indices, stratified_split
 from models.data.preprocess import Preprocessor, category_keys
 from models.data.validate import DataValidationError, check_site_events
@@ -284,22 +288,86 @@ def build_federated_dataset(
     )
 
 
-def split_site_table(table: RawTable, *, name: str, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """A deployed site's split of its own table into training and test positions.
+def raw_rows(path: str | Path) -> pd.DataFrame:
+    """A site file's rows as its raw values, every column in the file's order: a CSV's fields as the text
+    written (no number parsing, an empty field ``""``), a Parquet file's values as stored."""
+    path = Path(path)
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return pd.read_parquet(path)
+    return pd.read_csv(path, dtype=str, keep_default_na=False, low_memory=False)
 
-    The same split as a simulated site's (:func:`train_test_positions`: the file's
-    ``data.split_col`` labels, else stratified by event, seeded by ``seed``); the test part is the
-    site's own held-out part for federated evaluation.
+
+def _raw_text(value: object) -> str:
+    """One raw value as text: a missing value ``""`` (as a CSV writes it), anything else ``str``."""
+    if isinstance(value, str):
+        return value
+    try:
+        missing = value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # an array-like value (a Parquet list column)
+        missing = False
+    return "" if missing else str(value)
+
+
+def record_identities(rows: pd.DataFrame, *, id_col: str = "", source: str = "") -> list[bytes]:
+    """Each record's identity for :func:`split_site_table`: its ``id_col`` value where the run names an
+    ID column (``data.id_col``), else the row's content, a canonical encoding (JSON) of its raw values
+    (:func:`raw_rows`), all columns in the file's order.
+
+    Identical rows have one identity (without an ID column they fall on the same side of the split);
+    changing any value of a row, or the file's columns, gives it another.
+
+    Raises
+    ------
+    DataValidationError
+        When ``id_col`` is not a column of ``rows``, or a row has no ID (naming ``source`` and the rows).
+    """
+    if id_col:
+        if id_col not in rows.columns:
+            raise DataValidationError(f"{source}: data.id_col names column '{id_col}', which the file does not have")
+        ids = [_raw_text(value) for value in rows[id_col].tolist()]
+        missing = np.flatnonzero([not value.strip() for value in ids])
+        if missing.size:
+            raise DataValidationError(f"{source}: column '{id_col}' (data.id_col): {missing.size} row(s) without an "
+                                      f"ID (rows {', '.join(str(row + 2) for row in missing[:5])}); give every "
+                                      "record an ID, or run without data.id_col")
+        return [b"id\x00" + value.encode() for value in ids]
+    return [b"row\x00" + json.dumps([_raw_text(value) for value in row], ensure_ascii=False,
+                                    separators=(",", ":")).encode()
+            for row in rows.itertuples(index=False, name=None)]
+
+
+def keyed_shares(identities: Sequence[bytes], key: bytes) -> np.ndarray:
+    """Each identity's HMAC-SHA256 under ``key``, its first 53 bits read as a uniform number in [0, 1)."""
+    return np.array([(int.from_bytes(hmac.new(key, identity, hashlib.sha256).digest()[:8], "big") >> 11) / 2.0 ** 53
+                     for identity in identities], dtype=np.float64)
+
+
+def split_site_table(table: RawTable, identities: Sequence[bytes], *, name: str, key: bytes,
+                     test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """A deployed site's split of its own table into training and test positions, decided by its own key.
+
+    A record is in the test part when its keyed share (:func:`keyed_shares` of its identity,
+    :func:`record_identities`, under the site's secret ``key``) is below ``test_fraction``. Nothing
+    the server chooses moves a record but ``test_fraction``, and a larger fraction only adds records
+    to the test part; each record's side depends on its own identity alone, so adding or removing
+    records moves no other record. Where the file labels its records (``data.split_col``), the
+    labels decide. The split is not stratified by event. A simulated site keeps the seeded split
+    (:func:`train_test_positions`).
 
     Raises
     ------
     DataValidationError
         When the training part has no event, naming the site and the file.
     """
-    train, test = train_test_positions(table, np.arange(len(table)), test_fraction=test_fraction,
-                                       rng=np.random.default_rng([seed, SPLIT_STREAM]), site=name)
+    if len(identities) != len(table):
+        raise ValueError(f"{table.source}: {len(identities)} record identities for {len(table)} records")
+    if table.test_mask is not None:
+        test = np.asarray(table.test_mask, dtype=bool)
+    else:
+        test = keyed_shares(identities, key) < test_fraction
+    train, held_out = np.flatnonzero(~test), np.flatnonzero(test)
     check_site_events({name: table.event[train]}, source=table.source, part="training")
-    return train, test
+    return train, held_out
 
 
 def preprocessed_site(
