@@ -78,7 +78,9 @@ class Deployment:
         self.logs.mkdir()
         self.env = {**os.environ, "FLWR_HOME": str(root / "flwr_home"), "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
+                    "PATH": f"{BIN}:{os.environ['PATH']}",
+                    "XDG_STATE_HOME": str(root / "state"),  # the sites' own directories (secret, states, log)
+                    **(env or {})}
         self.port = free_port()
         self.processes: dict[str, subprocess.Popen] = {}
 

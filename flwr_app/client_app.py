@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from flwr_app.config import ExperimentConfig, parse_run_config
+from flwr_app.site_errors import sanitised_errors
 
 if TYPE_CHECKING:
     from models.data import SiteData
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 # then pays only for what its message needs (a training message never imports the metrics, the secure
 # aggregation's cryptography or the split-learning code).
 
-app = ClientApp()
+app = ClientApp(mods=[sanitised_errors])  # a deployed site's errors tell the server no detail
 #: Node state of a site's privacy accountant (:data:`flwr_app.deployment.PRIVACY_STATE`).
 PRIVACY_STATE = "privacy.state"
 #: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
@@ -362,47 +363,64 @@ def _keep_noise(context: Context) -> None:
         context.state[NOISE_STATE] = ConfigRecord({"json": text})
 
 
-def _privacy_state(context: Context, config: ConfigRecord) -> dict | None:
-    """The site's privacy state: its node state, else (a resumed run, whose node states start empty) the checkpoint's."""
-    from strategies.horizontal import RESUMED_PRIVACY_STATE
+def _privacy_state(context: Context, config: ConfigRecord, cfg: ExperimentConfig, site: SiteData,
+                   server_round: int) -> tuple[dict | None, int]:
+    """The site's privacy state and the rounds it still has to charge: its node state's (nothing to charge), else
+    :func:`flwr_app.site_state.restore` of its own copy or of the sealed state the server handed back (a restarted
+    deployed site: in the set-up sent again; a resumed run, whose node states start empty: in the train config)."""
+    from flwr_app import site_state
+    from flwr_app.deployment import RETURNED_STATE
+    from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE
 
     stored = context.state.config_records.get(PRIVACY_STATE)
     if stored is not None:
-        return json.loads(str(stored["json"]))
-    if RESUMED_PRIVACY_STATE in config:
-        return json.loads(str(config[RESUMED_PRIVACY_STATE]))
-    return None
+        return json.loads(str(stored["json"])), 0
+    returned = context.state.config_records.get(RETURNED_STATE)
+    if returned is not None:
+        handed_back, catch_up = returned.get("json"), int(returned["catch_up"])
+    else:
+        handed_back, catch_up = config.get(RESUMED_PRIVACY_STATE), int(config.get(RESUMED_CATCH_UP, 0))
+    return site_state.restore(context.node_config, deployed=cfg.data.deployed, site=site.name, run=context.run_id,
+                              server_round=server_round, handed_back=None if handed_back is None else str(handed_back),
+                              catch_up=catch_up)
 
 
 def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: LocalUpdateMechanism,
-               model: Any, site: SiteData, setup: SiteSetUp, seed: int) -> dict | None:
-    """The site's privacy state (:func:`_privacy_state`), with the rounds the server charged it while it held none.
+               model: Any, site: SiteData, setup: SiteSetUp, seed: int, server_round: int) -> dict | None:
+    """The site's privacy state (:func:`_privacy_state`), with the rounds the server charged it after a state it
+    handed back.
 
     The server counts a round it asked the site for and got no reply to (or refused) as released (the
-    update may have left); a state handed back to the site (a rejoined deployed site: in its node
-    state; a resumed run, whose node states start empty: :data:`RESUMED_CATCH_UP` in the config) lacks
-    those rounds. The site runs its mechanism's round that many times on a copy of the model,
-    releasing nothing, so that its accountant charges them too (its reports then match the server's
-    ledger and its budget stays as the ledger has it).
+    update may have left); a sealed state handed back lacks those rounds. The site runs its mechanism's
+    round that many times (at most the rounds since the sealed state) on a copy of the model, releasing
+    nothing, so that its accountant charges them too. The result is kept in the node state.
     """
-    from flwr_app.deployment import CATCH_UP_STATE
-    from strategies.horizontal import RESUMED_CATCH_UP
+    from flwr_app.deployment import RETURNED_STATE
 
-    state = _privacy_state(context, config)
-    pending = context.state.config_records.get(CATCH_UP_STATE)
-    rounds = int(pending["rounds"]) if pending is not None else 0
-    if pending is None and PRIVACY_STATE not in context.state.config_records and state is not None:
-        rounds = int(config.get(RESUMED_CATCH_UP, 0))
+    state, rounds = _privacy_state(context, config, cfg, site, server_round)
     for _ in range(rounds):
         update = mechanism.site_round(copy.deepcopy(model), site.train, cfg, seed=seed, state=state, setup=setup)
         if update.state is None:  # a mechanism without a privacy state has nothing to catch up
             break
         state = update.state
-    if pending is not None:
-        del context.state[CATCH_UP_STATE]
-    if rounds and state is not None:
+    if RETURNED_STATE in context.state.config_records:
+        del context.state[RETURNED_STATE]
+    if state is not None and PRIVACY_STATE not in context.state.config_records:
         context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
     return state
+
+
+def _keep_state(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int, state: dict) -> str:
+    """Keep the site's new privacy state (node state; a deployed site's own directory too, before the reply leaves)
+    and return it sealed for the reply (:func:`flwr_app.site_state.seal`)."""
+    from flwr_app import site_state
+
+    context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
+    sealed = site_state.seal(state, key=site_state.state_key(context.node_config, cfg.data.deployed), site=site.name,
+                             run=context.run_id, server_round=server_round)
+    if cfg.data.deployed:
+        site_state.save_own(context.node_config, sealed, context.run_id)
+    return sealed
 
 
 def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp:
@@ -417,13 +435,33 @@ def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp
 
 
 def _charge(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int, message: str, values: str,
-            history: tuple[tuple[float, float, int], ...] | None) -> None:
+            history: tuple[tuple[float, float, int], ...] | None, *,
+            details: tuple[tuple[str, Any], ...] = ()) -> None:
     """Charge a release to the site's own privacy policy before it leaves (:mod:`flwr_app.site_policy`; a no-op
     without one): a refusal raises, and the reply becomes an error filed under the site's name."""
     from flwr_app import site_policy
 
     site_policy.enforce(context.node_config, site.name, site_policy.Request(
-        cfg.strategy, context.run_id, server_round, message, values, history))
+        cfg.strategy, context.run_id, server_round, message, values, history, delta=cfg.privacy.delta,
+        details=details))
+
+
+def _own_honest_sites(context: Context) -> tuple[float, ...]:
+    """The honest sites this site's own policy counts on in a secure sum (none without a policy): never a figure the
+    server sent."""
+    from flwr_app import site_policy
+
+    policy = site_policy.SitePolicy.from_node_config(context.node_config)
+    return () if policy is None else (float(policy.min_honest_sites),)
+
+
+def _secure_sum_details(cfg: ExperimentConfig, context: Context, parties: int, counted: int) -> tuple:
+    """What a policy site's ledger records of a secure-sum release: the honest sites it counts on (h), the shares
+    it counted, the tolerated drop-outs (D), the colluding sites (t) and the parties the server reported."""
+    own = _own_honest_sites(context)
+    return (("honest_sites", int(own[0]) if own else None), ("counted_shares", int(counted)),
+            ("max_dropouts", cfg.privacy.max_dropouts), ("colluding_sites", cfg.privacy.colluding_sites),
+            ("parties_reported", int(parties)))
 
 
 def _message(message: Message, context: Context, kind: str) -> tuple[SiteData, int, int, ExperimentConfig, Any]:
@@ -467,18 +505,15 @@ def train(message: Message, context: Context) -> Message:
     config = message.content["config"]
     setup = _setup(cfg, context, site)
     _recall_noise(context)
-    previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index))
+    previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index),
+                          server_round)
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
     _charge(context, cfg, site, server_round, "train", "model update",
             mechanism.round_release(cfg, setup, update, previous))
     _keep_noise(context)
-    privacy_state = None
-    if update.state is not None:
-        # The site's accountant lives in its node state across rounds; the reply carries it too, so that the
-        # server's checkpoint can give it back to a resumed run.
-        privacy_state = json.dumps(update.state)
-        context.state[PRIVACY_STATE] = ConfigRecord({"json": privacy_state})
+    # The reply carries the state sealed, so that the server's checkpoint can hand it back to a resumed run.
+    privacy_state = None if update.state is None else _keep_state(context, cfg, site, server_round, update.state)
     metrics = {**update.report, WEIGHT_KEY: setup.count if update.contributes else 0.0}
     content = _content(site, metrics, array_record(model.net.state_dict()), privacy_state=privacy_state)
     return _reply(message, content, cfg, site, server_round, "train")
@@ -488,10 +523,12 @@ def train(message: Message, context: Context) -> Message:
 @_gives_back
 def evaluate(message: Message, context: Context) -> Message:
     """Test metrics of the global model on the site's own held-out part (computed from it alone); the reply
-    carries no record count (the server weights the sites' metrics by their agreed counts)."""
+    carries no record count (the server weights the sites' metrics by their agreed counts). A site whose node
+    config sets a privacy policy keeps its metrics (:func:`_kept_local`) and replies with none."""
     import numpy as np
 
     from flwr_app import task
+    from flwr_app.site_policy import SitePolicy
     from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, RECALIBRATION_EXPONENTS
 
     site, _, server_round, cfg, model = _message(message, context, "evaluate")
@@ -507,9 +544,45 @@ def evaluate(message: Message, context: Context) -> Message:
         oot, oot_undefined = task.evaluate_with_reasons(model, site.oot)
         metrics.update({f"oot_{key}": value for key, value in oot.items()})
         undefined.update({f"oot_{key}": code for key, code in oot_undefined.items()})
+    if SitePolicy.from_node_config(context.node_config) is not None:  # a site with its own budget keeps them
+        return _reply(message, _kept_local(context, site, server_round, metrics, undefined), cfg, site, server_round,
+                      "evaluate")
     # No record count: the server weights a site's test metrics by the count agreed at set-up (the held-out
     # count would reveal the site's size far more exactly than the set-up's noisy count does).
     return _reply(message, _content(site, metrics, undefined=undefined), cfg, site, server_round, "evaluate")
+
+
+#: A policy site's own record of its test metrics (JSON Lines, in its site directory).
+EVALUATION_FILE = "evaluation.jsonl"
+
+
+def _kept_local(context: Context, site: SiteData, server_round: int, metrics: dict[str, float],
+                undefined: dict[str, str]) -> RecordDict:
+    """Keep a policy site's test metrics at the site: append them (one line per run and round) to
+    :data:`EVALUATION_FILE` in its directory (:func:`flwr_app.site_store.site_dir`), synced, and print one line;
+    return the reply's content: an empty metric record and the site record marked
+    :data:`~strategies.horizontal.KEPT_LOCAL_KEY`."""
+    import datetime
+    import math
+
+    from flwr_app import site_store
+    from strategies.horizontal import KEPT_LOCAL_KEY, SITE_KEY
+
+    path = site_store.site_dir(context.node_config) / EVALUATION_FILE
+    line = {"run": int(context.run_id), "round": server_round, "site": site.name, "test_records": len(site.test),
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "metrics": {key: None if math.isnan(value) else value for key, value in sorted(metrics.items())},
+            "undefined": dict(sorted(undefined.items()))}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    shown = ", ".join(f"{key} {value:.4f}" for key, value in sorted(metrics.items()) if math.isfinite(value))
+    print(f"site '{site.name}' round {server_round}: test metrics kept at the site ({shown or 'none defined'}) "
+          f"-> {path}", flush=True)
+    content = _content(site, {})
+    content[SITE_KEY][KEPT_LOCAL_KEY] = True
+    return content
 
 
 @app.query("site_name")
@@ -601,11 +674,13 @@ def _secagg_reply(message: Message, values: dict) -> Message:
 
 @app.query("secagg_setup")
 def secagg_setup(message: Message, context: Context) -> Message:
-    """Stage 0: fresh key pairs; the round's public figures (sites selected, their agreed records) are kept."""
+    """Stage 0: fresh key pairs; the round's public figures (sites selected, their agreed records) are kept. The
+    site refuses Shamir parameters a server lying about survivors could exploit, counting the colluding sites of its
+    own run config (``privacy.colluding_sites``)."""
     from strategies import secure_aggregation as secagg
 
     record = message.content[secagg.RECORD]
-    state, keys = secagg.site_setup(context.node_id, record)
+    state, keys = secagg.site_setup(context.node_id, record, colluding=_run_config(context).privacy.colluding_sites)
     context.state[SECAGG_STATE] = state.to_record()
     context.state[SECAGG_ROUND] = ConfigRecord({"parties": int(record["parties"]), "records": float(record["records"])})
     return _secagg_reply(message, keys)
@@ -644,7 +719,8 @@ def secagg_masked(message: Message, context: Context) -> Message:
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'recalibration'")
         site, index, server_round, cfg, terms = _recalibration_terms(message, context)
-        plan = mechanism.recalibration_plan(cfg, parties=parties, records=records, size=terms.shape[1])
+        plan = mechanism.recalibration_plan(cfg, parties=parties, records=records, size=terms.shape[1],
+                                            honest_sites=_own_honest_sites(context))
         rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
         vector, phase = mechanism.recalibration_contribution(terms, plan, rng=rng), "recalibration"
     else:
@@ -652,8 +728,10 @@ def secagg_masked(message: Message, context: Context) -> Message:
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
         plan = mechanism.plan(cfg, parties=parties, records=records,
-                              dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site))
-        _charge(context, cfg, site, server_round, "train", "masked contribution", None)
+                              dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site),
+                              honest_sites=_own_honest_sites(context))
+        _charge(context, cfg, site, server_round, "train", "masked contribution", mechanism.site_release(cfg, plan),
+                details=_secure_sum_details(cfg, context, parties, plan.honest))
         vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
         phase = "train"
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])

@@ -4,8 +4,10 @@ A deployed SuperNode names its file in its node config (``data-path='/data/site.
 ``site-name='hospital-a'``). The server holds no records, so before the first round it agrees the
 shared parts of the model with the sites in three messages:
 
-1. ``site_summary``: each site splits its file into training and test parts (stratified by event,
-   seeded by the run seed) and returns the additive statistics of its training features
+1. ``site_summary``: each site splits its file into training and test parts (by a hash of each
+   record under the site's own key, :func:`~models.data.federated.split_site_table`; a run asking
+   it to hold out more than its node config ``max-test-share`` is refused) and returns the
+   additive statistics of its training features
    (:class:`models.data.FeatureStatistics`: counts, sums, sums of squares, category counts), the
    count, sum and sum of squares of its training times and its largest training time;
 2. ``site_time_histogram``: each site counts its training events and censorings in
@@ -17,11 +19,12 @@ The summed statistics are exactly those of the pooled training parts, so the pre
 the simulation's (up to summation order) and the time grid is the simulation's rounded to the
 histogram's resolution. Nothing else leaves a site before training; the statistics are sent
 without noise (the privacy ledger says so). Evaluation is federated: each site reports the global
-model's metrics on its own test part.
+model's metrics on its own test part (a site with a privacy policy keeps them at the site).
 
 A SuperNode that restarts (its node state is empty) gets the agreed set-up again before its next
-message (:class:`RejoiningSites`): the same values every site received, its own last privacy state
-and the rounds the server has charged it since; nothing new leaves any site.
+message (:class:`RejoiningSites`): the same values every site received, its last privacy state as the
+site sealed it and the rounds the server has charged it since (claims the site checks against its own
+copy: :mod:`flwr_app.site_state`); nothing new leaves any site.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from flwr_app import site_policy, task
+from flwr_app import site_policy, site_store, task
+from flwr_app.site_errors import DELTA_TOO_LARGE, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
-from models.data.federated import preprocessed_site, split_site_table
+from models.data.federated import preprocessed_site, raw_rows, record_identities, split_site_table
 from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
@@ -84,8 +88,9 @@ SETUP_STATE = "deployment.setup"
 IDENTITY = "query.setup_site_name"
 #: The site's privacy state (its accountant) in its node state, across rounds.
 PRIVACY_STATE = "privacy.state"
-#: In the node state of a rejoined site: how many rounds the server charged it that its handed-back state lacks.
-CATCH_UP_STATE = "deployment.catch_up"
+#: In the node state of a rejoined site: the sealed state the server handed back and the rounds it says it charged
+#: after it (a claim: :func:`flwr_app.site_state.restore` checks both).
+RETURNED_STATE = "deployment.returned_state"
 #: Begins the error a site raises when its node state holds no set-up (the server recognises it and sends it again).
 NO_SETUP = "[no set-up]"
 #: A site reporting more training records than this many times the sites' median is refused at set-up.
@@ -94,6 +99,9 @@ MAX_COUNT_RATIO = 100.0
 MAX_RANGE_RATIO = 100.0
 #: Resolution of the federated time grid: intervals of the sites' time histograms.
 TIME_HISTOGRAM_BINS = 2000
+#: Node config key: the largest share of its file a site holds out as its test part (:func:`check_test_share`).
+MAX_TEST_SHARE = "max-test-share"
+DEFAULT_MAX_TEST_SHARE = 0.2
 #: Seconds between the server's looks for a deployed site's replies (Flower's gRPC grid sleeps 3 s between looks).
 PULL_INTERVAL_S = 0.1
 
@@ -501,7 +509,7 @@ def _announced(reply: Mapping[str, Any]) -> SiteFilter | None:
     except (KeyError, TypeError, ValueError):
         return None
     valid = (announced.order == int(announced.order) >= 2 and 0 <= announced.spent and 0 < announced.delta < 1
-             and announced.epsilon > 0
+             and announced.epsilon > 0 and announced.honest_sites == int(announced.honest_sites) >= 1
              and all(math.isfinite(value) and value >= 0 for value in dataclasses.astuple(announced)))
     return announced if valid else None
 
@@ -574,24 +582,66 @@ def site_name(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
 
+def max_test_share(node_config: Mapping[str, Any]) -> float:
+    """The largest share of its file a site holds out as its test part: node config :data:`MAX_TEST_SHARE`
+    (default :data:`DEFAULT_MAX_TEST_SHARE`), a number in (0, 1); ``ValueError`` naming the key."""
+    raw = node_config.get(MAX_TEST_SHARE, DEFAULT_MAX_TEST_SHARE)
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"node config {MAX_TEST_SHARE} = {raw!r} must be a number in (0, 1), e.g. --node-config "
+                         f"\"{MAX_TEST_SHARE}=0.2\"")
+    return value
+
+
+def check_test_share(cfg: ExperimentConfig, context: Context) -> None:
+    """Refuse a run whose ``data.test_fraction`` exceeds the site's :func:`max_test_share` (before the file is read):
+    the test part's metrics leave the site without noise, so the site caps how many of its records they cover
+    (:class:`~flwr_app.site_errors.SiteError` naming ``data.test_fraction``)."""
+    limit = max_test_share(context.node_config)
+    if cfg.data.test_fraction > limit:
+        raise SiteError(f"site '{site_name(context)}' refuses data.test_fraction = {cfg.data.test_fraction:g}: more "
+                        f"than its node config {MAX_TEST_SHARE} = {limit:g} (the share of its records it holds out "
+                        f"for test metrics); run with data.test_fraction <= {limit:g}",
+                        public=[(TEST_SHARE_TOO_LARGE, "data.test_fraction")])
+
+
+def _site_split(cfg: ExperimentConfig, context: Context, table: RawTable) -> tuple[np.ndarray, np.ndarray]:
+    """The site's keyed split of ``table`` (:func:`~models.data.federated.split_site_table`): each record's identity
+    (``data.id_col``, else its row) hashed under the site's own split key (:func:`flwr_app.site_store.derived_key`)."""
+    path = str(context.node_config["data-path"])
+    identities = record_identities(raw_rows(path), id_col=cfg.data.id_col, source=table.source)
+    key = site_store.derived_key(site_store.site_dir(context.node_config), "split")
+    return split_site_table(table, identities, name=site_name(context), key=key,
+                            test_fraction=cfg.data.test_fraction)
+
+
 def _site_table(cfg: ExperimentConfig, context: Context, *, notes: bool = True
                 ) -> tuple[RawTable, np.ndarray, np.ndarray]:
     """The site's file, split into training and test parts; ``notes``: log its integer-code notes (set-up only)."""
+    check_column_roles(cfg, context)  # a policy site reads its file only with its own column roles
     if "data-path" not in context.node_config:
         raise ValueError(f"node config has no 'data-path': in a deployment (data.name = {DEPLOYED_DATA!r}) every "
                          "SuperNode names its data file, e.g. --node-config \"data-path='/data/site.csv'\"")
+    check_test_share(cfg, context)
     table = task.load_site_table(cfg, str(context.node_config["data-path"]), notes=notes)
-    train, test = split_site_table(table, name=site_name(context), seed=cfg.seed, test_fraction=cfg.data.test_fraction)
+    train, test = _site_split(cfg, context, table)
     return table, train, test
 
 
 def _refuse_delta(cfg: ExperimentConfig, context: Context, train: np.ndarray) -> None:
     """A site refuses to release anything when ``privacy.delta`` exceeds 1/n, n its own training record count, for a
     mechanism that protects each site's records (:func:`~strategies.mechanisms.base.delta_refusal`; the server checks
-    ``distributed_dp``'s union and ``central_dp``'s sites after the set-up)."""
+    ``distributed_dp``'s union and ``central_dp``'s sites after the set-up). A site with a policy ignores the run's
+    ``privacy.delta_override``."""
     mechanism = horizontal_mechanism(cfg.strategy)
+    if site_policy.SitePolicy.from_node_config(context.node_config) is not None:  # the override is the server's key
+        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, delta_override=False))
     if mechanism.delta_population == "site" and (reason := delta_refusal(cfg, mechanism, {site_name(context): len(train)})):
-        raise ValueError(f"site '{site_name(context)}' releases nothing: {reason}")
+        raise SiteError(f"site '{site_name(context)}' releases nothing: {reason}",
+                        public=[(DELTA_TOO_LARGE, "privacy.delta")])
 
 
 def _charge_setup(cfg: ExperimentConfig, context: Context, message: str, history: tuple | None,
@@ -600,7 +650,8 @@ def _charge_setup(cfg: ExperimentConfig, context: Context, message: str, history
     ``plan``: the rest of the run, checked with the first release (with the ε the run asks for)."""
     site_policy.enforce(context.node_config, site_name(context), site_policy.Request(
         cfg.strategy, context.run_id, 0, message, "set-up statistics" if history is not None else
-        "exact set-up statistics", history, plan or (), None if plan is None else cfg.privacy.epsilon))
+        "exact set-up statistics", history, plan or (), None if plan is None else cfg.privacy.epsilon,
+        delta=cfg.privacy.delta))
 
 
 def _planned_after_pass_1(cfg: ExperimentConfig, plan: SetupPlan, count: int, announced: SiteFilter | None) -> tuple:
@@ -699,10 +750,11 @@ def histogram(message: Message, context: Context) -> Message:
 def setup(message: Message, context: Context) -> Message:
     """Keep the server's shared preprocessing, time grid and the agreed record counts in the node state.
 
-    A set-up sent again to a restarted SuperNode (:class:`RejoiningSites`) also carries the site's own
-    last privacy state as the server holds it and ``catch_up``, the rounds the server has charged the
-    site since: kept only where the node state holds no privacy state (the site's own always wins);
-    the site charges those rounds to its accountant before it next trains (the ClientApp's ``train``).
+    A set-up sent again to a restarted SuperNode (:class:`RejoiningSites`) also carries the site's last
+    privacy state as the server holds it (sealed by the site) and ``catch_up``, the rounds the server says it
+    charged the site since: kept, where the node state holds no privacy state, as a claim that the site checks
+    before it next trains (:func:`flwr_app.site_state.restore`: its own copy wins; a state it did not seal is
+    refused; ``catch_up`` is bounded by the rounds since the sealed state).
     """
     request = _read(message)
     context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
@@ -710,11 +762,9 @@ def setup(message: Message, context: Context) -> Message:
                                                "min_count": float(request["min_count"]),
                                                "prior": json.dumps(request.get("prior", [])),
                                                "filter": json.dumps(request.get("filter"))})
-    if PRIVACY_STATE not in context.state.config_records:
-        if request.get("privacy_state") is not None:
-            context.state[PRIVACY_STATE] = ConfigRecord({"json": str(request["privacy_state"])})
-        if int(request.get("catch_up", 0)) > 0:
-            context.state[CATCH_UP_STATE] = ConfigRecord({"rounds": int(request["catch_up"])})
+    if PRIVACY_STATE not in context.state.config_records and request.get("privacy_state") is not None:
+        context.state[RETURNED_STATE] = ConfigRecord({"json": str(request["privacy_state"]),
+                                                      "catch_up": int(request.get("catch_up", 0))})
     return Message(content=_payload({}), reply_to=message)
 
 

@@ -13,10 +13,15 @@ Node config keys (``flower-supernode --node-config "..."``)::
     privacy-ledger='/var/fedsurv/ledger.jsonl'   # the site's ledger file (required with a policy)
     privacy-max-epsilon=1.0                      # the lifetime budget of this data set (required)
     privacy-delta=1e-5                           # its delta (default 1e-5)
-    privacy-mechanisms='dp_sgd,bdp'              # the strategies the site accepts (default: both)
+    privacy-mechanisms='dp_sgd,distributed_dp'   # the strategies the site accepts (default: both)
     privacy-min-noise=0.5                        # the smallest noise multiplier of any release (default 0)
     privacy-rdp-order=18                         # the filter's whole order (default: chosen from the budget
                                                  # when the file is created; fixed for its lifetime)
+    privacy-min-honest-sites=3                   # distributed_dp: the honest sites (itself included) whose
+                                                 # noise shares the site counts on (default 1: its own alone)
+
+``bdp`` is refused at a site with a policy (:data:`UNCHARGEABLE`). The run's ``privacy.delta`` may not exceed the
+policy's δ, and the filter converts at the policy's δ whatever the run says.
 
 With its first set-up release the site announces its filter (:func:`announce`: order, RDP spent, limit) and the
 server plans the site's noise to fit it (:class:`~strategies.accounting.filter.SiteFilter`); the site's check is the
@@ -24,7 +29,10 @@ same either way. The ledger file is JSON Lines: a header (the filter's order, th
 per release or refusal, each with the run, round, message, the values that left, their cost and
 the filter's ε after it. It is written and synced before the release leaves (a crash can only
 over-count) and is read anew at every message, so it survives SuperNode restarts and spans runs:
-one file per data set, a lifetime budget. ``python -m flwr_app.site_policy LEDGER`` prints it.
+one file per data set, a lifetime budget. Its lines are hash-chained and the site keeps its head in its own
+directory (:mod:`flwr_app.site_store`): a ledger deleted, cut short or edited is never a fresh budget but stops
+every release (:class:`~flwr_app.site_store.LedgerTampered`) until an operator restores it or removes both files.
+``python -m flwr_app.site_policy LEDGER [--site-dir DIR] [--verify]`` verifies it and prints it.
 """
 
 from __future__ import annotations
@@ -32,25 +40,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import json
 import math
-import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr_app import site_store
 from strategies.accounting.filter import FilterExhausted, RenyiFilter, SiteFilter, epsilon_at_order
 
 __all__ = ["CHARGEABLE", "PolicyRefusal", "Request", "SitePolicy", "announce", "enforce", "ledger_table", "read_ledger"]
 
-#: Strategies whose every release a site's filter can charge (a history of Gaussian releases).
-CHARGEABLE = ("dp_sgd", "bdp")
+#: Strategies whose every release a site's filter can charge: releases whose noise is fixed before the site's records
+#: are read (a history of Gaussian releases, or a discrete Gaussian share bounded by one).
+CHARGEABLE = ("dp_sgd", "distributed_dp")
+#: Strategies a site's filter cannot charge, and why (named in the refusal).
+UNCHARGEABLE = {"bdp": "its noise scale and its stopping time depend on the site's records (a pilot of gradient "
+                       "distances, an estimated budget), so a Rényi filter's theorem does not cover its releases"}
 KEYS = ("privacy-ledger", "privacy-max-epsilon", "privacy-delta", "privacy-mechanisms", "privacy-min-noise",
-        "privacy-rdp-order")
+        "privacy-rdp-order", "privacy-min-honest-sites")
 History = Sequence[tuple[float, float, int]]
 
 
@@ -68,6 +79,7 @@ class SitePolicy:
     mechanisms: tuple[str, ...] = CHARGEABLE
     min_noise: float = 0.0
     order: float | None = None
+    min_honest_sites: int = 1
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any]) -> SitePolicy | None:
@@ -87,16 +99,21 @@ class SitePolicy:
                            if m.strip())
         unknown = [m for m in mechanisms if m not in CHARGEABLE]
         if unknown or not mechanisms:
+            why = "; ".join(f"{m}: {UNCHARGEABLE[m]}" for m in unknown if m in UNCHARGEABLE)
             raise ValueError(f"node config privacy-mechanisms = {','.join(mechanisms)!r}: the site's filter can charge "
-                             f"only {', '.join(CHARGEABLE)} (every other strategy releases values it cannot account)")
+                             f"only {', '.join(CHARGEABLE)} ({why or 'every other strategy releases values it cannot account'})")
         order = node_config.get("privacy-rdp-order")
         policy = cls(Path(str(node_config["privacy-ledger"])).expanduser(),
                      _number(node_config, "privacy-max-epsilon", above=0.0),
                      _number(node_config, "privacy-delta", 1e-5, above=0.0),
                      mechanisms, _number(node_config, "privacy-min-noise", 0.0, at_least=0.0),
-                     None if order is None else _number(node_config, "privacy-rdp-order", at_least=2.0))
+                     None if order is None else _number(node_config, "privacy-rdp-order", at_least=2.0),
+                     int(_number(node_config, "privacy-min-honest-sites", 1, at_least=1.0)))
         if policy.order is not None and policy.order != int(policy.order):
             raise ValueError(f"node config privacy-rdp-order = {order!r} must be a whole number >= 2")
+        if float(node_config.get("privacy-min-honest-sites", 1)) != policy.min_honest_sites:
+            raise ValueError(f"node config privacy-min-honest-sites = {node_config['privacy-min-honest-sites']!r} must "
+                             "be a whole number >= 1 (1: the site counts on its own noise share alone)")
         if policy.delta >= 1:
             raise ValueError(f"node config privacy-delta = {policy.delta!r} must lie in (0, 1)")
         return policy
@@ -140,28 +157,27 @@ def read_ledger(path: Path, text: str | None = None) -> list[dict[str, Any]]:
     return lines
 
 
+def _default_head(path: Path) -> Path:
+    """The head of ledger ``path`` at a site without ``site-dir``: beside the ledger (:func:`site_store.site_dir`)."""
+    return path.expanduser().resolve().parent / f"{path.name}.head"
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[Any]:
-    """The ledger file opened for reading and appending, under an exclusive lock (one message at a time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield handle
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _locked(path: Path, head: Path | None = None) -> Iterator[site_store.SiteLedger]:
+    """The ledger file under an exclusive lock (one message at a time), verified against its head ``head`` (default:
+    beside it) before anything is read or charged: :class:`~flwr_app.site_store.LedgerTampered` when they disagree."""
+    with site_store.open_ledger(path.expanduser(), _default_head(path) if head is None else head) as ledger:
+        yield ledger
 
 
-def _append(handle: Any, line: Mapping[str, Any]) -> None:
-    handle.write(json.dumps(line) + "\n")
-    handle.flush()
-    os.fsync(handle.fileno())
+def _append(handle: site_store.SiteLedger, line: Mapping[str, Any]) -> None:
+    """Append ``line`` to the ledger, chained and synced, and its head after it."""
+    handle.append(line)
 
 
-def _filter(policy: SitePolicy, handle: Any, data_path: Path | None) -> RenyiFilter:
+def _filter(policy: SitePolicy, handle: site_store.SiteLedger, data_path: Path | None) -> RenyiFilter:
     """The site's filter as its ledger file has it (a new file gets its header: the order and the data's hash)."""
-    handle.seek(0)
-    lines = read_ledger(policy.ledger, handle.read())
+    lines = handle.records
     digest = None if data_path is None else _sha256(data_path)
     if not lines:
         order = RenyiFilter(epsilon=policy.max_epsilon, delta=policy.delta, order=policy.order).order
@@ -194,7 +210,9 @@ class Request:
     """What a message asks the site to release: where, and as accountant history (``None``: not chargeable).
 
     ``plan`` and ``epsilon``, at the first release of a run: the rest of the run's planned releases, and the
-    ε the run asks for (refused when above the site's limit).
+    ε the run asks for (refused when above the site's limit). ``delta``: the run's δ (refused when above the
+    policy's). ``details``: further ``(name, value)`` pairs the ledger line records (e.g. a secure sum's honest
+    sites, drop-outs and colluding sites).
     """
 
     strategy: str
@@ -205,6 +223,8 @@ class Request:
     history: History | None
     plan: History = ()
     epsilon: float | None = None
+    delta: float | None = None
+    details: tuple[tuple[str, Any], ...] = ()
 
 
 def _data_path(node_config: Mapping[str, Any]) -> Path | None:
@@ -218,15 +238,20 @@ def announce(node_config: Mapping[str, Any]) -> SiteFilter | None:
     policy = SitePolicy.from_node_config(node_config)
     if policy is None:
         return None
-    with _locked(policy.ledger) as handle:
+    with _locked(policy.ledger, site_store.ledger_head(node_config, policy.ledger)) as handle:
         filt = _filter(policy, handle, _data_path(node_config))
-    return SiteFilter(filt.order, filt.spent, policy.max_epsilon, policy.delta)
+    return SiteFilter(filt.order, filt.spent, policy.max_epsilon, policy.delta, float(policy.min_honest_sites))
 
 
 def _refusal(request: Request, policy: SitePolicy, filt: RenyiFilter) -> str:
     """Why ``request`` is refused ("" when it is admitted): mechanism, noise floor, then the filter."""
     if request.strategy not in policy.mechanisms:
-        return f"strategy '{request.strategy}' is not one this site accepts (privacy-mechanisms: {', '.join(policy.mechanisms)})"
+        why = f": {UNCHARGEABLE[request.strategy]}" if request.strategy in UNCHARGEABLE else ""
+        return (f"strategy '{request.strategy}' is not one this site accepts (privacy-mechanisms: "
+                f"{', '.join(policy.mechanisms)}){why}")
+    if request.delta is not None and request.delta > policy.delta:
+        return (f"the run asks for privacy.delta = {request.delta:g}, more than this site's privacy-delta = "
+                f"{policy.delta:g}")
     if request.history is None:
         return f"{request.values} cannot be charged to the site's Rényi filter (released without noise)"
     if request.epsilon is not None and request.epsilon > policy.max_epsilon:
@@ -259,13 +284,13 @@ def enforce(node_config: Mapping[str, Any], site: str, request: Request) -> None
     policy = SitePolicy.from_node_config(node_config)
     if policy is None:
         return
-    with _locked(policy.ledger) as handle:
+    with _locked(policy.ledger, site_store.ledger_head(node_config, policy.ledger)) as handle:
         filt = _filter(policy, handle, _data_path(node_config))
         before = filt.spent
         reason = _refusal(request, policy, filt)
         line = {"kind": "refusal" if reason else "release", "time": _now(), "run": request.run_id,
                 "round": request.server_round, "message": request.message, "strategy": request.strategy,
-                "values": request.values}
+                "values": request.values, **dict(request.details)}
         if reason:
             _append(handle, {**line, "reason": reason, "epsilon": filt.epsilon()})
             raise PolicyRefusal(f"site '{site}' privacy policy refuses {request.message}: {reason}; nothing released "
@@ -295,14 +320,29 @@ def ledger_table(lines: Iterable[Mapping[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print a site's privacy ledger file (python -m flwr_app.site_policy)")
+    """``python -m flwr_app.site_policy LEDGER [--site-dir DIR] [--verify]``: verify the ledger against its head
+    (changing nothing) and print it as a table; exit code 2 with a one-line error when it is damaged or tampered."""
+    parser = argparse.ArgumentParser(description="Verify a site's privacy ledger file against its head and print it "
+                                                 "(python -m flwr_app.site_policy)")
     parser.add_argument("ledger", type=Path)
+    parser.add_argument("--site-dir", type=Path, help="the site's directory, where the ledger's head is kept "
+                                                      "(default: the ledger's directory)")
+    parser.add_argument("--verify", action="store_true", help="only verify: print no table")
     args = parser.parse_args(argv)
+    head = _default_head(args.ledger) if args.site_dir is None else \
+        args.site_dir.expanduser() / f"{args.ledger.name}.head"
     try:
-        print(ledger_table(read_ledger(args.ledger)))
+        state = site_store.read_verified(args.ledger.expanduser(), head)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if state.torn or state.ahead:
+        left = "a half-written last line" if state.torn else "its last line without its head"
+        print(f"{args.ledger}: a crash left {left}; the site repairs it at its next message", file=sys.stderr)
+    if args.verify:
+        print(f"{args.ledger}: {state.head.lines} lines, chained and matching its head {head}")
+    else:
+        print(ledger_table(state.records))
     return 0
 
 

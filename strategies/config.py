@@ -361,8 +361,9 @@ class DataConfig:
     drop_cols: tuple[str, ...] = setting("", "columns never used")
     split_col: str = setting("", 'a column of train/test labels (train, test) that replaces the random split; '
                                  '"" = random split')
-    test_fraction: float = setting(AUTO, "share of each site's records held out as its test part (stratified by "
-                                         "event)", bounds=FRACTION, auto="the data set's")
+    test_fraction: float = setting(AUTO, "share of each site's records held out as its test part (simulation: "
+                                         "stratified by event, seeded; a deployed site: by a keyed hash of each "
+                                         "record, at most its max-test-share)", bounds=FRACTION, auto="the data set's")
     horizon_months: int = setting(48, "SBA: observation window for time to charge-off", bounds=POSITIVE)
     oot_start: str = setting("", 'SBA: approvals on/after this date form the out-of-time set; "" = SBA\'s '
                                  "2005-01-01")

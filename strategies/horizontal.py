@@ -81,6 +81,8 @@ RECALIBRATION_EXPONENTS = "recalibration.exponents"
 #: In an evaluate reply's site record: why each undefined (NaN) metric is undefined (JSON: metric -> a code of
 #: :data:`models.metrics.UNDEFINED_REASONS`; absent when every metric is defined).
 UNDEFINED_KEY = "undefined"
+#: In an evaluate reply's site record: ``True`` when the site kept its test metrics (its metric record is empty).
+KEPT_LOCAL_KEY = "kept_local"
 #: In a train reply's site record: the site's privacy state (JSON: its accountant), kept in the checkpoint.
 PRIVACY_STATE_KEY = "privacy_state"
 #: In a resumed run's train config: the receiving site's own privacy state from the checkpoint (JSON), for a
@@ -151,7 +153,8 @@ class RoundRecord:
     aggregated (too few sites), empty otherwise. ``rolled_back``: when the round's new global model
     diverged (:func:`divergence`, or most sites' predictions not finite), ``{"to_round", "reason",
     "sites"}``: the round kept the model of round ``to_round``; ``sites`` are the sites whose updates
-    stood out that round (none named when no update did).
+    stood out that round (none named when no update did). ``evaluate_local``: sites that kept their test
+    metrics at the site (their evaluation reply carries none; they are in no per-site or pooled figure).
     """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -165,6 +168,7 @@ class RoundRecord:
     privacy_states: dict[str, str] = field(default_factory=dict)
     shortfall: str = ""
     rolled_back: dict[str, Any] = field(default_factory=dict)
+    evaluate_local: list[str] = field(default_factory=list)
 
 
 def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
@@ -215,6 +219,12 @@ def _claimed_name(message: Message) -> str | None:
 def _metric_record(message: Message) -> MetricRecord | None:
     records = _records_of(message.content, MetricRecord)
     return records[0] if len(records) == 1 else None
+
+
+def _marked_kept_local(message: Message) -> bool:
+    """Whether the reply's site record says the site kept its test metrics (:data:`KEPT_LOCAL_KEY`)."""
+    record = _site_record(message.content)
+    return record is not None and record.get(KEPT_LOCAL_KEY) is True
 
 
 def _undefined(message: Message, metrics: Mapping[str, float]) -> dict[str, str]:
@@ -519,6 +529,11 @@ class SurvivalFedAvg(FedAvg):
     def _record(self, server_round: int) -> RoundRecord:
         return self.rounds.setdefault(server_round, RoundRecord())
 
+    def _honest_sites(self, sites: Iterable[str]) -> list[float]:
+        """The honest sites that the privacy policies of ``sites`` count on, as they announced them at set-up."""
+        return [setup.filter.honest_sites for site in sites
+                if (setup := self.setups.get(site)) is not None and setup.filter is not None]
+
     def _fail(self, server_round: int, phase: str, node: int, reason: str) -> None:
         self._record(server_round).failures.append(
             failure(phase, self.node_sites.get(node, "unnamed site"), node, reason))
@@ -714,6 +729,7 @@ class SurvivalFedAvg(FedAvg):
             record.evaluate_sites.clear()
             record.evaluate_undefined.clear()
             record.evaluate_flags.clear()
+            record.evaluate_local.clear()
             self._evaluate(grid, server_round, arrays, outer)
         if not record.rolled_back:
             self.last_good = (server_round, arrays)
@@ -777,7 +793,7 @@ class SurvivalFedAvg(FedAvg):
         dim = sum(array.size for array in current.values())
         records = sum(self.setups[site].count for site in sites.values())
         plan = self.mechanism.plan(self.cfg, parties=len(nodes), records=records, dim=dim,
-                                   setup=self.setups[sites[nodes[0]]])
+                                   setup=self.setups[sites[nodes[0]]], honest_sites=self._honest_sites(sites.values()))
         result = self._secure_sum(grid, server_round, nodes, modulus=plan.modulus, dim=dim, records=records,
                                   content=lambda node: RecordDict(dict(contents[node].items())))
         for node in result.sent:
@@ -1009,7 +1025,9 @@ class SurvivalFedAvg(FedAvg):
         ``num-examples`` = its record count agreed at set-up (the weight of :func:`weighted_nanmean`, the
         same as its FedAvg weight's count), so under a DP set-up the mean reveals no count beyond the noisy one. A site whose figures stand far outside the others'
         (:func:`~strategies.replies.suspect_evaluations`) is flagged and kept (heterogeneous sites are
-        normal), or, with ``evaluation.screen``, a named failure left out of the mean.
+        normal), or, with ``evaluation.screen``, a named failure left out of the mean. A reply marked
+        :data:`KEPT_LOCAL_KEY` (a site whose own policy keeps its test metrics) must carry no metric; its site
+        is listed in ``evaluate_local``, not failed, and is in no per-site or pooled figure.
         """
         record = self._record(server_round)
         checked: dict[str, tuple[int, dict[str, float]]] = {}
@@ -1017,6 +1035,12 @@ class SurvivalFedAvg(FedAvg):
             server_round, "evaluate", replies,
             lambda site, metrics: check_evaluation(_numbers(metrics)))
         for message, site, node, metrics in accepted:
+            if _marked_kept_local(message):
+                if reason := check_evaluation(_numbers(metrics), kept_local=True):
+                    self._fail(server_round, "evaluate", node, reason)
+                else:
+                    record.evaluate_local.append(site)
+                continue
             checked[site] = (node, {key: float(value) for key, value in _numbers(metrics).items()})
             record.evaluate_undefined[site] = _undefined(message, checked[site][1])
             # the site's weight in the sites' mean: its count agreed at set-up (the reply carries no count)
@@ -1107,7 +1131,9 @@ class SurvivalFedAvg(FedAvg):
         nodes = sorted(node for node in grid.get_node_ids() if node in self.node_sites)
         records = sum(self.setups[self.node_sites[node]].count for node in nodes)
         try:
-            secure = self.mechanism.recalibration_plan(self.cfg, parties=len(nodes), records=records, size=plan.size)
+            secure = self.mechanism.recalibration_plan(
+                self.cfg, parties=len(nodes), records=records, size=plan.size,
+                honest_sites=self._honest_sites(self.node_sites[node] for node in nodes))
         except ConfigError as err:  # nothing was asked of any site: the curves stay as trained
             self._record(server_round).failures.append(failure("recalibration", UNATTRIBUTABLE, 0, str(err)))
             return None, 0.0

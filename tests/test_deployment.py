@@ -213,7 +213,8 @@ def test_a_site_whose_policy_is_epsilon_1_refuses_a_run_at_3_before_releasing_an
         path = deployment.root / f"policy-{SITES[index]}.csv"
         frame.iloc[rows].reset_index(drop=True).to_csv(path, index=False)
         configs[SITES[index]] = f"data-path='{path}' site-name='{SITES[index]}'"
-    configs["site-1"] += f" privacy-ledger='{ledger}' privacy-max-epsilon=1"
+    configs["site-1"] += (f" privacy-ledger='{ledger}' privacy-max-epsilon=1 data-time-col='futime' "
+                          "data-event-col='death'")  # a policy site reads its file with its own column roles
     for site in SITES:
         deployment.start_supernode(site, configs[site])
     base = ("data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
@@ -228,7 +229,9 @@ def test_a_site_whose_policy_is_epsilon_1_refuses_a_run_at_3_before_releasing_an
 
     refused, _ = run(3, "policy-a")
     (reason,) = refused["left_out"].values()
-    assert "site 'site-1' privacy policy refuses setup_ranges" in reason and "nothing released" in reason, reason
+    assert reason == ("site 'site-1': the site's privacy policy refused the request; nothing released (the site's "
+                      "log has the detail)"), reason
+    assert "more than this site's limit privacy-max-epsilon = 1" in (deployment.root / "site.log").read_text()
     assert set(refused["sites"]) == {"site-2", "site-3"}
     assert [line["kind"] for line in read_ledger(ledger)] == ["header", "refusal"]
     deployment.stop("site-1")  # SIGTERM: the SuperNode leaves; started again with the same key and node config
@@ -236,7 +239,7 @@ def test_a_site_whose_policy_is_epsilon_1_refuses_a_run_at_3_before_releasing_an
     report = [f"run a (epsilon 3): left out: {reason}"]
     for name, epsilon in (("policy-b", 0.5), ("policy-c", 0.8)):
         summary, own = run(epsilon, name)
-        assert "site-1" in summary["sites"] and "left_out" not in summary
+        assert summary["sites_kept_local"] == ["site-1"] and "left_out" not in summary  # its policy keeps them
         released = [line for line in read_ledger(ledger) if line["kind"] == "release"]
         assert own["epsilon_filter"] == pytest.approx(released[-1]["epsilon"], rel=1e-9)
         assert released[-1]["epsilon"] <= 1.0

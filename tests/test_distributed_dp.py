@@ -26,9 +26,9 @@ def _task_identity():
     """Messages built outside a run need the identity the in-process runner sets."""
     from flwr.supercore.task_identity import TaskIdentity
 
-    from simulations.engine import INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    from simulations.engine import SUPERLINK_NODE_ID, new_run_id
 
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, new_run_id(), SUPERLINK_NODE_ID
 
 
 class SiteGrid:

@@ -117,7 +117,7 @@ def test_a_recalibration_sum_outside_the_protocol_is_refused_unattributed(tmp_pa
 
 
 def test_a_recalibration_sum_the_keys_cannot_plan_is_a_named_failure_not_a_crash(tmp_path, monkeypatch):
-    def unplannable(self, cfg, *, parties, records, size):
+    def unplannable(self, cfg, *, parties, records, size, honest_sites=()):
         raise ConfigError("run config: strategy 'distributed_dp' recalibration (privacy.modulus_bits): no room")
 
     seen = []

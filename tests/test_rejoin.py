@@ -28,9 +28,9 @@ def _task_identity():
     """Messages built outside a run need the identity the in-process runner sets."""
     from flwr.supercore.task_identity import TaskIdentity
 
-    from simulations.engine import INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    from simulations.engine import SUPERLINK_NODE_ID, new_run_id
 
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, INPROCESS_RUN_ID, SUPERLINK_NODE_ID
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, new_run_id(), SUPERLINK_NODE_ID
 
 
 def _setup() -> SiteSetup:
@@ -137,8 +137,9 @@ def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_
     state = nodes.nodes[2].state.config_records
     assert deployment.stored_setup(nodes.nodes[2]) == setup.setups["site-b"]
     assert deployment.stored_spec(nodes.nodes[2]).to_json() == setup.spec.to_json()
-    assert state[deployment.PRIVACY_STATE]["json"] == '{"s": 1}'  # its own last state, never another site's
-    assert state[deployment.CATCH_UP_STATE]["rounds"] == 1  # round 2 was charged to it without its state
+    assert state[deployment.RETURNED_STATE]["json"] == '{"s": 1}'  # its own last state, never another site's
+    assert state[deployment.RETURNED_STATE]["catch_up"] == 1  # round 2 was charged to it without its state
+    assert deployment.PRIVACY_STATE not in state  # a claim the site checks before it trains, not its state
     nodes.messaged.clear()
     _round(grid)
     assert sorted(nodes.messaged) == [(1, TRAIN), (2, TRAIN)]  # sent once
@@ -207,7 +208,7 @@ def test_a_handed_back_state_never_replaces_the_sites_own():
     message.metadata.__dict__["_message_id"] = message.object_id
     deployment.setup(message, context)
     assert context.state.config_records[deployment.PRIVACY_STATE]["json"] == '{"own": 1}'
-    assert deployment.CATCH_UP_STATE not in context.state.config_records
+    assert deployment.RETURNED_STATE not in context.state.config_records
 
 
 class _Counting:
@@ -215,27 +216,44 @@ class _Counting:
         return SiteUpdate({}, {"rounds": (state or {"rounds": 0})["rounds"] + 1})
 
 
-def test_a_rejoined_site_charges_the_rounds_it_missed_before_it_trains():
-    context = SimpleNamespace(state=RecordDict({deployment.CATCH_UP_STATE: ConfigRecord({"rounds": 2}),
-                                                deployment.PRIVACY_STATE: ConfigRecord({"json": '{"rounds": 1}'})}))
-    site = SimpleNamespace(train=None)
-    state = client_app._caught_up(context, ConfigRecord(), None, _Counting(), object(), site, None, 0)
-    assert state == {"rounds": 3}
-    assert json.loads(context.state.config_records[deployment.PRIVACY_STATE]["json"]) == {"rounds": 3}
-    assert deployment.CATCH_UP_STATE not in context.state.config_records
-    assert client_app._caught_up(context, ConfigRecord(), None, _Counting(), object(), site, None, 0) == state  # once
+def _site_context(tmp_path, state=None, run=7):
+    return SimpleNamespace(state=state or RecordDict(), node_config={"site-dir": str(tmp_path / "site")}, run_id=run)
 
 
-def test_a_resumed_site_charges_the_rounds_released_after_its_checkpointed_state_once():
+DEPLOYED = SimpleNamespace(data=SimpleNamespace(deployed=True))
+
+
+def _sealed(context, state, server_round, site="site-a", run=None):
+    from flwr_app import site_state
+
+    return site_state.seal(state, key=site_state.state_key(context.node_config, True), site=site,
+                           run=context.run_id if run is None else run, server_round=server_round)
+
+
+def test_a_rejoined_site_charges_the_rounds_it_missed_before_it_trains(tmp_path):
+    """A restarted site without its own copy: the sealed state handed back, and the rounds charged after it, bounded
+    by the rounds since that state (a server claiming a million charges one)."""
+    context = _site_context(tmp_path)
+    sealed = _sealed(context, {"rounds": 1}, server_round=1)
+    context.state[deployment.RETURNED_STATE] = ConfigRecord({"json": sealed, "catch_up": 1_000_000})
+    site = SimpleNamespace(train=None, name="site-a")
+    state = client_app._caught_up(context, ConfigRecord(), DEPLOYED, _Counting(), object(), site, None, 0, 3)
+    assert state == {"rounds": 2}  # round 2 only: the state is of round 1, this is round 3
+    assert json.loads(context.state.config_records[deployment.PRIVACY_STATE]["json"]) == {"rounds": 2}
+    assert deployment.RETURNED_STATE not in context.state.config_records
+    assert client_app._caught_up(context, ConfigRecord(), DEPLOYED, _Counting(), object(), site, None, 0, 3) == state
+
+
+def test_a_resumed_site_charges_the_rounds_released_after_its_checkpointed_state_once(tmp_path):
     """A resumed run: the node state is empty; the train config hands back the site's last state and the rounds the
     server charged it since (a round it did not answer before the crash); the site charges them once."""
     from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE
 
-    context = SimpleNamespace(state=RecordDict())
-    config = ConfigRecord({RESUMED_PRIVACY_STATE: '{"rounds": 1}', RESUMED_CATCH_UP: 2})
-    site = SimpleNamespace(train=None)
-    assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}
-    assert client_app._caught_up(context, config, None, _Counting(), object(), site, None, 0) == {"rounds": 3}
+    context = _site_context(tmp_path, run=8)
+    config = ConfigRecord({RESUMED_PRIVACY_STATE: _sealed(context, {"rounds": 1}, 1, run=7), RESUMED_CATCH_UP: 2})
+    site = SimpleNamespace(train=None, name="site-a")
+    assert client_app._caught_up(context, config, DEPLOYED, _Counting(), object(), site, None, 0, 4) == {"rounds": 3}
+    assert client_app._caught_up(context, config, DEPLOYED, _Counting(), object(), site, None, 0, 4) == {"rounds": 3}
 
 
 class SlowGrid:

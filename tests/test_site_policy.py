@@ -99,6 +99,10 @@ def _site_file(tmp_path, name="site.csv", rows=600, seed=0):
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-rdp-order": 1}, "privacy-rdp-order = 1"),
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilo": 1}, "privacy-max-epsilo: not a key of the site's privacy"),
     ({"privacy-max-eps": 1}, "privacy-max-eps: not a key"),
+    ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-mechanisms": "dp_sgd,bdp"},
+     "bdp: its noise scale and its stopping time depend on the site's records"),
+    ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-min-honest-sites": 2.5},
+     "privacy-min-honest-sites = 2.5 must be a whole number >= 1"),
     ({"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1, "privacy-rdp-order": 2.5},
      "privacy-rdp-order = 2.5 must be a whole number"),
 ])
@@ -113,7 +117,7 @@ def test_no_policy_keys_no_policy():
 
 def _node(tmp_path, data, **extra):
     return {"data-path": str(data), "site-name": "site-a", "privacy-ledger": str(tmp_path / "ledger.jsonl"),
-            "privacy-max-epsilon": 1.0, **extra}
+            "privacy-max-epsilon": 1.0, "data-time-col": "futime", "data-event-col": "death", **extra}
 
 
 def test_the_ledger_file_charges_each_release_refuses_what_the_budget_cannot_hold_and_spans_restarts(tmp_path):
@@ -138,7 +142,11 @@ def test_the_ledger_file_charges_each_release_refuses_what_the_budget_cannot_hol
 
 
 @pytest.mark.parametrize(("request_", "extra", "words"), [
-    (Request("distributed_dp", 1, 1, "train", "masked contribution", None), {}, "not one this site accepts"),
+    (Request("fedavg", 1, 1, "train", "model update", None), {}, "not one this site accepts"),
+    (Request("bdp", 1, 1, "train", "model update", ((5.0, 0.1, 1),)), {},
+     "not one this site accepts .*: its noise scale and its stopping time depend on the site's records"),
+    (Request("dp_sgd", 1, 1, "train", "model update", ((5.0, 0.1, 1),), delta=1e-3), {},
+     "privacy.delta = 0.001, more than this site's privacy-delta = 1e-05"),
     (Request("dp_sgd", 1, 0, "site_summary", "exact set-up statistics", None), {}, "cannot be charged"),
     (Request("dp_sgd", 1, 1, "train", "model update", ((0.4, 0.1, 1),)), {"privacy-min-noise": 0.5},
      "noise multiplier of 0.4 is below the site's floor privacy-min-noise = 0.5"),
@@ -197,7 +205,8 @@ def _federation(tmp_path):
         path = tmp_path / f"site-{index + 1}.csv"
         frame.iloc[rows].reset_index(drop=True).to_csv(path, index=False)
         configs.append({"data-path": str(path), "site-name": f"site-{index + 1}"})
-    configs[0].update({"privacy-ledger": str(tmp_path / "site-1-ledger.jsonl"), "privacy-max-epsilon": 1.0})
+    configs[0].update({"privacy-ledger": str(tmp_path / "site-1-ledger.jsonl"), "privacy-max-epsilon": 1.0,
+                       "data-time-col": "futime", "data-event-col": "death"})
     return configs
 
 
@@ -224,8 +233,10 @@ def test_a_site_with_a_budget_of_1_refuses_a_run_at_3_before_releasing_anything_
                             observe=lambda message, reply: asked.append((message.metadata.dst_node_id,
                                                                          message.metadata.message_type)))
     (reason,) = summary["left_out"].values()
-    assert "site 'site-1' privacy policy refuses setup_ranges" in reason and "nothing released" in reason
-    assert "privacy.epsilon = 3, more than this site's limit privacy-max-epsilon = 1" in reason
+    assert reason == ("site 'site-1': the site's privacy policy refused the request; nothing released (the site's "
+                      "log has the detail)")  # a deployed site's reply: its limit and budget stay in its own log
+    site_log = tmp_path / "site.log"  # the site's directory: its ledger's
+    assert "privacy.epsilon = 3, more than this site's limit privacy-max-epsilon = 1" in site_log.read_text()
     assert set(summary["sites"]) == {"site-2", "site-3"}
     assert {kind for node, kind in asked if node == 1} == {"query.setup_ranges"}
     assert [line["kind"] for line in read_ledger(ledger)] == ["header", "refusal"]
@@ -233,7 +244,7 @@ def test_a_site_with_a_budget_of_1_refuses_a_run_at_3_before_releasing_anything_
     for name, epsilon in (("b", 0.5), ("c", 0.8)):
         summary = run_inprocess({**RUN, "privacy.epsilon": epsilon, "output.dir": str(tmp_path / name)},
                                 node_configs=configs)
-        assert "left_out" not in summary and "site-1" in summary["sites"]
+        assert "left_out" not in summary and summary["sites_kept_local"] == ["site-1"]  # its policy keeps them
         entries = [json.loads(line) for line in (tmp_path / name / "ledger.jsonl").read_text().splitlines()]
         (own,) = [entry for entry in entries if entry["site"] == "site-1"]
         others = [entry for entry in entries if entry["site"] != "site-1"]
@@ -247,5 +258,6 @@ def test_a_site_with_a_budget_of_1_refuses_a_run_at_3_before_releasing_anything_
     assert [line["message"] for line in released] == ["setup_ranges", "setup_moments", "train"] * 2
     assert 0.95 < released[-1]["epsilon"] <= 1.0
     summary = run_inprocess({**RUN, "privacy.epsilon": 0.5, "output.dir": str(tmp_path / "d")}, node_configs=configs)
-    assert "site-1" not in summary["sites"] and "cannot hold even the set-up" in str(summary["left_out"])
+    assert "site-1" not in summary["sites"] and "privacy policy refused" in str(summary["left_out"])
+    assert "cannot hold even the set-up" in site_log.read_text()
     assert max(line["epsilon"] for line in read_ledger(ledger)[1:]) <= 1.0

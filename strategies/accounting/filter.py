@@ -177,12 +177,14 @@ class RenyiFilter:
 
 @dataclass(frozen=True)
 class SiteFilter:
-    """A site's Rényi filter at the start of a run: its order, the RDP spent before the run, its limit (ε, δ)."""
+    """A site's Rényi filter at the start of a run: its order, the RDP spent before the run, its limit (ε, δ), and
+    the honest sites (itself included) whose noise shares it counts on in a secure sum (1: its own alone)."""
 
     order: float
     spent: float
     epsilon: float
     delta: float
+    honest_sites: float = 1.0
 
     @property
     def remaining(self) -> float:

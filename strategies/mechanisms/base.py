@@ -402,8 +402,8 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                           ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
                            "query.setup_moments/deployment.censored")),
             ReleasedValue("privacy filter", "a deployed site with its own privacy policy: its Rényi filter's order, "
-                          "the RDP it has spent on this data set and its limit (epsilon, delta), so that the run's "
-                          "noise is planned to fit it", "set-up", True,
+                          "the RDP it has spent on this data set, its limit (epsilon, delta) and the honest sites it "
+                          "counts on in a secure sum, so that the run's noise is planned to fit it", "set-up", True,
                           "public: the site's own policy and the cost of what it released before (a function of "
                           "earlier plans and of noise multipliers it already released), not of any record",
                           ("query.setup_ranges/deployment.filter",)),
@@ -663,6 +663,11 @@ class HorizontalMechanism(Mechanism):
 
     # ---------------------------------------------------------------- helpers for subclasses
 
+    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
+        """Every round's releases of a site together, as planned before the first (``()`` where the mechanism chooses
+        them as it goes): a site's policy checks the plan before it releases anything."""
+        return ()
+
     def uses_private_setup(self, cfg: ExperimentConfig) -> bool:
         """Whether the run agrees its set-up with DP (:attr:`private_setup` and ``privacy.setup_share`` > 0)."""
         return self.private_setup and cfg.privacy.setup_share > 0
@@ -693,11 +698,6 @@ class LocalUpdateMechanism(HorizontalMechanism):
         (:mod:`flwr_app.site_policy` refuses the mechanism)."""
         return None
 
-    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
-        """Every round's releases of a site together, as planned before the first (``()`` where the mechanism chooses
-        them as it goes): a site's policy checks the plan before it releases anything."""
-        return ()
-
 
 class SecureSumMechanism(HorizontalMechanism):
     """A mechanism whose sites send integer vectors into a secure sum (:mod:`strategies.secure_aggregation`); the
@@ -705,8 +705,15 @@ class SecureSumMechanism(HorizontalMechanism):
     server's :meth:`server_step` from the unmasked sum."""
 
     @abstractmethod
-    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp) -> Any:
-        """The round's public parameters, the same at the server and every site."""
+    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp,
+             honest_sites: Sequence[float] = ()) -> Any:
+        """The round's public parameters, the same at the server and every site; ``honest_sites``: the honest sites
+        that the policies of the sites taking part count on (a site passes its own, the server those announced)."""
+
+    def site_release(self, cfg: ExperimentConfig, plan: Any) -> tuple[tuple[float, float, int], ...] | None:
+        """What a site's vector of one round costs, as a Gaussian history a site's filter charges; ``None`` when it
+        is not such a history (:mod:`flwr_app.site_policy` refuses the mechanism)."""
+        return None
 
     @abstractmethod
     def contribution(self, model: SurvivalModel, data: SurvivalArrays, cfg: ExperimentConfig, plan: Any, *,
@@ -721,7 +728,8 @@ class SecureSumMechanism(HorizontalMechanism):
         when the sum is refused."""
 
     @abstractmethod
-    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int) -> Any:
+    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int,
+                           honest_sites: Sequence[float] = ()) -> Any:
         """The public plan of the recalibration's secure sum of ``size`` power sums (:mod:`models.recalibration`)."""
 
     @abstractmethod

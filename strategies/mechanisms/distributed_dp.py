@@ -46,6 +46,7 @@ import numpy as np
 from strategies.accounting.calibration import calibrate_noise
 from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsilon, ddg_tau, l1_bound
 from strategies.accounting.ledger import LedgerEntry
+from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ConfigError, ExperimentConfig
 from strategies.mechanisms.base import (
     DELTA_CHECK,
@@ -217,13 +218,16 @@ def _plan(z: float, *, parties: int, honest: int, records: float, dim: int, modu
 @functools.lru_cache(maxsize=256)
 def round_plan(*, epsilon: float, delta: float, rounds: int, parties: int, max_dropouts: int, colluding: int,
                records: float, dim: int, modulus_bits: int, clip: float,
-               prior: tuple[tuple[float, float, int], ...] = ()) -> RoundPlan:
+               prior: tuple[tuple[float, float, int], ...] = (), honest_cap: int | None = None) -> RoundPlan:
     """The round's plan, z calibrated so that ``rounds`` such rounds after ``prior`` spend ``(epsilon, delta)``.
+
+    ``honest_cap``: at most this many honest survivors' shares are counted (:func:`counted_honest`: the sites'
+    own policies), whatever ``parties`` says; each share is sized for them.
 
     Raises ``ValueError`` when ``parties - max_dropouts - colluding < 1`` or when the modulus leaves no
     room (gamma C below sqrt(d): quantisation would dominate the sensitivity).
     """
-    honest = parties - max_dropouts - colluding
+    honest = _honest(parties, max_dropouts, colluding, honest_cap)
     if honest < 1:
         raise ValueError(f"{parties} selected sites leave {honest} honest survivors with {max_dropouts} drop-outs "
                          f"and {colluding} colluding sites")
@@ -244,6 +248,23 @@ def round_plan(*, epsilon: float, delta: float, rounds: int, parties: int, max_d
         raise ValueError(f"a modulus of 2^{modulus_bits} leaves gamma*C = {result.gamma * clip:.3g} below sqrt(d) = "
                          f"{math.sqrt(dim):.3g}: rounding would dominate the sensitivity")
     return result
+
+
+def _honest(parties: int, max_dropouts: int, colluding: int, cap: int | None) -> int:
+    """The honest survivors whose shares a plan counts: ``parties - D - t``, at most ``cap`` (when the
+    parties leave at least one)."""
+    honest = parties - max_dropouts - colluding
+    return honest if cap is None or honest < 1 else min(honest, cap)
+
+
+def counted_honest(honest_sites: Sequence[float], max_dropouts: int) -> int | None:
+    r"""The most honest survivors' shares a round may count when sites with a privacy policy take part: the
+    smallest of their ``max(h - D, 1)``, ``h`` a policy's ``privacy-min-honest-sites`` (the honest sites, itself
+    included, that site counts on; ``D`` of them may drop out, and the site's own share is in any sum its vector
+    is in); ``None`` without a policy. A server that claims more participants cannot shrink a policy site's share:
+    the site sizes its share, and charges its filter, with this count, never with the parties the server reports."""
+    counts = [max(int(h) - max_dropouts, 1) for h in honest_sites]
+    return min(counts) if counts else None
 
 
 def _release(plan: RoundPlan) -> tuple[float, float, float, int, int]:
@@ -270,7 +291,7 @@ def gaussian_bound(plan: RoundPlan) -> float:
 
 
 def power_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, colluding: int, records: float, size: int,
-                   modulus_bits: int) -> RoundPlan:
+                   modulus_bits: int, honest_cap: int | None = None) -> RoundPlan:
     r"""The public plan of the recalibration's secure sum: ``size`` power sums (:mod:`models.recalibration`),
     each record's terms in [0, 1] (L2 norm at most :math:`\sqrt{size}`, the plan's clip), scaled by
     :math:`\gamma`, rounded and summed with the sites' discrete Gaussian shares.
@@ -279,9 +300,10 @@ def power_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, collud
     ``(multiplier, 1, 1)`` of the site's prior, :func:`~strategies.mechanisms.base.recalibration_history`):
     the sites' noise multiplier is raised from ``multiplier`` to :math:`1/(1/z - \tau\sqrt{size})` (and
     :data:`BOUND_MARGIN`) so that :func:`gaussian_bound` of the plan is at least ``multiplier``; raising
-    it only raises :math:`s` and so lowers :math:`\tau`. ``ValueError`` when no such plan exists.
+    it only raises :math:`s` and so lowers :math:`\tau`. ``honest_cap`` as for :func:`round_plan`. ``ValueError``
+    when no such plan exists.
     """
-    honest = parties - max_dropouts - colluding
+    honest = _honest(parties, max_dropouts, colluding, honest_cap)
     if honest < 1 or not multiplier > 0:
         raise ValueError(f"a recalibration sum of {parties} sites with {max_dropouts} drop-outs and {colluding} "
                          f"colluding sites at noise multiplier {multiplier:g} has no honest survivor or no noise")
@@ -350,18 +372,43 @@ class DistributedDP(SecureSumMechanism):
                 f"run config: strategy 'distributed_dp' with about {selected} sites per round cannot tolerate "
                 f"privacy.max_dropouts = {cfg.privacy.max_dropouts} and privacy.colluding_sites = "
                 f"{cfg.privacy.colluding_sites}: k - privacy.max_dropouts - privacy.colluding_sites must be >= 1")
+        d, t = cfg.privacy.max_dropouts, cfg.privacy.colluding_sites
+        if selected and selected <= 2 * d + t:  # strategies.secure_aggregation.protocol_parameters' rule (no Flower)
+            raise ConfigError(
+                f"run config: privacy.max_dropouts = {d} is too many for secure aggregation of about {selected} sites "
+                f"with privacy.colluding_sites = {t}: a server naming different survivors to different sites could "
+                f"unmask a site unless k > 2 * max_dropouts + colluding_sites; set privacy.max_dropouts <= "
+                f"{(selected - t - 1) // 2} or select more sites")
 
-    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp) -> RoundPlan:
-        """This round's public parameters (ConfigError naming the keys when they cannot be met)."""
+    def plan(self, cfg: ExperimentConfig, *, parties: int, records: float, dim: int, setup: SiteSetUp,
+             honest_sites: Sequence[float] = ()) -> RoundPlan:
+        """This round's public parameters (ConfigError naming the keys when they cannot be met); ``honest_sites``:
+        the ``privacy-min-honest-sites`` of the policy sites taking part (:func:`counted_honest`)."""
         try:
             return round_plan(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, rounds=cfg.federation.rounds,
                               parties=parties, max_dropouts=cfg.privacy.max_dropouts,
                               colluding=cfg.privacy.colluding_sites, records=float(records), dim=dim,
                               modulus_bits=cfg.privacy.modulus_bits, clip=cfg.privacy.clip_norm,
-                              prior=tuple(setup.prior))
+                              prior=tuple(setup.prior),
+                              honest_cap=counted_honest(honest_sites, cfg.privacy.max_dropouts))
         except ValueError as err:
             raise ConfigError(f"run config: strategy 'distributed_dp' (privacy.max_dropouts, privacy.colluding_sites, "
                               f"privacy.modulus_bits): {err}") from err
+
+    def site_release(self, cfg: ExperimentConfig, plan: RoundPlan) -> tuple[tuple[float, float, int], ...]:
+        """What one round's vector costs a site with a privacy policy, as a Gaussian history its filter charges:
+        the Gaussian that bounds the release's RDP at every order (:func:`gaussian_bound`) over the plan's counted
+        honest shares (the site's own plan, sized by its policy: :func:`counted_honest`)."""
+        return ((gaussian_bound(plan), 1.0, 1),)
+
+    def planned_release(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[tuple[float, float, int], ...]:
+        """The run's rounds as a policy site plans them before its first release: ``rounds`` Gaussian releases at
+        the noise multiplier that spends ``privacy.epsilon`` after ``setup.prior`` (the discrete plan's bound is
+        within its tau term of it; each round is charged exactly by :meth:`site_release`)."""
+        rounds, prior = cfg.federation.rounds, list(setup.prior)
+        z = calibrate_noise(lambda z: epsilon_from_history([*prior, (z, 1.0, rounds)], delta=cfg.privacy.delta),
+                            cfg.privacy.epsilon, tolerance=1e-5 * cfg.privacy.epsilon)
+        return ((z, 1.0, rounds),)
 
     def contribution(self, model: Any, data: Any, cfg: ExperimentConfig, plan: RoundPlan, *, seed: int) -> np.ndarray:
         """The site's integer vector of the round (its rounded clipped gradient sum plus its noise share)."""
@@ -405,12 +452,15 @@ class DistributedDP(SecureSumMechanism):
         honest = sites - cfg.privacy.max_dropouts - cfg.privacy.colluding_sites
         return math.sqrt(sites / honest) if honest >= 1 else math.inf
 
-    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int) -> RoundPlan:
-        """The recalibration sum's public plan (:func:`power_sum_plan` at the run's recalibration multiplier)."""
+    def recalibration_plan(self, cfg: ExperimentConfig, *, parties: int, records: float, size: int,
+                           honest_sites: Sequence[float] = ()) -> RoundPlan:
+        """The recalibration sum's public plan (:func:`power_sum_plan` at the run's recalibration multiplier;
+        ``honest_sites`` as for :meth:`plan`)."""
         try:
             return power_sum_plan(multiplier=recalibration_multiplier(cfg), parties=parties,
                                   max_dropouts=cfg.privacy.max_dropouts, colluding=cfg.privacy.colluding_sites,
-                                  records=float(records), size=size, modulus_bits=cfg.privacy.modulus_bits)
+                                  records=float(records), size=size, modulus_bits=cfg.privacy.modulus_bits,
+                                  honest_cap=counted_honest(honest_sites, cfg.privacy.max_dropouts))
         except ValueError as err:
             raise ConfigError(f"run config: strategy 'distributed_dp' recalibration (privacy.max_dropouts, "
                               f"privacy.colluding_sites, privacy.modulus_bits): {err}") from err
