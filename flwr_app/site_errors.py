@@ -64,10 +64,10 @@ REQUIRED_ROLE_KEYS = ("data-time-col", "data-event-col")
 PUBLIC_KEYS = frozenset({*ROLE_KEYS, *ROLE_KEYS.values(), "privacy.delta", "data.test_fraction"})
 
 #: The phrase of each class of failure of :class:`SiteError`; ``{cols}``: "the column given as K" (or columns, K and
-#: L), ``{is_}``/``{has}``: the verb, ``{keys}``/``{node_keys}``: the keys, ``{differ}``: differs/differ.
+#: L), ``{is_}``/``{has}``: the verb, ``{keys}``: the keys.
 SITE_PHRASES = {
-    ROLES_DIFFER: ("the run config's {keys} {differ} from this site's node config {node_keys}; the site reads its "
-                   "file only with its own column roles"),
+    ROLES_DIFFER: ("the run config's column roles (data.*) differ from this site's node config (data-*); the site "
+                   "reads its file only with its own column roles"),
     ROLES_UNDECLARED: ("this site has a privacy policy and reads its file only with the column roles its node config "
                        "declares; its node config lacks {keys} (e.g. --node-config \"data-time-col='time' "
                        "data-event-col='event'\")"),
@@ -146,8 +146,7 @@ def _phrase(failure: str, keys: Sequence[str]) -> str:
     listed = " and ".join(keys)
     return template.format(
         cols=f"the column{'s' if plural else ''} given as {listed}", is_="are" if plural else "is",
-        has="have" if plural else "has", keys=listed, differ="differ" if plural else "differs",
-        node_keys=" and ".join(ROLE_KEYS.get(key, key) for key in keys))
+        has="have" if plural else "has", keys=listed)
 
 
 def public_text(err: BaseException, site: str) -> str:
