@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 import importlib
 import json
@@ -455,6 +456,16 @@ def _own_honest_sites(context: Context) -> tuple[float, ...]:
     return () if policy is None else (float(policy.min_honest_sites),)
 
 
+def _tolerated_dropouts(cfg: ExperimentConfig, context: Context, state: Any) -> ExperimentConfig:
+    """``cfg`` as a policy site plans its secure-sum share with: the drop-outs counted are at least those its own
+    Shamir sharing tolerates (``num_shares - threshold`` of ``state``), whatever ``privacy.max_dropouts`` says (the
+    server could otherwise say 0 and have the site count one share too many)."""
+    if not _own_honest_sites(context):
+        return cfg
+    dropouts = max(cfg.privacy.max_dropouts, int(state.num_shares) - int(state.threshold))
+    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, max_dropouts=dropouts))
+
+
 def _secure_sum_details(cfg: ExperimentConfig, context: Context, parties: int, counted: int) -> tuple:
     """What a policy site's ledger records of a secure-sum release: the honest sites it counts on (h), the shares
     it counted, the tolerated drop-outs (D), the colluding sites (t) and the parties the server reported."""
@@ -713,12 +724,14 @@ def secagg_masked(message: Message, context: Context) -> Message:
 
     public = context.state.config_records[SECAGG_ROUND]
     parties, records = int(public["parties"]), float(public["records"])
+    state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     if RECALIBRATION_HORIZONS in message.content["config"]:  # after the last round: the recalibration sums
         cfg = _run_config(context)
         mechanism = horizontal_mechanism(cfg.strategy)
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'recalibration'")
         site, index, server_round, cfg, terms = _recalibration_terms(message, context)
+        cfg = _tolerated_dropouts(cfg, context, state)
         plan = mechanism.recalibration_plan(cfg, parties=parties, records=records, size=terms.shape[1],
                                             honest_sites=_own_honest_sites(context))
         rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
@@ -727,6 +740,7 @@ def secagg_masked(message: Message, context: Context) -> Message:
         site, index, server_round, cfg, model, mechanism = _training_message(message, context)
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
+        cfg = _tolerated_dropouts(cfg, context, state)
         plan = mechanism.plan(cfg, parties=parties, records=records,
                               dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site),
                               honest_sites=_own_honest_sites(context))
@@ -734,7 +748,6 @@ def secagg_masked(message: Message, context: Context) -> Message:
                 details=_secure_sum_details(cfg, context, parties, plan.honest))
         vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
         phase = "train"
-    state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]
     masked, disputed = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
     context.state[SECAGG_STATE] = state.to_record()

@@ -167,3 +167,22 @@ def test_distributed_dp_runs_at_three_policy_sites_charged_with_h_t_and_d_in_the
         assert {(line["honest_sites"], line["counted_shares"], line["max_dropouts"], line["colluding_sites"],
                  line["parties_reported"]) for line in trains} == {(3, 2, 1, 0, 3)}  # h - D shares: D = 1 tolerated drop-out
         assert all(line["rdp"] > 0 for line in trains) and lines[-1]["epsilon"] <= 10.0
+
+
+def test_a_policy_site_counts_at_least_the_drop_outs_its_own_sharing_tolerates():
+    """A server that says privacy.max_dropouts = 0 while the site's Shamir sharing (its own state) tolerates 2 drop-outs
+    does not make the site count more honest shares; a site without a policy follows the run config."""
+    from types import SimpleNamespace
+
+    from flwr_app import client_app
+    from flwr_app.config import parse_run_config
+    from simulations.engine import resolve
+
+    fused, _ = resolve({"strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "privacy.max_dropouts": 0,
+                        "federation.num_sites": 5})
+    cfg = parse_run_config(fused)
+    sharing = SimpleNamespace(num_shares=5, threshold=3)
+    policy = SimpleNamespace(node_config={"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1,
+                                          "privacy-min-honest-sites": 4})
+    assert client_app._tolerated_dropouts(cfg, policy, sharing).privacy.max_dropouts == 2
+    assert client_app._tolerated_dropouts(cfg, SimpleNamespace(node_config={}), sharing).privacy.max_dropouts == 0
