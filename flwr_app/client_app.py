@@ -383,7 +383,7 @@ def _privacy_state(context: Context, config: ConfigRecord, cfg: ExperimentConfig
         handed_back, catch_up = config.get(RESUMED_PRIVACY_STATE), int(config.get(RESUMED_CATCH_UP, 0))
     return site_state.restore(context.node_config, deployed=cfg.data.deployed, site=site.name, run=context.run_id,
                               server_round=server_round, handed_back=None if handed_back is None else str(handed_back),
-                              catch_up=catch_up)
+                              catch_up=catch_up, max_rounds=cfg.federation.rounds)
 
 
 def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: LocalUpdateMechanism,

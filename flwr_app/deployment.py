@@ -762,9 +762,12 @@ def setup(message: Message, context: Context) -> Message:
                                                "min_count": float(request["min_count"]),
                                                "prior": json.dumps(request.get("prior", [])),
                                                "filter": json.dumps(request.get("filter"))})
-    if PRIVACY_STATE not in context.state.config_records and request.get("privacy_state") is not None:
-        context.state[RETURNED_STATE] = ConfigRecord({"json": str(request["privacy_state"]),
-                                                      "catch_up": int(request.get("catch_up", 0))})
+    catch_up, handed_back = int(request.get("catch_up", 0)), request.get("privacy_state")
+    if PRIVACY_STATE not in context.state.config_records and (handed_back is not None or catch_up > 0):
+        returned = ConfigRecord({"catch_up": catch_up})
+        if handed_back is not None:
+            returned["json"] = str(handed_back)
+        context.state[RETURNED_STATE] = returned
     return Message(content=_payload({}), reply_to=message)
 
 

@@ -12,9 +12,9 @@ state decides what the site charges and how much noise it adds, so the site neve
   A state handed back is used only when its tag verifies for this site; a deployed site that holds its own
   copy of that run uses its own instead. Anything else is refused (:class:`StateRefused`).
 
-The rounds the server says it charged after a handed-back state (``catch_up``: the site runs its mechanism
-that many times, releasing nothing, so that its accountant counts them) are bounded by the rounds between
-the sealed state and the current round, and are ignored where the site has its own copy.
+The rounds the server says it charged after the site's last state (``catch_up``: the site runs its mechanism
+that many times, releasing nothing, so that its accountant counts them, as the server's ledger does) are
+bounded by the rounds between that state (its own copy's, else the sealed one's) and the current round.
 """
 
 from __future__ import annotations
@@ -104,21 +104,24 @@ def load_own(node_config: Mapping[str, Any], run: int, *, key: bytes, site: str)
 
 
 def restore(node_config: Mapping[str, Any], *, deployed: bool, site: str, run: int, server_round: int,
-            handed_back: str | None, catch_up: int) -> tuple[dict[str, Any] | None, int]:
+            handed_back: str | None, catch_up: int, max_rounds: int) -> tuple[dict[str, Any] | None, int]:
     """The site's privacy state for a round of ``run`` when its node state holds none, and the rounds to catch up.
 
     ``handed_back``: a sealed state the server sent back (a resumed run, a restarted site), ``catch_up``: the rounds
-    the server says it charged after it. A deployed site's own copy of this run (or of the run the sealed state
-    names) wins, with nothing to catch up; else the handed-back state, which must verify, with ``catch_up``
-    bounded by the rounds between it and ``server_round``; else no state.
+    the server says it charged the site after its last state (a round it asked for and got no reply to). A deployed
+    site's own copy of this run (or of the run the sealed state names) wins over the handed-back state; else the
+    handed-back state, which must verify; else none. ``catch_up`` is bounded by the rounds after that state and before
+    ``server_round`` (and by the run's ``max_rounds``): the server can make a site count a round it may have run, never
+    one it has a state for.
     """
     key = state_key(node_config, deployed)
     sealed = None if handed_back is None else unseal(handed_back, key=key, site=site)
+    base = sealed
     if deployed:
         for candidate in dict.fromkeys([run] + ([sealed.run] if sealed else [])):
-            own = load_own(node_config, candidate, key=key, site=site)
-            if own is not None:
-                return own.state, 0
-    if sealed is None:
-        return None, 0
-    return sealed.state, max(0, min(int(catch_up), server_round - 1 - sealed.round))
+            if (own := load_own(node_config, candidate, key=key, site=site)) is not None:
+                base = own
+                break
+    after = 0 if base is None else base.round
+    rounds = max(0, min(int(catch_up), server_round - 1 - after, int(max_rounds)))
+    return (None if base is None else base.state), rounds

@@ -220,7 +220,7 @@ def _site_context(tmp_path, state=None, run=7):
     return SimpleNamespace(state=state or RecordDict(), node_config={"site-dir": str(tmp_path / "site")}, run_id=run)
 
 
-DEPLOYED = SimpleNamespace(data=SimpleNamespace(deployed=True))
+DEPLOYED = SimpleNamespace(data=SimpleNamespace(deployed=True), federation=SimpleNamespace(rounds=10))
 
 
 def _sealed(context, state, server_round, site="site-a", run=None):

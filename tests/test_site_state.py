@@ -36,6 +36,21 @@ def test_a_sealed_state_verifies_only_unaltered_and_only_for_its_site(tmp_path):
         site_state.unseal('{"steps": 1e9}', key=key, site="site-a")  # an unsealed state, as a server would forge it
 
 
+def test_a_site_that_died_before_keeping_a_round_counts_the_round_the_server_charged(tmp_path):
+    """Killed in round 2 before its state was kept: its own copy is of round 1; the server charged round 2 (no reply)
+    and says so; the site counts it (one round, whatever the claim) before it trains in round 3."""
+    node = _node(tmp_path)
+    key = site_state.state_key(node, True)
+    own = site_state.seal({"steps": 1}, key=key, site="a", run=7, server_round=1)
+    site_state.save_own(node, own, 7)
+    assert site_state.restore(node, deployed=True, site="a", run=7, server_round=3, handed_back=own, catch_up=1,
+                              max_rounds=10) == ({"steps": 1}, 1)
+    assert site_state.restore(node, deployed=True, site="a", run=7, server_round=3, handed_back=None, catch_up=50,
+                              max_rounds=10) == ({"steps": 1}, 1)
+    assert site_state.restore(node, deployed=True, site="a", run=9, server_round=10**9, handed_back=None,
+                              catch_up=10**9, max_rounds=5) == (None, 5)  # no state at all: at most the run's rounds
+
+
 def test_a_deployed_sites_own_copy_wins_and_catch_up_is_bounded(tmp_path):
     node = _node(tmp_path)
     key = site_state.state_key(node, True)
@@ -43,17 +58,18 @@ def test_a_deployed_sites_own_copy_wins_and_catch_up_is_bounded(tmp_path):
     own = site_state.seal({"steps": 3}, key=key, site="a", run=7, server_round=3)
     # no copy of its own: the handed-back state, catch-up at most the rounds since it
     assert site_state.restore(node, deployed=True, site="a", run=7, server_round=4, handed_back=old,
-                              catch_up=10**9) == ({"steps": 1}, 2)
+                              catch_up=10**9, max_rounds=10) == ({"steps": 1}, 2)
     site_state.save_own(node, own, 7)
     # a server rolling the site back to an older state it sealed (and claiming no round since): its own copy wins
     assert site_state.restore(node, deployed=True, site="a", run=7, server_round=4, handed_back=old,
-                              catch_up=0) == ({"steps": 3}, 0)
+                              catch_up=0, max_rounds=10) == ({"steps": 3}, 0)
     # a resumed run (a new run id) that names the old run: the site's own copy of that run
     assert site_state.restore(node, deployed=True, site="a", run=8, server_round=4, handed_back=old,
-                              catch_up=5) == ({"steps": 3}, 0)
+                              catch_up=5, max_rounds=10) == ({"steps": 3}, 0)
     (tmp_path / "site" / site_state.STATES / "7.json").write_text(own.replace('"steps": 3', '"steps": 0'))
     with pytest.raises(site_state.StateRefused):  # its own copy altered on disk is not used either
-        site_state.restore(node, deployed=True, site="a", run=7, server_round=4, handed_back=None, catch_up=0)
+        site_state.restore(node, deployed=True, site="a", run=7, server_round=4, handed_back=None, catch_up=0,
+                           max_rounds=10)
 
 
 def _federation(tmp_path, policy: bool):
