@@ -44,8 +44,8 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
-from strategies.horizontal import (SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position, robust_refusal,
-                                   site_average, site_metrics, weighted_nanmean)
+from strategies.horizontal import (RoundRecord, SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position,
+                                   robust_refusal, site_average, site_metrics, weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -78,6 +78,16 @@ def _rollback_text(rolled_back: Mapping[str, Any]) -> str:
     cause = (f"updates that stood out: {', '.join(rolled_back['sites'])}" if rolled_back["sites"]
              else "no site's update stood out")
     return f"rolled back to round {rolled_back['to_round']}'s model: {rolled_back['reason']}; {cause}"
+
+
+def _flags(record: RoundRecord) -> list[dict[str, str]]:
+    """A round's flags (kept sites, not failures), ``{"phase", "site", "reason"}``: ``train`` (an update's pull
+    bounded), ``weight`` (a weight capped), ``aggregate`` (left out by the robust aggregator in most of its rounds),
+    ``evaluate`` (unusual test metrics)."""
+    return [{"phase": phase, "site": site, "reason": reason}
+            for phase, flags in (("train", record.train_flags), ("weight", record.weight_flags),
+                                 ("aggregate", record.aggregate_flags), ("evaluate", record.evaluate_flags))
+            for site, reason in sorted(flags.items())]
 
 
 def _load(model: SurvivalModel, arrays: ArrayRecord, baseline: tuple[np.ndarray, np.ndarray] | None,
@@ -325,6 +335,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         survival.node_sites = node_sites
     else:  # simulation: every node says once which site it is; a node that cannot is left out
         left_out = survival.identify_sites(grid)
+        survival.require_named(left_out)  # too few named: the run stops before any further message
     if cfg.data.deployed:  # the sites left out get no further message; a restarted site gets the set-up again
         grid = deployment.RejoiningSites(grid, setup, survival.node_sites, timeout=cfg.federation.timeout_s,
                                          history=lambda site: privacy_position(survival.rounds, site))
@@ -378,11 +389,9 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
             "sites": site_metrics(record) if record else {},
             "sites_kept_local": sorted(record.evaluate_local) if record else [],
             "failures": record.failures if record else [],
-            "flags": ([{"phase": "train", "site": site, "reason": reason}
-                       for site, reason in sorted(record.train_flags.items())]
-                      + [{"phase": "evaluate", "site": site, "reason": reason}
-                         for site, reason in sorted(record.evaluate_flags.items())]) if record else [],
+            "flags": _flags(record) if record else [],
             "update_spread": dict(sorted(record.update_spread.items())) if record else {},
+            "discarded": dict(sorted(record.discarded.items())) if record else {},
             "elapsed_s": time.perf_counter() - started,
         }
         if diverged:

@@ -466,6 +466,9 @@ class FederationConfig:
                                         "3 or more updates a round; not with central_dp or distributed_dp); a site "
                                         "beyond it is flagged; 0: the plain weighted mean",
                                   bounds=NON_NEGATIVE)
+    max_weight_ratio: float = setting(3.0, "a site's weight in the training mean (its agreed record count) is capped "
+                                           "at max_weight_ratio x the median of the round's sites' weights (a capped "
+                                           "site is flagged, not refused); 0: no cap", bounds=NON_NEGATIVE)
     trim_fraction: float = setting(0.2, "trimmed_mean: share of the sites cut off at each tail (int(trim_fraction x "
                                         "sites) of a round; refused when that is 0: below ceil(1 / trim_fraction) "
                                         "sites a round)", bounds=Bounds(0.0, 0.5, low_closed=True))
@@ -700,8 +703,8 @@ MECHANISM_KEYS: tuple[str, ...] = (
     "data.dictionary",
     "federation.num_sites", "federation.partition", "federation.dirichlet_alpha", "federation.min_site_records",
     "federation.fraction_train", "federation.min_sites", "federation.aggregation", "federation.update_bound",
-    "federation.trim_fraction", "federation.max_malicious", "federation.server_optimizer", "federation.server_lr",
-    "federation.server_momentum", "resume.from",
+    "federation.max_weight_ratio", "federation.trim_fraction", "federation.max_malicious",
+    "federation.server_optimizer", "federation.server_lr", "federation.server_momentum", "resume.from",
 )
 #: The keys every strategy honours (``fnmatch`` patterns; a key that :data:`MECHANISM_KEYS` names is not one of
 #: them). A test fails on a key that neither list names.

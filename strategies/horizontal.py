@@ -15,14 +15,16 @@ models and an untrusted federation need:
   (``{"phase", "site", "node", "reason"}``) and the round goes on without it;
 * **weights from the set-up**: the server weights each accepted update by the count agreed at
   set-up (:meth:`~strategies.mechanisms.base.HorizontalMechanism.aggregation_weight`), never by
-  what a reply claims;
+  what a reply claims, capped at ``federation.max_weight_ratio`` x the median of the round's weights
+  (:func:`capped_weights`: a count inflated at the set-up weighs only so much; the site is flagged);
 * per-site bookkeeping (a C-index cannot be averaged into a pooled C-index, so the per-site
   figures are kept as they are) and NaN-aware weighted means of evaluation metrics;
 * a federated Breslow baseline for Cox models: before each evaluation it asks every site for
   the sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums
   them, and sends the baseline to the sites with the evaluation message;
-* an optional robust aggregator (Flower's ``FedTrimmedAvg``, ``FedMedian`` or ``Krum``) in place
-  of the weighted mean;
+* an optional robust aggregator (Flower's ``FedTrimmedAvg``, ``FedMedian`` or ``MultiKrum``) in place
+  of the weighted mean, with a record of whose coordinates or updates it left out each round
+  (:func:`discarded_shares`, :func:`multikrum_selection`) and a flag on a site left out in most of its rounds;
 * an optional server optimiser (Flower's ``FedAdam``, ``FedYogi``, ``FedAdagrad`` or ``FedAvgM``,
   :mod:`strategies.server_optimizers`) that turns the round's released aggregate (after any
   server-side DP noise) into the new global model.
@@ -30,7 +32,8 @@ models and an untrusted federation need:
 Its :meth:`SurvivalFedAvg.run_rounds` replaces Flower's ``Strategy.start``: it can begin at any
 round (a run resumed from a checkpoint), records every error reply, missing reply and refused
 reply per phase and site, and stops the run after a round in which fewer sites' updates were
-accepted than ``min_train_nodes`` (that round is not aggregated).
+accepted than ``min_train_nodes`` (that round is not aggregated). A run in which fewer sites than that
+said which site they are (:meth:`SurvivalFedAvg.identify_sites`) stops at once (:meth:`SurvivalFedAvg.require_named`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, Strategy
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, MultiKrum, Strategy
 from flwr.supercore import log
 
 from models.metrics import UNDEFINED_REASONS
@@ -155,6 +158,11 @@ class RoundRecord:
     "sites"}``: the round kept the model of round ``to_round``; ``sites`` are the sites whose updates
     stood out that round (none named when no update did). ``evaluate_local``: sites that kept their test
     metrics at the site (their evaluation reply carries none; they are in no per-site or pooled figure).
+    ``weight_flags``: sites whose weight was capped (:func:`capped_weights`), and why. With a robust aggregator,
+    ``discarded``: each aggregated site's share of what the aggregator left out of its update (its coordinates
+    outside the kept values, :func:`discarded_shares`; krum: 1 when its update was not selected, 0 when it was);
+    ``discarded_most``: the sites left out more than the aggregator's even spread (:func:`discard_limit`) that round;
+    ``aggregate_flags``: sites left out in more than half of the rounds they took part in (at least 2), and why.
     """
 
     train_sites: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -169,6 +177,10 @@ class RoundRecord:
     shortfall: str = ""
     rolled_back: dict[str, Any] = field(default_factory=dict)
     evaluate_local: list[str] = field(default_factory=list)
+    weight_flags: dict[str, str] = field(default_factory=dict)
+    discarded: dict[str, float] = field(default_factory=dict)
+    discarded_most: list[str] = field(default_factory=list)
+    aggregate_flags: dict[str, str] = field(default_factory=dict)
 
 
 def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
@@ -408,6 +420,64 @@ def _stacked(arrays: Sequence[ArrayRecord], names: Sequence[str], out: np.ndarra
     return matrix
 
 
+def capped_weights(weights: np.ndarray, ratio: float) -> np.ndarray:
+    """``weights`` with each capped at ``ratio`` x the median of the positive ones; ``ratio`` 0: unchanged.
+
+    A weight of 0 (a site with nothing new) stays 0 and counts in no median. One site's inflated count
+    then weighs at most ``ratio`` x a typical site's, however large it is.
+    """
+    positive = weights[weights > 0]
+    if ratio <= 0 or positive.size == 0:
+        return weights.copy()
+    return np.minimum(weights, ratio * float(np.median(positive)))
+
+
+def robust_trim(name: str, *, sites: int, trim_fraction: float) -> int:
+    """How many values of each coordinate aggregator ``name`` cuts at each tail of ``sites`` updates: Flower's
+    ``FedTrimmedAvg`` ``int(trim_fraction x sites)``; ``FedMedian`` all but the median (the middle pair for even
+    ``sites``), ``(sites - 1) // 2``."""
+    return int(trim_fraction * sites) if name == "trimmed_mean" else (sites - 1) // 2
+
+
+def discarded_shares(updates: np.ndarray, trim: int) -> np.ndarray:
+    """Each row's share of the coordinates where a cut of ``trim`` values at each tail leaves its value out.
+
+    ``updates``: shape ``(k, d)``. A value is left out of a coordinate when it lies below the
+    ``trim + 1``-th smallest value or above the ``trim + 1``-th largest, the range that a trimmed mean
+    (``FedTrimmedAvg``) averages and in which a median (``trim = (k - 1) // 2``) lies; a value equal to a
+    kept one counts as kept. Works on :data:`COLUMN_BLOCK` columns at a time.
+    """
+    k = updates.shape[0]
+    outside = np.zeros(k)
+    for block in _blocks(updates.shape[1]):
+        columns = updates[:, block]
+        ordered = np.sort(columns, axis=0)
+        outside += ((columns < ordered[trim]) | (columns > ordered[k - 1 - trim])).sum(axis=1)
+    return outside / max(1, updates.shape[1])
+
+
+def discard_limit(sites: int, left_out: int) -> float:
+    """The share from which a site counts as left out of a round: the aggregator leaves out ``left_out`` of
+    ``sites`` values a coordinate (krum: updates), a share ``e = left_out / sites`` of each site's when
+    spread evenly; a site is left out when it kept at most half of the ``1 - e`` it would keep then."""
+    even = left_out / sites
+    return even + (1.0 - even) / 2.0
+
+
+def multikrum_selection(updates: np.ndarray, malicious: int, keep: int) -> np.ndarray:
+    """The rows multi-krum averages (Blanchard et al. 2017), best score first: Flower's ``select_multikrum``.
+
+    ``updates``: the models as rows, shape ``(k, d)``, in the dtype Flower's selection computes in (the models'
+    own). Each row's score is the sum of its squared distances to its ``max(1, k - malicious - 2)`` nearest other
+    rows; the ``keep`` lowest scores are selected. The same arithmetic as Flower's, so the same selection.
+    """
+    norms = np.square(updates).sum(axis=1)
+    distances = norms[:, None] + norms[None, :] - 2 * updates @ updates.T
+    nearest = max(1, updates.shape[0] - malicious - 2)
+    scores = [np.sum(row[np.argsort(row)[1:nearest + 1]]) for row in distances]
+    return np.argsort(scores)[:keep]
+
+
 def robust_minimum(name: str, *, trim_fraction: float, malicious: int) -> float:
     """The fewest updates with which aggregator ``name`` does what it says (1 for FedAvg's mean).
 
@@ -448,8 +518,9 @@ def make_aggregator(name: str, *, trim_fraction: float, malicious: int, sites: i
     updates a round; ``ConfigError`` naming the keys when they are too few for it (:func:`robust_minimum`).
 
     ``trimmed_mean``: ``FedTrimmedAvg`` (coordinate-wise mean without the ``trim_fraction`` largest
-    and smallest values); ``median``: ``FedMedian`` (coordinate-wise median); ``krum``: ``Krum``
-    with ``malicious`` tolerated sites.
+    and smallest values); ``median``: ``FedMedian`` (coordinate-wise median); ``krum``: ``MultiKrum``
+    with ``malicious`` tolerated sites, averaging the ``sites - malicious`` best-scored updates (each round
+    :meth:`SurvivalFedAvg.aggregate_train` sets both for the updates it hands it).
     """
     if name not in AGGREGATIONS:
         raise ConfigError(f"run config: 'federation.aggregation' = {name!r}; choose one of {', '.join(AGGREGATIONS)}")
@@ -460,7 +531,7 @@ def make_aggregator(name: str, *, trim_fraction: float, malicious: int, sites: i
     if name == "median":
         return FedMedian(**fedavg_kwargs)
     if name == "krum":
-        return Krum(num_malicious_nodes=malicious, **fedavg_kwargs)
+        return MultiKrum(num_malicious_nodes=malicious, num_nodes_to_select=max(1, sites - malicious), **fedavg_kwargs)
     return None
 
 
@@ -567,6 +638,22 @@ class SurvivalFedAvg(FedAvg):
             if node not in self.node_sites and node not in left_out:
                 left_out[node] = f"did not say which site it is within {self.timeout:g} s"
         return left_out
+
+    def require_named(self, left_out: Mapping[int, str]) -> None:
+        """Stop the run before any further message when fewer sites were named (:meth:`identify_sites`) than a
+        round needs (``min_train_nodes``, at least ``federation.min_sites``): :class:`TooFewSitesError`, one line
+        naming every node left out and why (a node that did not answer: within ``federation.timeout_s``).
+        Otherwise Flower's sampling would wait for ever for sites that are not there."""
+        named, needed = len(self.node_sites), self.min_train_nodes
+        if named >= needed:
+            return
+        minimum = self.cfg.federation.min_sites
+        rule = f"federation.min_sites = {minimum}" + (f"; strategy '{self.cfg.strategy}' needs {needed}"
+                                                      if needed != minimum else "")
+        raise TooFewSitesError(
+            f"{named} of {named + len(left_out)} nodes said which site they are within federation.timeout_s = "
+            f"{self.timeout:g} s, fewer than the {needed} sites a round needs ({rule}); the run stops before any "
+            "training: " + "; ".join(f"node {node} {reason}" for node, reason in sorted(left_out.items())))
 
     def _identity(self, message: Message) -> tuple[str | None, str]:
         """The site a reply comes from (by its node) and why it is refused on identity ("" if not)."""
@@ -899,8 +986,8 @@ class SurvivalFedAvg(FedAvg):
 
         Each accepted reply is rebuilt with only its model update and the weight the server gives
         it (:meth:`~strategies.mechanisms.base.HorizontalMechanism.aggregation_weight` of the
-        site's set-up, or 0 when the site has nothing new), in site order so that the sums of the
-        aggregation, and so a rerun, are reproducible.
+        site's set-up, or 0 when the site has nothing new, capped by :meth:`_cap_weights`), in site
+        order so that the sums of the aggregation, and so a rerun, are reproducible.
         """
         record = self._record(server_round)
         accepted: list[tuple[str, Message]] = []
@@ -928,7 +1015,29 @@ class SurvivalFedAvg(FedAvg):
                                   "metrics": MetricRecord({WEIGHT_KEY: weight})})
             accepted.append((site, Message(content=content, dst_node_id=node,
                                            message_type=message.metadata.message_type)))
-        return [message for _, message in sorted(accepted, key=lambda pair: pair[0])]
+        accepted.sort(key=lambda pair: pair[0])
+        self._cap_weights(server_round, accepted)
+        return [message for _, message in accepted]
+
+    def _cap_weights(self, server_round: int, accepted: list[tuple[str, Message]]) -> None:
+        """Cap the weights of the round's ``(site, rebuilt reply)`` pairs in place at ``federation.max_weight_ratio``
+        x their median (:func:`capped_weights`); flag each site capped (a large honest site is normal: not a failure).
+        Every consumer of the weights (the weighted mean, centred clipping, multi-krum's mean, a DP wrapper) reads
+        the capped ones."""
+        ratio = self.cfg.federation.max_weight_ratio
+        records = [_records_of(message.content, MetricRecord)[0] for _, message in accepted]
+        weights = np.array([float(record[WEIGHT_KEY]) for record in records])
+        capped = capped_weights(weights, ratio)
+        if not accepted or np.array_equal(capped, weights):
+            return
+        median = float(np.median(weights[weights > 0]))
+        flags = self._record(server_round).weight_flags
+        for (site, _), record, weight, cap in zip(accepted, records, weights, capped, strict=True):
+            if cap < weight:
+                record[WEIGHT_KEY] = float(cap)
+                flags[site] = (f"weight {weight:g} (its agreed count) is {weight / median:.3g} x the median of the "
+                               f"round's {int(np.sum(weights > 0))} sites' ({median:g}): capped at {ratio:g} x the "
+                               "median (federation.max_weight_ratio)")
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -936,7 +1045,7 @@ class SurvivalFedAvg(FedAvg):
         """The weighted mean (or the robust aggregator's combination) of the screened updates.
 
         A site with nothing new to contribute (e.g. its privacy budget is spent) has weight 0; if
-        every site has, the global model stays as it is.
+        every site has, the global model stays as it is. A robust aggregator: :meth:`_robust_aggregate`.
         """
         contributing = [message for message in replies if not message.has_error()
                         and float(_records_of(message.content, MetricRecord)[0][WEIGHT_KEY]) > 0]
@@ -947,18 +1056,75 @@ class SurvivalFedAvg(FedAvg):
             if bounded is not None:
                 return bounded, None
         if self.aggregator is not None:
-            federation = self.cfg.federation
-            if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
-                                         malicious=federation.max_malicious, sites=len(contributing)):
-                log(WARNING, "Round %s: %s accepted updates are too few (%s): the global model stays as it is",
-                    server_round, len(contributing), reason)
-                return None, None
-            return self.aggregator.aggregate_train(server_round, contributing)
+            return self._robust_aggregate(server_round, contributing)
         valid, _ = self._check_and_log_replies(contributing, is_train=True)  # FedAvg.aggregate_train's steps
         contents = [message.content for message in valid]
         if not contents:
             return None, None
         return weighted_mean(contents, self.weighted_by_key), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+    def _robust_aggregate(self, server_round: int,
+                          contributing: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The robust aggregator's combination of the ``contributing`` updates, with a record of whom it left out.
+
+        krum: an update that is bit for bit the global model (a site that did not train) is no candidate:
+        krum's score favours it and would keep the model where it is. It counts as one of the
+        ``federation.max_malicious`` sites tolerated, and multi-krum averages the ``n - f`` best-scored of the
+        ``n`` other updates. Too few candidates for the aggregator (:func:`robust_refusal`): the global model stays.
+        Before the aggregator runs (Flower's take the arrays out of the replies), :meth:`_record_discards`.
+        """
+        federation = self.cfg.federation
+        candidates, malicious = contributing, federation.max_malicious
+        if federation.aggregation == "krum":
+            model = self._global_model(server_round)[0]
+            candidates = [message for message in contributing
+                          if _digest(_records_of(message.content, ArrayRecord)[0]) != model]
+            malicious = max(0, malicious - (len(contributing) - len(candidates)))
+        if reason := robust_refusal(federation.aggregation, trim_fraction=federation.trim_fraction,
+                                     malicious=malicious, sites=len(candidates)):
+            log(WARNING, "Round %s: %s accepted updates are too few (%s): the global model stays as it is",
+                server_round, len(candidates), reason)
+            return None, None
+        self._record_discards(server_round, contributing, candidates, malicious)
+        if isinstance(self.aggregator, MultiKrum):
+            self.aggregator.num_malicious_nodes = malicious
+            self.aggregator.num_nodes_to_select = len(candidates) - malicious
+        return self.aggregator.aggregate_train(server_round, candidates)
+
+    def _record_discards(self, server_round: int, contributing: list[Message], candidates: list[Message],
+                         malicious: int) -> None:
+        """Record each contributing site's share left out by the robust aggregator (``discarded``), the sites left
+        out more than an even spread (``discarded_most``, :func:`discard_limit`), and flag a site left out in more than
+        half of the rounds it took part in, at least 2 (heterogeneous sites are normal: a flag, never a failure).
+
+        The shares come from the matrix the aggregator works on: the candidates' models; median and trimmed mean:
+        :func:`discarded_shares`; krum: :func:`multikrum_selection` (1 for an update not selected or no candidate).
+        """
+        federation, record = self.cfg.federation, self._record(server_round)
+        sites = [self.node_sites.get(message.metadata.dst_node_id, "unnamed site") for message in contributing]
+        arrays = [_records_of(message.content, ArrayRecord)[0] for message in candidates]
+        names = list(arrays[0].keys())
+        matrix = _stacked(arrays, names)
+        if federation.aggregation == "krum":
+            dtype = np.result_type(*(values(arrays[0][name]).dtype for name in names))
+            selected = multikrum_selection(matrix.astype(dtype), malicious, len(candidates) - malicious)
+            kept = {id(candidates[index]) for index in selected}
+            shares = [0.0 if id(message) in kept else 1.0 for message in contributing]
+            limit = discard_limit(len(contributing), len(contributing) - len(kept))
+        else:
+            trim = robust_trim(federation.aggregation, sites=len(candidates), trim_fraction=federation.trim_fraction)
+            shares = discarded_shares(matrix, trim).tolist()
+            limit = discard_limit(len(candidates), 2 * trim)
+        record.discarded = {site: float(share) for site, share in zip(sites, shares, strict=True)}
+        record.discarded_most = sorted(site for site, share in record.discarded.items() if share >= limit - 1e-12)
+        for site in sites:
+            taken = [r for number, r in self.rounds.items() if number <= server_round and site in r.discarded]
+            out = sum(site in r.discarded_most for r in taken)
+            if out >= 2 and 2 * out > len(taken):
+                what = ("its update was not selected by krum" if federation.aggregation == "krum" else
+                        f"most of its coordinates were cut by federation.aggregation = {federation.aggregation!r}")
+                record.aggregate_flags[site] = (f"{what} in {out} of the {len(taken)} rounds it took part in (this "
+                                                f"round: {record.discarded[site]:.0%} of it left out)")
 
     def _bounds_updates(self) -> bool:
         """Whether the weighted mean bounds each update's pull (:func:`centred_clip`): ``update_bound`` set, no robust

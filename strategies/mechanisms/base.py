@@ -85,9 +85,11 @@ HORIZONTAL: frozenset[str] = frozenset({
 #: Local mini-batch training at a site (FedProx's term included).
 LOCAL_TRAINING: frozenset[str] = frozenset({"train.local_epochs", "train.batch_size", "train.lr", "train.weight_decay",
                                             "train.proximal_mu"})
-#: How the server combines the sites' updates: FedAvg's bounded weighted mean or a robust aggregator.
+#: How the server combines the sites' updates: FedAvg's bounded weighted mean (its weights capped) or a robust
+#: aggregator.
 AGGREGATION: frozenset[str] = frozenset({"federation.aggregation", "federation.update_bound",
-                                         "federation.trim_fraction", "federation.max_malicious"})
+                                         "federation.max_weight_ratio", "federation.trim_fraction",
+                                         "federation.max_malicious"})
 #: Flower's server optimiser, stepped toward each round's aggregate.
 SERVER_OPTIMIZER: frozenset[str] = frozenset({"federation.server_optimizer", "federation.server_lr",
                                               "federation.server_momentum"})
