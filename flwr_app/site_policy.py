@@ -170,11 +170,6 @@ def _locked(path: Path, head: Path | None = None) -> Iterator[site_store.SiteLed
         yield ledger
 
 
-def _append(handle: site_store.SiteLedger, line: Mapping[str, Any]) -> None:
-    """Append ``line`` to the ledger, chained and synced, and its head after it."""
-    handle.append(line)
-
-
 def _filter(policy: SitePolicy, handle: site_store.SiteLedger, data_path: Path | None) -> RenyiFilter:
     """The site's filter as its ledger file has it (a new file gets its header: the order and the data's hash)."""
     lines = handle.records
@@ -183,7 +178,7 @@ def _filter(policy: SitePolicy, handle: site_store.SiteLedger, data_path: Path |
         order = RenyiFilter(epsilon=policy.max_epsilon, delta=policy.delta, order=policy.order).order
         lines = [{"kind": "header", "order": order, "data_path": str(data_path), "data_sha256": digest,
                   "unit": "record", "adjacency": "add-remove", "created": _now()}]
-        _append(handle, lines[0])
+        handle.append(lines[0])
     header = lines[0]
     if header.get("kind") != "header":
         raise ValueError(f"{policy.ledger}: the first line is not the ledger's header")
@@ -292,11 +287,11 @@ def enforce(node_config: Mapping[str, Any], site: str, request: Request) -> None
                 "round": request.server_round, "message": request.message, "strategy": request.strategy,
                 "values": request.values, **dict(request.details)}
         if reason:
-            _append(handle, {**line, "reason": reason, "epsilon": filt.epsilon()})
+            handle.append({**line, "reason": reason, "epsilon": filt.epsilon()})
             raise PolicyRefusal(f"site '{site}' privacy policy refuses {request.message}: {reason}; nothing released "
                                 f"(ledger {policy.ledger}: epsilon {filt.epsilon():.3f} of {policy.max_epsilon:g} "
                                 f"at delta {policy.delta:g} spent)")
-        _append(handle, {**line, "history": [list(entry) for entry in request.history or ()],
+        handle.append({**line, "history": [list(entry) for entry in request.history or ()],
                          "rdp": filt.spent - before, "order": filt.order, "epsilon": filt.epsilon(),
                          "max_epsilon": policy.max_epsilon, "delta": policy.delta})
 
