@@ -8,7 +8,8 @@ state decides what the site charges and how much noise it adds, so the site neve
   (``<site dir>/privacy-states/<run id>.json``, :mod:`flwr_app.site_store`), and reloads it from there when
   its node state is empty (a restarted SuperNode);
 * the copy in its reply (which the server checkpoints, to hand back to a resumed run or a restarted site) is
-  **sealed**: site, run, round and state under an HMAC-SHA256 tag with a key derived from the site's secret.
+  **sealed**: site, run, round and state under an HMAC-SHA256 tag with a key derived from the site's secret
+  (a simulated site's: the public :data:`SIMULATION_KEY`).
   A state handed back is used only when its tag verifies for this site; a deployed site that holds its own
   copy of that run uses its own instead. Anything else is refused (:class:`StateRefused`).
 
@@ -48,10 +49,15 @@ class Sealed:
     state: dict[str, Any]
 
 
+#: The key that seals a simulated site's states: public, since a simulation's operator runs the server and every site
+#: (its seal protects nothing from them); it gives a simulation, on one machine or a Ray cluster, a deployment's code
+#: path without a file in anyone's home directory.
+SIMULATION_KEY = b"fedsurv simulation: the operator runs every site"
+
+
 def state_key(node_config: Mapping[str, Any], deployed: bool) -> bytes:
-    """The key that seals this site's states: from its own directory (deployed) or the machine's simulation key."""
-    directory = site_store.site_dir(node_config) if deployed else site_store.simulation_dir()
-    return site_store.derived_key(directory, "privacy-state")
+    """The key that seals this site's states: derived from its own secret (deployed), else :data:`SIMULATION_KEY`."""
+    return site_store.derived_key(site_store.site_dir(node_config), "privacy-state") if deployed else SIMULATION_KEY
 
 
 def _payload(site: str, run: int, server_round: int, state: Mapping[str, Any]) -> bytes:

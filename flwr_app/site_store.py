@@ -8,8 +8,7 @@ A deployed site's directory is, in order,
 * ``$XDG_STATE_HOME/fedsurv/<digest>`` (``~/.local/state/fedsurv/<digest>``), ``<digest>`` the first
   16 hex digits of the SHA-256 of the data file's absolute path.
 
-A simulated site (one process holds the server and every site) keys from the machine's simulation
-directory (:func:`simulation_dir`): the simulation's operator is every site's operator.
+A simulated site has no directory: the simulation's operator runs the server and every site.
 
 The secret (``site.key``, 32 bytes from the OS's CSPRNG, mode 0600) is created once, atomically
 (``O_EXCL``: two processes racing create one). Purpose keys are derived from it with HKDF-SHA256
@@ -45,7 +44,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = ["GENESIS", "KEY_FILE", "Head", "LedgerState", "LedgerTampered", "SiteLedger", "check_ledger",
            "derived_key", "ledger_head", "line_hash", "open_ledger", "read_head", "read_verified", "sign",
-           "simulation_dir", "site_dir", "site_key", "verify", "write_head"]
+           "site_dir", "site_key", "verify", "write_head"]
 
 #: The site's secret, in its directory.
 KEY_FILE = "site.key"
@@ -70,15 +69,6 @@ def site_dir(node_config: Mapping[str, Any]) -> Path:
 
 def _state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-
-
-def simulation_dir() -> Path:
-    """The directory every simulated site of this machine keys from: ``$XDG_STATE_HOME/fedsurv/simulation``
-    (created if missing). One process holds a simulation's server and all its sites, so their keys protect
-    nothing from its operator; they make a simulation take the same code path as a deployment."""
-    directory = _state_home() / "fedsurv" / "simulation"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return directory
 
 
 def site_key(directory: Path) -> bytes:
