@@ -72,22 +72,25 @@ def _state_home() -> Path:
 
 
 def site_key(directory: Path) -> bytes:
-    """The site's secret in ``directory`` (created once from ``os.urandom``; later calls read it)."""
+    """The site's secret in ``directory``: created once from ``os.urandom`` (written whole to a temporary file, synced,
+    then hard-linked into place, which fails if another process got there first: no process ever reads a partly
+    written key); later calls read it. ``ValueError`` naming the file when it is not a key."""
     path = directory / KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_bytes()
-        if len(key) != KEY_BYTES:
-            raise ValueError(f"{path}: the site's secret is {len(key)} bytes, not {KEY_BYTES}: the file is damaged; "
-                             "restore it from the site's backup (deleting it makes this a new site)") from None
-        return key
-    key = os.urandom(KEY_BYTES)
-    try:
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if not path.exists():
+        fd, temporary = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=directory)
+        try:
+            os.write(fd, os.urandom(KEY_BYTES))
+            os.fsync(fd)
+            os.close(fd)
+            with contextlib.suppress(FileExistsError):  # another process linked its key first: that one is the key
+                os.link(temporary, path)
+        finally:
+            os.unlink(temporary)
+        _fsync_directory(directory)
+    key = path.read_bytes()
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"{path}: the site's secret is {len(key)} bytes, not {KEY_BYTES}: the file is damaged; "
+                         "restore it from the site's backup (deleting it makes this a new site)")
     return key
 
 
