@@ -56,7 +56,7 @@ the shares) one that follows the honest ring with ``D >= 4`` and enough sites (1
 name enough holders dropped to collect every neighbour's first secret key. Closing these needs a PKI, a graph
 fixed by public randomness (Bell et al. 2020) and, for ``D >= 4``, a wider window than ``2(D + t) + 3``.
 
-The mask generator (issue 26): Flower's ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
+The mask generator: Flower's ``pseudo_rand_gen`` seeds numpy's MT19937 with 32 bits folded
 from its 32-byte key, so 2^32 guesses strip a mask; it is not used. Every mask here is a ChaCha20
 key stream (``cryptography``, which Flower installs) turned into integers mod M by :func:`mask_stream`;
 each stream's 256-bit key is derived with HKDF-SHA256 from the full secret: the 32-byte X25519
@@ -69,7 +69,7 @@ repeats across rounds; a fixed nonce is therefore safe. No secret shorter than 1
 (:data:`MIN_SECRET_BYTES`). The site's masking and the server's unmasking call the same functions.
 No cryptographic primitive is written here.
 
-The key agreement (issue 28): X25519 rather than Flower's P-384 key pairs (``flwr.supercore.primitives``).
+The key agreement: X25519 rather than Flower's P-384 key pairs (``flwr.supercore.primitives``).
 A site makes 8 agreements a round with 4 neighbours, and one took 0.41 ms on P-384 against 0.05 ms on
 X25519 here; X25519 is the 128-bit-security curve of TLS 1.3's default key exchange, the level every other
 secret here has at least. Its keys are 32 raw bytes, so a dropped site's first secret key is shared and
