@@ -373,11 +373,12 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                       ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
                       "global model on the site's held-out records and, for each undefined metric, a code saying why "
-                      "(e.g. no events); no record count (the server weights them by the count agreed at set-up)", "evaluate", held_out,
+                      "(e.g. no events); no record count (the server weights them by the count agreed at set-up); a deployed "
+                      "site with a privacy policy sends none, only a mark that it kept them", "evaluate", held_out,
                       "a function of the released global model and the site's held-out records only (censoring "
                       "weights from the held-out records too): post-processing for the training records; the "
                       "held-out records are not protected" if held_out else
-                      "computed from the site's held-out records without noise", ("evaluate/metrics.*", "evaluate/site.undefined")),
+                      "computed from the site's held-out records without noise", ("evaluate/metrics.*", "evaluate/site.undefined", "evaluate/site.kept_local")),
         ReleasedValue("participation", "which rounds the site answered (the number of rounds is public)",
                       "every message", False, "the server sees whether and when a site replies"),
     ]
