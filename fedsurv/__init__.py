@@ -4,13 +4,32 @@
 >>> run = fedsurv.fit(train, time_col="time", event_col="event", sites=5)   # or fedsurv.load_run("outputs/...")
 >>> run.score(held_out)                      # {"c_index": ..., "c_index_td": ..., "ibs": ..., "inbll": ...}
 >>> run.predict_survival(held_out.head())    # DataFrame: one row per record, one column per time
+>>> fedsurv.kaplan_meier(frame, time_col="time", event_col="event", site_col="centre", group_col="arm")
+>>> fedsurv.logrank_test(frame, time_col="time", event_col="event", group_col="arm", site_col="centre")
 
 See :func:`fedsurv.api.fit`, :class:`models.predict.SavedRun` (horizontal runs) and
-:class:`models.split_run.SplitRun` (split runs), both :class:`models.predictions.CurvePredictions`.
+:class:`models.split_run.SplitRun` (split runs), both :class:`models.predictions.CurvePredictions`, and
+:mod:`fedsurv.analysis` (federated Kaplan–Meier curves and log-rank tests from per-site counts).
 """
 
+from fedsurv.analysis import (
+    LogrankTestResult,
+    kaplan_meier,
+    logrank_test,
+    plot_kaplan_meier,
+)
 from fedsurv.api import fit
 from models.predict import SavedRun, load_run
 from models.split_run import SplitRun, load_split_run
 
-__all__ = ["SavedRun", "SplitRun", "fit", "load_run", "load_split_run"]
+__all__ = [
+    "LogrankTestResult",
+    "SavedRun",
+    "SplitRun",
+    "fit",
+    "kaplan_meier",
+    "load_run",
+    "load_split_run",
+    "logrank_test",
+    "plot_kaplan_meier",
+]
