@@ -59,8 +59,8 @@ def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
     ``aggregate_arrayrecords``), and after every round every site's evaluation of the global model
     on its own test part (Cox models: with the federated Breslow baseline). Every site trains in
     every round and there is no server-side evaluation (``federation.fraction_train = 1``,
-    ``evaluation.server_side = false``) and the mean is the new global model (``federation.server_optimizer =
-    fedavg``).
+    ``evaluation.server_side = false``) and the plain mean is the new global model (``federation.update_bound = 0``,
+    ``federation.server_optimizer = fedavg``).
 
     Returns
     -------
@@ -71,6 +71,9 @@ def bare_federation(cfg: ExperimentConfig) -> dict[str, float]:
     if cfg.federation.fraction_train != 1.0 or cfg.server_evaluation:
         raise ValueError("the bare loop trains every site in every round and evaluates at the sites only: "
                          "set federation.fraction_train = 1 and evaluation.server_side = false")
+    if cfg.federation.update_bound != 0:
+        raise ValueError(f"the bare loop takes the plain weighted mean: set federation.update_bound = 0 (not "
+                         f"{cfg.federation.update_bound:g}, which bounds each update's pull)")
     if cfg.federation.server_optimizer != "fedavg":
         raise ValueError(f"the bare loop takes the weighted mean as the new global model: set "
                          f"federation.server_optimizer = 'fedavg' (not {cfg.federation.server_optimizer!r})")
@@ -129,6 +132,7 @@ def main() -> None:
         "federation.num_sites": args.sites,
         "evaluation.server_side": False,
         "baseline.centralized": False,
+        "federation.update_bound": 0,
     }
     overrides.update({key: parse_value(text) for key, text in (item.split("=", 1) for item in args.overrides)})
     torch.set_num_threads(1)

@@ -11,7 +11,10 @@ many sites appear in ``summary.json``:
 
 Every site is honest, so every failure is an honest site refused::
 
-    python -m benchmarks.heterogeneous_sites [--seeds 5] [--rounds 20] [--out docs/results/benchmarks/heterogeneous_sites.jsonl]
+    python -m benchmarks.heterogeneous_sites [--seeds 5] [--rounds 20] [--set KEY=VALUE ...] [--out rows.jsonl]
+
+``--set federation.update_bound=5 --set federation.max_weight_ratio=0`` runs the defaults before the robust default
+(the paired reference of its cost).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from flwr_app import interrupt
 from models.data import load_table
@@ -68,18 +72,25 @@ def count(name: str, overrides: dict[str, Any], seed: int, folder: Path) -> dict
             "sites_mean_c_index": summary["sites_mean"].get("c_index")}
 
 
+def _text(settings: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(settings.items())) or "defaults"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: federation -> runs, sites, honest sites refused (site-rounds), flagged site-rounds, sites in the
-    summary."""
-    lines = ["| federation | runs | sites | honest site-rounds refused | site-rounds flagged (kept) | "
-             "sites in summary.json |", "| --- | --- | --- | --- | --- | --- |"]
-    for name in dict.fromkeys(row["federation"] for row in rows):
-        runs = [row for row in rows if row["federation"] == name]
+    """Markdown: (federation, settings) -> runs, sites, honest sites refused (site-rounds), flagged site-rounds,
+    sites in the summary, and C (mean ± std over seeds)."""
+    lines = ["| federation | settings | runs | sites | honest site-rounds refused | site-rounds flagged (kept) | "
+             "sites in summary.json | C |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, settings in dict.fromkeys((row["federation"], _text(row.get("settings", {}))) for row in rows):
+        runs = [row for row in rows if (row["federation"], _text(row.get("settings", {}))) == (name, settings)]
+        values = [row["c_index"] for row in runs]
+        c_index = f"{np.mean(values):.4f} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.4f}"
         refused = sum(sum(row["failures"].values()) for row in runs)
         flagged = sum(sum(row["flags"].values()) for row in runs)
         sites = sorted({row["sites"] for row in runs})
         kept = f"{sum(row['in_summary'] for row in runs)}/{sum(row['sites'] for row in runs)}"
-        lines.append(f"| {name} | {len(runs)} | {', '.join(map(str, sites))} | {refused} | {flagged} | {kept} |")
+        lines.append(f"| {name} | {settings} | {len(runs)} | "
+                     f"{', '.join(map(str, sites))} | {refused} | {flagged} | {kept} | {c_index} |")
     return "\n".join(lines)
 
 
@@ -88,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--short-days", type=float, default=90.0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a run-config key of every run (repeat; default: the schema's), e.g. federation.update_bound=5")
     parser.add_argument("--only", default="", help="run only the federations whose name contains this")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON lines)")
     args = parser.parse_args(argv)
+    settings = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
     rows = []
     if args.out:  # one line a run, written as it ends: a stopped benchmark keeps the runs it finished
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 "data.path": str(short_follow_up_csv(folder, days=args.short_days, seed=seed))}}
             for name, overrides in federations.items():
                 if args.only in name:
-                    rows.append(count(name, {**overrides, "federation.rounds": args.rounds}, seed, folder))
+                    rows.append({**count(name, {**overrides, **settings, "federation.rounds": args.rounds}, seed,
+                                         folder), "settings": settings})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                     if args.out:
                         append_jsonl(args.out, rows[-1])

@@ -12,11 +12,18 @@ the code would make them, seeing every reply of the round (an omniscient coaliti
   × the median distance from the coordinate-wise median of all updates, exactly as the default aggregator's
   centred clipping measures it (:func:`strategies.horizontal.centred_clip`): just inside what it bounds, so never
   clipped nor flagged; the same update under the robust aggregators. ``adaptive_spread15``: the same at 15 ×;
+* ``little_is_enough``: the coalition each send g + μ − z·σ, μ and σ the honest updates' coordinate-wise mean and
+  standard deviation, z from the federation's size (Baruch et al. 2019, :func:`alie_z`): inside the honest spread
+  in every coordinate; ``inner_product``: the coalition each send g − 0.5·m (Xie et al. 2020, inner-product
+  manipulation at ε = 0.5: small, against the honest direction);
 * ``free_rider``: site-1 sends g unchanged;
 * ``label_flip``: site-1 trains honestly on its records with the events inverted and the times reversed. This
   one attacks the data, so it runs as a deployment (``data.name = site_files``, one FLCHAIN file per site, IID by
   the seed) in which site-1 reads a corrupted file; its C is the mean of the honest sites' own test C (the server
   holds no pooled test split there) and its reference is the clean run on the same files (``clean_site_files``).
+* ``count_x99``: site-1 trains on its file repeated 99 times, so that every count it releases at the (exact) set-up,
+  and the count it is agreed, is 99 times its own, and it sends g − Δ (its update negated): a deployment like
+  ``label_flip``, its C the honest sites' own, against ``clean_site_files``.
   Every other attack runs on the simulated FLCHAIN partition, its C the global model's on the pooled test split.
 
 The weight-level and protocol modes of the earlier benchmark stay available by name (not run by default):
@@ -50,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from flwr.app import Array, ArrayRecord, Message
 
 from flwr_app import interrupt
@@ -60,9 +68,15 @@ from strategies.horizontal import centred_clip
 
 HOSTILE_NODE, HOSTILE_SITE = 2, "site-1"
 RUN = {"federation.rounds": 3, "baseline.centralized": False}
+#: ``--data`` -> the run-config keys of the federation (FLCHAIN's sites are IID, ``--sites`` of them).
+DATA: dict[str, dict[str, Any]] = {"flchain": {}, "sba_regions": {"data.name": "sba", "federation.partition": "region"}}
 #: Where the adaptive coalition stands, as a share of the bound it keeps inside.
 INSIDE = 0.98
-CLEAN, CLEAN_FILES, LABEL_FLIP = "clean", "clean_site_files", "label_flip"
+CLEAN, CLEAN_FILES, LABEL_FLIP, COUNT_X99 = "clean", "clean_site_files", "label_flip", "count_x99"
+#: Attacks that run as a deployment on one file per site (their reference: :data:`CLEAN_FILES`).
+DEPLOYED = (LABEL_FLIP, COUNT_X99)
+#: How many copies of its file the count-inflating site trains on.
+COPIES = 99
 
 #: A tamper function: (the round's training replies, the global model each answered message carried by message
 #: ID, memory kept over the run) -> the replies the server gets.
@@ -192,6 +206,33 @@ def _adaptive(target: float, nodes: Sequence[int]) -> Tamper:
     return tamper
 
 
+def alie_z(sites: int, colluders: int) -> float:
+    """Baruch, Baruch & Goldberg (NeurIPS 2019, "A little is enough"): the coalition stands ``z`` honest standard
+    deviations from the mean in every coordinate, ``z = Φ⁻¹((n − s) / n)`` with ``s = ⌊n / 2⌋ + 1 − f`` the honest
+    sites it needs on its side to pass as the majority."""
+    from scipy.stats import norm
+
+    needed = sites // 2 + 1 - colluders
+    return float(norm.ppf((sites - needed) / sites))
+
+
+def _little_is_enough(nodes: Sequence[int]) -> Tamper:
+    """The coalition each send g + μ − z·σ (μ, σ: the honest updates' coordinate-wise mean and standard deviation,
+    z :func:`alie_z`): inside the honest spread in every coordinate, against the direction of the mean."""
+    def tamper(replies: list[Message], sent: dict[str, ArrayRecord], _: dict) -> list[Message]:
+        updates = _updates(replies, sent)
+        honest = np.array([update for node, (_, _, update) in updates.items() if node not in nodes])
+        coalition = [node for node in updates if node in nodes]
+        if not coalition or len(honest) < 2:
+            return replies
+        shift = honest.mean(axis=0) - alie_z(len(updates), len(coalition)) * honest.std(axis=0, ddof=1)
+        for node in coalition:
+            reply, base, _update = updates[node]
+            reply.content["arrays"] = as_record(base + shift, reply.content["arrays"])
+        return replies
+    return tamper
+
+
 def _scaled_weights(factor: float, nodes: Sequence[int]) -> Tamper:
     def tamper(replies: list[Message], _sent: dict[str, ArrayRecord], _: dict) -> list[Message]:
         for reply in replies:
@@ -226,29 +267,35 @@ def _relabelled(nodes: Sequence[int]) -> Tamper:
     return tamper
 
 
-#: Attack name -> a factory of its tamper function given the attackers' nodes (``label_flip``: none, the data).
-ATTACKS: dict[str, Callable[[Sequence[int]], Tamper] | None] = {
-    "sign_flip_x5": lambda nodes: _sign_flipped(-5.0, nodes),
-    "scale_1e6": lambda nodes: _sign_flipped(1e6, nodes),
-    "collude_x3": lambda nodes: _colluding(3.0, nodes),
-    "adaptive_inside": lambda nodes: _adaptive(INSIDE * DEFAULT_UPDATE_BOUND, nodes),
-    "adaptive_spread15": lambda nodes: _adaptive(15.0, nodes),
-    "free_rider": _free_rider,
+#: Attack name -> a factory of its tamper function given the attackers' nodes and the run's ``update_bound``
+#: (``label_flip``: none, the data).
+ATTACKS: dict[str, Callable[[Sequence[int], float], Tamper] | None] = {
+    "sign_flip_x5": lambda nodes, _bound: _sign_flipped(-5.0, nodes),
+    "scale_1e6": lambda nodes, _bound: _sign_flipped(1e6, nodes),
+    "collude_x3": lambda nodes, _bound: _colluding(3.0, nodes),
+    "adaptive_inside": lambda nodes, bound: _adaptive(INSIDE * bound, nodes),
+    "adaptive_spread15": lambda nodes, _bound: _adaptive(15.0, nodes),
+    "little_is_enough": lambda nodes, _bound: _little_is_enough(nodes),
+    "inner_product": lambda nodes, _bound: _colluding(0.5, nodes),
+    "free_rider": lambda nodes, _bound: _free_rider(nodes),
     LABEL_FLIP: None,
+    COUNT_X99: lambda nodes, _bound: _sign_flipped(-1.0, nodes),
 }
-LEGACY: dict[str, Callable[[Sequence[int]], Tamper]] = {
-    "weights_x1e3": lambda nodes: _scaled_weights(1e3, nodes),
-    "weights_x1e6": lambda nodes: _scaled_weights(1e6, nodes),
-    "weights_x-5": lambda nodes: _scaled_weights(-5.0, nodes),
-    "stale": _stale, "duplicate": _duplicate, "relabelled": _relabelled,
+LEGACY: dict[str, Callable[[Sequence[int], float], Tamper]] = {
+    "weights_x1e3": lambda nodes, _bound: _scaled_weights(1e3, nodes),
+    "weights_x1e6": lambda nodes, _bound: _scaled_weights(1e6, nodes),
+    "weights_x-5": lambda nodes, _bound: _scaled_weights(-5.0, nodes),
+    "stale": lambda nodes, _bound: _stale(nodes), "duplicate": lambda nodes, _bound: _duplicate(nodes),
+    "relabelled": lambda nodes, _bound: _relabelled(nodes),
 }
-COLLUDING = ("collude_x3", "adaptive_inside", "adaptive_spread15")
+COLLUDING = ("collude_x3", "adaptive_inside", "adaptive_spread15", "little_is_enough", "inner_product")
 
 
-def make_tamper(attack: str, sites: int) -> Tamper | None:
-    """The tamper function of ``attack`` in a federation of ``sites`` (None for the clean runs and ``label_flip``)."""
+def make_tamper(attack: str, sites: int, *, bound: float = DEFAULT_UPDATE_BOUND) -> Tamper | None:
+    """The tamper function of ``attack`` in a federation of ``sites`` whose ``federation.update_bound`` is ``bound``
+    (None for the clean runs and ``label_flip``)."""
     factory = {**ATTACKS, **LEGACY}.get(attack)
-    return None if factory is None else factory(attacker_nodes(attack, sites))
+    return None if factory is None else factory(attacker_nodes(attack, sites), bound)
 
 
 def _same_model(one: ArrayRecord, other: ArrayRecord) -> bool:
@@ -293,9 +340,11 @@ def flipped_labels(frame, time_col: str = "futime", event_col: str = "death"):
     return frame.assign(**{time_col: times.min() + times.max() - times, event_col: 1 - frame[event_col]})
 
 
-def site_files(folder: Path, sites: int, seed: int, *, flipped: int | None = None) -> list[dict[str, Any]]:
+def site_files(folder: Path, sites: int, seed: int, *, flipped: int | None = None,
+               inflated: int | None = None) -> list[dict[str, Any]]:
     """Node configs of a deployment of FLCHAIN cut IID (by ``seed``) into ``sites`` files, site ``flipped``'s with
-    :func:`flipped_labels`. Each site keys its train/test split from a key derived from the seed and its index, so
+    :func:`flipped_labels`, site ``inflated``'s its records repeated :data:`COPIES` times (every count it
+    releases at the set-up, and so its agreed count, is then x99, consistently). Each site keys its train/test split from a key derived from the seed and its index, so
     the honest sites hold the same test parts in every run of that seed."""
     from models.data.datasets import load_flchain
 
@@ -306,8 +355,12 @@ def site_files(folder: Path, sites: int, seed: int, *, flipped: int | None = Non
         part = frame.iloc[rows].reset_index(drop=True)
         home = folder / f"site-{index}"
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = home / ("flipped.csv" if index == flipped else "records.csv")
-        (flipped_labels(part) if index == flipped else part).to_csv(path, index=False)
+        path = home / {flipped: "flipped.csv", inflated: "inflated.csv"}.get(index, "records.csv")
+        if index == flipped:
+            part = flipped_labels(part)
+        if index == inflated:
+            part = pd.concat([part] * COPIES, ignore_index=True)
+        part.to_csv(path, index=False)
         key = home / "site.key"
         if not key.exists():
             key.write_bytes(hashlib.sha256(f"hostile-matrix/{sites}/{seed}/{index}".encode()).digest())
@@ -345,22 +398,30 @@ def aggregation_keys(aggregation: str, sites: int) -> dict[str, Any]:
     return keys
 
 
-def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path) -> dict[str, Any]:
-    """One run of ``attack`` (or a clean reference): finished, who was named, the attackers, the final C."""
-    out = folder / f"{sites}-{aggregation}-{seed}-{attack}"
+def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path, *,
+             rounds: int = RUN["federation.rounds"], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run of ``attack`` (or a clean reference) over ``rounds`` rounds, with run-config ``overrides`` (a data
+    file, a bound): finished, who was named, the attackers, the final C."""
+    out = folder / f"{sites}-{aggregation}-{seed}-{attack}-{rounds}"
     attackers = [f"site-{node - 1}" for node in attacker_nodes(attack, sites)]
-    config = {**RUN, **aggregation_keys(aggregation, sites), "federation.num_sites": sites, "seed": seed,
-              "output.dir": str(out)}
+    overrides = overrides or {}
+    size = {} if "federation.partition" in overrides else {"federation.num_sites": sites}
+    config = {**RUN, **aggregation_keys(aggregation, sites), **size, "seed": seed, "federation.rounds": rounds,
+              "output.dir": str(out), **overrides}
+    bound = float(config.get("federation.update_bound", DEFAULT_UPDATE_BOUND))
     row: dict[str, Any] = {"sites": sites, "aggregation": aggregation, "seed": seed, "attack": attack,
-                           "attackers": attackers}
+                           "attackers": attackers, "rounds": rounds,
+                           "data": next((name for name, keys in DATA.items() if keys and keys.items() <= overrides.items()),
+                                        "flchain")}
     node_configs = None
-    if attack in (LABEL_FLIP, CLEAN_FILES):
+    if attack in DEPLOYED or attack == CLEAN_FILES:
         config.update({"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
                        "data.categorical_cols": "flc.grp", "evaluation.server_side": False})
-        node_configs = site_files(folder, sites, seed, flipped=1 if attack == LABEL_FLIP else None)
+        node_configs = site_files(folder, sites, seed, flipped=1 if attack == LABEL_FLIP else None,
+                                  inflated=1 if attack == COUNT_X99 else None)
     started = time.perf_counter()
     try:
-        with tampered_training(make_tamper(attack, sites)) as counts:
+        with tampered_training(make_tamper(attack, sites, bound=bound)) as counts:
             summary = engine.run_inprocess(config, node_configs=node_configs)
     except interrupt.StopRequested:
         raise
@@ -379,7 +440,7 @@ def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path)
 
 def reference(attack: str) -> str:
     """The clean run ``attack`` is measured against."""
-    return CLEAN_FILES if attack == LABEL_FLIP else CLEAN
+    return CLEAN_FILES if attack in DEPLOYED else CLEAN
 
 
 def _cell(runs: list[dict[str, Any]], clean: dict[int, float]) -> str:
@@ -450,15 +511,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated")
     parser.add_argument("--attacks", default=",".join(ATTACKS),
                         help=f"comma-separated, of {', '.join([*ATTACKS, *LEGACY])}")
+    parser.add_argument("--data", choices=tuple(DATA), default="flchain",
+                        help="flchain: --sites IID sites; sba_regions: SBA's 4 census regions (--sites 4)")
+    parser.add_argument("--rounds", type=int, default=RUN["federation.rounds"], help="rounds a run")
     parser.add_argument("--out", type=Path, default=None, help="append the rows here (JSON lines; cells there skip)")
     args = parser.parse_args(argv)
     attacks = _names(args.attacks)
     unknown = [name for name in attacks if name not in ATTACKS and name not in LEGACY]
     if unknown:
         parser.error(f"unknown attack(s) {', '.join(unknown)}")
-    references = [CLEAN] + ([CLEAN_FILES] if LABEL_FLIP in attacks else [])
+    references = [CLEAN] + ([CLEAN_FILES] if set(DEPLOYED) & set(attacks) else [])
     rows = [json.loads(line) for line in args.out.read_text(encoding="utf-8").splitlines()] \
         if args.out and args.out.exists() else []
+    rows = [row for row in rows if row.get("rounds", RUN["federation.rounds"]) == args.rounds
+            and row.get("data", "flchain") == args.data]
     done = {(row["sites"], row["aggregation"], row["seed"], row["attack"]) for row in rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         for cell in wanted:
             if cell in done:
                 continue
-            rows.append(run_cell(*cell, Path(folder)))
+            rows.append(run_cell(*cell, Path(folder), rounds=args.rounds, overrides=DATA[args.data]))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             if args.out:
                 append_jsonl(args.out, rows[-1])

@@ -213,8 +213,13 @@ HORIZONTAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.hor
 VERTICAL_DATASETS = tuple(name for name, data in DATA_SETS.items() if data.vertical and name != DEPLOYED_DATA)
 HORIZONTAL_MODELS = tuple(name for name, model in MODELS.items() if not model.vertical)
 VERTICAL_MODELS = tuple(name for name, model in MODELS.items() if model.vertical)
-#: ``federation.update_bound``'s default (a mechanism or aggregator that ignores the key refuses any other value).
-DEFAULT_UPDATE_BOUND = 5.0
+#: ``federation.update_bound``'s default (a mechanism or aggregator that ignores the key refuses any other value):
+#: chosen on validation splits of honest heterogeneous federations and attacked ones (``benchmarks/robust_default.py``).
+DEFAULT_UPDATE_BOUND = 1.0
+#: An update farther than this many median distances from the sites' coordinate-wise median stands out: its site is
+#: flagged (never failed: heterogeneous sites are normal) and named when its round is rolled back. Being bounded
+#: (``federation.update_bound``, smaller) names nobody.
+OUTLIER_SPREAD = 5.0
 #: Robust aggregators offered (``federation.aggregation``), all Flower's own (:mod:`strategies.horizontal`).
 AGGREGATIONS: tuple[str, ...] = ("fedavg", "trimmed_mean", "median", "krum")
 
@@ -461,10 +466,12 @@ class FederationConfig:
                                        "(split: to each round trip)", bounds=POSITIVE)
     aggregation: str = setting("fedavg", "fedavg (weighted mean), or Flower's robust aggregators (not with "
                                          "central_dp)", choices=AGGREGATIONS)
-    update_bound: float = setting(DEFAULT_UPDATE_BOUND, "fedavg: each update's pull away from the sites' coordinate-wise median is "
-                                        "bounded to update_bound x the median of those distances (centred clipping, "
-                                        "3 or more updates a round; not with central_dp or distributed_dp); a site "
-                                        "beyond it is flagged; 0: the plain weighted mean",
+    update_bound: float = setting(DEFAULT_UPDATE_BOUND, "fedavg: each update's pull away from the sites' coordinate-"
+                                        "wise median is bounded to update_bound x the median of those distances "
+                                        "(centred clipping, 3 or more updates a round; not with central_dp or "
+                                        "distributed_dp), so that a minority coalition moves the mean by at most its "
+                                        "share of the weight x that distance; a site farther than "
+                                        f"{OUTLIER_SPREAD:g} x (or update_bound x, if larger) is flagged; 0: the plain weighted mean",
                                   bounds=NON_NEGATIVE)
     max_weight_ratio: float = setting(3.0, "a site's weight in the training mean (its agreed record count) is capped "
                                            "at max_weight_ratio x the median of the round's sites' weights (a capped "

@@ -56,7 +56,7 @@ from flwr.supercore import log
 from models.metrics import UNDEFINED_REASONS
 from models.recalibration import cut_exponents, fit_exponents
 from strategies.arrays import values
-from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, ConfigError, ExperimentConfig
+from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, OUTLIER_SPREAD, ConfigError, ExperimentConfig
 from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
@@ -841,14 +841,13 @@ class SurvivalFedAvg(FedAvg):
         """Record that ``server_round``'s model diverged and return the last good model, which the round keeps.
 
         The sites named are those whose update stood out from the others that round (an update
-        spread above the bound, :meth:`_bounded_mean`); the sites that only received or evaluated
+        spread above :meth:`_outlier_spread`, :meth:`_bounded_mean`); the sites that only received or evaluated
         the diverged model are never named. The sites' updates were released all the same (their
         privacy spend stands). A recalibration computed for the diverged model is dropped, not asked again
         (each site releases it once).
         """
         record = self._record(server_round)
-        limit = self.cfg.federation.update_bound or DEFAULT_UPDATE_BOUND
-        sites = sorted(site for site, spread in record.update_spread.items() if spread > limit)
+        sites = sorted(site for site, spread in record.update_spread.items() if spread > self._outlier_spread())
         record.rolled_back = {"to_round": self.last_good[0], "reason": reason, "sites": sites}
         if self.exponents is not None and server_round == self.cfg.federation.rounds and self.recalibration:
             self.exponents = None
@@ -1133,11 +1132,18 @@ class SurvivalFedAvg(FedAvg):
         return (self.cfg.federation.update_bound > 0 and self.aggregator is None
                 and "federation.update_bound" in self.mechanism.honours)
 
+    def _outlier_spread(self) -> float:
+        """The spread beyond which a site's update stands out (flagged, named for a rolled-back round):
+        :data:`OUTLIER_SPREAD`, or the run's ``update_bound`` where that is larger."""
+        return max(OUTLIER_SPREAD, self.cfg.federation.update_bound)
+
     def _bounded_mean(self, server_round: int, contributing: list[Message]) -> ArrayRecord | None:
         """Record each of 3 or more accepted updates' spread (its distance from the coordinate-wise median over the
-        median distance); where the run bounds updates (:meth:`_bounds_updates`), return their weighted mean with
-        each one's pull bounded and flag the sites it bounded; None otherwise, or when it bounded none (the plain
-        weighted mean, which FedAvg computes, is then the same)."""
+        median distance) and flag each site beyond :meth:`_outlier_spread`; where the run bounds updates
+        (:meth:`_bounds_updates`), return their weighted mean with each one's pull bounded to ``update_bound`` x the
+        median distance; None otherwise, or when it bounded none (the plain weighted mean, which FedAvg computes, is
+        then the same). A bound near 1 cuts the pull of about half of the honest sites a little, as it should: what
+        names a site is standing out, not being bounded."""
         record = self._record(server_round)
         arrays = [_records_of(message.content, ArrayRecord)[0] for message in contributing]
         names = list(arrays[0].keys())
@@ -1146,16 +1152,15 @@ class SurvivalFedAvg(FedAvg):
         vectors = self._stack = _stacked(arrays, names, self._stack)  # the same buffer round after round
         weights = np.array([float(_records_of(message.content, MetricRecord)[0][WEIGHT_KEY])
                             for message in contributing])
-        bounds = self._bounds_updates()
-        mean, scale, spread = centred_clip(vectors, weights / weights.sum(),
-                                           self.cfg.federation.update_bound if bounds else DEFAULT_UPDATE_BOUND)
+        bounds, bound = self._bounds_updates(), self.cfg.federation.update_bound
+        mean, scale, spread = centred_clip(vectors, weights / weights.sum(), bound if bounds else DEFAULT_UPDATE_BOUND)
         for message, factor, ratio in zip(contributing, scale, spread):
             site = self.node_sites.get(message.metadata.dst_node_id, "unnamed site")
             record.update_spread[site] = float(ratio)
-            if bounds and factor < 1.0:
+            if bounds and ratio > self._outlier_spread():
                 record.train_flags[site] = (
-                    f"update {ratio:.3g} x the median distance from the sites' coordinate-wise median: its pull was "
-                    f"bounded to {self.cfg.federation.update_bound:g} x (federation.update_bound)")
+                    f"update {ratio:.3g} x the median distance from the sites' coordinate-wise median (beyond "
+                    f"{self._outlier_spread():g} x): its pull was bounded to {bound:g} x (federation.update_bound)")
         if not bounds or np.all(scale == 1.0):
             return None
         parts, start = {}, 0

@@ -11,7 +11,7 @@ from simulations.engine import resolve, run_inprocess
 @pytest.mark.parametrize("model", ["hazard_mlp", "cox_mlp"])
 def test_the_bare_loop_evaluates_every_site_as_the_client_app_does(model, tmp_path):
     overrides = {"model.name": model, "federation.num_sites": 3, "federation.rounds": 2,
-                 "evaluation.server_side": False, "baseline.centralized": False}
+                 "evaluation.server_side": False, "baseline.centralized": False, "federation.update_bound": 0}
     summary = run_inprocess({**overrides, "output.dir": str(tmp_path)})
     assert summary["test_source"] == "weighted mean of the sites' own test metrics"
     bare = bare_federation(resolve(overrides)[1])
@@ -23,5 +23,7 @@ def test_the_bare_loop_refuses_what_it_does_not_do():
     with pytest.raises(ValueError, match="evaluation.server_side = false"):
         bare_federation(resolve({"evaluation.server_side": True})[1])
     with pytest.raises(ValueError, match="federation.server_optimizer = 'fedavg'"):
-        bare_federation(resolve({"evaluation.server_side": False,
+        bare_federation(resolve({"evaluation.server_side": False, "federation.update_bound": 0,
                                  "federation.server_optimizer": "fedadam"})[1])
+    with pytest.raises(ValueError, match="federation.update_bound = 0"):
+        bare_federation(resolve({"evaluation.server_side": False})[1])

@@ -84,8 +84,9 @@ def test_the_colluders_each_send_g_minus_3_times_the_honest_mean_update(identity
                                                ("adaptive_spread15", 5)])
 def test_the_adaptive_coalition_stands_where_centred_clipping_measures_it(identity, attack, sites):
     """Measured as the server does on the tampered replies: the colluders' distance from the coordinate-wise median
-    of all updates is 0.98 x update_bound (or 15) x the median distance, along minus the honest mean update; inside
-    the bound they are not clipped, at 15 they are."""
+    of all updates is 0.98 x update_bound (or 15) x the median distance, on the line of the honest mean update and
+    as far against it as that allows (at the default bound of 1, not even a zero update stands inside: the coalition
+    then leans with the honest mean); inside the bound they are not clipped, at 15 they are."""
     replies, sent, truth = _round(sites)
     out = _sent_weights(hm.make_tamper(attack, sites)(replies, sent, {}))
     rows = np.array([out[node] for node in sorted(out)])
@@ -96,7 +97,9 @@ def test_the_adaptive_coalition_stands_where_centred_clipping_measures_it(identi
     assert np.all(scale[coalition] == 1.0) if attack == "adaptive_inside" else np.all(scale[coalition] < 1.0)
     honest = np.mean([truth[node][1] for node in truth if node - 1 not in coalition], axis=0)
     update = out[coalition[0] + 1] - truth[coalition[0] + 1][0]
-    assert update @ honest / (np.linalg.norm(update) * np.linalg.norm(honest)) < -0.999999
+    assert abs(update @ honest / (np.linalg.norm(update) * np.linalg.norm(honest))) > 0.999999
+    further = np.array([out[node] if node - 1 not in coalition else out[node] - 1e-3 * honest for node in sorted(out)])
+    assert np.all(centred_clip(further, np.full(sites, 1.0 / sites), DEFAULT_UPDATE_BOUND)[2][coalition] > target)
 
 
 def test_the_free_rider_returns_exactly_the_global_model(identity):

@@ -309,7 +309,7 @@ def test_the_coordinate_median_is_numpys_to_the_bit(sites):
      "federation.update_bound = 3 bounds FedAvg's weighted mean, which"),
     ({"federation.aggregation": "median", "federation.update_bound": 3},
      "federation.update_bound = 3 is read only with FedAvg's weighted mean (federation.aggregation = 'fedavg'), "
-     "which federation.aggregation = 'median' is not; leave it at 5"),
+     "which federation.aggregation = 'median' is not; leave it at 1"),
     ({"federation.trim_fraction": 0.3}, "federation.trim_fraction = 0.3 is read only with federation.aggregation = "
                                         "'trimmed_mean', which federation.aggregation = 'fedavg' is not"),
     ({"federation.max_malicious": 2}, "federation.max_malicious = 2 is read only with federation.aggregation = 'krum'"),

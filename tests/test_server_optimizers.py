@@ -29,6 +29,8 @@ from strategies.horizontal import SITE_KEY, WEIGHT_KEY
 
 SMALL = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False,
          "evaluation.server_side": False}
+#: The plain weighted mean (no bound on an update's pull), whose closed form the optimisers step from.
+PLAIN = {"federation.update_bound": 0}
 OPTIMIZERS = ("fedadam", "fedyogi", "fedadagrad", "fedavgm")
 #: What ``auto`` gives each optimiser (server_lr, server_momentum; None: it has none), as docs/results/server_optimizers.md
 #: and docs/configuration.md state them.
@@ -121,7 +123,7 @@ def test_each_optimizer_runs_through_flower_and_steps_by_its_closed_form(name, t
     """Rounds 1 and 2: the global model is the optimiser's update from the model the sites were sent, given
     Flower's weighted mean of the updates they sent back (state carried from round 1 to round 2)."""
     extra = {"federation.server_lr": 0.5} if name == "fedavgm" else {}  # with lr 1 its first step is the mean
-    summary, sent, replies, final = _run(tmp_path, {**SMALL, "federation.server_optimizer": name, **extra})
+    summary, sent, replies, final = _run(tmp_path, {**SMALL, **PLAIN, "federation.server_optimizer": name, **extra})
     assert set(replies[1]) == set(replies[2]) == {"site-0", "site-1", "site-2"}
     reference = ClosedForm(name, lr=extra.get("federation.server_lr"))
     after_round_1 = reference.step(1, sent[1], _flower_mean(replies[1]))
