@@ -341,15 +341,18 @@ def flipped_labels(frame, time_col: str = "futime", event_col: str = "death"):
 
 
 def site_files(folder: Path, sites: int, seed: int, *, flipped: int | None = None,
-               inflated: int | None = None) -> list[dict[str, Any]]:
-    """Node configs of a deployment of FLCHAIN cut IID (by ``seed``) into ``sites`` files, site ``flipped``'s with
+               inflated: int | None = None, source: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """Node configs of a deployment of FLCHAIN (or of ``source``'s records, with FLCHAIN's columns ``futime`` and
+    ``death``: a validation file) cut IID (by ``seed``) into ``sites`` files, site ``flipped``'s with
     :func:`flipped_labels`, site ``inflated``'s its records repeated :data:`COPIES` times (every count it
     releases at the set-up, and so its agreed count, is then x99, consistently). Each site keys its train/test split from a key derived from the seed and its index, so
     the honest sites hold the same test parts in every run of that seed."""
     from models.data.datasets import load_flchain
 
-    table = load_flchain()
-    frame = table.features.assign(futime=table.time, death=table.event)
+    if source is None:
+        table = load_flchain()
+        source = table.features.assign(futime=table.time, death=table.event)
+    frame = source
     configs, folder = [], folder / f"files-{sites}-{seed}"
     for index, rows in enumerate(np.array_split(np.random.default_rng(seed).permutation(len(frame)), sites)):
         part = frame.iloc[rows].reset_index(drop=True)
@@ -399,7 +402,8 @@ def aggregation_keys(aggregation: str, sites: int) -> dict[str, Any]:
 
 
 def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path, *,
-             rounds: int = RUN["federation.rounds"], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+             rounds: int = RUN["federation.rounds"], overrides: dict[str, Any] | None = None,
+             source: pd.DataFrame | None = None) -> dict[str, Any]:
     """One run of ``attack`` (or a clean reference) over ``rounds`` rounds, with run-config ``overrides`` (a data
     file, a bound): finished, who was named, the attackers, the final C."""
     out = folder / f"{sites}-{aggregation}-{seed}-{attack}-{rounds}"
@@ -418,7 +422,7 @@ def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path,
         config.update({"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
                        "data.categorical_cols": "flc.grp", "evaluation.server_side": False})
         node_configs = site_files(folder, sites, seed, flipped=1 if attack == LABEL_FLIP else None,
-                                  inflated=1 if attack == COUNT_X99 else None)
+                                  inflated=1 if attack == COUNT_X99 else None, source=source)
     started = time.perf_counter()
     try:
         with tampered_training(make_tamper(attack, sites, bound=bound)) as counts:

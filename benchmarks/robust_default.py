@@ -28,6 +28,21 @@ worst loss under attack (the largest over sites and attacks of the mean over see
 On seeds 0 and 1 (``docs/results/benchmarks/robust_default.jsonl``; 136 runs, 2-core machine, about 10 minutes),
 bound 1 costs at most 0.0052 of validation C (SBA's 40 states) and loses at most 0.0082 under attack (a sign-flipped
 x5 update at 1 of 3 sites); 5, the old default, loses 0.476 to a coalition of 2 of 5 sites just inside it.
+
+``--ratios 3,5,10`` measures ``federation.max_weight_ratio`` at the chosen bound the same way: the cost on the honest
+federations against the old defaults (bound 5, no cap), and the loss to a deployed site that declares 99 x its
+records and negates its update (``count_x99`` of :mod:`benchmarks.hostile_matrix`, on the seed's FLCHAIN training
+records, the honest sites' own held-out parts as validation). Seeds 0 and 1
+(``docs/results/benchmarks/robust_default_ratios.jsonl``)::
+
+    | max_weight_ratio | SBA, 4 regions | SBA, 40 states | FLCHAIN centres | count_x99, 3 sites | count_x99, 5 sites |
+    | 3                | -0.0007        | -0.0123        | -0.0009         | -0.0319            | -0.0137            |
+    | 5                | -0.0007        | -0.0083        | -0.0009         | -0.0533            | -0.0206            |
+    | 10               | -0.0007        | -0.0050        | -0.0009         | -0.0603            | -0.0296            |
+
+No ratio keeps both within 0.01: the cap that protects a small federation from a size claim is the one that costs
+SBA's large states. The default stays at 3, the smallest loss to the liar; ``max_weight_ratio=10`` (or 0) is for
+federations whose sites are trusted with their counts.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ from benchmarks.setup_share import validation_csv
 from flwr_app import interrupt
 from simulations.engine import run_inprocess
 from simulations.results_file import append_jsonl
-from strategies.config import TRAINING_DEFAULTS
+from strategies.config import DEFAULT_UPDATE_BOUND, TRAINING_DEFAULTS
 
 BOUNDS = (5.0, 2.0, 1.5, 1.0)
 #: The old default, the reference of the cost.
@@ -108,6 +123,70 @@ def attacked_row(sites: int, attack: str, bound: float, seed: int, folder: Path,
     return {"kind": "attacked", "sites": sites, "attack": attack, "bound": bound, "seed": seed,
             "c_index": row.get("c_index"), "finished": row["finished"], "named": row["named"],
             "attackers": row["attackers"]}
+
+
+#: ``federation.max_weight_ratio`` candidates (0: no cap) and the old defaults, the reference of the cost.
+RATIOS = (0.0, 3.0, 5.0, 10.0)
+OLD_DEFAULTS = {"federation.update_bound": 5.0, "federation.max_weight_ratio": 0.0}
+
+
+def flchain_records(seed: int, folder: Path) -> pd.DataFrame:
+    """The seed's FLCHAIN training records (:func:`benchmarks.setup_share.validation_csv`, both parts) with
+    FLCHAIN's own time and event columns, for a deployment whose sites hold out their validation parts."""
+    frame = pd.read_csv(validation_csv("flchain", seed, folder)).drop(columns="split")
+    return frame.rename(columns={"time": "futime", "event": "death"})
+
+
+def ratio_rows(seed: int, ratio: float | None, folder: Path, sites: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The honest federations of ``seed`` at ``max_weight_ratio`` ``ratio`` (None: :data:`OLD_DEFAULTS`), and, for a
+    ratio, a deployment of :func:`flchain_records` at each of ``sites`` clean and with a site inflating its count
+    99 x and negating its update (``count_x99``): the validation C of the honest sites' own held-out parts."""
+    keys = dict(OLD_DEFAULTS) if ratio is None else {"federation.max_weight_ratio": ratio}
+    label = "old defaults" if ratio is None else f"{ratio:g}"
+    rows = []
+    (folder / "files").mkdir(exist_ok=True)
+    for name, overrides in honest_files(seed, folder / "files").items():
+        row = honest_row(name, {**overrides, **keys}, DEFAULT_UPDATE_BOUND if ratio is not None else 5.0, seed,
+                         folder)
+        rows.append({**row, "kind": "honest_ratio", "ratio": label})
+    if ratio is None:
+        return rows
+    records = flchain_records(seed, folder)
+    for count in sites:
+        work = folder / f"deployed-{label}-{count}"
+        work.mkdir(parents=True, exist_ok=True)
+        for attack in (hostile_matrix.CLEAN_FILES, hostile_matrix.COUNT_X99):
+            row = hostile_matrix.run_cell(count, "fedavg", seed, attack, work, rounds=DEFAULT_ROUNDS,
+                                          overrides=keys, source=records)
+            rows.append({"kind": "count_ratio", "ratio": label, "sites": count, "attack": attack, "seed": seed,
+                         "c_index": row.get("c_index"), "finished": row["finished"], "named": row["named"]})
+    return rows
+
+
+def ratio_table(rows: list[dict[str, Any]]) -> str:
+    """Each ratio's mean validation-C cost against the old defaults per honest federation (paired seeds) and its
+    mean count_x99 loss per federation size."""
+    honest = [row for row in rows if row["kind"] == "honest_ratio"]
+    counts = [row for row in rows if row["kind"] == "count_ratio" and row["finished"]]
+    names = list(dict.fromkeys(row["federation"] for row in honest))
+    sizes = sorted({row["sites"] for row in counts})
+    lines = ["| max_weight_ratio | " + " | ".join(names + [f"count_x99, {n} sites" for n in sizes]) + " |",
+             "| --- |" + " --- |" * (len(names) + len(sizes))]
+    for ratio in dict.fromkeys(row["ratio"] for row in honest if row["ratio"] != "old defaults"):
+        cells = []
+        for name in names:
+            ref = {row["seed"]: row["c_index"] for row in honest if (row["ratio"], row["federation"]) == ("old defaults", name)}
+            mine = [row["c_index"] - ref[row["seed"]] for row in honest
+                    if (row["ratio"], row["federation"]) == (ratio, name) and row["seed"] in ref]
+            cells.append(f"{statistics.mean(mine):+.4f}" if mine else "–")
+        for n in sizes:
+            clean = {row["seed"]: row["c_index"] for row in counts
+                     if (row["ratio"], row["sites"], row["attack"]) == (ratio, n, hostile_matrix.CLEAN_FILES)}
+            loss = [row["c_index"] - clean[row["seed"]] for row in counts if (row["ratio"], row["sites"], row["attack"])
+                    == (ratio, n, hostile_matrix.COUNT_X99) and row["seed"] in clean]
+            cells.append(f"{statistics.mean(loss):+.4f}" if loss else "–")
+        lines.append(f"| {ratio} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _mean(rows: list[dict[str, Any]]) -> float:
@@ -172,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", default="3,5")
     parser.add_argument("--out", type=Path, default=None, help="append the rows here (JSON lines)")
     parser.add_argument("--rows", type=Path, default=None, help="only summarise these saved rows")
+    parser.add_argument("--ratios", default="", help="instead: these max_weight_ratio values at the default bound")
     args = parser.parse_args(argv)
+    if args.ratios:
+        return ratios_main(args)
     if args.rows:
         rows = [json.loads(line) for line in args.rows.read_text(encoding="utf-8").splitlines()]
         print(table(rows))
@@ -200,6 +282,24 @@ def main(argv: list[str] | None = None) -> int:
                         append_jsonl(args.out, rows[-1])
     print(table(rows))
     print(f"chosen update_bound: {choose(rows):g}")
+    return 0
+
+
+def ratios_main(args: argparse.Namespace) -> int:
+    """``--ratios``: :func:`ratio_rows` for the old defaults and every ratio, every seed; then :func:`ratio_table`."""
+    rows = []
+    sites = tuple(int(value) for value in args.sites.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in (int(value) for value in args.seeds.split(",")):
+            for ratio in [None, *(float(value) for value in args.ratios.split(","))]:
+                folder = Path(tmp) / f"{seed}-{ratio}"
+                folder.mkdir()
+                for row in ratio_rows(seed, ratio, folder, sites):
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    if args.out:
+                        append_jsonl(args.out, row)
+    print(ratio_table(rows))
     return 0
 
 
