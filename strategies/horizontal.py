@@ -483,14 +483,15 @@ def robust_minimum(name: str, *, trim_fraction: float, malicious: int) -> float:
 
     ``trimmed_mean`` cuts ``int(trim_fraction * n)`` updates at each tail (Flower's ``FedTrimmedAvg``):
     at least one needs ``n >= ceil(1 / trim_fraction)``; ``median`` resists one outlier from 3 updates;
-    ``krum`` with ``malicious`` = f needs ``n >= 2 f + 3``.
+    ``krum`` with ``malicious`` = f >= 1 needs ``n >= 2 f + 3``; with f = 0 (none left to tolerate, e.g. once a
+    free rider is set aside) it averages every update, from 1.
     """
     if name == "trimmed_mean":
         return max(3, math.ceil(1.0 / trim_fraction - 1e-9)) if trim_fraction > 0 else math.inf
     if name == "median":
         return 3
     if name == "krum":
-        return 2 * malicious + 3
+        return 2 * malicious + 3 if malicious else 1
     return 1
 
 

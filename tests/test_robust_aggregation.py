@@ -228,19 +228,23 @@ def test_krum_averages_the_best_updates_and_leaves_a_free_rider_out(stamped):
     assert record.discarded_most == ["site-1"]
 
 
-def test_a_free_rider_does_not_freeze_krum_in_a_run(tmp_path, monkeypatch, capsys):
-    """5 sites, krum, site-1 returns the global model it was sent: the model changes every round, site-1 is left
-    out every round and flagged (phase ``aggregate``) from round 2 on, in metrics.jsonl and on the console."""
+@pytest.fixture
+def free_rider(monkeypatch):
+    """site-1 returns the global model it was sent, in every round."""
     from flwr_app import client_app
 
     original = client_app._reply
 
-    def free_rider(message, content, cfg, site, server_round, kind):
+    def reply(message, content, cfg, site, server_round, kind):
         if kind == "train" and site.name == "site-1":
             content["arrays"] = message.content["arrays"]
         return original(message, content, cfg, site, server_round, kind)
 
-    monkeypatch.setattr(client_app, "_reply", free_rider)
+    monkeypatch.setattr(client_app, "_reply", reply)
+
+
+def _models_sent(tmp_path, overrides: dict) -> dict[int, np.ndarray]:
+    """Run ``overrides`` in process; the global model each round's training message carried to node 1."""
     sent: dict[int, np.ndarray] = {}
 
     def observe(message, reply):
@@ -249,9 +253,25 @@ def test_a_free_rider_does_not_freeze_krum_in_a_run(tmp_path, monkeypatch, capsy
             sent[int(message.content["config"]["server-round"])] = np.concatenate(
                 [array.numpy().ravel() for array in arrays.values()])
 
+    engine.run_inprocess({"baseline.centralized": False, "output.dir": str(tmp_path), **overrides}, observe=observe)
+    return sent
+
+
+def test_a_free_rider_does_not_freeze_krum_with_none_left_to_tolerate(tmp_path, free_rider):
+    """3 sites, krum with max_malicious = 0, site-1 a free rider: set aside, it leaves 2 candidates, which krum with
+    nothing to tolerate averages (it used to need 3 and kept the model where it was)."""
+    sent = _models_sent(tmp_path, {"federation.num_sites": 3, "federation.rounds": 3, "federation.aggregation": "krum",
+                                   "federation.max_malicious": 0})
+    assert sorted(sent) == [1, 2, 3]
+    assert all(not np.array_equal(sent[number], sent[number - 1]) for number in (2, 3))
+
+
+def test_a_free_rider_does_not_freeze_krum_in_a_run(tmp_path, capsys, free_rider):
+    """5 sites, krum, site-1 returns the global model it was sent: the model changes every round, site-1 is left
+    out every round and flagged (phase ``aggregate``) from round 2 on, in metrics.jsonl and on the console."""
     rounds = 4
-    engine.run_inprocess({"federation.num_sites": 5, "federation.rounds": rounds, "federation.aggregation": "krum",
-                          "baseline.centralized": False, "output.dir": str(tmp_path)}, observe=observe)
+    sent = _models_sent(tmp_path, {"federation.num_sites": 5, "federation.rounds": rounds,
+                                   "federation.aggregation": "krum"})
     assert sorted(sent) == list(range(1, rounds + 1))
     for server_round in range(2, rounds + 1):
         assert not np.array_equal(sent[server_round], sent[server_round - 1]), server_round
