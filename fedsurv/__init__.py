@@ -19,10 +19,12 @@ from fedsurv.analysis import (
     plot_kaplan_meier,
 )
 from fedsurv.api import fit
+from models.cox_run import CoxRun
 from models.predict import SavedRun, load_run
 from models.split_run import SplitRun, load_split_run
 
 __all__ = [
+    "CoxRun",
     "LogrankTestResult",
     "SavedRun",
     "SplitRun",

@@ -67,7 +67,10 @@ def fit(
         ``strategy.name`` (``fedavg``, ``dp_sgd``, ``distributed_dp``, ...) and its target
         ``privacy.epsilon`` (None: no differential privacy).
     model, rounds, seed
-        ``model.name``, ``federation.rounds`` (None: the strategy's default) and ``seed``.
+        ``model.name``, ``federation.rounds`` (None: the strategy's default) and ``seed``. ``model="coxph"``
+        fits a Cox regression by Newton-Raphson on the sites' sums (strategy ``fedavg``, no ``rounds``;
+        ``docs/howto/cox-regression.md``) and returns a :class:`models.cox_run.CoxRun` (``hazard_ratios``,
+        ``summary_table()``, ``print_summary()``, ``proportional_hazard_test()``, ``plot_coefficients()``).
     output_dir
         The run's directory (must not hold another run); default ``outputs/api/<time>-<strategy>``.
     config

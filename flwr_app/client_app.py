@@ -5,7 +5,8 @@ Message handling only: decode the global model, call the training / evaluation c
 ``partition-id`` (simulation) selects one site of the run's federated data set; in a deployment
 (``data.name = "site_files"``) ``data-path`` names the site's own file, and the set-up messages
 (``*.site_*``) are handled by :mod:`flwr_app.deployment`. The split-learning messages
-(``*.split_*``) are handled by :mod:`flwr_app.vertical_client`.
+(``*.split_*``) are handled by :mod:`flwr_app.vertical_client`, and the Cox regression messages (``query.cox_*``,
+``model.name = "coxph"``) by :mod:`flwr_app.cox_client`.
 """
 
 from __future__ import annotations
@@ -74,7 +75,12 @@ for _kind, _action, _module, _name in (
         ("query", "setup_ranges", "flwr_app.deployment", "setup_ranges"),
         ("query", "setup_moments", "flwr_app.deployment", "setup_moments"),
         ("train", "site_setup", "flwr_app.deployment", "setup"),
-        ("query", "setup_site_name", "flwr_app.deployment", "identity")):
+        ("query", "setup_site_name", "flwr_app.deployment", "identity"),
+        ("query", "cox_moments", "flwr_app.cox_client", "moments"),
+        ("query", "cox_event_times", "flwr_app.cox_client", "event_times"),
+        ("query", "cox_sums", "flwr_app.cox_client", "sums"),
+        ("query", "cox_meat", "flwr_app.cox_client", "meat"),
+        ("query", "cox_schoenfeld", "flwr_app.cox_client", "schoenfeld")):
     getattr(app, _kind)(_action)(_delegate(_module, _name))
 
 

@@ -339,7 +339,7 @@ def configuration_page() -> str:
     sections: dict[str, list[str]] = {}
     for name, key in KEYS.items():
         group = name.split(".")[0]
-        section = group if group in HYDRA_GROUPS or group in ("train", "split", "debug") else "run"
+        section = group if group in HYDRA_GROUPS or group in ("train", "split", "cox", "debug") else "run"
         sections.setdefault(section, []).append(
             f"| `{name}` | {_type(key)} | `{_toml(key.default)}` | {_cell(_values(key))} | {_cell(key.setting.help)} |")
     for section, rows in sections.items():

@@ -1,4 +1,5 @@
-"""ServerApp: FedAvg over the sites, per-round metrics, outputs (split learning: :mod:`flwr_app.vertical_server`).
+"""ServerApp: FedAvg over the sites, per-round metrics, outputs (split learning: :mod:`flwr_app.vertical_server`;
+Cox regression, ``model.name = "coxph"``: :mod:`flwr_app.cox_server`, after the same set-up).
 
 Message handling and bookkeeping only; the aggregation is
 :class:`strategies.horizontal.SurvivalFedAvg`, the model and metrics come from ``flwr_app.task``.
@@ -37,6 +38,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from flwr_app import deployment, interrupt, runlog, task, vertical_task
 from flwr_app.config import ConfigError, ExperimentConfig, parse_run_config
+from flwr_app.cox_server import run_coxph
 from flwr_app.outputs import RunOutputs, load_checkpoint
 from flwr_app.private_split_server import run_private_split
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
@@ -44,6 +46,7 @@ from models.data import FederatedDataset
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
+from strategies.config import COXPH
 from strategies.horizontal import (RoundRecord, SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position,
                                    robust_refusal, site_average, site_metrics, weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
@@ -341,6 +344,9 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
                                          history=lambda site: privacy_position(survival.rounds, site))
     elif left_out:
         grid = deployment.ParticipatingSites(grid, survival.node_sites)  # the sites left out get no further message
+    if cfg.model.name == COXPH:  # Newton-Raphson on the sites' sums instead of FedAvg rounds (flwr_app.cox_server)
+        return run_coxph(cfg, grid, outputs, survival=survival, model=model, dataset=dataset, spec=spec,
+                         left_out=left_out, notes=setup_notes, started=started)
     description = (f"{len(survival.node_sites)} sites' own files" if cfg.data.deployed else
                    f"{len(survival.node_sites)} sites, partition '{cfg.federation.partition}'")
     description += f", {len(left_out)} left out" if left_out else ""

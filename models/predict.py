@@ -187,8 +187,9 @@ def _as_read(frame: pd.DataFrame, preprocessor: Preprocessor) -> pd.DataFrame:
 def load_run(directory: str | Path) -> SavedRun | SplitRun:
     """The trained model of a run's output directory, ready for ``predict_survival``, ``score``, ...
 
-    A horizontal run gives a :class:`SavedRun`; a split run a :class:`models.split_run.SplitRun`
-    (:func:`models.split_run.load_split_run`, with its sites' folders where the simulation put them).
+    A horizontal run gives a :class:`SavedRun` (a ``coxph`` run its subclass :class:`models.cox_run.CoxRun`); a
+    split run a :class:`models.split_run.SplitRun` (:func:`models.split_run.load_split_run`, with its sites'
+    folders where the simulation put them).
 
     Raises
     ------
@@ -225,7 +226,12 @@ def load_run(directory: str | Path) -> SavedRun | SplitRun:
         model.set_exponents(np.asarray(saved["exponents"], dtype=np.float64))
     model.net.eval()
     outcome = tuple(spec.get("outcome", DEFAULT_OUTCOME))
-    return SavedRun(directory, model, preprocessor, str(spec.get("id_col", "")), (str(outcome[0]), str(outcome[1])))
+    parts = (directory, model, preprocessor, str(spec.get("id_col", "")), (str(outcome[0]), str(outcome[1])))
+    if saved.get("model") == "coxph":  # Cox regression: its coefficients, tests and summary beside the model
+        from models.cox_run import COXPH_JSON, CoxRun
+
+        return CoxRun(*parts, fit=json.loads((directory / COXPH_JSON).read_text(encoding="utf-8")))
+    return SavedRun(*parts)
 
 
 def _model(config: Mapping[str, Any], preprocessor: Preprocessor, spec: Mapping[str, Any]) -> SurvivalModel:

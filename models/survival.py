@@ -606,7 +606,9 @@ def build_survival_model(
 
     Parameters
     ----------
-    kind : {"hazard_mlp", "cox_mlp", "cox_time"}
+    kind : {"hazard_mlp", "cox_mlp", "cox_time", "coxph"}
+        ``coxph``: the linear log-risk :math:`x^\top\beta` (a ``cox_mlp`` net without hidden layers or
+        dropout) whose weights :mod:`flwr_app.cox_server` sets from its Newton-Raphson fit.
     in_features : int
         Number of input features.
     cuts : ndarray, shape (K,)
@@ -633,8 +635,12 @@ def build_survival_model(
     -------
     SurvivalModel
     """
+    if kind == "coxph":  # linear Cox regression fitted by Newton-Raphson (flwr_app.cox_server): g(x) = x'beta
+        if hidden or dropout or activation:
+            raise ValueError("coxph is linear: no hidden layers, dropout or activation")
+        return CoxModel(CoxMLP(in_features, hidden=(), dropout=0.0), _check_cuts(cuts), in_features, 0.0)
     if kind not in _NETS:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(_NETS)}")
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(_NETS)} or 'coxph'")
     cuts = _check_cuts(cuts)
     if kind != "hazard_mlp" and risk_layer != "interval":
         raise ValueError(f"risk_layer {risk_layer!r} is for hazard_mlp; {kind} gives one log-risk already")

@@ -173,7 +173,12 @@ MODELS: Mapping[str, Model] = {
                                 "server; the paper's 30 intervals", vertical=True, num_durations=30),
     "multisurv": Model("MultiSurv: the same multimodal architecture with deterministic layers", vertical=True,
                        num_durations=30),
+    "coxph": Model("Cox proportional-hazards regression by federated Newton-Raphson on the sites' exact sums "
+                   "(cox.*; strategy fedavg only); Breslow baseline for predictions on 100 event-time quantiles",
+                   vertical=False, num_durations=100),
 }
+#: The model that is fitted by Newton-Raphson on the sites' sums (:mod:`flwr_app.cox_server`), not trained by FedAvg.
+COXPH = "coxph"
 #: ``strategy.name`` options (the registry :mod:`strategies.mechanisms.registry` dispatches them;
 #: a test keeps the names, kinds and adjacencies equal to its mechanisms').
 STRATEGIES: Mapping[str, Strategy] = {
@@ -584,6 +589,38 @@ class SplitConfig:
                                bounds=Bounds(0.0, 1.0))
 
 
+#: ``cox.ph_test`` values: the time transform of the proportional-hazards test (lifelines' ``time_transform``), or none.
+COX_PH_TESTS = ("rank", "km", "identity", "log", "none")
+
+
+@dataclass(frozen=True)
+class CoxConfig:
+    """Cox proportional-hazards regression (``model.name = "coxph"``): Newton-Raphson on the sites' exact sums.
+
+    ``strata = "site"`` fits lifelines' ``CoxPHFitter(strata=["site"])`` (each site its own baseline hazard), ``"none"``
+    one pooled baseline from risk-set sums on ``grid`` (:mod:`models.cox`). Every key is read only with
+    ``model.name = "coxph"``.
+    """
+
+    strata: str = setting("site", "site: stratified by site, each site its own baseline hazard (lifelines' "
+                                  "strata=['site']); none: one pooled baseline, from per-site risk-set sums on "
+                                  "cox.grid", choices=("site", "none"))
+    grid: str = setting("events", "cox.strata = none: the grid of the risk-set sums: events (every distinct training "
+                                  "event time: the exact pooled fit, and every site reveals its event times) or an "
+                                  "integer k (k points of the set-up's time grid, model.num_durations quantiles: "
+                                  "events within a cell are tied at its end)")
+    penalizer: float = setting(0.0, "ridge penalty, lifelines' penalizer c: n c ||beta||^2 / 2 on standardised "
+                                    "columns", bounds=NON_NEGATIVE)
+    robust: bool = setting(False, "sandwich (Lin-Wei) standard errors: one more release per site, a p x p matrix of "
+                                  "its score residuals' cross-products")
+    max_steps: int = setting(50, "most Newton-Raphson steps (each one query to every site)", bounds=POSITIVE)
+    tol: float = setting(1e-12, "Newton stops when the decrement U'I^-1U/2 (the log-likelihood gain the next step "
+                                "would bring) is below it", bounds=POSITIVE)
+    ph_test: str = setting(AUTO, "proportional-hazards test (scaled Schoenfeld residuals, one more release per site: "
+                                 "2p + 3 sums) with this time transform, or none", choices=COX_PH_TESTS,
+                           auto="rank for cox.strata = site, km for none")
+
+
 @dataclass(frozen=True)
 class DebugConfig:
     """Injected failures for tests of fault tolerance (simulation only).
@@ -597,8 +634,9 @@ class DebugConfig:
 
     fail_site: str = setting("", 'simulation tests: the site that fails (site-<i>; split: the modality); "" = none')
     fail_round: int = setting(1, "the round (split: epoch) from which it fails", bounds=POSITIVE)
-    fail_message: str = setting("train", "the message it fails on (split: train, every round trip)",
-                                choices=("train", "evaluate", "breslow"))
+    fail_message: str = setting("train", "the message it fails on (split: train, every round trip; coxph: cox, its "
+                                         "Newton steps from step fail_round on)",
+                                choices=("train", "evaluate", "breslow", "cox"))
     fail_mode: str = setting("raise", "raise (an error reply), hang (no reply within federation.timeout_s), or a "
                                       "hostile reply the server must refuse (poisoned_update: a well-formed one, "
                                       "which only bounds or a robust federation.aggregation stop)", choices=("raise", "hang") + HOSTILE_MODES)
@@ -621,6 +659,7 @@ class ExperimentConfig:
     federation: FederationConfig
     privacy: PrivacyConfig
     split: SplitConfig
+    cox: CoxConfig
     output_dir: str = setting("", 'run directory; "" = outputs/<date>/<time>-<data>-<strategy> (Hydra) or '
                                   "outputs/<time>-<data>-<strategy> (flwr run)", key="output.dir")
     server_evaluation: bool = setting(True, "simulation only: evaluate the global model on the pooled test split "
@@ -718,7 +757,7 @@ MECHANISM_KEYS: tuple[str, ...] = (
 COMMON_KEYS: tuple[str, ...] = (
     "seed", "strategy.name", "data.*", "model.name", "model.num_durations", "model.time_grid", "train.num_threads",
     "federation.rounds", "federation.timeout_s", "output.dir", "evaluation.*", "baseline.*", "debug.*",
-    "simulation.*",
+    "simulation.*", "cox.*",
 )
 
 
@@ -871,6 +910,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
             values[name] = None
         else:
             values[name] = _value(key, raw[name])
+    _check_coxph(values)
     _resolve_auto(values)
     groups: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
@@ -888,6 +928,69 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     return cfg
 
 
+#: The keys that Newton-Raphson on the sites' sums (``model.name = "coxph"``) never reads: each is refused at any value
+#: but its default (``auto`` for an auto key).
+COXPH_IGNORES: tuple[str, ...] = (
+    "model.hidden", "model.activation", "model.dropout", "model.penalty", "train.local_epochs", "train.batch_size",
+    "train.lr", "train.weight_decay", "train.proximal_mu", "federation.rounds", "federation.fraction_train",
+    "federation.aggregation", "federation.update_bound", "federation.max_weight_ratio", "federation.trim_fraction",
+    "federation.max_malicious", "federation.server_optimizer", "federation.server_lr", "federation.server_momentum",
+    "resume.from", "evaluation.every", "debug.stop_after_round",
+)
+
+
+def _default_text(key: Key) -> str:
+    """A key's default as a refusal writes it (``auto`` for an auto key)."""
+    return AUTO if key.setting.auto else show_value(_value(key, key.default))
+
+
+def _check_coxph(values: Mapping[str, Any]) -> None:
+    """``model.name = "coxph"`` runs with strategy ``fedavg`` only and refuses the keys it never reads
+    (:data:`COXPH_IGNORES`); the ``cox.*`` keys are read only by it. ``values``: the parsed keys, ``None`` for
+    ``auto``, before :func:`_resolve_auto`."""
+    coxph = values["model.name"] == COXPH
+    cox_keys = [name for name in KEYS if name.startswith("cox.")]
+    if not coxph:
+        for name in cox_keys:
+            if values[name] != (None if KEYS[name].setting.auto else _value(KEYS[name], KEYS[name].default)):
+                raise ConfigError(f"run config: {name} = {show_value(values[name])} is read only with model.name = "
+                                  f"{COXPH!r}; leave it at {_default_text(KEYS[name])}")
+        if values["debug.fail_message"] == "cox":
+            raise ConfigError(f"run config: debug.fail_message = 'cox' fails model.name = {COXPH!r}'s Newton steps; "
+                              "this run has none (use train, evaluate or breslow)")
+        return
+    if values["strategy.name"] != "fedavg":
+        raise ConfigError(f"run config: model.name = {COXPH!r} runs with strategy.name = 'fedavg' only (Newton-Raphson "
+                          f"on the sites' exact sums; no DP variant yet), got strategy.name = "
+                          f"{values['strategy.name']!r}: set strategy.name = 'fedavg' or choose another model.name")
+    for name in COXPH_IGNORES:
+        key = KEYS[name]
+        default = None if key.setting.auto else _value(key, key.default)
+        if values[name] != default:
+            raise ConfigError(f"run config: {name} = {show_value(values[name])} has no effect on model.name = "
+                              f"{COXPH!r} (Newton-Raphson on the sites' sums: no network, no training rounds); "
+                              f"leave it at {_default_text(key)}")
+    strata, grid = values["cox.strata"], values["cox.grid"]
+    if grid != "events" and not (re.fullmatch(r"\d+", grid) and int(grid) >= 2):
+        raise ConfigError(f"run config: cox.grid = {grid!r} must be 'events' or an integer k >= 2 (k points of the "
+                          "set-up's time grid)")
+    if strata == "site" and grid != "events":
+        raise ConfigError(f"run config: cox.grid = {grid!r} is read only with cox.strata = 'none' (a stratified fit "
+                          "uses each site's own event times, which never leave it); leave it at 'events'")
+    points = values["model.num_durations"] or MODELS[COXPH].num_durations
+    if grid != "events" and int(grid) > points:
+        raise ConfigError(f"run config: cox.grid = {grid} is more points than the set-up's time grid has "
+                          f"(model.num_durations = {points}): raise model.num_durations or "
+                          "lower cox.grid")
+    ph_test = values["cox.ph_test"]
+    if ph_test == "rank" and strata == "none":
+        raise ConfigError("run config: cox.ph_test = 'rank' needs the pooled order of every event time across sites; "
+                          "with cox.strata = 'none' use km, identity or log")
+    if ph_test == "km" and strata == "site":
+        raise ConfigError("run config: cox.ph_test = 'km' needs the pooled Kaplan-Meier curve at every event time, "
+                          "which a stratified fit does not collect; with cox.strata = 'site' use rank, identity or log")
+
+
 def _resolve_auto(values: dict[str, Any]) -> None:
     """Replace the ``auto`` (``None``) values whose default is a group option's."""
     strategy = STRATEGIES[values["strategy.name"]]
@@ -901,6 +1004,8 @@ def _resolve_auto(values: dict[str, Any]) -> None:
         values["model.risk_layer"] = "interval"
     if values["model.num_durations"] is None:
         values["model.num_durations"] = MODELS[values["model.name"]].num_durations
+    if values["cox.ph_test"] is None:
+        values["cox.ph_test"] = "rank" if values["cox.strata"] == "site" else "km"
     if values["data.test_fraction"] is None:
         values["data.test_fraction"] = DATA_SETS[values["data.name"]].test_fraction
     if values["privacy.adjacency"] is None:

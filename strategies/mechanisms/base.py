@@ -448,7 +448,7 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
             f"a Gaussian release (noise multiplier {recalibration_multiplier(cfg):.4g}, sensitivity the square root "
             "of its size) planned before training and composed by the site's accountant with the set-up and its "
             "training", ("query.recalibration/metrics.power_sums",)))
-    if cfg.model.name in ("cox_mlp", "cox_time"):
+    if cfg.model.name in ("cox_mlp", "cox_time", "coxph"):
         releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
                                       "over the training records", "breslow", False, "sent without noise",
                                       ("query.breslow/metrics.*",)))

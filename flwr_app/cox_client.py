@@ -1,0 +1,174 @@
+"""A site's side of federated Cox regression (``model.name = "coxph"``; messages: :mod:`flwr_app.cox_messages`).
+
+Every reply is computed from the site's *training* records only, encoded with the federation's shared preprocessing
+(:class:`flwr_app.cox_messages.CoxDesign`), by the functions of :mod:`models.cox`. What the site computes is decided
+by its own run config (``cox.strata``, ``cox.robust``, ``cox.ph_test``): a query for anything else is refused, and so
+is a β that is not ``p`` finite numbers of a plausible size. Each reply is charged to the site's privacy policy
+first (:func:`flwr_app.client_app._charge`: a site with a policy refuses these exact releases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from flwr.app import ConfigRecord, Context, Message
+
+from flwr_app.client_app import _charge, _run_config, _site
+from flwr_app.cox_messages import (
+    CONFIG,
+    RISK_SET,
+    CoxDesign,
+    check_beta,
+    decode,
+    encode,
+)
+from models import cox
+from strategies.config import COXPH, ExperimentConfig
+
+__all__ = ["event_times", "meat", "moments", "schoenfeld", "sums"]
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a Cox query starts with: the run config, the site's name, its covariates and outcomes, the arrays."""
+
+    cfg: ExperimentConfig
+    site: str
+    x: np.ndarray
+    time: np.ndarray
+    event: np.ndarray
+    arrays: dict[str, np.ndarray]
+    step: int
+
+
+def _request(message: Message, context: Context, what: str) -> _Request:
+    from flwr_app import task
+    from flwr_app.faults import inject_failure
+
+    cfg = _run_config(context)
+    if cfg.model.name != COXPH:
+        raise ValueError(f"Cox query refused: this run's model.name is {cfg.model.name!r}, not {COXPH!r}")
+    site, _ = _site(context, cfg)
+    config = message.content.config_records.get(CONFIG, ConfigRecord())
+    step = int(config.get("step", 0))
+    inject_failure(cfg, site=site.name, server_round=step, message="cox")
+    if cfg.data.deployed:
+        from flwr_app import deployment
+
+        preprocessor = deployment.stored_spec(context).preprocessor
+    else:
+        preprocessor = task.load_federation(cfg).preprocessor
+    design = CoxDesign.from_preprocessor(preprocessor)
+    _charge(context, cfg, site, step, "cox", what, None)
+    arrays = decode(message.content) if message.content.array_records else {}
+    return _Request(cfg, site.name, design.covariates(site.train.x), np.asarray(site.train.time, dtype=np.float64),
+                    np.asarray(site.train.event) > 0, arrays, step)
+
+
+def _reply(message: Message, request: _Request, arrays: dict[str, np.ndarray]) -> Message:
+    content = encode(arrays)
+    content["site"] = ConfigRecord({"name": request.site})
+    return Message(content=content, reply_to=message)
+
+
+def _grid(request: _Request, name: str = "grid") -> np.ndarray:
+    """The server's pooled grid: finite, strictly increasing, covering the site's last event."""
+    grid = np.asarray(request.arrays.get(name, np.empty(0)), dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(np.diff(grid) <= 0):
+        raise ValueError("Cox query refused: the grid must be a finite, strictly increasing list of times")
+    return grid
+
+
+def _broadcast(request: _Request, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    value = np.asarray(request.arrays.get(name, np.empty(0)), dtype=np.float64)
+    if value.shape != shape or not np.all(np.isfinite(value)):
+        raise ValueError(f"Cox query refused: '{name}' must be {shape} finite numbers, got shape {value.shape}")
+    return value
+
+
+def moments(message: Message, context: Context) -> Message:
+    """The record count and each covariate's sum and sum of squares (:func:`models.cox.site_column_moments`)."""
+    request = _request(message, context, "covariate moments")
+    found = cox.site_column_moments(request.x)
+    return _reply(message, request, {"n": np.array([found.n]), "total": found.total, "total_sq": found.total_sq})
+
+
+def event_times(message: Message, context: Context) -> Message:
+    """The distinct training event times (the pooled grid of ``cox.grid = events``); refused by any other run."""
+    request = _request(message, context, "event times")
+    cox_cfg = request.cfg.cox
+    if cox_cfg.strata != "none" or cox_cfg.grid != "events":
+        raise ValueError("Cox query refused: this run's config (cox.strata, cox.grid) does not plan to release the "
+                         "site's event times")
+    return _reply(message, request, {"times": np.unique(request.time[request.event])})
+
+
+def sums(message: Message, context: Context) -> Message:
+    """One Newton step at the server's β: :class:`models.cox.CoxSums` (stratified) or :class:`models.cox.RiskSetSums`
+    on the server's grid (pooled)."""
+    request = _request(message, context, "Cox sums")
+    beta = check_beta(request.arrays.get("beta"), request.x.shape[1])
+    if request.cfg.cox.strata == "site":
+        found = cox.site_sums_stratified(request.x, request.time, request.event, beta)
+        return _reply(message, request, {"loglik": np.array([found.loglik]), "score": found.score,
+                                         "information": found.information, "n": np.array([found.n]),
+                                         "events": np.array([found.events])})
+    total = cox.site_risk_set_sums(request.x, request.time, request.event, beta, _grid(request))
+    return _reply(message, request, {"n": np.array([total.n]), **{name: getattr(total, name) for name in RISK_SET}})
+
+
+def meat(message: Message, context: Context) -> Message:
+    """The site's :math:`\\sum r r^\\top` of score residuals at the final β (robust variance); refused unless the
+    run's config sets ``cox.robust``."""
+    request = _request(message, context, "score-residual cross-products")
+    if not request.cfg.cox.robust:
+        raise ValueError("Cox query refused: this run's config does not ask for robust standard errors (cox.robust)")
+    p = request.x.shape[1]
+    beta = check_beta(request.arrays.get("beta"), p)
+    if request.cfg.cox.strata == "site":
+        found = cox.site_score_residual_sums(request.x, request.time, request.event, beta)
+    else:
+        grid = _grid(request)
+        found = cox.site_score_residual_sums_pooled(
+            request.x, request.time, request.event, beta, grid, _broadcast(request, "hazard_increment", grid.shape),
+            _broadcast(request, "mean_x", (grid.size, p)))
+    return _reply(message, request, {"meat": found})
+
+
+def schoenfeld(message: Message, context: Context) -> Message:
+    """The site's :class:`models.cox.SchoenfeldSums` at the final β with the run's ``cox.ph_test`` time transform;
+    refused when it is ``none``."""
+    request = _request(message, context, "Schoenfeld sums")
+    transform = request.cfg.cox.ph_test
+    if transform == "none":
+        raise ValueError("Cox query refused: this run's config asks for no proportional-hazards test (cox.ph_test)")
+    p = request.x.shape[1]
+    beta = check_beta(request.arrays.get("beta"), p)
+    x, time, event = request.x, request.time, request.event
+    if request.cfg.cox.strata == "site":
+        offset = int(np.asarray(request.arrays.get("rank_offset", [0])).reshape(-1)[0])
+        if offset < 0:
+            raise ValueError("Cox query refused: rank_offset must be >= 0")
+        g = cox.time_transform(time, event, transform, rank_offset=offset)
+        found = cox.site_schoenfeld_sums(x, time, event, beta, g)
+    else:
+        grid = _grid(request)
+        km = None
+        if transform == "km":
+            km = pd.Series(_broadcast(request, "km", grid.shape), index=grid)
+        g = cox.time_transform(time, event, transform, km=km)
+        found = cox.site_schoenfeld_sums(x, time, event, beta, g, grid=grid,
+                                         event_means=_event_means(request, grid.size, p))
+    return _reply(message, request, {"events": np.array([found.events]), "g_sum": np.array([found.g_sum]),
+                                     "g_sq_sum": np.array([found.g_sq_sum]), "residual_sum": found.residual_sum,
+                                     "g_residual_sum": found.g_residual_sum})
+
+
+def _event_means(request: _Request, m: int, p: int) -> np.ndarray:
+    """The pooled Efron means per grid point (NaN where the grid point has no event)."""
+    value = np.asarray(request.arrays.get("event_means", np.empty(0)), dtype=np.float64)
+    if value.shape != (m, p) or np.any(np.isinf(value)):
+        raise ValueError(f"Cox query refused: 'event_means' must be ({m}, {p}) numbers, got shape {value.shape}")
+    return value

@@ -1,0 +1,521 @@
+r"""The ServerApp's side of federated Cox regression (``model.name = "coxph"``): Newton-Raphson on the sites' sums.
+
+:func:`run_coxph` takes over from :func:`flwr_app.server_app.run_horizontal` once the sites are named and agree the
+preprocessing (the set-up every horizontal run makes). Then, with the messages of :mod:`flwr_app.cox_messages`
+(answered by :mod:`flwr_app.cox_client`) and the sums of :mod:`models.cox`:
+
+1. ``cox_moments``: the covariates' pooled mean and standard deviation (lifelines standardises every column with
+   them, and applies its ridge penalty ``cox.penalizer`` on that scale);
+2. (``cox.strata = none``) the pooled grid of the risk-set sums: every site's distinct event times
+   (``cox.grid = events``: the exact pooled fit) or k points of the set-up's time grid (``cox.grid = k``);
+3. Newton-Raphson (:func:`models.cox.newton_raphson`, step halving): each evaluation sends β to every site
+   (``cox_sums``, per unit of the encoded columns) and adds the replies, :class:`~models.cox.CoxSums` within each
+   site's stratum (``strata = site``, lifelines' ``CoxPHFitter(strata=["site"])``) or
+   :class:`~models.cox.RiskSetSums` on the pooled grid (``strata = none``, ``CoxPHFitter()``), in the order of the
+   sites' names. The sites are the same at every step: a site that fails, does not answer within
+   ``federation.timeout_s`` or sends a malformed reply stops the run with one line naming it
+   (:class:`CoxSiteError`), because a Newton fit on a changing set of sites mixes two likelihoods;
+4. at the final β: the sandwich's meat (``cox.robust``, ``cox_meat``) and the proportional-hazards test's sums
+   (``cox.ph_test``, ``cox_schoenfeld``);
+5. the result per unit of the user's columns (:class:`models.cox.CoxResult`: a numeric column's coefficient is per
+   unit of the raw column, the preprocessing's standardisation undone; a categorical column has one coefficient per
+   level but its reference level, named in the outputs);
+6. for predictions, the fitted linear model's federated Breslow baseline on the set-up's time grid and the sites'
+   test metrics (the ``breslow`` and ``evaluate`` messages every Cox model of the app uses,
+   :class:`strategies.horizontal.SurvivalFedAvg`). With ``cox.strata = site`` the baseline is the pooled Breslow
+   estimator at the stratified fit's β (every site's records in one risk set): the usual "average baseline"
+   prediction of a stratified model, which has no single baseline of its own. In a simulation the server also
+   scores the model on the pooled test split (Harrell's C of the linear predictor, IBS, ...).
+
+Outputs, beside the usual ``config.json``, ``manifest.json`` (every value a site sends, none covered by any ε),
+``ledger.jsonl``, ``metrics.jsonl`` (one line per Newton evaluation, one for the evaluation), ``model.pt`` and
+``preprocessing.json`` (:func:`models.predict.load_run` gives a :class:`models.cox_run.CoxRun`) and
+``summary.json`` (its ``coxph`` entry holds the key figures): :data:`COXPH_JSON` (β, variances, names, reference
+levels, log-likelihoods, n, events, steps, the PH test table) and :data:`COXPH_SUMMARY` (lifelines' summary
+columns, one row per covariate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp import Grid
+
+from flwr_app import deployment, task
+from flwr_app.config import ConfigError, ExperimentConfig
+from flwr_app.cox_messages import (
+    AFTER_FIT,
+    EVENT_TIMES,
+    MAX_ABS_BETA,
+    MEAT,
+    MOMENTS,
+    RISK_SET,
+    SCHOENFELD,
+    SUMS,
+    CoxDesign,
+    coxph_manifest,
+    decode,
+    encode,
+)
+from flwr_app.outputs import RunOutputs, write_json
+from models import cox
+from models.data import FederatedDataset
+from models.survival import SurvivalModel
+from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
+from strategies.config import CENTRALIZED_LABEL
+from strategies.horizontal import (
+    SurvivalFedAvg,
+    site_average,
+    site_metrics,
+    weighted_nanmean,
+)
+from strategies.replies import error_message
+
+__all__ = ["COXPH_JSON", "COXPH_SUMMARY", "CoxSiteError", "run_coxph"]
+
+#: The fit's figures (JSON) and lifelines' summary table (CSV) in the run's directory.
+COXPH_JSON = "coxph.json"
+COXPH_SUMMARY = "coxph_summary.csv"
+#: The ``server-round`` of the Breslow and evaluation messages after the fit (and of the ledger's entries).
+EVALUATION_ROUND = 1
+#: The ledger's statement of a coxph run (every site, one entry).
+NO_PRIVACY = ("Cox regression by Newton-Raphson on the sites' exact sums: every value in manifest.json reaches the "
+              "server in the clear")
+#: The confidence level's complement of the summary's intervals (lifelines' default).
+ALPHA = 0.05
+
+
+class CoxSiteError(RuntimeError):
+    """A site failed, did not answer or sent a malformed reply during the fit: the run stops (one line, naming it)."""
+
+
+class _Sites:
+    """The sites of the fit, in the order of their names (lifelines' stratum order), asked together each time."""
+
+    def __init__(self, grid: Grid, node_sites: Mapping[int, str], *, timeout: float, directory: str) -> None:
+        self.grid = grid
+        self.nodes = sorted(node_sites.items(), key=lambda item: item[1])
+        self.names = dict(self.nodes)
+        self.timeout = timeout
+        self.directory = directory
+
+    def stop(self, what: str, site: str, node: int, reason: str) -> CoxSiteError:
+        reason = " ".join(str(reason).split())
+        return CoxSiteError(f"coxph stopped at {what}: site '{site}' (node {node}) {reason}; a Newton fit must use the "
+                            f"same sites at every step, so the run stops (outputs so far in {self.directory})")
+
+    def ask(self, message_type: str, what: str, arrays: Mapping[str, np.ndarray], *, step: int = AFTER_FIT,
+            per_site: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+            expect: Mapping[str, Callable[[int], tuple[int, ...]] | tuple[int, ...]] | None = None,
+            ) -> dict[str, dict[str, np.ndarray]]:
+        """Send every site ``arrays`` (and its own ``per_site`` ones); return each site's reply arrays by name.
+
+        ``expect``: the shape of each array a reply must carry (finite numbers; NaN nowhere). Any failure stops the
+        run (:class:`CoxSiteError`).
+        """
+        messages = [Message(content=encode({**arrays, **(per_site or {}).get(name, {})}, {"step": step}),
+                            dst_node_id=node, message_type=message_type) for node, name in self.nodes]
+        replies = deployment.exchange(self.grid, messages, timeout=self.timeout)
+        sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
+                if message.metadata.message_id}
+        answered: dict[str, dict[str, np.ndarray]] = {}
+        for reply in replies:
+            node = sent.get(reply.metadata.reply_to_message_id)
+            if node is None or self.names[node] in answered:
+                continue
+            name = self.names[node]
+            if reply.has_error():
+                raise self.stop(what, name, node, f"failed: {error_message(reply.error.reason)}")
+            site_record = reply.content.config_records.get("site")
+            claimed = None if site_record is None else site_record.get("name")
+            if claimed != name:
+                raise self.stop(what, name, node, f"sent a reply claiming to come from site {claimed!r}: refused")
+            try:
+                found = decode(reply.content)
+            except ValueError as err:
+                raise self.stop(what, name, node, f"sent a malformed reply: {err}") from None
+            for key, shape in (expect or {}).items():
+                value = found.get(key)
+                if value is None or value.shape != tuple(shape) or not np.all(np.isfinite(value)):
+                    got = "nothing" if value is None else f"shape {value.shape}" + (
+                        "" if np.all(np.isfinite(value)) else " with non-finite values")
+                    raise self.stop(what, name, node, f"sent a malformed reply: '{key}' must be {tuple(shape)} "
+                                                      f"finite numbers, got {got}")
+            answered[name] = found
+        for node, name in self.nodes:
+            if name not in answered:
+                raise self.stop(what, name, node, f"sent no reply within federation.timeout_s = {self.timeout:g} s")
+        return answered
+
+
+@dataclass
+class _Newton:
+    """The Newton-Raphson loop's view of the sites: one query per evaluation, the replies summed."""
+
+    sites: _Sites
+    design: CoxDesign
+    std: np.ndarray
+    strata: str
+    grid: np.ndarray | None
+    outputs: RunOutputs
+    started: float
+    calls: int = 0
+    site_events: dict[str, int] = field(default_factory=dict)
+    totals: dict[bytes, cox.RiskSetSums] = field(default_factory=dict)
+
+    def __call__(self, beta_z: np.ndarray) -> cox.Terms:
+        beta = beta_z / self.std
+        p = beta.size
+        if np.max(np.abs(beta), initial=0.0) > MAX_ABS_BETA:  # a step this long overflows: halve it, ask no site
+            return -math.inf, np.zeros(p), np.eye(p)
+        self.calls += 1
+        if self.strata == "site":
+            replies = self.sites.ask(SUMS, f"Newton step {self.calls}", {"beta": beta}, step=self.calls, expect={
+                "loglik": (1,), "score": (p,), "information": (p, p), "n": (1,), "events": (1,)})
+            parts = [cox.CoxSums(float(r["loglik"][0]), r["score"], r["information"], int(r["n"][0]),
+                                 int(r["events"][0])) for r in replies.values()]
+            self.site_events = {name: int(r["events"][0]) for name, r in replies.items()}
+            total = sum(parts[1:], parts[0])
+            loglik, score, information = total.terms()
+        else:
+            total = self.risk_set_sums(beta, self.calls)
+            self.totals[beta_z.tobytes()] = total
+            loglik, score, information = cox.pooled_newton_terms(total, beta)
+        self.outputs.append_metrics({"round": self.calls, "phase": "newton", "log_likelihood": loglik,
+                                     "coef_encoded": beta.tolist(), "elapsed_s": time.perf_counter() - self.started})
+        # beta_z = beta * std: d/d(beta_z) = d/d(beta) / std
+        return loglik, np.asarray(score) / self.std, np.asarray(information) / np.outer(self.std, self.std)
+
+    def risk_set_sums(self, beta: np.ndarray, step: int) -> cox.RiskSetSums:
+        """The summed :class:`models.cox.RiskSetSums` of the sites at ``beta`` (encoded units) on the pooled grid."""
+        assert self.grid is not None
+        m, p = self.grid.size, beta.size
+        shapes = {"events": (m,), "event_weight": (m,), "event_x": (m, p), "event_risk": (m,),
+                  "event_risk_x": (m, p), "event_risk_xx": (m, p, p), "risk": (m,), "risk_x": (m, p),
+                  "risk_xx": (m, p, p)}
+        replies = self.sites.ask(SUMS, f"Newton step {step}" if step else "the final sums",
+                                 {"beta": beta, "grid": self.grid}, step=step, expect={"n": (1,), **shapes})
+        parts = [cox.RiskSetSums(self.grid, int(r["n"][0]), **{name: r[name] for name in RISK_SET})
+                 for r in replies.values()]
+        self.site_events = {name: int(r["events"].sum()) for name, r in replies.items()}
+        return sum(parts[1:], parts[0])
+
+    def total_at(self, beta_z: np.ndarray) -> cox.RiskSetSums:
+        """The pooled sums at ``beta_z`` (standardised units): those of that Newton evaluation, else asked again."""
+        kept = self.totals.get(beta_z.tobytes())
+        return kept if kept is not None else self.risk_set_sums(beta_z / self.std, AFTER_FIT)
+
+
+@dataclass
+class CoxFit:
+    """What :func:`fit_coxph` found: the result per user unit, β per encoded unit, the PH test, the figures."""
+
+    result: cox.CoxResult
+    beta: np.ndarray
+    design: CoxDesign
+    ph_test: pd.DataFrame | None
+    ph_note: str
+    grid_points: int | None
+    newton_calls: int
+
+
+def _pooled_grid(cfg: ExperimentConfig, sites: _Sites, cuts: np.ndarray) -> np.ndarray:
+    """The risk-set sums' grid: every site's distinct event times (``cox.grid = events``) or k set-up cuts."""
+    if cfg.cox.grid == "events":
+        replies = sites.ask(EVENT_TIMES, "the event times", {})
+        for name, reply in replies.items():
+            times = reply.get("times")
+            if times is None or times.ndim != 1 or not np.all(np.isfinite(times)):
+                node = next(node for node, site in sites.nodes if site == name)
+                raise sites.stop("the event times", name, node, "sent a malformed reply: 'times' must be finite times")
+        return np.unique(np.concatenate([reply["times"] for reply in replies.values()]))
+    k = int(cfg.cox.grid)
+    return cuts[np.unique(np.round(np.linspace(0, cuts.size - 1, min(k, cuts.size))).astype(int))]
+
+
+def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.ndarray, outputs: RunOutputs,
+              started: float) -> CoxFit:
+    """Newton-Raphson over the sites (steps 1-4 of the module's description)."""
+    p = design.p
+    moments_replies = sites.ask(MOMENTS, "the covariate moments", {}, expect={"n": (1,), "total": (p,),
+                                                                              "total_sq": (p,)})
+    parts = [cox.ColumnMoments(int(r["n"][0]), r["total"], r["total_sq"]) for r in moments_replies.values()]
+    moments = sum(parts[1:], parts[0])
+    std = moments.std
+    constant = [name for name, value in zip(design.names, std) if not value > 1e-9]
+    if constant:
+        raise ConfigError(f"coxph: covariate(s) {', '.join(constant)} take a single value over every site's training "
+                          "records (no effect can be estimated): drop the column(s) with data.drop_cols")
+    strata = cfg.cox.strata
+    grid = _pooled_grid(cfg, sites, cuts) if strata == "none" else None
+    newton_sums = _Newton(sites, design, std, strata, grid, outputs, started)
+    newton = cox.newton_raphson(newton_sums, p, penalizer=cfg.cox.penalizer * moments.n, max_steps=cfg.cox.max_steps,
+                                tol=cfg.cox.tol)
+    beta = newton.beta / std
+    events = sum(newton_sums.site_events.values())
+    meat = None
+    if cfg.cox.robust:
+        arrays: dict[str, np.ndarray] = {"beta": beta}
+        if strata == "none":
+            increment, mean_x = cox.pooled_residual_terms(newton_sums.total_at(newton.beta))
+            arrays.update(grid=grid, hazard_increment=increment, mean_x=mean_x)
+        replies = sites.ask(MEAT, "the robust variance's sums", arrays, expect={"meat": (p, p)})
+        meat = sum(r["meat"] for r in replies.values()) / np.outer(std, std)  # score residuals per unit of beta_z
+    result = cox.CoxResult.from_newton(newton, design.names, std * design.scale, n=moments.n, events=events,
+                                       meat=meat, alpha=ALPHA)
+    ph_test, ph_note = None, ""
+    if cfg.cox.ph_test != "none":
+        try:
+            ph_test = _ph_test(cfg, sites, newton_sums, newton.beta, result, design)
+        except ValueError as err:  # fewer than two events, or every transformed event time equal
+            ph_note = f"no proportional-hazards test: {err}"
+    return CoxFit(result, beta, design, ph_test, ph_note, None if grid is None else int(grid.size), newton_sums.calls)
+
+
+def _ph_test(cfg: ExperimentConfig, sites: _Sites, newton: _Newton, beta_z: np.ndarray, result: cox.CoxResult,
+             design: CoxDesign) -> pd.DataFrame:
+    """The sites' :class:`models.cox.SchoenfeldSums` at the final β, summed, tested per covariate (encoded units: the
+    statistic does not depend on the columns' scale)."""
+    beta = beta_z / newton.std
+    p = design.p
+    arrays: dict[str, np.ndarray] = {"beta": beta}
+    per_site: dict[str, dict[str, np.ndarray]] = {}
+    if cfg.cox.strata == "site":  # lifelines' ranks run over the strata in the order of their labels
+        offset = 0
+        for _, name in sites.nodes:
+            per_site[name] = {"rank_offset": np.array([offset])}
+            offset += newton.site_events.get(name, 0)
+    else:
+        total = newton.total_at(beta_z)
+        arrays.update(grid=newton.grid, event_means=cox.efron_event_means(total))
+        if cfg.cox.ph_test == "km":
+            zero = newton.total_at(np.zeros_like(beta_z))  # at beta = 0 the risk sums count the records at risk
+            with np.errstate(divide="ignore", invalid="ignore"):
+                arrays["km"] = np.cumprod(np.where(zero.risk > 0, 1.0 - zero.events / zero.risk, 1.0))
+    replies = sites.ask(SCHOENFELD, "the proportional-hazards test's sums", arrays, per_site=per_site, expect={
+        "events": (1,), "g_sum": (1,), "g_sq_sum": (1,), "residual_sum": (p,), "g_residual_sum": (p,)})
+    parts = [cox.SchoenfeldSums(int(r["events"][0]), float(r["g_sum"][0]), float(r["g_sq_sum"][0]), r["residual_sum"],
+                                r["g_residual_sum"]) for r in replies.values()]
+    total = sum(parts[1:], parts[0])
+    variance = result.variance.values * np.outer(design.scale, design.scale)
+    return cox.proportional_hazard_test(total, variance, result.standard_errors.values * design.scale, design.names)
+
+
+def _centralised(cfg: ExperimentConfig, dataset: FederatedDataset, fit: CoxFit, grid: np.ndarray | None,
+                 node_names: list[str]) -> dict[str, Any]:
+    """The same fit in one process on the sites' pooled training records (:func:`models.cox.fit_stratified` or
+    :func:`models.cox.fit_pooled`), scored like the federated model (its Breslow baseline from the pooled training
+    records): a check that the federation changed nothing."""
+    design = fit.design
+    by_name = {site.name: site for site in dataset.sites}
+    sites = [cox.SiteData(design.covariates(by_name[name].train.x) * design.scale + design.shift,
+                          by_name[name].train.time, by_name[name].train.event) for name in node_names]
+    options = {"penalizer": cfg.cox.penalizer, "robust": cfg.cox.robust, "alpha": ALPHA}
+    reference = (cox.fit_stratified(sites, design.names, **options) if cfg.cox.strata == "site"
+                 else cox.fit_pooled(sites, design.names, grid=grid, **options))
+    federated = fit.result
+    scale = np.maximum(np.abs(reference.params.values), reference.standard_errors.values)
+    model = task.build_model(cfg, dataset)
+    _set_weights(model, design, reference.params.values * design.scale)
+    train = dataset.pooled("train")
+    model.set_baseline(*model.breslow_aggregates(train.x, train.time, train.event))
+    return {"label": CENTRALIZED_LABEL, "what": "the same Cox fit on the sites' pooled training records, in one "
+                                                "process (models.cox)", "privacy": "none (no DP)",
+            "test": task.evaluate(model, dataset.pooled("test")),
+            "max_abs_coef_diff_over_se": float(np.max(np.abs(federated.params.values - reference.params.values)
+                                                      / scale)),
+            "max_rel_se_diff": float(np.max(np.abs(federated.standard_errors.values
+                                                   / reference.standard_errors.values - 1))),
+            "coef": dict(zip(design.names, reference.params.values.tolist()))}
+
+
+def _set_weights(model: SurvivalModel, design: CoxDesign, beta: np.ndarray) -> ArrayRecord:
+    """Load β (encoded units; 0 for the reference levels) into the linear network; return its arrays."""
+    weights = np.zeros(model.in_features, dtype=np.float32)
+    weights[design.kept] = beta
+    with torch.no_grad():
+        model.net.layers[0].weight.copy_(torch.from_numpy(weights)[None, :])
+    model.net.eval()
+    return ArrayRecord(model.net.state_dict())
+
+
+def _table(fit: CoxFit) -> dict[str, Any]:
+    """:data:`COXPH_JSON`'s content."""
+    result = fit.result
+    return {
+        "format": 1,
+        "names": list(result.params.index),
+        "coef": result.params.tolist(),
+        "se": result.standard_errors.tolist(),
+        "variance": result.variance.values.tolist(),
+        "robust_variance": None if result.robust_variance is None else result.robust_variance.values.tolist(),
+        "log_likelihood": result.log_likelihood,
+        "log_likelihood_null": result.log_likelihood_null,
+        "n": result.n,
+        "events": result.events,
+        "alpha": result.alpha,
+        "converged": result.converged,
+        "steps": result.steps,
+        "references": dict(fit.design.references),
+        "coef_encoded": fit.beta.tolist(),
+        "encoded_columns": [int(i) for i in fit.design.kept],
+        "unit_scale": fit.design.scale.tolist(),
+        "unit_shift": fit.design.shift.tolist(),
+        "ph_test": None if fit.ph_test is None else {
+            "covariates": list(fit.ph_test.index), "test_statistic": fit.ph_test["test_statistic"].tolist(),
+            "p": fit.ph_test["p"].tolist()},
+        "ph_test_note": fit.ph_note,
+    }
+
+
+def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, survival: SurvivalFedAvg,
+              model: SurvivalModel, dataset: FederatedDataset | None, spec: task.SiteSpec,
+              left_out: Mapping[int, str], notes: tuple[str, ...], started: float) -> None:
+    """Fit, evaluate and write a ``coxph`` run; ``survival`` has named the sites (its ``node_sites``) and serves the
+    Breslow and evaluation messages; ``grid`` reaches the sites that take part only."""
+    design = CoxDesign.from_preprocessor(spec.preprocessor)
+    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory))
+    manifest = coxph_manifest(cfg)
+    outputs.write_manifest(manifest.as_dict())
+    where = f"{len(sites.nodes)} sites' own files" if cfg.data.deployed else (
+        f"{len(sites.nodes)} sites, partition '{cfg.federation.partition}'")
+    strata = "stratified by site" if cfg.cox.strata == "site" else f"pooled baseline, grid {cfg.cox.grid}"
+    print(f"fedsurv: coxph ({strata}; Newton-Raphson on the sites' exact sums) | {cfg.data.name} ({where}"
+          f"{f', {len(left_out)} left out' if left_out else ''}) | {design.p} covariates -> {outputs.directory}",
+          flush=True)
+    for note in notes:
+        print(note, flush=True)
+    fit = fit_coxph(cfg, sites, design, np.asarray(spec.cuts, dtype=np.float64), outputs, started)
+    ledger = PrivacyLedger(outputs.ledger_path)
+    ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none", adjacency="n/a",
+                                accountant="none", epsilon=None, delta=None,
+                                assumptions=(NO_PRIVACY, *notes))
+                    for _, name in sites.nodes))
+    arrays = _set_weights(model, design, fit.beta)
+    survival._evaluate(grid, EVALUATION_ROUND, arrays, survival)  # the Breslow baseline, then the sites' test metrics
+    record = survival.rounds.get(EVALUATION_ROUND)
+    diverged = ""
+    if survival.baseline is not None:
+        try:
+            model.set_baseline(*survival.baseline)
+        except ValueError as err:
+            diverged = f"no baseline hazard: {err}"
+    else:
+        diverged = "no baseline hazard: no site's Breslow aggregates came back"
+    sites_test = dict(sorted(record.evaluate_sites.items())) if record else {}
+    if cfg.server_evaluation and dataset is not None and not diverged:
+        test = task.evaluate(model, dataset.pooled("test"))
+        test_source = "the fitted model on the pooled test split (server-side, simulation)"
+    else:
+        test = weighted_nanmean(sites_test)
+        test_source = "weighted mean of the sites' own test metrics"
+    result = fit.result
+    table = result.summary
+    table.to_csv(outputs.directory / COXPH_SUMMARY)
+    write_json(outputs.directory / COXPH_JSON, _table(fit))
+    outputs.append_metrics({"round": fit.newton_calls + 1, "phase": "evaluate", "global_test": test,
+                            "sites": site_metrics(record) if record else {},
+                            "failures": record.failures if record else [],
+                            "elapsed_s": time.perf_counter() - started})
+    lr = result.log_likelihood_ratio_test() if result.log_likelihood_null is not None else None
+    key_figures: dict[str, Any] = {
+        "strata": cfg.cox.strata, "n": result.n, "events": result.events, "covariates": design.p,
+        "newton_steps": result.steps, "newton_evaluations": fit.newton_calls, "converged": result.converged,
+        "log_likelihood": result.log_likelihood, "log_likelihood_null": result.log_likelihood_null,
+        "likelihood_ratio_test": None if lr is None else lr._asdict(),
+        "standard_errors": "robust (sandwich)" if cfg.cox.robust else "model-based",
+        "references": dict(design.references),
+        "coef": result.params.to_dict(), "hazard_ratio": result.hazard_ratios.to_dict(),
+        "se": result.standard_errors.to_dict(), "p": table["p"].to_dict(),
+        "concordance_test": test.get("c_index"),
+        "ph_test_p": None if fit.ph_test is None else fit.ph_test["p"].to_dict(),
+    }
+    if fit.grid_points is not None:
+        key_figures["grid_points"] = fit.grid_points
+    summary: dict[str, Any] = {
+        "test": test, "test_source": test_source, "sites": site_metrics(record) if record else {},
+        "sites_mean": weighted_nanmean(sites_test), "sites_average": site_average(sites_test),
+        "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
+                    "uncovered": [release.value for release in manifest.uncovered]},
+        "strategy": cfg.strategy,
+        "data": {"name": cfg.data.name, "features": {"input_columns": list(spec.preprocessor.columns),
+                                                      "model_inputs": list(spec.preprocessor.feature_names),
+                                                      "covariates": list(design.names)}},
+        "model": cfg.model.name, "coxph": key_figures, "num_sites": len(sites.nodes), "rounds": fit.newton_calls,
+        "seed": cfg.seed, "wall_time_s": time.perf_counter() - started,
+    }
+    if left_out:
+        summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
+    if record and record.failures:
+        summary["failures"] = record.failures
+    if diverged:
+        summary["diverged"] = diverged
+    if not result.converged:
+        key_figures["not_converged"] = _not_converged(cfg, result)
+    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=survival.baseline,
+                       preprocessing=task.preprocessing(cfg, spec), exponents=None)
+    if cfg.server_evaluation and dataset is not None and not diverged:
+        from models.plots import plot_survival_vs_km
+
+        summary["calibration"] = task.calibration(model, dataset)
+        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}")
+    if cfg.centralized_baseline and dataset is not None:
+        summary["centralized"] = _centralised(cfg, dataset, fit, None if cfg.cox.strata == "site" else
+                                              _grid_of(fit, cfg, dataset, spec), [name for _, name in sites.nodes])
+    outputs.write_summary(summary)
+    _print(cfg, fit, test, test_source, summary, outputs)
+
+
+def _grid_of(fit: CoxFit, cfg: ExperimentConfig, dataset: FederatedDataset, spec: task.SiteSpec) -> np.ndarray:
+    """The pooled grid the federated fit used (for the in-process reference)."""
+    if cfg.cox.grid == "events":
+        train = dataset.pooled("train")
+        return np.unique(train.time[train.event > 0])
+    cuts = np.asarray(spec.cuts, dtype=np.float64)
+    k = int(cfg.cox.grid)
+    return cuts[np.unique(np.round(np.linspace(0, cuts.size - 1, min(k, cuts.size))).astype(int))]
+
+
+def _not_converged(cfg: ExperimentConfig, result: cox.CoxResult) -> str:
+    """Why Newton-Raphson stopped before converging, and what to do."""
+    if result.steps >= cfg.cox.max_steps:
+        return f"cox.max_steps = {cfg.cox.max_steps} steps were not enough (raise it, or set cox.penalizer > 0)"
+    return ("step halving found no higher likelihood: a covariate may separate the events (e.g. a category level "
+            "without events) or two covariates be collinear; set cox.penalizer > 0 or drop or merge them")
+
+
+def _print(cfg: ExperimentConfig, fit: CoxFit, test: Mapping[str, float], test_source: str,
+           summary: Mapping[str, Any], outputs: RunOutputs) -> None:
+    """The end of the run's console output: lifelines' print_summary, the reference levels, the PH test, the test
+    figures."""
+    result = fit.result
+    print(f"Newton-Raphson: {result.steps} steps ({fit.newton_calls} queries to every site)"
+          + ("" if result.converged else f", NOT CONVERGED: {_not_converged(cfg, result)}"), flush=True)
+    result.print_summary()
+    if fit.design.references:
+        print("reference levels: " + ", ".join(f"{column}={level}" for column, level in fit.design.references.items()),
+              flush=True)
+    if fit.ph_test is not None:
+        print(f"proportional-hazards test (scaled Schoenfeld residuals, time transform {cfg.cox.ph_test}):", flush=True)
+        print(fit.ph_test.to_string(float_format=lambda v: f"{v:.3f}"), flush=True)
+    elif fit.ph_note:
+        print(fit.ph_note, flush=True)
+    shown = "  ".join(f"{key} {value:.4f}" for key, value in test.items()
+                      if key in ("c_index", "c_index_td", "ibs", "inbll") and math.isfinite(value))
+    print(f"test ({test_source}): {shown}", flush=True)
+    if "centralized" in summary:
+        central = summary["centralized"]
+        print(f"in-process reference on the pooled training records ({central['label']}): max |coef difference| / "
+              f"max(|coef|, se) {central['max_abs_coef_diff_over_se']:.2e}", flush=True)
+    if summary.get("diverged"):
+        print(summary["diverged"], flush=True)
+    print(f"not covered by any epsilon: {', '.join(summary['privacy']['uncovered'])} (manifest.json)", flush=True)
+    print(f"outputs: {outputs.directory}", flush=True)

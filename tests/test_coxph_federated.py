@@ -1,0 +1,263 @@
+"""``model.name = "coxph"`` through Flower (the ServerApp and ClientApp over the in-process grid) against lifelines'
+``CoxPHFitter`` fitted on the same training records and the same covariates."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from flwr.app import Context, Message, RecordDict
+from lifelines import CoxPHFitter
+from lifelines.statistics import proportional_hazard_test
+
+import fedsurv
+from flwr_app import cox_client, task
+from flwr_app.config import ConfigError, parse_run_config
+from flwr_app.cox_messages import SUMS, encode
+from models.cox_run import CoxRun
+from models.predict import load_run
+from simulations.engine import resolve, run_inprocess
+
+TIGHT = {"precision": 1e-12, "r_precision": 1e-15}
+FAST = {"evaluation.server_side": False, "baseline.centralized": False}
+
+
+def _reference(overrides: dict) -> tuple[pd.DataFrame, list[str]]:
+    """Every site's training records as lifelines sees them, built from the data set and its preprocessing alone:
+    numeric columns in their raw units (the standardisation undone), one 0/1 column per categorical level but the
+    first (the reference), and the site's name as ``site``."""
+    _, cfg = resolve({"model.name": "coxph", **overrides})
+    dataset = task.load_federation(cfg)
+    pre = dataset.preprocessor
+    names, columns, position = [], [], 0
+    for column in pre.columns:
+        if column in pre.means:
+            names.append(column)
+            columns.append((position, pre.stds[column], pre.means[column]))
+            position += 1
+        else:
+            levels = pre.categories[column]
+            names += [f"{column}={level}" for level in levels[1:]]
+            columns += [(position + k, 1.0, 0.0) for k in range(1, len(levels))]
+            position += len(levels)
+    frames = []
+    for site in dataset.sites:
+        x = np.asarray(site.train.x, dtype=np.float64)
+        values = np.column_stack([x[:, j] * scale + shift for j, scale, shift in columns])
+        frames.append(pd.DataFrame(values, columns=names).assign(T=site.train.time, E=site.train.event,
+                                                                  site=site.name))
+    return pd.concat(frames, ignore_index=True), names
+
+
+def _lifelines(frame: pd.DataFrame, *, strata: bool = True, penalizer: float = 0.0, robust: bool = False
+               ) -> CoxPHFitter:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return CoxPHFitter(penalizer=penalizer).fit(frame if strata else frame.drop(columns="site"), "T", "E",
+                                                     strata=["site"] if strata else None, robust=robust,
+                                                     fit_options=TIGHT)
+
+
+def _assert_equal(run: CoxRun, cph: CoxPHFitter, names: list[str]) -> float:
+    """β to 1e-4·max(|β|, SE), SEs to 1e-4 relative, p to 1e-3; returns max |Δβ| / SE."""
+    ours, ref = run.summary_table(), cph.summary.loc[names]
+    assert list(ours.index) == names and list(ours.columns) == list(cph.summary.columns)
+    scale = np.maximum(ref["coef"].abs(), ref["se(coef)"])
+    assert ((ours["coef"] - ref["coef"]).abs() / scale).max() < 1e-4
+    assert ((ours["se(coef)"] / ref["se(coef)"]) - 1).abs().max() < 1e-4
+    assert (ours["p"] - ref["p"]).abs().max() < 1e-3
+    assert run.result.log_likelihood == pytest.approx(cph.log_likelihood_, rel=1e-8)
+    return float(((ours["coef"] - ref["coef"]).abs() / ref["se(coef)"]).max())
+
+
+STRATIFIED = {
+    "flchain": {"data.name": "flchain", "federation.num_sites": 3},
+    "gbsg": {"data.name": "gbsg", "federation.num_sites": 3},
+    "whas": {"data.name": "whas", "federation.num_sites": 4},
+    "metabric": {"data.name": "metabric", "federation.num_sites": 3},
+    # SBA's rare industry levels without a charge-off make the unpenalised likelihood monotone: lifelines' ridge
+    "sba-regions": {"data.name": "sba", "federation.partition": "region", "cox.penalizer": 0.01},
+}
+
+
+@pytest.mark.parametrize("name", list(STRATIFIED))
+def test_the_stratified_fit_through_flower_equals_lifelines_strata_site(name, tmp_path):
+    overrides = STRATIFIED[name]
+    run_inprocess({"model.name": "coxph", **FAST, **overrides, "output.dir": str(tmp_path)})
+    run = load_run(tmp_path)
+    assert isinstance(run, CoxRun) and run.result.converged
+    frame, names = _reference(overrides)
+    cph = _lifelines(frame, penalizer=overrides.get("cox.penalizer", 0.0))
+    print(f"{name}: max |coef - lifelines| / se = {_assert_equal(run, cph, names):.2e}")
+
+
+def test_a_full_run_writes_the_outputs_tests_proportional_hazards_and_predicts(tmp_path):
+    overrides = {"data.name": "gbsg", "federation.num_sites": 3}
+    summary = run_inprocess({"model.name": "coxph", **overrides, "output.dir": str(tmp_path)})
+    for name in ("coxph.json", "coxph_summary.csv", "manifest.json", "ledger.jsonl", "model.pt", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    figures = summary["coxph"]
+    assert figures["converged"] and figures["events"] == 1014 and figures["strata"] == "site"
+    assert 0.6 < summary["test"]["c_index"] < 0.8 and summary["test"]["c_index"] == figures["concordance_test"]
+    assert summary["centralized"]["max_abs_coef_diff_over_se"] < 1e-6
+    assert "Cox sums" in summary["privacy"]["uncovered"] and summary["privacy"]["epsilon"] is None
+    assert set(summary["sites"]) == {"site-0", "site-1", "site-2"}
+    run = load_run(tmp_path)
+    frame, names = _reference(overrides)
+    cph = _lifelines(frame)
+    ours = run.proportional_hazard_test()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = proportional_hazard_test(cph, frame, time_transform="rank").summary.loc[names]
+    np.testing.assert_allclose(ours["test_statistic"], theirs["test_statistic"], rtol=1e-6)
+    np.testing.assert_allclose(ours["p"], theirs["p"], rtol=1e-6, atol=1e-12)
+    _, cfg = resolve({"model.name": "coxph", **overrides})
+    test = task.load_federation(cfg).pooled("test")
+    times, surv = run.model.predict_survival(test.x)
+    assert surv.shape == (len(test), times.size) and np.all(np.diff(surv, axis=1) <= 1e-12)
+    np.testing.assert_allclose(run.model.risk_score(test.x), test.x @ run.model.net.layers[0].weight.detach()
+                               .numpy().ravel().astype(np.float64), rtol=1e-5, atol=1e-6)
+
+
+def test_the_pooled_fit_on_every_event_time_equals_lifelines_without_strata(tmp_path):
+    overrides = {"data.name": "whas", "federation.num_sites": 3}
+    summary = run_inprocess({"model.name": "coxph", "cox.strata": "none", "baseline.centralized": False,
+                             "evaluation.server_side": False, **overrides, "output.dir": str(tmp_path)})
+    frame, names = _reference(overrides)
+    cph = _lifelines(frame, strata=False)
+    print(f"whas pooled: max |coef - lifelines| / se = {_assert_equal(load_run(tmp_path), cph, names):.2e}")
+    assert summary["coxph"]["grid_points"] == frame.loc[frame["E"] == 1, "T"].nunique()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = proportional_hazard_test(cph, frame.drop(columns="site"), time_transform="km").summary.loc[names]
+    np.testing.assert_allclose(load_run(tmp_path).proportional_hazard_test()["p"], theirs["p"], rtol=1e-6)
+
+
+def test_a_coarse_pooled_grid_and_robust_errors_match_the_same_fit_in_one_process(tmp_path):
+    summary = run_inprocess({"model.name": "coxph", "data.name": "whas", "federation.num_sites": 3,
+                             "cox.strata": "none", "cox.grid": "20", "cox.robust": True, "cox.ph_test": "none",
+                             "evaluation.server_side": False, "output.dir": str(tmp_path)})
+    assert summary["coxph"]["grid_points"] == 20 and summary["coxph"]["standard_errors"] == "robust (sandwich)"
+    assert summary["centralized"]["max_abs_coef_diff_over_se"] < 1e-6
+    assert summary["centralized"]["max_rel_se_diff"] < 1e-6
+    with pytest.raises(ValueError, match="no proportional-hazards test"):
+        load_run(tmp_path).proportional_hazard_test()
+
+
+def test_a_categorical_column_gives_one_hazard_ratio_per_level_against_a_named_reference(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 600
+    arm = rng.choice(["control", "low", "high"], n)
+    age = rng.normal(60, 10, n)
+    hazard = np.exp(0.03 * (age - 60) + np.select([arm == "low", arm == "high"], [-0.4, -0.8], 0.0))
+    time, censor = rng.exponential(1 / hazard), rng.exponential(2.0, n)
+    data = pd.DataFrame({"time": np.round(np.minimum(time, censor), 3), "event": (time <= censor).astype(int),
+                         "age": age, "arm": arm, "centre": rng.choice(["A", "B", "C"], n)})
+    run = fedsurv.fit(data, site_col="centre", model="coxph", output_dir=tmp_path,
+                      config={"evaluation.server_side": False, "baseline.centralized": False})
+    assert isinstance(run, CoxRun)
+    assert list(run.hazard_ratios.index) == ["age", "arm=high", "arm=low"] and run.references == {"arm": "control"}
+    assert run.hazard_ratios["arm=high"] < run.hazard_ratios["arm=low"] < 1
+    assert list(run.summary_table().columns)[:3] == ["coef", "exp(coef)", "se(coef)"]
+    assert {"c_index", "ibs"} <= set(run.score(data))
+    flat = json.loads((tmp_path / "config.json").read_text())["run_config"]
+    frame, names = _reference({key: value for key, value in flat.items() if value is not None})  # inf: None
+    assert names == ["age", "arm=high", "arm=low"] and sorted(frame["site"].unique()) == ["A", "B", "C"]
+    _assert_equal(run, _lifelines(frame), names)
+    assert run.plot_coefficients(hazard_ratios=True) is not None
+
+
+def _site_context(overrides: dict) -> Context:
+    fused, _ = resolve({"model.name": "coxph", **FAST, **overrides})
+    return Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config=fused)
+
+
+@pytest.mark.parametrize(("beta", "message"), [
+    ([0.0] * 5, r"beta must hold 6 coefficients"),
+    ([0.0, np.nan, 0.0, 0.0, 0.0, 0.0], r"beta must be finite"),
+    ([0.0, np.inf, 0.0, 0.0, 0.0, 0.0], r"beta must be finite"),
+    ([1e3, 0.0, 0.0, 0.0, 0.0, 0.0], r"exp\(x'beta\) would overflow"),
+])
+def test_a_site_refuses_a_bad_beta_in_one_line(beta, message):
+    context = _site_context({"data.name": "whas", "federation.num_sites": 3})
+    request = Message(content=encode({"beta": np.asarray(beta)}, {"step": 1}), dst_node_id=1, message_type=SUMS)
+    with pytest.raises(ValueError, match=message) as refused:
+        cox_client.sums(request, context)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_site_refuses_what_its_own_config_does_not_plan():
+    context = _site_context({"data.name": "whas", "federation.num_sites": 3})
+    with pytest.raises(ValueError, match=r"does not plan to release the site's event times"):
+        cox_client.event_times(Message(content=encode({}, {"step": 0}), dst_node_id=1,
+                                       message_type="query.cox_event_times"), context)
+    with pytest.raises(ValueError, match=r"robust standard errors \(cox.robust\)"):
+        cox_client.meat(Message(content=encode({"beta": np.zeros(6)}, {"step": 0}), dst_node_id=1,
+                                message_type="query.cox_meat"), context)
+
+
+def test_a_site_failing_during_newton_stops_the_run_naming_it(tmp_path):
+    with pytest.raises(Exception, match=r"coxph stopped at Newton step 3: site 'site-1' \(node \d+\) failed"):
+        run_inprocess({"model.name": "coxph", "data.name": "whas", "federation.num_sites": 3, **FAST,
+                       "debug.fail_site": "site-1", "debug.fail_message": "cox", "debug.fail_round": 3,
+                       "output.dir": str(tmp_path)})
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0},
+     r"model.name = 'coxph' runs with strategy.name = 'fedavg' only .*strategy.name = 'dp_sgd'"),
+    ({"strategy.name": "central_dp", "privacy.epsilon": 1.0}, r"strategy.name = 'central_dp'"),
+    ({"federation.rounds": 5}, r"federation.rounds = 5 has no effect on model.name = 'coxph'"),
+    ({"model.hidden": "16"}, r"model.hidden = '16' has no effect on model.name = 'coxph'"),
+    ({"train.lr": 0.1}, r"train.lr = 0.1 has no effect"),
+    ({"cox.grid": "10"}, r"cox.grid = '10' is read only with cox.strata = 'none'"),
+    ({"cox.strata": "none", "cox.ph_test": "rank"}, r"cox.ph_test = 'rank' needs the pooled order"),
+])
+def test_coxph_refuses_another_strategy_and_the_keys_it_ignores_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        parse_run_config({"model.name": "coxph", **overrides})
+    assert "\n" not in str(refused.value)
+
+
+def test_the_cox_keys_are_refused_without_coxph():
+    with pytest.raises(ConfigError, match=r"cox.robust = true is read only with model.name = 'coxph'"):
+        parse_run_config({"cox.robust": True})
+
+
+def test_a_deployment_fits_from_the_sites_own_files_and_every_value_sent_is_in_the_manifest(tmp_path):
+    from flwr_app.cox_messages import coxph_manifest
+    from models.data.datasets import load_flchain
+    from tests.test_manifest import sent_keys
+
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    configs = []
+    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:3000], 3)):
+        path = tmp_path / f"site-{index}.csv"
+        frame.iloc[rows].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    seen: list[tuple[str, str]] = []
+
+    def observe(message, reply):
+        if not reply.has_error():
+            seen.extend((message.metadata.message_type, key) for key in sent_keys(reply.content))
+
+    overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
+                 "model.name": "coxph", "cox.robust": True, "federation.num_sites": 3, **FAST}
+    summary = run_inprocess({**overrides, "output.dir": str(tmp_path / "out")}, observe=observe,
+                            node_configs=configs)
+    assert summary["coxph"]["converged"] and summary["num_sites"] == 3 and summary["coxph"]["ph_test_p"]
+    assert summary["test_source"] == "weighted mean of the sites' own test metrics" and summary["test"]["c_index"] > 0.7
+    _, cfg = resolve(overrides)
+    manifest = coxph_manifest(cfg)
+    kinds = {kind for kind, _ in seen}
+    assert {"query.cox_moments", "query.cox_sums", "query.cox_meat", "query.cox_schoenfeld", "query.breslow",
+            "evaluate"} <= kinds and "query.cox_event_times" not in kinds
+    unlisted = sorted({f"{kind}/{key}" for kind, key in seen if not manifest.covers(kind, key)})
+    assert not unlisted, unlisted
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == json.loads(json.dumps(manifest.as_dict()))
+    run = load_run(tmp_path / "out")
+    assert run.result.robust_variance is not None and run.references == {"mgus": "no", "sex": "F"}
