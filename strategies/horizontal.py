@@ -1155,7 +1155,7 @@ class SurvivalFedAvg(FedAvg):
                             for message in contributing])
         bounds, bound = self._bounds_updates(), self.cfg.federation.update_bound
         mean, scale, spread = centred_clip(vectors, weights / weights.sum(), bound if bounds else DEFAULT_UPDATE_BOUND)
-        for message, factor, ratio in zip(contributing, scale, spread):
+        for message, ratio in zip(contributing, spread, strict=True):
             site = self.node_sites.get(message.metadata.dst_node_id, "unnamed site")
             record.update_spread[site] = float(ratio)
             if bounds and ratio > self._outlier_spread():

@@ -119,6 +119,31 @@ def test_an_inflated_count_is_capped_in_the_mean_and_flagged(stamped, ratio):
             assert record.weight_flags == {}
 
 
+def test_the_default_bound_cuts_honest_pulls_but_names_only_a_site_beyond_five_median_distances(stamped):
+    """At the default bound (1 x the median distance) about half of 5 honest-looking updates are bounded and the
+    mean is not the plain one, yet no site is flagged; a sixth update 20 x as far is bounded and flagged."""
+    from strategies.horizontal import centred_clip
+
+    rng = np.random.default_rng(4)
+    models = [rng.normal(size=9) for _ in range(5)]
+    matrix = np.stack([_flat(_model(model)) for model in models])
+    weights = np.full(5, 0.2)
+    strategy = _strategy({}, [100.0] * 5)
+    strategy.global_arrays = _model(np.zeros(9))
+    aggregated, _ = strategy.aggregate_train(1, strategy.screen_train(1, _replies(strategy, models)))
+    _, scale, spread = centred_clip(matrix, weights, 1.0)
+    assert np.sum(scale < 1.0) >= 2 and np.all(spread < 5.0)
+    np.testing.assert_allclose(_flat(aggregated), centred_clip(matrix, weights, 1.0)[0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(_flat(aggregated), weights @ matrix, rtol=1e-3)
+    assert strategy.rounds[1].train_flags == {}
+
+    far = _strategy({}, [100.0] * 6)
+    far.global_arrays = _model(np.zeros(9))
+    far.aggregate_train(1, far.screen_train(1, _replies(far, [*models, 20 * models[0] + 20])))
+    assert list(far.rounds[1].train_flags) == ["site-5"]
+    assert "beyond 5 x" in far.rounds[1].train_flags["site-5"]
+
+
 def test_a_negative_weight_ratio_is_refused_naming_the_key():
     from strategies.config import ConfigError
 
