@@ -718,8 +718,10 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 @app.query("secagg_masked")
 @_gives_back
 def secagg_masked(message: Message, context: Context) -> Message:
-    """Stage 2: the site's contribution, masked: its mechanism's vector of the round (its training reply) or, when
-    the message carries the recalibration's horizons, its recalibration sums' vector (:func:`_recalibration_terms`)."""
+    """Stage 2: the site's contribution, masked: its mechanism's vector of the round (its training reply), when the
+    message carries the recalibration's horizons its recalibration sums' vector (:func:`_recalibration_terms`), or,
+    when it names a Cox query (``coxph`` with ``cox.secure_sum``), that query's sums in fixed point
+    (:func:`flwr_app.cox_client.secure_vector`)."""
     import numpy as np
 
     from flwr_app import task
@@ -731,6 +733,13 @@ def secagg_masked(message: Message, context: Context) -> Message:
     public = context.state.config_records[SECAGG_ROUND]
     parties, records = int(public["parties"]), float(public["records"])
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
+    from flwr_app.cox_messages import SECURE_QUERY
+
+    if SECURE_QUERY in message.content.config_records.get("config", ConfigRecord()):  # coxph, cox.secure_sum
+        from flwr_app.cox_client import secure_vector
+
+        return Message(content=_masked(message, context, state, secure_vector(message, context, parties)),
+                       reply_to=message)
     if RECALIBRATION_HORIZONS in message.content["config"]:  # after the last round: the recalibration sums
         cfg = _run_config(context)
         mechanism = horizontal_mechanism(cfg.strategy)
@@ -754,12 +763,19 @@ def secagg_masked(message: Message, context: Context) -> Message:
                 details=_secure_sum_details(cfg, context, parties, plan.honest))
         vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
         phase = "train"
+    return _reply(message, _masked(message, context, state, vector), cfg, site, server_round, phase)
+
+
+def _masked(message: Message, context: Context, state: Any, vector: Any) -> RecordDict:
+    """The masked ``vector`` for the neighbours and ciphertexts ``message`` names, and the neighbours disputed; the
+    site's protocol ``state`` (a :class:`strategies.secure_aggregation.SiteState`) kept in the node state."""
+    from strategies import secure_aggregation as secagg
+
     record = message.content[secagg.RECORD]
     masked, disputed = secagg.site_mask(state, record["sources"], record["ciphertexts"], vector)
     context.state[SECAGG_STATE] = state.to_record()
-    content = RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked),
-                          secagg.RECORD: ConfigRecord({"disputed": disputed})})
-    return _reply(message, content, cfg, site, server_round, phase)
+    return RecordDict({secagg.MASKED_ARRAY: secagg.masked_reply(masked),
+                       secagg.RECORD: ConfigRecord({"disputed": disputed})})
 
 
 @app.query("secagg_unmask")

@@ -3,7 +3,9 @@
 Every reply is computed from the site's *training* records only, encoded with the federation's shared preprocessing
 (:class:`flwr_app.cox_messages.CoxDesign`), by the functions of :mod:`models.cox`. What the site computes is decided
 by its own run config (``cox.strata``, ``cox.robust``, ``cox.ph_test``): a query for anything else is refused, and so
-is a β that is not ``p`` finite numbers of a plausible size. Each reply is charged to the site's privacy policy
+is a β that is not ``p`` finite numbers of a plausible size. With ``cox.secure_sum`` the site answers only through the secure sum
+(:func:`secure_vector`, from :func:`flwr_app.client_app.secagg_masked`) and refuses a query in the clear (and
+without it, the reverse). Each reply is charged to the site's privacy policy
 first (:func:`flwr_app.client_app._charge`: a site with a policy refuses these exact releases).
 """
 
@@ -18,16 +20,22 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr_app.client_app import _charge, _run_config, _site
 from flwr_app.cox_messages import (
     CONFIG,
+    MEAT,
+    MOMENTS,
     RISK_SET,
+    SCHOENFELD,
+    SECURE_QUERY,
+    SUMS,
     CoxDesign,
     check_beta,
     decode,
     encode,
+    to_fixed,
 )
 from models import cox
 from strategies.config import COXPH, ExperimentConfig
 
-__all__ = ["event_times", "meat", "moments", "schoenfeld", "sums"]
+__all__ = ["event_times", "meat", "moments", "schoenfeld", "secure_vector", "sums"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,12 @@ def _request(message: Message, context: Context, what: str) -> _Request:
     site, _ = _site(context, cfg)
     config = message.content.config_records.get(CONFIG, ConfigRecord())
     step = int(config.get("step", 0))
+    secure = SECURE_QUERY in config
+    if secure != cfg.cox.secure_sum:
+        raise ValueError("Cox query refused: this run's config (cox.secure_sum = "
+                         f"{str(cfg.cox.secure_sum).lower()}) sends the site's sums "
+                         + ("only through the secure sum" if cfg.cox.secure_sum else "in the clear, not through a "
+                            "secure sum"))
     inject_failure(cfg, site=site.name, server_round=step, message="cox")
     if cfg.data.deployed:
         from flwr_app import deployment
@@ -172,3 +186,19 @@ def _event_means(request: _Request, m: int, p: int) -> np.ndarray:
     if value.shape != (m, p) or np.any(np.isinf(value)):
         raise ValueError(f"Cox query refused: 'event_means' must be ({m}, {p}) numbers, got shape {value.shape}")
     return value
+
+
+def secure_vector(message: Message, context: Context, parties: int) -> np.ndarray:
+    """The site's fixed-point vector for a secure sum's stage 2 (``cox.secure_sum``): the Cox query named by the
+    message's :data:`~flwr_app.cox_messages.SECURE_QUERY` answered as in the clear (same checks, same ledger entry),
+    then encoded by :func:`flwr_app.cox_messages.to_fixed` (refused, one line, if a value would overflow)."""
+    config = message.content.config_records.get(CONFIG, ConfigRecord())
+    query = str(config.get(SECURE_QUERY, ""))
+    handlers = {MOMENTS: moments, SUMS: sums, MEAT: meat, SCHOENFELD: schoenfeld}
+    if query not in handlers:
+        raise ValueError(f"Cox query refused: {query!r} has no secure sum (cox.secure_sum)")
+    reply = handlers[query](message, context)
+    arrays = decode(reply.content)
+    first = {MOMENTS: "total", SUMS: "score", MEAT: "meat", SCHOENFELD: "residual_sum"}[query]
+    p = int(np.asarray(arrays[first]).shape[0])  # the number of covariates
+    return to_fixed(arrays, query, p, parties=parties, site=str(reply.content.config_records["site"]["name"]))

@@ -12,6 +12,19 @@ Message types (``<category>.<action>``, routed by the ClientApp to :mod:`flwr_ap
 ``query.cox_meat``         once, ``cox.robust``: the site's score-residual cross-products at the final β
 ``query.cox_schoenfeld``   once, ``cox.ph_test``: the site's :class:`models.cox.SchoenfeldSums` at the final β
 
+With ``cox.secure_sum = true`` (``cox.strata = site`` only) the sites' moments, Newton sums, robust meat and
+Schoenfeld sums never travel as arrays: the server runs SecAgg+ (:class:`strategies.secure_aggregation.SecureSum`,
+its four stages ``query.secagg_*``) once per query, its stage-2 message carrying the query's arrays and its type
+(:data:`SECURE_QUERY` in the ``config`` record); each site answers with its values in fixed point
+(:func:`to_fixed`), masked, and the server unmasks only their sum over sites (:func:`from_fixed`). Fixed point:
+``v -> round(v * 2^32) mod 2^62`` (:data:`SECURE_SCALE_BITS`, :data:`SECURE_MODULUS_BITS`), decoded with
+:func:`~strategies.secure_aggregation.centred` then ``/ 2^32``: a resolution of 2^-32 (2.3e-10) per site and value,
+fine enough that Newton's step halving (which compares log-likelihoods to 1e-12 relative) and β (to far below
+1e-6) match the clear fit. ``privacy.modulus_bits`` (default 48) is not reused: at 48 bits this resolution would
+leave a log-likelihood range of only ±2^15 = 32768, so the modulus is the protocol's largest, 2^62. A site
+refuses (one line naming the value) any value with ``|v| >= 2^29 / k`` (``k`` the sites of the sum: 1.3e8 for 4
+sites), so that the sum over sites can never wrap around the modulus.
+
 Arrays travel in an ``ArrayRecord`` (:data:`ARRAYS`; float64, lossless), the step and the rank offset in a
 ``ConfigRecord`` (:data:`CONFIG`), the site's name in the reply's ``site`` record. What a site computes and releases
 is set by its own run config (``cox.*``), never by the message: a message asking for what the run's config does not
@@ -27,7 +40,7 @@ zeros, so in the fit it counts as the reference level.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -44,12 +57,18 @@ __all__ = [
     "MOMENTS",
     "RISK_SET",
     "SCHOENFELD",
+    "SECURE_MODULUS_BITS",
+    "SECURE_QUERY",
+    "SECURE_SCALE_BITS",
     "SUMS",
     "CoxDesign",
     "check_beta",
     "coxph_manifest",
     "decode",
     "encode",
+    "from_fixed",
+    "secure_layout",
+    "to_fixed",
 ]
 
 MOMENTS = "query.cox_moments"
@@ -100,6 +119,71 @@ def check_beta(beta: np.ndarray | None, p: int) -> np.ndarray:
         raise ValueError(f"Cox query refused: |beta| up to {np.max(np.abs(beta)):.3g} per unit of an encoded column "
                          f"(at most {MAX_ABS_BETA:g}): exp(x'beta) would overflow")
     return beta
+
+
+#: The ``config`` key of a secure sum's stage-2 message (``query.secagg_masked``) naming the Cox query it answers.
+SECURE_QUERY = "cox_query"
+#: The secure sum's fixed point: values in units of 2^-SECURE_SCALE_BITS, modulo 2^SECURE_MODULUS_BITS.
+SECURE_SCALE_BITS, SECURE_MODULUS_BITS = 32, 62
+
+
+def secure_layout(message_type: str, p: int) -> tuple[tuple[str, int], ...]:
+    """The vector of a secure Cox query: ``(name, length)`` in order (a symmetric p x p matrix as its upper
+    triangle, ``p(p+1)/2`` numbers); ``ValueError`` for a query with no secure sum."""
+    triangle = p * (p + 1) // 2
+    layouts = {
+        MOMENTS: (("n", 1), ("total", p), ("total_sq", p)),
+        SUMS: (("loglik", 1), ("score", p), ("information", triangle), ("n", 1), ("events", 1)),
+        MEAT: (("meat", triangle),),
+        SCHOENFELD: (("events", 1), ("g_sum", 1), ("g_sq_sum", 1), ("residual_sum", p), ("g_residual_sum", p)),
+    }
+    if message_type not in layouts:
+        raise ValueError(f"Cox query refused: {message_type!r} has no secure sum (cox.secure_sum)")
+    return layouts[message_type]
+
+
+_SYMMETRIC = ("information", "meat")
+
+
+def to_fixed(arrays: Mapping[str, np.ndarray], message_type: str, p: int, *, parties: int, site: str) -> np.ndarray:
+    """A site's reply ``arrays`` as the secure sum's vector: ``round(v * 2^32) mod 2^62`` (int64); ``ValueError``
+    (one line, naming the site's value) when ``|v| >= 2^29 / parties``, beyond which the sum could wrap."""
+    limit = 2.0 ** (SECURE_MODULUS_BITS - 1 - SECURE_SCALE_BITS) / max(int(parties), 1)
+    parts = []
+    for name, length in secure_layout(message_type, p):
+        value = np.asarray(arrays[name], dtype=np.float64)
+        if name in _SYMMETRIC:
+            value = value[np.triu_indices(p)]
+        value = value.reshape(-1)
+        if value.size != length:
+            raise ValueError(f"Cox secure sum: '{name}' has {value.size} numbers, not {length}")
+        bad = np.flatnonzero(~(np.abs(value) < limit))
+        if bad.size:
+            raise ValueError(f"cox.secure_sum refused: site '{site}' would send {name}[{int(bad[0])}] = "
+                             f"{value[bad[0]]:.6g}, beyond the fixed point's range |v| < 2^29/{parties} = {limit:.4g} "
+                             f"(2^-{SECURE_SCALE_BITS} modulo 2^{SECURE_MODULUS_BITS}): the sum over sites could wrap "
+                             "around; set cox.secure_sum = false")
+        parts.append(value)
+    fixed = np.rint(np.concatenate(parts) * 2.0 ** SECURE_SCALE_BITS).astype(np.int64)
+    return np.mod(fixed, np.int64(2) ** SECURE_MODULUS_BITS)
+
+
+def from_fixed(values: np.ndarray, message_type: str, p: int) -> dict[str, np.ndarray]:
+    """The summed arrays of a secure Cox query from its decoded (centred) sum ``values`` (float64, units of
+    2^-32): symmetric matrices rebuilt from their upper triangles, counts rounded to integers."""
+    values = np.asarray(values, dtype=np.float64) / 2.0 ** SECURE_SCALE_BITS
+    found, start = {}, 0
+    for name, length in secure_layout(message_type, p):
+        value = values[start:start + length]
+        start += length
+        if name in _SYMMETRIC:
+            matrix = np.zeros((p, p))
+            matrix[np.triu_indices(p)] = value
+            value = matrix + np.triu(matrix, 1).T
+        elif name in ("n", "events"):
+            value = np.rint(value).astype(np.int64)
+        found[name] = value
+    return found
 
 
 #: The largest coefficient a site accepts per unit of an encoded column (standardised, or 0/1): exp(50) is 5e21.
@@ -212,5 +296,36 @@ def coxph_manifest(cfg: ExperimentConfig) -> Manifest:
             "sent without noise" + ("; the rank transform needs the number of events at the sites named before it "
                                     "(sent by the server)" if cox.ph_test == "rank" else ""),
             (f"{SCHOENFELD}/{ARRAYS}.*",)))
+    if cox.secure_sum:
+        releases = [_secure_release(release) for release in releases] + _secure_sum_releases()
     releases += common_releases(cfg, private=False, record_level=False)
     return Manifest("fedavg", "none", tuple(releases))
+
+
+#: What the server still sees in a secure Cox sum, beside the sum over sites.
+SECURE_BOOKKEEPING = ("which sites completed each stage of every secure sum and which failed, dropped out or "
+                      "disputed a neighbour's share (SecAgg+'s per-site bookkeeping); a drop-out stops the fit")
+
+
+def _secure_release(release: ReleasedValue) -> ReleasedValue:
+    """A Cox release as ``cox.secure_sum`` sends it: in fixed point, masked, through SecAgg+."""
+    return replace(release, detail=f"{release.detail}; in fixed point (2^-{SECURE_SCALE_BITS} modulo "
+                                   f"2^{SECURE_MODULUS_BITS}), masked by SecAgg+ (cox.secure_sum)",
+                   reason=("no noise, but through the secure sum: the server sees only the sum over sites, never "
+                           f"this site's own values (the site's ledger records the release as the clear path does); "
+                           f"it still sees {SECURE_BOOKKEEPING}"),
+                   wire=("query.secagg_masked/masked.masked",))
+
+
+def _secure_sum_releases() -> list[ReleasedValue]:
+    """The protocol's own messages (as :mod:`strategies.mechanisms.distributed_dp` lists them)."""
+    no_info = "drawn fresh for every secure sum, not computed from any record: carry no information about the records"
+    return [
+        ReleasedValue("secure-aggregation keys", "one-time public keys, encrypted Shamir shares and the shares "
+                      "revealed in unmasking, for every secure sum (4 round trips a query)", "cox", True, no_info,
+                      ("query.secagg_setup/secagg.*", "query.secagg_share_keys/secagg.*",
+                       "query.secagg_unmask/secagg.*")),
+        ReleasedValue("disputed neighbours", "the neighbours whose encrypted share the site could not use", "cox",
+                      True, "a fact about the other sites' messages, not computed from any record",
+                      ("query.secagg_masked/secagg.disputed",)),
+    ]

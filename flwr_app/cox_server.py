@@ -27,6 +27,10 @@ preprocessing (the set-up every horizontal run makes). Then, with the messages o
    prediction of a stratified model, which has no single baseline of its own. In a simulation the server also
    scores the model on the pooled test split (Harrell's C of the linear predictor, IBS, ...).
 
+With ``cox.secure_sum`` (``cox.strata = site``) every query of steps 1, 3 and 4 is one run of SecAgg+
+(:meth:`_Sites.secure_sum`: 4 round trips, no noise, the fixed point of :mod:`flwr_app.cox_messages`): the server
+gets only the sum over sites, and a site failing or dropping out of it stops the run naming that site.
+
 Outputs, beside the usual ``config.json``, ``manifest.json`` (every value a site sends, none covered by any ε),
 ``ledger.jsonl``, ``metrics.jsonl`` (one line per Newton evaluation, one for the evaluation), ``model.pt`` and
 ``preprocessing.json`` (:func:`models.predict.load_run` gives a :class:`models.cox_run.CoxRun`) and
@@ -59,11 +63,16 @@ from flwr_app.cox_messages import (
     MOMENTS,
     RISK_SET,
     SCHOENFELD,
+    SECURE_BOOKKEEPING,
+    SECURE_MODULUS_BITS,
+    SECURE_QUERY,
     SUMS,
     CoxDesign,
     coxph_manifest,
     decode,
     encode,
+    from_fixed,
+    secure_layout,
 )
 from flwr_app.outputs import RunOutputs, write_json
 from models import cox
@@ -89,6 +98,9 @@ EVALUATION_ROUND = 1
 #: The ledger's statement of a coxph run (every site, one entry).
 NO_PRIVACY = ("Cox regression by Newton-Raphson on the sites' exact sums: every value in manifest.json reaches the "
               "server in the clear")
+#: The ledger's statement of a coxph run with ``cox.secure_sum``.
+SECURE_NO_NOISE = ("Cox regression by Newton-Raphson on the sums over sites through SecAgg+ (cox.secure_sum, no "
+                   "noise): the server sees only the sums over sites, and " + SECURE_BOOKKEEPING)
 #: The confidence level's complement of the summary's intervals (lifelines' default).
 ALPHA = 0.05
 
@@ -100,12 +112,15 @@ class CoxSiteError(RuntimeError):
 class _Sites:
     """The sites of the fit, in the order of their names (lifelines' stratum order), asked together each time."""
 
-    def __init__(self, grid: Grid, node_sites: Mapping[int, str], *, timeout: float, directory: str) -> None:
+    def __init__(self, grid: Grid, node_sites: Mapping[int, str], *, timeout: float, directory: str,
+                 secure: bool = False, p: int = 0, colluding: int = 0, seed: int = 0) -> None:
         self.grid = grid
         self.nodes = sorted(node_sites.items(), key=lambda item: item[1])
         self.names = dict(self.nodes)
         self.timeout = timeout
         self.directory = directory
+        self.secure, self.p, self.colluding, self.seed = secure, p, colluding, seed
+        self.secure_sums = 0
 
     def stop(self, what: str, site: str, node: int, reason: str) -> CoxSiteError:
         reason = " ".join(str(reason).split())
@@ -119,8 +134,11 @@ class _Sites:
         """Send every site ``arrays`` (and its own ``per_site`` ones); return each site's reply arrays by name.
 
         ``expect``: the shape of each array a reply must carry (finite numbers; NaN nowhere). Any failure stops the
-        run (:class:`CoxSiteError`).
+        run (:class:`CoxSiteError`). With ``cox.secure_sum`` (:meth:`secure_sum`) the one reply is the sum over
+        sites, under the name :data:`SUM_OVER_SITES`.
         """
+        if self.secure:
+            return {SUM_OVER_SITES: self.secure_sum(message_type, what, arrays, step=step)}
         messages = [Message(content=encode({**arrays, **(per_site or {}).get(name, {})}, {"step": step}),
                             dst_node_id=node, message_type=message_type) for node, name in self.nodes]
         replies = deployment.exchange(self.grid, messages, timeout=self.timeout)
@@ -154,6 +172,39 @@ class _Sites:
             if name not in answered:
                 raise self.stop(what, name, node, f"sent no reply within federation.timeout_s = {self.timeout:g} s")
         return answered
+
+
+    def secure_sum(self, message_type: str, what: str, arrays: Mapping[str, np.ndarray], *, step: int
+                   ) -> dict[str, np.ndarray]:
+        """The sites' replies to ``message_type`` summed through SecAgg+ (no noise): every site must complete the
+        protocol; a failure or drop-out at any stage stops the run naming the site (a Newton fit never steps on a
+        changed population)."""
+        from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
+
+        nodes = [node for node, _ in self.nodes]
+        dimension = sum(length for _, length in secure_layout(message_type, self.p))
+        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=0, colluding=self.colluding)
+        modulus = 2 ** SECURE_MODULUS_BITS
+        self.secure_sums += 1
+        secure = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dimension,
+                           timeout=self.timeout, shuffle_seed=self.seed * 100_003 + self.secure_sums)
+        result = secure.run(self.grid, nodes, setup={"parties": len(nodes), "records": 0.0},
+                            masked_content=lambda node: encode(arrays, {"step": step, SECURE_QUERY: message_type}),
+                            group=f"cox-{self.secure_sums}", min_included=len(nodes))
+        for stage, node, reason in result.failures:
+            if reason.startswith("the site failed: "):
+                reason = "failed: " + error_message(reason.removeprefix("the site failed: "))
+            raise self.stop(what, self.names.get(node, "?"), node, f"in the secure sum's "
+                                                                    f"{stage.removeprefix('query.')} stage, {reason}")
+        if result.total is None or sorted(result.included) != sorted(nodes):
+            raise CoxSiteError(f"coxph stopped at {what}: the secure sum did not complete ({result.shortfall}); a "
+                               f"Newton fit must use the same sites at every step (outputs so far in "
+                               f"{self.directory})")
+        return from_fixed(centred(result.total, modulus).astype(np.float64), message_type, self.p)
+
+
+#: The one "site" of a secure sum's reply: the sum over every site.
+SUM_OVER_SITES = "(sum over sites)"
 
 
 @dataclass
@@ -288,9 +339,11 @@ def _ph_test(cfg: ExperimentConfig, sites: _Sites, newton: _Newton, beta_z: np.n
     p = design.p
     arrays: dict[str, np.ndarray] = {"beta": beta}
     per_site: dict[str, dict[str, np.ndarray]] = {}
-    if cfg.cox.strata == "site":  # lifelines' ranks run over the strata in the order of their labels
+    if cfg.cox.strata == "site":
+        # lifelines' ranks run over the strata in the order of their labels; only rank needs the offsets (and
+        # cox.secure_sum, which hides each site's events, refuses it)
         offset = 0
-        for _, name in sites.nodes:
+        for _, name in sites.nodes if cfg.cox.ph_test == "rank" else ():
             per_site[name] = {"rank_offset": np.array([offset])}
             offset += newton.site_events.get(name, 0)
     else:
@@ -382,13 +435,15 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
     """Fit, evaluate and write a ``coxph`` run; ``survival`` has named the sites (its ``node_sites``) and serves the
     Breslow and evaluation messages; ``grid`` reaches the sites that take part only."""
     design = CoxDesign.from_preprocessor(spec.preprocessor)
-    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory))
+    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
+                   secure=cfg.cox.secure_sum, p=design.p, colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
     manifest = coxph_manifest(cfg)
     outputs.write_manifest(manifest.as_dict())
     where = f"{len(sites.nodes)} sites' own files" if cfg.data.deployed else (
         f"{len(sites.nodes)} sites, partition '{cfg.federation.partition}'")
     strata = "stratified by site" if cfg.cox.strata == "site" else f"pooled baseline, grid {cfg.cox.grid}"
-    print(f"fedsurv: coxph ({strata}; Newton-Raphson on the sites' exact sums) | {cfg.data.name} ({where}"
+    how = "the sums over sites through SecAgg+" if cfg.cox.secure_sum else "the sites' exact sums"
+    print(f"fedsurv: coxph ({strata}; Newton-Raphson on {how}) | {cfg.data.name} ({where}"
           f"{f', {len(left_out)} left out' if left_out else ''}) | {design.p} covariates -> {outputs.directory}",
           flush=True)
     for note in notes:
@@ -397,7 +452,7 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
     ledger = PrivacyLedger(outputs.ledger_path)
     ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none", adjacency="n/a",
                                 accountant="none", epsilon=None, delta=None,
-                                assumptions=(NO_PRIVACY, *notes))
+                                assumptions=(SECURE_NO_NOISE if cfg.cox.secure_sum else NO_PRIVACY, *notes))
                     for _, name in sites.nodes))
     arrays = _set_weights(model, design, fit.beta)
     survival._evaluate(grid, EVALUATION_ROUND, arrays, survival)  # the Breslow baseline, then the sites' test metrics
