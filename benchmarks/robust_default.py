@@ -189,10 +189,6 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _mean(rows: list[dict[str, Any]]) -> float:
-    return statistics.mean(row["c_index"] for row in rows)
-
-
 def costs(rows: list[dict[str, Any]]) -> dict[float, dict[str, float]]:
     """Each bound's mean validation C minus the reference's, per honest federation (paired seeds)."""
     honest = [row for row in rows if row["kind"] == "honest"]
@@ -272,17 +268,22 @@ def main(argv: list[str] | None = None) -> int:
             for bound in bounds:
                 work = folder / f"runs-{seed}-{bound:g}"
                 work.mkdir()
-                jobs = [lambda name=name, o=o: honest_row(name, o, bound, seed, work) for name, o in federations.items()]
-                jobs += [lambda n=n, a=a: attacked_row(n, a, bound, seed, work, flchain)
-                         for n in (int(value) for value in args.sites.split(",")) for a in (hostile_matrix.CLEAN,) + ATTACKS]
-                for job in jobs:
-                    rows.append(job())
-                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-                    if args.out:
-                        append_jsonl(args.out, rows[-1])
+                for name, overrides in federations.items():
+                    rows.append(_save(honest_row(name, overrides, bound, seed, work), args.out))
+                for sites in args.sites.split(","):
+                    for attack in (hostile_matrix.CLEAN, *ATTACKS):
+                        rows.append(_save(attacked_row(int(sites), attack, bound, seed, work, flchain), args.out))
     print(table(rows))
     print(f"chosen update_bound: {choose(rows):g}")
     return 0
+
+
+def _save(row: dict[str, Any], out: Path | None) -> dict[str, Any]:
+    """``row``, printed as a JSON line (stderr) and appended to ``out`` (if given) as soon as its run ends."""
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    if out:
+        append_jsonl(out, row)
+    return row
 
 
 def ratios_main(args: argparse.Namespace) -> int:
@@ -294,11 +295,7 @@ def ratios_main(args: argparse.Namespace) -> int:
             for ratio in [None, *(float(value) for value in args.ratios.split(","))]:
                 folder = Path(tmp) / f"{seed}-{ratio}"
                 folder.mkdir()
-                for row in ratio_rows(seed, ratio, folder, sites):
-                    rows.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
-                    if args.out:
-                        append_jsonl(args.out, row)
+                rows += [_save(row, args.out) for row in ratio_rows(seed, ratio, folder, sites)]
     print(ratio_table(rows))
     return 0
 
