@@ -246,13 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bounds", default=",".join(f"{bound:g}" for bound in BOUNDS))
     parser.add_argument("--sites", default="3,5")
     parser.add_argument("--out", type=Path, default=None, help="append the rows here (JSON lines)")
-    parser.add_argument("--rows", type=Path, default=None, help="only summarise these saved rows")
+    parser.add_argument("--rows", type=Path, default=None, help="only summarise these saved rows (either kind)")
     parser.add_argument("--ratios", default="", help="instead: these max_weight_ratio values at the default bound")
     args = parser.parse_args(argv)
     if args.ratios:
         return ratios_main(args)
     if args.rows:
         rows = [json.loads(line) for line in args.rows.read_text(encoding="utf-8").splitlines()]
+        if any(row["kind"] == "honest_ratio" for row in rows):  # rows of --ratios
+            print(ratio_table(rows))
+            return 0
         print(table(rows))
         print(f"chosen update_bound: {choose(rows):g}")
         return 0
