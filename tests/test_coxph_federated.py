@@ -229,16 +229,9 @@ def test_the_cox_keys_are_refused_without_coxph():
 
 def test_a_deployment_fits_from_the_sites_own_files_and_every_value_sent_is_in_the_manifest(tmp_path):
     from flwr_app.cox_messages import coxph_manifest
-    from models.data.datasets import load_flchain
-    from tests.test_manifest import sent_keys
+    from tests.test_manifest import flchain_site_files, sent_keys
 
-    table = load_flchain()
-    frame = table.features.assign(futime=table.time, death=table.event)
-    configs = []
-    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:3000], 3)):
-        path = tmp_path / f"site-{index}.csv"
-        frame.iloc[rows].to_csv(path, index=False)
-        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    configs = flchain_site_files(tmp_path)
     seen: list[tuple[str, str]] = []
 
     def observe(message, reply):

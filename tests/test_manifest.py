@@ -82,18 +82,25 @@ def test_every_key_a_site_sends_is_in_the_manifest(tmp_path, run):
     assert written == json.loads(json.dumps(manifest.as_dict()))
 
 
+def flchain_site_files(folder, *, sites: int = 3, records: int = 3000) -> list[dict]:
+    """Node configs of ``sites`` deployed sites, each with a CSV file of FLCHAIN records (``futime``, ``death``):
+    ``records`` of them in all, drawn by seed 0."""
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    configs = []
+    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:records], sites)):
+        path = folder / f"site-{index}.csv"
+        frame.iloc[rows].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    return configs
+
+
 @pytest.mark.parametrize(("strategy", "set_up"), [
     ("dp_sgd", {"query.setup_ranges", "query.setup_moments"}),  # the private set-up's two passes
     ("fedavg", {"query.site_summary", "query.site_time_histogram"}),  # exact sums
 ])
 def test_a_deployments_set_up_messages_are_in_the_manifest(tmp_path, strategy, set_up):
-    table = load_flchain()
-    frame = table.features.assign(futime=table.time, death=table.event)
-    configs = []
-    for index, rows in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:3000], 3)):
-        path = tmp_path / f"site-{index}.csv"
-        frame.iloc[rows].to_csv(path, index=False)
-        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    configs = flchain_site_files(tmp_path)
     overrides = {"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
                  "strategy.name": strategy, "evaluation.server_side": False}
     if strategy == "dp_sgd":
