@@ -401,17 +401,27 @@ def aggregation_keys(aggregation: str, sites: int) -> dict[str, Any]:
     return keys
 
 
+def site_name(config: dict[str, Any], node: int) -> str:
+    """The name of the site at ``node`` (node i + 1 is the federation's i-th site): ``site-<i>`` for IID sites and
+    site files, the partition's value (a region) for a natural partition."""
+    if "federation.partition" not in config or config.get("data.name") == "site_files":
+        return f"site-{node - 1}"
+    from flwr_app import task
+
+    return task.load_federation(engine.resolve(config)[1]).sites[node - 1].name
+
+
 def run_cell(sites: int, aggregation: str, seed: int, attack: str, folder: Path, *,
              rounds: int = RUN["federation.rounds"], overrides: dict[str, Any] | None = None,
              source: pd.DataFrame | None = None) -> dict[str, Any]:
     """One run of ``attack`` (or a clean reference) over ``rounds`` rounds, with run-config ``overrides`` (a data
     file, a bound): finished, who was named, the attackers, the final C."""
     out = folder / f"{sites}-{aggregation}-{seed}-{attack}-{rounds}"
-    attackers = [f"site-{node - 1}" for node in attacker_nodes(attack, sites)]
     overrides = overrides or {}
     size = {} if "federation.partition" in overrides else {"federation.num_sites": sites}
     config = {**RUN, **aggregation_keys(aggregation, sites), **size, "seed": seed, "federation.rounds": rounds,
               "output.dir": str(out), **overrides}
+    attackers = [site_name(config, node) for node in attacker_nodes(attack, sites)]
     bound = float(config.get("federation.update_bound", DEFAULT_UPDATE_BOUND))
     row: dict[str, Any] = {"sites": sites, "aggregation": aggregation, "seed": seed, "attack": attack,
                            "attackers": attackers, "rounds": rounds,
