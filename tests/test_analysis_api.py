@@ -135,7 +135,7 @@ def test_k_group_logrank_without_sites_matches_lifelines(veterans) -> None:
     assert result.groups == ("adeno", "large", "smallcell", "squamous")
 
 
-def _survdiff_stratified(df: pd.DataFrame, t: str, e: str, g: str, site: str) -> tuple[float, float, np.ndarray]:
+def survdiff_stratified(df: pd.DataFrame, t: str, e: str, g: str, site: str) -> tuple[float, float, np.ndarray]:
     """R's survdiff(Surv(t, e) ~ g + strata(site)), record by record: within each site, at each of
     its event times, observed − expected events and the hypergeometric covariance; summed over sites."""
     labels = sorted(df[g].unique())
@@ -157,7 +157,7 @@ def _survdiff_stratified(df: pd.DataFrame, t: str, e: str, g: str, site: str) ->
 
 def test_logrank_stratified_by_institution_is_survdiff_with_strata(lung) -> None:
     result = fedsurv.logrank_test(lung, time_col="time", event_col="status", group_col="sex", site_col="inst")
-    statistic, p_value, expected = _survdiff_stratified(lung, "time", "status", "sex", "inst")
+    statistic, p_value, expected = survdiff_stratified(lung, "time", "status", "sex", "inst")
     assert result.stratified and result.test_name == "stratified_logrank_test"
     assert result.statistic == pytest.approx(statistic, rel=1e-10)
     assert result.p_value == pytest.approx(p_value, rel=1e-8)
@@ -171,7 +171,7 @@ def test_stratified_logrank_with_k_groups_and_one_stratum(veterans) -> None:
     sites = veterans.assign(centre=np.random.default_rng(5).integers(1, 5, len(veterans)))
     result = fedsurv.logrank_test(sites, time_col="time", event_col="status", group_col="Celltype",
                                   site_col="centre")
-    statistic, p_value, _ = _survdiff_stratified(sites, "time", "status", "Celltype", "centre")
+    statistic, p_value, _ = survdiff_stratified(sites, "time", "status", "Celltype", "centre")
     assert result.statistic == pytest.approx(statistic, rel=1e-10)
     assert result.p_value == pytest.approx(p_value, rel=1e-8)
     one = fedsurv.logrank_test(sites.assign(centre=1), time_col="time", event_col="status", group_col="Celltype",

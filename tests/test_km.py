@@ -12,7 +12,6 @@ from lifelines import KaplanMeierFitter
 from lifelines.datasets import load_gbsg2, load_rossi, load_waltons
 from lifelines.statistics import logrank_test as lifelines_logrank
 from lifelines.statistics import multivariate_logrank_test
-from scipy import stats
 from sksurv.compare import compare_survival
 
 from models.km import (
@@ -22,6 +21,7 @@ from models.km import (
     site_km_counts,
     site_logrank_sums,
 )
+from tests.test_analysis_api import survdiff_stratified
 
 
 def _waltons() -> tuple[pd.DataFrame, str, str, str]:
@@ -154,29 +154,11 @@ def test_a_site_lacking_a_group_is_aligned() -> None:
     assert result.statistic == pytest.approx(multivariate_logrank_test(df[t], df[g], df[e]).test_statistic, rel=1e-8)
 
 
-def _survdiff_stratified(df: pd.DataFrame, t: str, e: str, g: str) -> tuple[float, float]:
-    """An independent, record-level loop over strata and event times (R's survdiff formula)."""
-    labels = sorted(df[g].unique())
-    k = len(labels)
-    z, v = np.zeros(k), np.zeros((k, k))
-    for _, s in df.groupby("site"):
-        for time in np.unique(s.loc[s[e] == 1, t]):
-            at_risk = s[s[t] >= time]
-            n_j = np.array([(at_risk[g] == lab).sum() for lab in labels], float)
-            d_j = np.array([((at_risk[t] == time) & (at_risk[e] == 1) & (at_risk[g] == lab)).sum() for lab in labels])
-            n, d = n_j.sum(), d_j.sum()
-            z += d_j - n_j * d / n
-            if n > 1:
-                v += d * (n - d) / (n * n * (n - 1)) * (n * np.diag(n_j) - np.outer(n_j, n_j))
-    statistic = float(z[:-1] @ np.linalg.solve(v[:-1, :-1], z[:-1]))
-    return statistic, float(stats.chi2.sf(statistic, k - 1))
-
-
 @pytest.mark.parametrize("name", ["rossi", "gbsg2"])
 def test_stratified_logrank_matches_a_direct_computation(name: str) -> None:
     df, t, e, g = DATA[name]()
     result = logrank_test(_site_logrank(df, t, e, g), stratified=True)
-    statistic, p_value = _survdiff_stratified(df, t, e, g)
+    statistic, p_value, _ = survdiff_stratified(df, t, e, g, "site")
     assert result.statistic == pytest.approx(statistic, rel=1e-10)
     assert result.p_value == pytest.approx(p_value, rel=1e-8)
     assert result.statistic != pytest.approx(logrank_test(_site_logrank(df, t, e, g)).statistic, rel=1e-4)
