@@ -1,93 +1,100 @@
-r"""Why the default hazard model's curves ranked worse over time (Antolini's C_td) than its risk score (Harrell's C)
-without DP, and how the no-DP ``model.risk_layer`` default was chosen: through the apps on validation splits.
+r"""Why the hazard model's curves ranked worse over time (Antolini's C_td) than its risk score (Harrell's C) without
+DP, the fix, and how the no-DP ``model.risk_layer`` default was chosen: through the apps on validation splits.
 
 ``python -m benchmarks.curve_ranking diagnose [--data ...] [--seeds 0,1] [--out rows.jsonl]``
-    The cause. Trains the former default (``model.risk_layer=interval``, 20 quantile intervals) on each validation file
-    and takes its curves on the validation part apart: C_td beside pycox's ``concordance_td("antolini")`` and Harrell's
+    The cause. Trains the default (``model.risk_layer=interval``, 20 quantile intervals) on each validation file and
+    takes its curves on the validation part apart: C_td beside pycox's ``concordance_td("antolini")`` and Harrell's
     C beside scikit-survival's ``concordance_index_censored`` (the project's numpy versions, checked against the
     libraries); Harrell's C of the curves' first column :math:`\hat S(\tau_0)` alone; the share of C_td's comparable
     pairs whose event falls in the first interval :math:`(\tau_0, \tau_1]`; C_td again with that first column given
     the order of the second (``c_index_td_col0_as_col1``), with every event ranked at the end of its own interval
     (``c_index_td_own_interval``) and on the curves interpolated at constant hazard within intervals.
-``python -m benchmarks.curve_ranking select [--data ...] [--seeds 0,1,2] [--out rows.jsonl]``
-    The choice (no test record is read): every setting of :data:`SETTINGS` on every validation file and seed.
-``python -m benchmarks.curve_ranking evaluate [--data ...] [--seeds 0,1,2,3,4] [--out rows.jsonl]``
-    The test figures of the default layer (``interval``), the candidate (``proportional``) and the probe of
-    :func:`tied_first_interval`, on the real federation (its test split).
+``python -m benchmarks.curve_ranking select [--data ...] [--seeds 0,1,2] [--settings a,b] [--out rows.jsonl]``
+    The choice (no test record is read): the settings of :data:`SETTINGS` on every validation file and seed.
+``python -m benchmarks.curve_ranking evaluate [--data ...] [--seeds 0,1,2,3,4] [--settings a,b] [--out rows.jsonl]``
+    The test figures of the two layers on the real federation (its test split).
 ``python -m benchmarks.curve_ranking table --rows rows.jsonl``
     Mean ± std over seeds of C, C_td, C - C_td and IBS per stage, data set and setting, and the choice (saved rows).
 
 Data. The bundled sets at their default federation (FLCHAIN, METABRIC, GBSG, WHAS at 5 i.i.d. sites, SBA over its 4
-census regions) and five small public sets that lifelines and scikit-survival ship (:data:`REGISTRY`), written as CSV
-files and run with ``data.name=csv``: NCCTG lung cancer over its institutions (``federation.partition=inst``, the
-9 with at least 10 patients: a small multi-centre federation), the Veterans' lung-cancer trial over its 4 cell types,
-WHAS500, GBSG2 and Rossi at 5 i.i.d. sites. Validation files: for the bundled sets those of
-:func:`benchmarks.setup_share.validation_csv` (each seed's training records of the default federation, 80 %
-``train`` / 20 % ``test``); for the public sets the same within each site (:func:`registry_validation_csv`). Runs
-go through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`) without DP and are scored on the
-pooled validation (or test) parts.
+census regions; ``evaluate`` also the simulated Cox data, ``sim_cox``) and five small public sets that lifelines and
+scikit-survival ship (:data:`REGISTRY`), written as CSV files and run with ``data.name=csv``: NCCTG lung cancer over
+its institutions (``federation.partition=inst``, the 9 with at least 10 patients: a small multi-centre federation),
+the Veterans' lung-cancer trial over its 4 cell types, WHAS500, GBSG2 and Rossi at 5 i.i.d. sites. Validation files:
+for the bundled sets those of :func:`benchmarks.setup_share.validation_csv` (each seed's training records of the
+default federation, 80 % ``train`` / 20 % ``test``); for the public sets the same within each site
+(:func:`registry_validation_csv`). Runs go through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`)
+without DP and are scored on the pooled validation (or test) parts.
 
-What was found (``docs/results/benchmarks/curve_ranking.jsonl``; figures are means over the seeds of the validation
-parts). C_td is computed right: it equals pycox's ``concordance_td("antolini")`` on every run, and Harrell's C (on
-:math:`-\mathrm{RMST}` of the curves over the grid) equals scikit-survival's. The gap comes from the ``interval``
+The cause (rows of setting ``interval, untied``: the network before 2026-11-28, whose interval 0 had weights of its
+own; ``docs/results/benchmarks/curve_ranking.jsonl``; figures are means over the seeds of the validation parts). C_td
+is computed right: it equals pycox's ``concordance_td("antolini")`` on every run, and Harrell's C (on
+:math:`-\mathrm{RMST}` of the curves over the grid) equals scikit-survival's. The gap came from the ``interval``
 layer's first output. The quantile grid starts at :math:`\tau_0 = 0`, so interval 0 is the single point
-:math:`\{0\}`: no event falls in it (bar time-0 records), its logit's dependence on the record is learnt from nothing
+:math:`\{0\}`: no event falls in it (bar time-0 records), its logit's dependence on the record was learnt from nothing
 (every record only "survives" it, and Adam moves those weights at full speed all the same), and
-:math:`\hat S(\tau_0)` orders the records at chance: Harrell's C of that column alone is 0.47-0.53 on FLCHAIN,
+:math:`\hat S(\tau_0)` ordered the records at chance: Harrell's C of that column alone was 0.47-0.53 on FLCHAIN,
 METABRIC, GBSG and WHAS (0.77 on SBA). A right-continuous step curve keeps that value until :math:`\tau_1`, so C_td
-ranks every event of the first interval by it; those events have the largest risk sets and hold 6-16 % of C_td's
-comparable pairs (WHAS 16 %, one seed 21 %). Giving column 0 the order of column 1, and nothing else, brings C_td to
+ranked every event of the first interval by it; those events have the largest risk sets and hold 6-16 % of C_td's
+comparable pairs (WHAS 16 %, one seed 21 %). Giving column 0 the order of column 1, and nothing else, brought C_td to
 at most 0.012 below C on every bundled set (WHAS 0.759 -> 0.828, C 0.840); ranking every event at the end of
 its own interval, to at most 0.002 below it. More intervals dilute the first one (WHAS: C - C_td 0.123 with 10
 intervals, 0.068 with 20, 0.040 with 40), an even grid puts more events in it (WHAS 0.161), 40 rounds instead of 20
 change nothing (0.065). Crossing of the later columns and the one-interval lag of step curves add the rest: little on
 the bundled sets, more on the small public ones, where each interval's weights see few events (Veterans 0.060, GBSG2
-0.035 with ``interval``). The probe :func:`tied_first_interval` (interval 0 takes interval 1's covariate weights)
-closes the gap on every bundled set (|C - C_td| <= 0.013) with C and IBS unchanged, SBA included, but it is no
-default: DP-SGD's ghost clipping replays ``net.layers`` and would clip another function's gradients, and moving the
-tie into the network changes its parameters (``tests/test_dp_step.py`` counts them).
+0.035). The probe of the fix (interval 0 taking interval 1's weights by overriding the forward pass, setting
+``interval, tied first interval (probe)``) closed the gap on every bundled set (|C - C_td| <= 0.013) with C and IBS
+unchanged.
 
-The choice. Candidates are the two risk layers at the model's 20 intervals (``model.num_durations`` is shared with the
-DP recipes, which must not change; the other settings are probes of the hypotheses). A candidate qualifies when on
-every bundled set its mean validation C - C_td is within :data:`TARGET`; among those, the lowest mean rank of C and
-IBS over (data set, seed) on the bundled validation files wins. Only ``proportional`` qualifies (``interval``: 0.068
-on WHAS); its curves never cross, so C_td equals C (up to records with tied risk scores, which Antolini counts as
-discordant and Harrell as half). Its cost: SBA, whose hazards are not proportional, loses 0.005 validation C (0.943
--> 0.938), 0.008 test C (0.949 -> 0.941) and 0.004 IBS; FLCHAIN, METABRIC, GBSG and WHAS keep or gain C (METABRIC
-and WHAS lose up to 0.007 IBS), which is why ``interval`` still ranks better on C and IBS alone (mean rank 0.37 vs
-0.63). Since a default must not lower C, ``interval`` stays the no-DP default (``strategies/config.py``
-``TRAINING_DEFAULTS``) until the tie of :func:`tied_first_interval`, which keeps C, is part of the network and of
-DP-SGD's ghost clipping.
+The fix. :class:`models.survival.HazardMLP`'s ``interval`` layer now ties interval 0 to interval 1 in the network
+(:class:`models.survival.FirstIntervalTie`: ``Linear(width, T - 1)`` without bias, the tie, and the interval baselines
+``β`` as a parameter of their own, which DP-SGD's ghost clipping takes as it takes the proportional layer's). It
+draws another random initialisation than the untied network for the same seed (its output layer is one row smaller),
+so the two are compared over seeds, not run for run.
+
+The choice (:func:`choose`, validation rows only). Candidates are the two risk layers at the model's 20 intervals
+(``model.num_durations`` is shared with the DP recipes, which must not change; the other settings are probes of the
+hypotheses). A candidate qualifies when on every bundled set (a) its mean validation |C - C_td| is within
+:data:`TARGET` and (b) its mean validation C is not below the former default's (``interval, untied``) by more than two
+standard errors of the paired per-seed differences (the issue's "without lowering C"); among those, the lowest mean
+rank of C and IBS over the bundled (data set, seed) groups that ran both wins. Seeds 0-2 everywhere, and 3-7 on
+METABRIC and SBA, whose C moved most between the first runs. The untied layer fails (a) (WHAS 0.068); ``proportional``
+fails (b) on SBA (0.940 against 0.945, paired difference -0.006 ± 0.001: its hazards are not proportional); the tied ``interval`` meets both (worst
+|C - C_td| 0.022 on METABRIC, where C_td is the higher; C differences -0.003 ± 0.006 on METABRIC, -0.001 ± 0.001 on
+SBA) and stays the no-DP default (``strategies/config.py`` ``TRAINING_DEFAULTS``).
+
+Test figures (``evaluate``, seeds 0-4, SBA 0-9; untied -> tied): |C - C_td| 0.013 -> 0.001 (FLCHAIN), 0.015 ->
+0.022 (METABRIC, C_td the higher), 0.022 -> 0.003 (GBSG), 0.052 -> 0.007 (WHAS), 0.010 -> 0.006 (SBA) and 0.119 ->
+0.026 (``sim_cox``); C 0.800 -> 0.800, 0.640 -> 0.647, 0.683 -> 0.684, 0.839 -> 0.839, 0.948 -> 0.947 (paired
+difference -0.001 ± 0.001) and 0.936 -> 0.922 (-0.015 ± 0.016: one seed's C is 0.858, its −RMST ranking swinging
+between 0.80 and 0.86 from round to round while its C_td stays at 0.948; the other four seeds 0.938 both).
 
 Prints one JSON line per run (``--out`` appends them) and the table at the end. The saved rows are the output of
-``diagnose --seeds 0,1``, ``select`` and ``evaluate``.
+``diagnose --seeds 0,1``, ``select`` and ``evaluate`` (those of the untied network relabelled ``..., untied``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import math
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from benchmarks.setup_share import NATURAL, validation_csv
 from flwr_app import interrupt
 from models.data import load_table
 from models.data.federated import SPLIT_STREAM, assign_sites, train_test_positions
 from models.data.partition import stratified_split
-from models.survival import HazardMLP
 from simulations.engine import resolve, run_inprocess
 from simulations.results_file import append_jsonl, mean_std
 
@@ -96,8 +103,9 @@ BUNDLED = ("flchain", "metabric", "gbsg", "whas", "sba")
 TARGET = 0.03
 SITES = 5
 VALIDATION_STREAM = 37
-#: The candidate defaults (the former one first) and the probes of the hypotheses: name -> run-config overrides; a probe
-#: named in :data:`PROBES` also runs inside that context.
+#: The former default's rows: the ``interval`` layer before interval 0 was tied to interval 1 (2026-11-28).
+FORMER = "interval, untied"
+#: The candidate defaults (the default first) and the probes of the hypotheses: name -> run-config overrides.
 CANDIDATES = {"interval": {"model.risk_layer": "interval"}, "proportional": {"model.risk_layer": "proportional"}}
 SETTINGS: dict[str, dict[str, Any]] = {
     **CANDIDATES,
@@ -106,41 +114,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "interval, even grid": {"model.risk_layer": "interval", "model.time_grid": "equidistant"},
     "interval, 40 rounds": {"model.risk_layer": "interval", "federation.rounds": 40},
     "proportional, 40 intervals": {"model.risk_layer": "proportional", "model.num_durations": 40},
-    "interval, tied first interval (probe)": {"model.risk_layer": "interval"},
 }
-#: The test figures: the default layer, the candidate, and the probe.
-EVALUATE = {"interval": {"model.risk_layer": "interval"}, "proportional": {"model.risk_layer": "proportional"},
-            "interval, tied first interval (probe)": {"model.risk_layer": "interval"}}
-
-
-@contextlib.contextmanager
-def tied_first_interval() -> Iterator[None]:
-    r"""Probe, not a default: the ``interval`` layer's interval 0 takes interval 1's covariate weights,
-    :math:`\phi_0(x) = b_0 + w_1^\top z(x)` (its own weights unused), so :math:`\hat S(\tau_0)` orders the records
-    as interval 1's hazard does. It overrides :meth:`models.survival.HazardMLP.forward` in this process, so it holds
-    for the in-process engine's sites (fewer than ``PARALLEL_MIN_SITES``: all in this process) and not for DP-SGD's
-    ghost clipping, which replays ``net.layers`` itself."""
-    original = HazardMLP.forward
-
-    def forward(self: HazardMLP, x: torch.Tensor) -> torch.Tensor:
-        if self.baseline is not None:
-            return original(self, x)
-        hidden = self.layers[:-1](x)
-        output = self.layers[-1]
-        logits = output(hidden)
-        first = output.bias[0] + hidden @ output.weight[1]
-        return torch.cat([first[:, None], logits[:, 1:]], dim=1)
-
-    HazardMLP.forward = forward
-    try:
-        yield
-    finally:
-        HazardMLP.forward = original
-
-
-PROBES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "interval, tied first interval (probe)": tied_first_interval,
-}
+#: The test figures: the two risk layers.
+EVALUATE = CANDIDATES
 
 
 # --------------------------------------------------------------------------- public data sets
@@ -264,12 +240,9 @@ def federation_keys(name: str, folder: Path) -> dict[str, Any]:
 
 
 def run(keys: dict[str, Any], setting: str, overrides: dict[str, Any], seed: int, folder: Path) -> dict[str, Any]:
-    """One run without DP through the apps (inside the setting's probe, if any); its summary and output folder."""
+    """One run without DP through the apps; its summary and output folder."""
     out = Path(tempfile.mkdtemp(dir=folder))
-    probe = PROBES.get(setting, contextlib.nullcontext)
-    with probe():
-        summary = run_inprocess({**keys, "seed": seed, "baseline.centralized": False, "output.dir": str(out),
-                                 **overrides})
+    summary = run_inprocess({**keys, "seed": seed, "baseline.centralized": False, "output.dir": str(out), **overrides})
     return {"summary": summary, "dir": out}
 
 
@@ -286,6 +259,16 @@ def emit(row: dict, rows: list[dict], out: str) -> None:
         append_jsonl(out, row)
 
 
+def _chosen(settings: dict[str, dict[str, Any]], names: str) -> dict[str, dict[str, Any]]:
+    """The settings named in ``names`` (comma-separated; all when empty)."""
+    if not names:
+        return settings
+    unknown = sorted(set(names.split(",")) - set(settings))
+    if unknown:
+        raise SystemExit(f"--settings: unknown {unknown}; choose from {sorted(settings)}")
+    return {name: settings[name] for name in names.split(",")}
+
+
 def run_select(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -293,7 +276,7 @@ def run_select(args: argparse.Namespace) -> list[dict]:
         for name in args.data.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
                 keys = validation_keys(name, seed, folder)
-                for setting, overrides in SETTINGS.items():
+                for setting, overrides in _chosen(SETTINGS, args.settings).items():
                     result = run(keys, setting, overrides, seed, folder)
                     emit({"stage": "select", "data": name, "seed": seed, "setting": setting,
                           **scores(result["summary"])}, rows, args.out)
@@ -307,7 +290,7 @@ def run_evaluate(args: argparse.Namespace) -> list[dict]:
         for name in args.data.split(","):
             keys = federation_keys(name, folder)
             for seed in (int(s) for s in args.seeds.split(",")):
-                for setting, overrides in EVALUATE.items():
+                for setting, overrides in _chosen(EVALUATE, args.settings).items():
                     result = run(keys, setting, overrides, seed, folder)
                     emit({"stage": "evaluate", "data": name, "seed": seed, "setting": setting,
                           "risk_layer": resolve({**keys, "seed": seed, **overrides})[1].model.risk_layer,
@@ -390,30 +373,50 @@ def _cells(rows: list[dict], stage: str) -> dict[tuple[str, str], list[dict]]:
     return cells
 
 
-def choose(rows: list[dict]) -> dict[str, Any]:
-    """The choice of the module text from ``select`` rows: per candidate its worst bundled mean C - C_td, whether it
-    qualifies, and its mean rank of C and IBS over the bundled (data set, seed) groups; the chosen candidate."""
-    cells = _cells(rows, "select")
-    worst = {setting: max(abs(statistics.mean(r["c_index"] - r["c_index_td"] for r in cells[(name, setting)]))
-                          for name in BUNDLED if (name, setting) in cells)
-             for setting in CANDIDATES if any((name, setting) in cells for name in BUNDLED)}
+def _c_change(candidate: list[dict], former: list[dict]) -> tuple[float, float] | None:
+    """Mean and standard error of the paired per-seed C differences, candidate minus former default (None without
+    two seeds in common)."""
+    by_seed = {row["seed"]: row["c_index"] for row in former}
+    diffs = [row["c_index"] - by_seed[row["seed"]] for row in candidate if row["seed"] in by_seed]
+    if len(diffs) < 2:
+        return None
+    return statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def _mean_ranks(rows: list[dict]) -> dict[str, float]:
+    """Mean rank (0 best, 1 worst) of C and IBS over the bundled (data set, seed) groups where every candidate ran."""
     groups: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for row in rows:
         if row["stage"] == "select" and row["data"] in BUNDLED and row["setting"] in CANDIDATES:
             groups[(row["data"], row["seed"])].append(row)
     ranks: dict[str, list[float]] = collections.defaultdict(list)
     for group in groups.values():
+        if len(group) < len(CANDIDATES):
+            continue
         for key, sign in (("c_index", -1.0), ("ibs", 1.0)):
-            order = sorted(group, key=lambda row: sign * row[key])
-            for position, row in enumerate(order):
-                ranks[row["setting"]].append(position / max(1, len(order) - 1))
-    table = {setting: {"worst_gap": gap, "qualifies": gap <= TARGET,
-                       "mean_rank": statistics.mean(ranks[setting]) if ranks[setting] else math.nan}
-             for setting, gap in worst.items()}
+            for position, row in enumerate(sorted(group, key=lambda row: sign * row[key])):
+                ranks[row["setting"]].append(position / (len(group) - 1))
+    return {setting: statistics.mean(values) for setting, values in ranks.items()}
+
+
+def choose(rows: list[dict]) -> dict[str, Any]:
+    """The choice of the module text from ``select`` rows: per candidate its worst bundled mean |C - C_td|, its C
+    change against :data:`FORMER` per bundled set (mean, standard error), whether it qualifies (gap within
+    :data:`TARGET` and no C change below two standard errors) and its mean rank of C and IBS; the best qualifying."""
+    cells = _cells(rows, "select")
+    ranks = _mean_ranks(rows)
+    table: dict[str, dict[str, Any]] = {}
+    for setting in CANDIDATES:
+        names = [name for name in BUNDLED if (name, setting) in cells]
+        if not names:
+            continue
+        gap = max(abs(statistics.mean(r["c_index"] - r["c_index_td"] for r in cells[(name, setting)])) for name in names)
+        change = {name: _c_change(cells[(name, setting)], cells.get((name, FORMER), [])) for name in names}
+        keeps_c = all(value is None or value[0] >= -2.0 * value[1] for value in change.values())
+        table[setting] = {"worst_gap": gap, "c_change": change, "qualifies": gap <= TARGET and keeps_c,
+                          "mean_rank": ranks.get(setting, math.nan)}
     qualified = [setting for setting, value in table.items() if value["qualifies"]]
-    best = min(qualified, key=lambda s: table[s]["mean_rank"]) if qualified else None
-    return {"candidates": table, "best_qualifying": best,
-            "default": "interval: a default must not lower test C, and the qualifying layer costs SBA 0.008"}
+    return {"candidates": table, "best_qualifying": min(qualified, key=lambda s: table[s]["mean_rank"], default=None)}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -447,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=DATA)
     parser.add_argument("--seeds", default="")
     parser.add_argument("--out", default="")
+    parser.add_argument("--settings", default="", help="select, evaluate: only these settings (comma-separated)")
     parser.add_argument("--rows", default="", help="table: the saved rows (JSON lines)")
     args = parser.parse_args(argv)
     if args.stage == "table":

@@ -217,7 +217,12 @@ def load_run(directory: str | Path) -> SavedRun | SplitRun:
         raise ValueError(f"{spec_path}: format {spec.get('format')!r}, expected {PREPROCESSING_FORMAT}")
     preprocessor = Preprocessor.from_dict(spec["preprocessor"])
     model = _model(saved["config"], preprocessor, spec)
-    model.net.load_state_dict(saved["state_dict"])
+    try:
+        model.net.load_state_dict(saved["state_dict"])
+    except RuntimeError as error:  # the network its configuration builds has other parameters
+        raise ValueError(f"{model_path}: its weights do not fit the {saved['config']['model']['name']} network this "
+                         f"version builds from the run's configuration (saved by another fedsurv version?); refit "
+                         f"the run. {str(error).splitlines()[0]}") from None
     if model.needs_baseline:
         if saved.get("baseline") is None:
             raise ValueError(f"{model_path}: a {saved['config']['model']['name']} model without its baseline hazard")

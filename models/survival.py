@@ -193,32 +193,45 @@ def _mlp(
     return net
 
 
+class FirstIntervalTie(nn.Module):
+    r"""Parameter-free: the covariate terms of intervals :math:`1, \dots, T-1`, shape (n, T - 1), become those of
+    all :math:`T` intervals, interval 0 taking interval 1's (:class:`HazardMLP`'s ``interval`` layer)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([x[:, :1], x], dim=1)
+
+
 class HazardMLP(nn.Module):
-    r"""MLP giving one hazard logit per interval, :math:`h_j(x) = \sigma(\phi_j(x))`.
+    r"""MLP giving one hazard logit per interval, :math:`h_j(x) = \sigma(\phi_j(x))`,
+    :math:`\phi_j(x) = \beta_j + w_j^\top z(x)`: an interval baseline :math:`\beta_j` (``baseline``) plus a linear
+    function of the last hidden layer :math:`z(x)`.
 
     Default architecture is FSL-BDP's Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T with SELU.
 
-    ``risk_layer`` (:data:`RISK_LAYERS`) is how the last hidden layer gives the logits:
+    ``risk_layer`` (:data:`RISK_LAYERS`) is how the covariate weights :math:`w_j` are shared:
 
     ``"interval"``
-        ``Linear(width, T)``: every interval has its own function of the record,
-        :math:`\phi_j(x) = w_j^\top z(x) + b_j`, so curves of two records may cross.
+        Every interval has its own weights, so curves of two records may cross; interval 0 shares interval 1's,
+        :math:`w_0 = w_1` (``layers`` ends in ``Linear(width, T - 1)`` without bias and :class:`FirstIntervalTie`).
+        The grid starts at :math:`\tau_0 = 0` (:func:`models.time_grid.make_time_grid`), so interval 0 is the
+        point :math:`\{0\}`: no event falls in it, its own weights would learn from nothing (every record only
+        survives it, and Adam moves weights at full speed however small their gradient), and
+        :math:`\hat S(\tau_0) = 1 - h_0(x)`, which a right-continuous step curve keeps until :math:`\tau_1`, would
+        order the records at chance for every event of the first interval. Tied, it orders them as interval 1's
+        hazard does, while :math:`\beta_0` keeps :math:`h_0` near zero.
     ``"proportional"``
-        One risk score shifting every interval's baseline logit alike,
-        :math:`\phi_j(x) = \beta_j + w^\top z(x)` (``layers`` ends in ``Linear(width, 1)``
-        without bias; ``baseline`` holds :math:`\beta`): the discrete logistic model of
-        Cox (1972, Sec. 6), as :class:`models.multimodal.ProportionalRisk`. The curves never
-        cross, so the ranking of records is the same at every time, and the output layer has
-        ``width`` weights instead of ``width * T``: under DP noise every interval's events
-        train one score.
+        One risk score shifting every interval's baseline logit alike, :math:`w_j = w`
+        (``layers`` ends in ``Linear(width, 1)`` without bias): the discrete logistic model of Cox (1972, Sec. 6),
+        as :class:`models.multimodal.ProportionalRisk`. The curves never cross, so the ranking of records is the
+        same at every time, and the output layer has ``width`` weights instead of ``width * (T - 1)``: under DP
+        noise every interval's events train one score.
 
     Start: with ``baseline_hazard`` :math:`\bar h` (e.g. :func:`models.time_grid.interval_hazard`
-    of the set-up's released counts), the output weights start at zero and the interval logits
-    (the output biases, or :math:`\beta`) at :math:`\operatorname{logit}(\bar h_j)` (clipped to
-    :data:`HAZARD_CLIP`), so the untrained net predicts :math:`\prod_{l \le j}(1 - \bar h_l)` for
-    every record: the covariate-free Kaplan-Meier curve at the cuts. Without it, a data-independent
-    constant hazard :math:`h` with :math:`(1 - h)^T = 1/2`: with zero output biases every interval
-    would start at :math:`h = 1/2` (survival :math:`2^{-T}` at the end), and the first rounds, or a
+    of the set-up's released counts), the output weights start at zero and :math:`\beta_j` at
+    :math:`\operatorname{logit}(\bar h_j)` (clipped to :data:`HAZARD_CLIP`), so the untrained net predicts
+    :math:`\prod_{l \le j}(1 - \bar h_l)` for every record: the covariate-free Kaplan-Meier curve at the cuts.
+    Without it, a data-independent constant hazard :math:`h` with :math:`(1 - h)^T = 1/2`: with zero baselines
+    every interval would start at :math:`h = 1/2` (survival :math:`2^{-T}` at the end), and the first rounds, or a
     noisy DP-SGD run's whole budget, would go into unlearning that.
 
     References
@@ -240,28 +253,26 @@ class HazardMLP(nn.Module):
         super().__init__()
         if risk_layer not in RISK_LAYERS:
             raise ValueError(f"risk_layer must be one of {RISK_LAYERS}, got {risk_layer!r}")
-        proportional = risk_layer == "proportional"
-        self.layers = _mlp(in_features, tuple(hidden), 1 if proportional else num_durations, activation=activation,
-                           dropout=dropout, output_bias=not proportional)
+        if num_durations < 2:
+            raise ValueError(f"num_durations must be at least 2 (interval 0 is the point {{0}}), got {num_durations}")
         if baseline_hazard is None:
             hazard = np.full(num_durations, 1.0 - 0.5 ** (1.0 / num_durations))
         else:
             hazard = np.clip(np.asarray(baseline_hazard, dtype=np.float64), HAZARD_CLIP, 1.0 - HAZARD_CLIP)
             if hazard.shape != (num_durations,) or not np.all(np.isfinite(hazard)):
                 raise ValueError(f"baseline_hazard must be {num_durations} finite hazards, got shape {hazard.shape}")
+        self.baseline = nn.Parameter(torch.from_numpy(np.log(hazard / (1.0 - hazard))).float())
+        interval = risk_layer == "interval"
+        self.layers = _mlp(in_features, tuple(hidden), num_durations - 1 if interval else 1, activation=activation,
+                           dropout=dropout, output_bias=False)
+        if baseline_hazard is not None:
             nn.init.zeros_(self.layers[-1].weight)
-        logits = torch.from_numpy(np.log(hazard / (1.0 - hazard))).float()
-        if proportional:
-            self.baseline = nn.Parameter(logits)
-        else:
-            self.register_parameter("baseline", None)
-            with torch.no_grad():
-                self.layers[-1].bias.copy_(logits)
+        if interval:
+            self.layers.append(FirstIntervalTie())
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits, shape (n, T)."""
-        logits = self.layers(x)
-        return logits if self.baseline is None else logits + self.baseline
+        return self.layers(x) + self.baseline
 
 
 class CoxMLP(nn.Module):

@@ -430,7 +430,7 @@ class ModelConfig:
                                     auto="the model's")
     penalty: float = setting(0.0, "Cox-MLP: lambda * sum |g| penalty of the LS-ADP paper (eq. 5)", bounds=NON_NEGATIVE)
     risk_layer: str = setting(AUTO, "hazard_mlp's output layer: interval (a logit per interval from the last hidden "
-                                    "layer) or proportional (one risk score shifts every interval's baseline logit: "
+                                    "layer; interval 0, the point {0}, shares interval 1's weights) or proportional (one risk score shifts every interval's baseline logit: "
                                     "curves never cross, far fewer output weights)",
                               choices=("interval", "proportional"), auto=_recipe_auto("model.risk_layer"))
 

@@ -127,3 +127,22 @@ def test_evaluate_survival_is_what_score_reports_on_any_records(run, records):
     expected = evaluate_survival(run.times, curves, time=sample["duration"].to_numpy(),
                                  event=sample["event"].to_numpy(), risk=run.risk_score(sample).to_numpy())
     assert run.score(sample) == pytest.approx(expected, nan_ok=True)
+
+
+def test_load_run_refuses_weights_of_another_network_in_one_line(run, tmp_path):
+    """A run whose saved weights do not fit the network its configuration builds (e.g. saved by a version whose
+    interval layer had weights of its own for interval 0) is refused naming the file, not with torch's dump."""
+    import shutil
+
+    import torch
+
+    copy = tmp_path / "old"
+    shutil.copytree(run.directory, copy)
+    saved = torch.load(copy / "model.pt", weights_only=True)
+    last = [name for name in saved["state_dict"] if name.startswith("layers.")][-1]
+    weight = saved["state_dict"][last]
+    saved["state_dict"][last] = torch.cat([weight[:1], weight])  # one weight row per interval, interval 0's own
+    torch.save(saved, copy / "model.pt")
+    with pytest.raises(ValueError, match=r"model\.pt: its weights do not fit the hazard_mlp network") as error:
+        fedsurv.load_run(copy)
+    assert "\n" not in str(error.value)

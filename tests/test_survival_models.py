@@ -67,8 +67,11 @@ def test_hazard_mlp_architecture_and_no_batchnorm_by_default():
     model = build_survival_model("hazard_mlp", in_features=4, cuts=cuts)
     linears = [m for m in model.net.modules() if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [
-        (4, 128), (128, 64), (64, 64), (64, 32), (32, 32), (32, 7)
-    ]
+        (4, 128), (128, 64), (64, 64), (64, 32), (32, 32), (32, 6)
+    ]  # interval 0 (the point {0}) takes interval 1's covariate weights: T - 1 weight rows
+    logits = model.net(torch.randn(9, 4)).detach()
+    beta = model.net.baseline.detach()
+    torch.testing.assert_close(logits[:, 0] - beta[0], logits[:, 1] - beta[1])
     assert sum(isinstance(m, nn.SELU) for m in model.net.modules()) == 5
     dropped = build_survival_model("hazard_mlp", in_features=4, cuts=cuts, dropout=0.2, hidden=(16, 8))
     assert sum(isinstance(m, nn.AlphaDropout) for m in dropped.net.modules()) == 2
@@ -82,6 +85,24 @@ def test_hazard_mlp_architecture_and_no_batchnorm_by_default():
         build_survival_model("deephit", in_features=4, cuts=cuts)
     with pytest.raises(ValueError, match="activation"):
         build_survival_model("cox_mlp", in_features=4, cuts=cuts, activation="swish")
+
+
+def test_interval_hazard_mlp_ranks_the_first_interval_as_the_second_after_training():
+    """Interval 0 is the point {0} of the grid (no event falls in it): its logit keeps interval 1's function of the
+    record through training, so S(tau_0) = 1 - h_0(x) orders the records as h_1 does, not at chance."""
+    x, time, event, _ = _synthetic()
+    cuts = make_time_grid(time, event, num_durations=12)
+    assert cuts[0] == 0.0 and not np.any(discretise(time, event, cuts)[1][discretise(time, event, cuts)[0] == 0])
+    hazard = np.linspace(0.05, 0.3, cuts.size)
+    model = build_survival_model("hazard_mlp", in_features=5, cuts=cuts, hidden=(16,), baseline_hazard=hazard)
+    _, surv = model.predict_survival(x)
+    np.testing.assert_allclose(surv, np.broadcast_to(np.cumprod(1.0 - hazard), surv.shape), rtol=1e-5)
+    train_epochs(model, x, time, event, epochs=5, batch_size=64, lr=0.01, seed=0)
+    logits = model.net(torch.from_numpy(x)).detach().double() - model.net.baseline.detach().double()
+    torch.testing.assert_close(logits[:, 0], logits[:, 1], rtol=0, atol=1e-6)
+    assert logits[:, 1:].std(0).min() > 0  # every later interval learnt a function of the record
+    _, surv = model.predict_survival(x)
+    assert np.array_equal(np.argsort(surv[:, 0], kind="stable"), np.argsort(-logits[:, 1].numpy(), kind="stable"))
 
 
 def test_proportional_hazard_mlp_starts_at_the_baseline_and_ranks_records_alike_at_every_time():

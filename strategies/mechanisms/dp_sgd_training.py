@@ -228,6 +228,13 @@ def per_sample_gradients(
     return (grads, losses) if return_loss else grads
 
 
+def _baseline_grad_sample(layer: HazardMLP, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter,
+                                                                                                  Tensor]:
+    r"""opacus' grad sampler for a :class:`models.survival.HazardMLP`'s own parameter, its interval baselines
+    :math:`\beta`, added to the logits: the per-sample gradient is the logits' output gradient."""
+    return {layer.baseline: backprops}
+
+
 def per_sample_gradients_opacus(
     model: HazardModel, x: Tensor, time: Tensor, event: Tensor, *, grad_sample_module: nn.Module | None = None
 ) -> tuple[dict[str, Tensor], Tensor]:
@@ -257,7 +264,9 @@ def per_sample_gradients_opacus(
     Yousefpour et al. (2021), arXiv:2109.12298 (Opacus); Goodfellow (2015), arXiv:1510.01799.
     """
     from opacus import GradSampleModule
+    from opacus.grad_sample import register_grad_sampler
 
+    register_grad_sampler(HazardMLP)(_baseline_grad_sample)  # the net's own parameter: not a vmap of the whole net
     model = _require_hazard_model(model)
     net = model.net
     params = {name: p for name, p in net.named_parameters() if p.requires_grad}
