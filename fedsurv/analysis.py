@@ -463,10 +463,33 @@ def logrank_test(
         As :func:`kaplan_meier`'s, and: ``group_col`` with a single level; no event at all;
         ``stratified=True`` without ``site_col``; stratified with no site holding two groups.
     """
+    stratified = site_col is not None if stratified is None else stratified
+    records = _logrank_records(data, time_col=time_col, event_col=event_col, site_col=site_col, group_col=group_col,
+                               stratified=stratified)
+    sites = range(len(records.site_labels))
+    # Round 1: each site's distinct event times; the server's union.
+    shared = np.unique(np.concatenate([np.unique(records.time[(records.site == s) & records.event]) for s in sites]))
+    # Round 2: each site's at-risk and event counts per group at the shared times (groups coded 0..G-1).
+    sums = [km.site_logrank_sums(records.time[records.site == s], records.event[records.site == s],
+                                 records.group[records.site == s], shared) for s in sites]
+    result = km.logrank_test(sums, stratified=stratified)
+    labels = pd.Index([records.group_labels[code] for code in result.groups], name=group_col)
+    groups = len(labels)
+    name = "stratified_logrank_test" if stratified else ("logrank_test" if groups == 2 else "multivariate_logrank_test")
+    return LogrankTestResult(
+        statistic=result.statistic, p_value=result.p_value, degrees_of_freedom=result.degrees_of_freedom,
+        observed=pd.Series(result.observed, index=labels, name="observed"),
+        expected=pd.Series(result.expected, index=labels, name="expected"),
+        stratified=stratified, test_name=name, group_col=group_col, site_col=site_col,
+        sites=tuple(records.site_labels), released=_released(records, sums, shared),
+    )
+
+
+def _logrank_records(data: pd.DataFrame, *, time_col: Hashable, event_col: Hashable, site_col: Hashable | None,
+                     group_col: Hashable | None, stratified: bool) -> _Records:
+    """The records of :func:`logrank_test`, refusing in one line what no log-rank test can be computed from."""
     if group_col is None:
         raise ValueError("group_col is None: name the column of the groups to compare (e.g. the treatment arm)")
-    if stratified is None:
-        stratified = site_col is not None
     if stratified and site_col is None:
         raise ValueError("stratified=True needs site_col: name the column of each record's site, "
                          "or pass stratified=False")
@@ -481,29 +504,17 @@ def logrank_test(
     if stratified and not any(np.unique(records.group[records.site == s]).size > 1 for s in sites):
         raise ValueError(f"no site of site_col {site_col!r} holds two levels of group_col {group_col!r}: "
                          "a stratified test has no information; pass stratified=False")
-    # Round 1: each site's distinct event times; the server's union.
-    shared = np.unique(np.concatenate([np.unique(records.time[(records.site == s) & records.event]) for s in sites]))
-    # Round 2: each site's at-risk and event counts per group at the shared times (groups coded 0..G-1).
-    sums, rows = [], []
-    for s in sites:
-        mine = records.site == s
-        part = km.site_logrank_sums(records.time[mine], records.event[mine], records.group[mine], shared)
-        sums.append(part)
-        for j, code in enumerate(part.groups):
-            rows.append(pd.DataFrame({"site": s, "time": shared, "group": code, "at_risk": _as_int(part.at_risk[:, j]),
-                                      "events": _as_int(part.events[:, j])}))
-    result = km.logrank_test(sums, stratified=stratified)
-    labels = pd.Index([records.group_labels[code] for code in result.groups], name=group_col)
-    groups = len(labels)
-    name = "stratified_logrank_test" if stratified else ("logrank_test" if groups == 2 else "multivariate_logrank_test")
+    return records
+
+
+def _released(records: _Records, sums: list[km.LogrankSums], shared: np.ndarray) -> pd.DataFrame:
+    """What the sites released: one row per (site, shared event time, group the site holds) with its counts, in the
+    order of the sites' and groups' codes, labelled as the user gave them."""
+    rows = [pd.DataFrame({"site": s, "time": shared, "group": code, "at_risk": _as_int(part.at_risk[:, j]),
+                          "events": _as_int(part.events[:, j])})
+            for s, part in enumerate(sums) for j, code in enumerate(part.groups)]
     released = pd.concat(rows, ignore_index=True).sort_values(["site", "time", "group"], ignore_index=True)
     released["site"] = [records.site_labels[code] for code in released["site"]]
     released["group"] = [records.group_labels[code] for code in released["group"]]
-    return LogrankTestResult(
-        statistic=result.statistic, p_value=result.p_value, degrees_of_freedom=result.degrees_of_freedom,
-        observed=pd.Series(result.observed, index=labels, name="observed"),
-        expected=pd.Series(result.expected, index=labels, name="expected"),
-        stratified=stratified, test_name=name, group_col=group_col, site_col=site_col,
-        sites=tuple(records.site_labels), released=released,
-    )
+    return released
 
