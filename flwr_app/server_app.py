@@ -43,6 +43,7 @@ from flwr_app.outputs import RunOutputs, load_checkpoint
 from flwr_app.private_split_server import run_private_split
 from flwr_app.vertical_server import FlowerSplitTransport, run_vertical
 from models.data import FederatedDataset
+from models.metrics import km_null_check, km_null_warning
 from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
@@ -510,6 +511,7 @@ def _write_results(
                        exponents=None if strategy.exponents is None else strategy.exponents.tolist())
     if cfg.server_evaluation and not diverged:
         summary["calibration"] = task.calibration(model, dataset)
+        summary["km_null"] = km_null_check(summary["test"].get("ibs", math.nan), summary["calibration"]["ibs_km_null"])
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
     if cfg.centralized_baseline:
         print("training the centralised baseline on the pooled training data ...", flush=True)
@@ -521,6 +523,8 @@ def _write_results(
               f"{_fmt(summary['sites_average'])}", flush=True)
     if "calibration" in summary:
         print(_calibration_line(summary["calibration"]), flush=True)
+    if "km_null" in summary and not summary["km_null"]["below_null"]:
+        print(km_null_warning(summary["km_null"], "the pooled test split"), flush=True)
     if summary["privacy"]["epsilon"] is not None:
         privacy = summary["privacy"]
         classical = (f"; classical epsilon of the same mechanism {privacy['epsilon_classical']:.4f}"

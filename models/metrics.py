@@ -71,6 +71,8 @@ __all__ = [
     "default_eval_times",
     "evaluate_survival",
     "kaplan_meier_curves",
+    "km_null_check",
+    "km_null_warning",
     "survival_at",
     "UNDEFINED_REASONS",
     "undefined_reasons",
@@ -367,6 +369,22 @@ def kaplan_meier_curves(time: np.ndarray, event: np.ndarray, n: int) -> tuple[np
     from sksurv.nonparametric import kaplan_meier_estimator
     km_time, km_surv = kaplan_meier_estimator(event.astype(bool), time)
     return km_time, np.broadcast_to(km_surv, (n, km_surv.size))  # one row, read-only: n x m floats never exist
+
+
+def km_null_check(ibs: float, ibs_km_null: float) -> dict[str, float | bool]:
+    """The model's IBS against the covariate-free Kaplan-Meier curve's on the same records:
+    ``{"ibs", "ibs_km_null", "below_null"}``, ``below_null`` False where the model's IBS is not strictly
+    below the null's (it predicts survival no better than no model), or either figure is undefined."""
+    below = bool(np.isfinite(ibs) and np.isfinite(ibs_km_null) and ibs < ibs_km_null)
+    return {"ibs": float(ibs), "ibs_km_null": float(ibs_km_null), "below_null": below}
+
+
+def km_null_warning(check: dict[str, float | bool], where: str) -> str | None:
+    """One console line when :func:`km_null_check` found the model not below the null (None otherwise)."""
+    if check["below_null"]:
+        return None
+    return (f"warning: the model's IBS {check['ibs']:.4f} on {where} is not below the Kaplan-Meier null's "
+            f"{check['ibs_km_null']:.4f}: its curves predict survival no better than the covariate-free curve")
 
 
 # --------------------------------------------------------------------------- internals

@@ -8,6 +8,7 @@ scores, calibration and plots follow here, once for both.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from models.data.validate import DataValidationError
-from models.metrics import evaluate_survival
+from models.metrics import evaluate_survival, kaplan_meier_curves, km_null_check, km_null_warning
 
 __all__ = ["CurvePredictions", "checked_outcomes"]
 
@@ -65,15 +66,26 @@ class CurvePredictions(ABC):
         return self.predict_percentile(records, 0.5).rename("median_survival_time")
 
     def score(self, records: Any) -> dict[str, float]:
-        """Harrell's C, Antolini's time-dependent C, the IBS and the INBLL on labelled records.
+        """Harrell's C, Antolini's time-dependent C, the IBS and the INBLL on labelled records, and
+        ``ibs_km_null``: the IBS of the covariate-free Kaplan-Meier curve of the same records.
 
         The records carry the outcome columns :attr:`outcome`; the figures are computed as a run
         scores a site's test set (:func:`models.metrics.evaluate_survival`: the IPCW censoring of
         the scored records themselves, ``docs/evaluation.md``). NaN where a figure is undefined.
+        The null curve is fitted on the scored records themselves, a stricter bar than a curve from
+        other records; a ``UserWarning`` says so in one line when the model's IBS is not below it.
         """
         time, event = checked_outcomes(self._labelled(records), self.outcome)
         curves = self.predict_survival(records)
-        return evaluate_survival(self.times, curves.to_numpy(), time=time, event=event, risk=self._score_risk(records))
+        result = evaluate_survival(self.times, curves.to_numpy(), time=time, event=event,
+                                   risk=self._score_risk(records))
+        km_times, km_surv = kaplan_meier_curves(time, event, len(time))
+        result["ibs_km_null"] = evaluate_survival(km_times, km_surv, time=time, event=event, risk=np.zeros(len(time)),
+                                                  concordance_td=False)["ibs"]
+        warning = km_null_warning(km_null_check(result["ibs"], result["ibs_km_null"]), "these records")
+        if warning is not None:
+            warnings.warn(warning.removeprefix("warning: "), UserWarning, stacklevel=2)
+        return result
 
     def _score_risk(self, records: Any) -> np.ndarray | None:
         """The risk :meth:`score` ranks by; ``None``: the curves' −RMST (:func:`evaluate_survival`'s default),

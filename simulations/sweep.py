@@ -15,7 +15,10 @@ job, gathers every job's ``summary.json`` under the sweep directory into
   a run's centralised baseline, when ``baseline.centralized=true``, is a row of its own: strategy
   ``centralized`` without privacy, or ``centralized_dp_sgd`` / ``centralized_bdp`` with the run's
   target epsilon when the run's record-level mechanism was applied to the pooled data);
-* ``summary.csv``: mean and standard deviation over seeds per setting x strategy x target epsilon;
+  its ``test_ibs_km_null`` is the IBS of the covariate-free Kaplan-Meier curve on the same test
+  records (runs with server-side evaluation), the bar a useful model's ``test_ibs`` is below;
+* ``summary.csv``: mean and standard deviation over seeds per setting x strategy x target epsilon
+  (the printed table flags a setting whose mean IBS is not below the null's);
 * ``privacy_utility.png``: test C-index and IBS against epsilon (log axis), one line per DP
   strategy with a +-1 std band, non-DP strategies and the centralised baseline as horizontal
   reference lines.
@@ -368,6 +371,8 @@ def _run_row(summary: Mapping[str, Any], status: Mapping[str, Any], run_dir: Pat
         "num_sites": summary.get("num_sites", status.get("num_sites")),
         "variant": _variant(status),
         **_metrics("test", summary.get("test")),
+        # the covariate-free Kaplan-Meier curve's IBS on the same test records (server-side evaluation only)
+        "test_ibs_km_null": _float((summary.get("km_null") or {}).get("ibs_km_null")),
         **_metrics("oot", summary.get("oot")),
         "wall_time_s": _float(summary.get("wall_time_s")),
         "output_dir": str(run_dir),
@@ -507,6 +512,9 @@ def format_summary(summary: pd.DataFrame, metrics: Sequence[str] = ("test_c_inde
             mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
             cells[metric.removeprefix("test_")] = "-" if pd.isna(mean) else (
                 f"{mean:.4f} ± {std:.4f}" if not pd.isna(std) else f"{mean:.4f}")
+        null, ibs = row.get("test_ibs_km_null_mean"), row.get("test_ibs_mean")
+        if null is not None and not pd.isna(null):
+            cells["km_null_ibs"] = f"{null:.4f}" + ("" if ibs < null else " (model IBS not below)")
         if row["variant"] or len(summary[SETTING_COLUMNS].drop_duplicates()) > 1:
             cells["setting"] = " ".join(str(row[c]) for c in SETTING_COLUMNS if str(row[c]))
         lines.append(cells)

@@ -8,10 +8,12 @@ and a run's calibration report against an independent computation from its saved
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from lifelines import KaplanMeierFitter
 
 from flwr_app import task
+from models.data.files import data_file
 from models.metrics import evaluate_survival
 from models.predict import load_run
 from models.survival import HAZARD_CLIP, build_survival_model
@@ -139,3 +141,29 @@ def test_a_run_reports_calibration_as_an_independent_computation_gives_it(tmp_pa
                                   censor_event=test.event, risk=np.zeros(len(test)))["ibs"]
     assert report["ibs_km_null"] == pytest.approx(reference, rel=1e-9)
     assert set(report["tables"]) == {"pooled test", *(site.name for site in dataset.sites)}
+    assert summary["km_null"] == {"ibs": summary["test"]["ibs"], "ibs_km_null": report["ibs_km_null"],
+                                  "below_null": summary["test"]["ibs"] < report["ibs_km_null"]}
+
+
+def test_a_model_no_better_than_kaplan_meier_is_said_so_in_the_console_the_summary_and_score(tmp_path, capsys):
+    """An untrained network (one round at a negligible learning rate) predicts the Kaplan-Meier start on the
+    grid's 20 cuts, a coarser copy of the null curve: the run says so in one line and flags it; ``score`` warns."""
+    summary = run_inprocess({"data.name": "whas", "federation.num_sites": 2, "federation.rounds": 1, "train.lr": 1e-9,
+                             "baseline.centralized": False, "output.dir": str(tmp_path)})
+    check = summary["km_null"]
+    assert check["below_null"] is False and check["ibs"] >= check["ibs_km_null"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "Kaplan-Meier null" in line]
+    assert lines == [f"warning: the model's IBS {check['ibs']:.4f} on the pooled test split is not below the "
+                     f"Kaplan-Meier null's {check['ibs_km_null']:.4f}: its curves predict survival no better than "
+                     "the covariate-free curve"]
+    run = load_run(tmp_path)
+    records = pd.read_csv(data_file("whas"))
+    with pytest.warns(UserWarning, match=r"^the model's IBS .* on these records is not below the Kaplan-Meier") as seen:
+        scores = run.score(records)
+    assert len(seen) == 1 and scores["ibs"] >= scores["ibs_km_null"]
+    time, event = records[run.outcome[0]].to_numpy(float), records[run.outcome[1]].to_numpy(int)
+    kmf = KaplanMeierFitter().fit(time, event)
+    null_times = np.unique(time)
+    null_surv = np.tile(kmf.survival_function_at_times(null_times).to_numpy(), (len(time), 1))
+    reference = evaluate_survival(null_times, null_surv, time=time, event=event, risk=np.zeros(len(time)))["ibs"]
+    assert scores["ibs_km_null"] == pytest.approx(reference, rel=1e-9)

@@ -187,3 +187,17 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
 
     time.sleep(1.0)
     assert sweep.ray_processes(proc.pid) == []
+
+
+def test_the_table_flags_a_setting_whose_ibs_is_not_below_the_kaplan_meier_null(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    for num, (strategy, target, ibs, null) in enumerate([("fedavg", math.inf, 0.10, 0.14), ("dp_sgd", 1.0, 0.15, 0.14),
+                                                          ("dp_sgd", 1.0, 0.14, 0.14)]):
+        summary = _summary(strategy, num, 0.7, ibs, None if strategy == "fedavg" else 1.0)
+        summary["km_null"] = {"ibs": ibs, "ibs_km_null": null, "below_null": ibs < null}
+        _job(root, num, "ok", target, summary, seed=num)
+    results = sweep.gather(root)
+    assert sorted(results["test_ibs_km_null"]) == [0.14, 0.14, 0.14]
+    lines = sweep.format_summary(sweep.summarize(results)).splitlines()
+    dp, fedavg = next(line for line in lines if "dp_sgd" in line), next(line for line in lines if "fedavg" in line)
+    assert "0.1400 (model IBS not below)" in dp and "not below" not in fedavg and "0.1400" in fedavg
