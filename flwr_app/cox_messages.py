@@ -12,18 +12,39 @@ Message types (``<category>.<action>``, routed by the ClientApp to :mod:`flwr_ap
 ``query.cox_meat``         once, ``cox.robust``: the site's score-residual cross-products at the final β
 ``query.cox_schoenfeld``   once, ``cox.ph_test``: the site's :class:`models.cox.SchoenfeldSums` at the final β
 
-With ``cox.secure_sum = true`` (``cox.strata = site`` only) the sites' moments, Newton sums, robust meat and
-Schoenfeld sums never travel as arrays: the server runs SecAgg+ (:class:`strategies.secure_aggregation.SecureSum`,
-its four stages ``query.secagg_*``) once per query, its stage-2 message carrying the query's arrays and its type
-(:data:`SECURE_QUERY` in the ``config`` record); each site answers with its values in fixed point
-(:func:`to_fixed`), masked, and the server unmasks only their sum over sites (:func:`from_fixed`). Fixed point:
+With ``cox.secure_sum = true`` (``cox.strata = site``, or ``none`` on k points of the set-up's public time grid,
+``cox.grid = k``) the sites' moments, Newton sums (pooled: every cell's :class:`models.cox.RiskSetSums`), robust
+meat and Schoenfeld sums never travel as arrays (the vector of each: :func:`secure_layout`): the server runs SecAgg+
+(:class:`strategies.secure_aggregation.SecureSum`, its four stages ``query.secagg_*``) once per query, its stage-2
+message carrying the query's arrays and its type (:data:`SECURE_QUERY` in the ``config`` record); each site
+answers with its values in fixed point (:func:`to_fixed`), masked, and the server unmasks only their sum over sites
+(:func:`from_fixed`). Fixed point:
 ``v -> round(v * 2^32) mod 2^62`` (:data:`SECURE_SCALE_BITS`, :data:`SECURE_MODULUS_BITS`), decoded with
 :func:`~strategies.secure_aggregation.centred` then ``/ 2^32``: a resolution of 2^-32 (2.3e-10) per site and value,
 fine enough that Newton's step halving (which compares log-likelihoods to 1e-12 relative) and β (to far below
 1e-6) match the clear fit. ``privacy.modulus_bits`` (default 48) is not reused: at 48 bits this resolution would
-leave a log-likelihood range of only ±2^15 = 32768, so the modulus is the protocol's largest, 2^62. A site
-refuses (one line naming the value) any value with ``|v| >= 2^29 / k`` (``k`` the sites of the sum: 1.3e8 for 4
-sites), so that the sum over sites can never wrap around the modulus.
+leave a log-likelihood range of only ±2^15 = 32768, so the modulus is the protocol's largest, 2^62. No site's
+value may reach ``2^29 / k`` in size (:func:`secure_limit`; ``k`` the sites of the sum: 1.3e8 for 4 sites), so
+that the sum over sites can never wrap around the modulus: a site refuses (one line naming the value) any other
+value beyond it, which stops the run.
+
+The pooled risk sums are sums of ``exp(x'β)``, whose size follows β (FLCHAIN, 5 sites: 6e3 at β = 0, 2e12 at
+Newton's first trial step, 3e5 at the fit; the range is 1.07e8). So every pooled Newton query carries a public
+scale ``log_scale``, one number ``c_k`` per cell of the grid (the same for every site; :func:`secure_log_scale`):
+the sites send each cell's risk-weighted sums of ``exp(x'β - c_k)`` and the server multiplies them back by
+``e^c_k`` (:meth:`models.cox.RiskSetSums.rescaled`). Efron's likelihood, score and information do not depend on
+a factor common to every ``exp(x'β)`` of a cell, so the fit is the clear one. ``c`` puts each cell's bound
+(:meth:`~models.cox.RiskSetSums.risk_bound` of the summed sums) at the last point Newton accepted (at the start,
+β = 0: the moments' record count and sums of squares) between 2^-17 and 2^-16 of the range
+(:data:`SECURE_HEADROOM_BITS`): the resolution is then about 2^-45 k of each cell's bound (the log partial
+likelihood within 1e-9 on the bundled data sets, inside Newton's 1e-12 relative comparison), and a
+trial step may grow a cell's sums 2^16-fold. A trial step that takes a site's risk sums beyond the range
+anyway is *out of range*: the site sends uniform random numbers modulo 2^62 instead of its values, with 1 in the
+vector's last number (:data:`OUT_OF_RANGE`, 0 at every other site), so that the server learns only how many
+sites were out of range (every other number of the sum is uniform: not even the other sites' partial sum
+shows), and Newton halves that step as it does a step to a lower log-likelihood (on the bundled data sets only
+where the clear fit halves it too). ``cox.grid = events`` has no secure sum: its grid, the union of
+the sites' event times, is itself what the sum would hide.
 
 Arrays travel in an ``ArrayRecord`` (:data:`ARRAYS`; float64, lossless), the step and the rank offset in a
 ``ConfigRecord`` (:data:`CONFIG`), the site's name in the reply's ``site`` record. What a site computes and releases
@@ -39,12 +60,14 @@ zeros, so in the fit it counts as the reference level.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from models.cox import RISK_WEIGHTED
 from models.data import Preprocessor
 from strategies.config import ExperimentConfig
 from strategies.mechanisms.base import Manifest, ReleasedValue, common_releases
@@ -55,8 +78,10 @@ __all__ = [
     "EVENT_TIMES",
     "MEAT",
     "MOMENTS",
+    "OUT_OF_RANGE",
     "RISK_SET",
     "SCHOENFELD",
+    "SECURE_HEADROOM_BITS",
     "SECURE_MODULUS_BITS",
     "SECURE_QUERY",
     "SECURE_SCALE_BITS",
@@ -67,7 +92,11 @@ __all__ = [
     "decode",
     "encode",
     "from_fixed",
+    "k_point_grid",
     "secure_layout",
+    "secure_limit",
+    "secure_log_scale",
+    "secure_seen",
     "to_fixed",
 ]
 
@@ -121,66 +150,153 @@ def check_beta(beta: np.ndarray | None, p: int) -> np.ndarray:
     return beta
 
 
+def k_point_grid(cuts: np.ndarray, k: int) -> np.ndarray:
+    """The pooled grid of ``cox.strata = none`` with ``cox.grid = k``: ``k`` points of the set-up's time grid
+    ``cuts`` (the ``SiteSpec.cuts`` every party holds before the fit), at the indices ``round(linspace(0, len - 1,
+    k))`` (its first and last cut included; duplicates dropped; every cut when there are no more than ``k``).
+
+    The contract of the k-point grid: the server sends exactly this grid with every pooled query (Newton sums, the
+    robust meat, the PH test's Schoenfeld sums), and a site answers on no other (``flwr_app.cox_client`` computes it
+    from its own copy of the cuts and its own ``cox.grid``, and refuses a query whose grid differs), so the server
+    learns per-cell sums on these ``k`` cells only, as the manifest states (:func:`secure_seen`)."""
+    cuts = np.asarray(cuts, dtype=np.float64).reshape(-1)
+    picked = np.round(np.linspace(0, cuts.size - 1, min(int(k), cuts.size))).astype(int)
+    return cuts[np.unique(picked)]
+
+
 #: The ``config`` key of a secure sum's stage-2 message (``query.secagg_masked``) naming the Cox query it answers.
 SECURE_QUERY = "cox_query"
 #: The secure sum's fixed point: values in units of 2^-SECURE_SCALE_BITS, modulo 2^SECURE_MODULUS_BITS.
 SECURE_SCALE_BITS, SECURE_MODULUS_BITS = 32, 62
+#: The last number of a pooled Newton step's secure vector: 1 from a site whose risk sums are out of range, else 0.
+OUT_OF_RANGE = "out_of_range"
+#: The public scale puts each cell's risk sums' bound at the last accepted Newton point between 2^-17 and 2^-16 of the
+#: fixed point's range: a trial step may grow them 2^16-fold before a site is out of range, and the resolution is
+#: about 2^-45 k of the bound (k sites).
+SECURE_HEADROOM_BITS = 16
 
 
-def secure_layout(message_type: str, p: int) -> tuple[tuple[str, int], ...]:
-    """The vector of a secure Cox query: ``(name, length)`` in order (a symmetric p x p matrix as its upper
-    triangle, ``p(p+1)/2`` numbers); ``ValueError`` for a query with no secure sum."""
+def secure_limit(parties: int) -> float:
+    """The size no site's value of a secure sum over ``parties`` sites may reach: ``2^29 / parties`` (so that the
+    sum of the sites' values, in units of 2^-32, stays below 2^61 and never wraps around the modulus 2^62)."""
+    return 2.0 ** (SECURE_MODULUS_BITS - 1 - SECURE_SCALE_BITS) / max(int(parties), 1)
+
+
+def secure_log_scale(bound: np.ndarray, parties: int) -> np.ndarray:
+    """The public scale of a pooled Newton query over ``parties`` sites, one number ``c_k`` per grid cell: the
+    sites send cell k's risk-weighted sums of ``exp(x'β - c_k)``.
+
+    ``bound``: per cell (or one for every cell), an unscaled bound on the sum over sites of every risk-weighted
+    value there: the pooled :meth:`~models.cox.RiskSetSums.risk_bound` of the last accepted point, or before the
+    first evaluation, at β = 0, the larger of the record count and every covariate's sum of squares. ``c_k`` is
+    the multiple of ln 2 that puts ``bound_k`` between 2^-17 and 2^-16 of :func:`secure_limit`
+    (:data:`SECURE_HEADROOM_BITS`; a power of two, so counts at β = 0 lose nothing to the fixed point), a cell
+    with a zero bound (nobody at risk) the largest cell's. The server computes it from sums over sites only; it is
+    the same for every site. ``ValueError`` unless every bound is finite and at least one positive."""
+    bound = np.asarray(bound, dtype=np.float64)
+    if not (np.all(np.isfinite(bound)) and np.all(bound >= 0) and np.any(bound > 0)):
+        raise ValueError(f"the pooled risk sums' bound must be finite, >= 0 and somewhere > 0, got {bound}")
+    bound = np.where(bound > 0, bound, bound.max())
+    target = secure_limit(parties) / 2.0 ** SECURE_HEADROOM_BITS
+    return np.ceil(np.log2(bound / target)) * math.log(2.0)
+
+
+def secure_layout(message_type: str, p: int, m: int | None = None) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    """The vector of a secure Cox query: ``(name, shape, length)`` in order, ``shape`` the array's shape in the clear
+    reply, ``length`` how many numbers of the vector it takes (a symmetric p x p matrix travels as its upper
+    triangle, ``p(p+1)/2`` numbers; an (m, p, p) array as each cell's upper triangle, ``m p(p+1)/2``).
+
+    ``m``: the number of cells of the pooled grid (``cox.strata = none``); only a Newton step's layout depends on
+    it: ``n``, the :data:`RISK_SET` arrays of :class:`models.cox.RiskSetSums` and :data:`OUT_OF_RANGE` (one number,
+    last) with ``m``, the stratified :class:`models.cox.CoxSums` with ``None``. ``ValueError`` for a query with no
+    secure sum."""
     triangle = p * (p + 1) // 2
+    sums = (("loglik", (1,)), ("score", (p,)), ("information", (p, p)), ("n", (1,)), ("events", (1,)))
+    if m is not None:
+        cell = {"events": (), "event_weight": (), "event_x": (p,), "event_risk": (), "event_risk_x": (p,),
+                "event_risk_xx": (p, p), "risk": (), "risk_x": (p,), "risk_xx": (p, p)}
+        sums = (("n", (1,)), *((name, (int(m), *cell[name])) for name in RISK_SET), (OUT_OF_RANGE, (1,)))
     layouts = {
-        MOMENTS: (("n", 1), ("total", p), ("total_sq", p)),
-        SUMS: (("loglik", 1), ("score", p), ("information", triangle), ("n", 1), ("events", 1)),
-        MEAT: (("meat", triangle),),
-        SCHOENFELD: (("events", 1), ("g_sum", 1), ("g_sq_sum", 1), ("residual_sum", p), ("g_residual_sum", p)),
+        MOMENTS: (("n", (1,)), ("total", (p,)), ("total_sq", (p,))),
+        SUMS: sums,
+        MEAT: (("meat", (p, p)),),
+        SCHOENFELD: (("events", (1,)), ("g_sum", (1,)), ("g_sq_sum", (1,)), ("residual_sum", (p,)),
+                     ("g_residual_sum", (p,))),
     }
     if message_type not in layouts:
         raise ValueError(f"Cox query refused: {message_type!r} has no secure sum (cox.secure_sum)")
-    return layouts[message_type]
+    return tuple((name, shape, int(np.prod(shape[:-2])) * triangle if name in _SYMMETRIC else int(np.prod(shape)))
+                 for name, shape in layouts[message_type])
 
 
-_SYMMETRIC = ("information", "meat")
+#: The arrays sent as upper triangles: p x p matrices, and the (m, p, p) cross-products of a pooled step.
+_SYMMETRIC = ("information", "meat", "event_risk_xx", "risk_xx")
+#: The counts, rounded to integers when decoded.
+_COUNTS = ("n", "events", OUT_OF_RANGE)
 
 
-def to_fixed(arrays: Mapping[str, np.ndarray], message_type: str, p: int, *, parties: int, site: str) -> np.ndarray:
-    """A site's reply ``arrays`` as the secure sum's vector: ``round(v * 2^32) mod 2^62`` (int64); ``ValueError``
-    (one line, naming the site's value) when ``|v| >= 2^29 / parties``, beyond which the sum could wrap."""
-    limit = 2.0 ** (SECURE_MODULUS_BITS - 1 - SECURE_SCALE_BITS) / max(int(parties), 1)
-    parts = []
-    for name, length in secure_layout(message_type, p):
+def to_fixed(arrays: Mapping[str, np.ndarray], message_type: str, p: int, *, parties: int, site: str,
+             m: int | None = None) -> np.ndarray:
+    """A site's reply ``arrays`` as the secure sum's vector (:func:`secure_layout` with ``p`` and ``m``):
+    ``round(v * 2^32) mod 2^62`` (int64), :data:`OUT_OF_RANGE` 0.
+
+    A value beyond :func:`secure_limit` (``|v| >= 2^29 / parties``, beyond which the sum could wrap) or not finite:
+    in the risk-weighted arrays of a pooled Newton step (:data:`models.cox.RISK_WEIGHTED`, whose size follows the
+    server's β and public scale) the site is out of range, and the vector is :func:`_out_of_range_vector` instead;
+    anywhere else ``ValueError`` (one line, naming the site's value), as for an array of the wrong shape."""
+    limit = secure_limit(parties)
+    upper = np.triu_indices(p)
+    layout = secure_layout(message_type, p, m)
+    parts, out_of_range = [], False
+    for name, shape, _ in layout:
+        if name == OUT_OF_RANGE:
+            parts.append(np.zeros(1))
+            continue
         value = np.asarray(arrays[name], dtype=np.float64)
-        if name in _SYMMETRIC:
-            value = value[np.triu_indices(p)]
-        value = value.reshape(-1)
-        if value.size != length:
-            raise ValueError(f"Cox secure sum: '{name}' has {value.size} numbers, not {length}")
+        if value.shape != shape:
+            raise ValueError(f"Cox secure sum: '{name}' has shape {value.shape}, not {shape}")
+        value = (value[..., upper[0], upper[1]] if name in _SYMMETRIC else value).reshape(-1)
         bad = np.flatnonzero(~(np.abs(value) < limit))
-        if bad.size:
+        if bad.size and name in RISK_WEIGHTED and layout[-1][0] == OUT_OF_RANGE:
+            out_of_range = True
+        elif bad.size:
             raise ValueError(f"cox.secure_sum refused: site '{site}' would send {name}[{int(bad[0])}] = "
                              f"{value[bad[0]]:.6g}, beyond the fixed point's range |v| < 2^29/{parties} = {limit:.4g} "
                              f"(2^-{SECURE_SCALE_BITS} modulo 2^{SECURE_MODULUS_BITS}): the sum over sites could wrap "
                              "around; set cox.secure_sum = false")
         parts.append(value)
+    if out_of_range:
+        return _out_of_range_vector(sum(length for _, _, length in layout))
     fixed = np.rint(np.concatenate(parts) * 2.0 ** SECURE_SCALE_BITS).astype(np.int64)
     return np.mod(fixed, np.int64(2) ** SECURE_MODULUS_BITS)
 
 
-def from_fixed(values: np.ndarray, message_type: str, p: int) -> dict[str, np.ndarray]:
+def _out_of_range_vector(length: int) -> np.ndarray:
+    """An out-of-range site's vector: uniform random numbers modulo 2^62 (fresh from the operating system's entropy)
+    in place of its values, and 1 (2^32 in fixed point) in the last, :data:`OUT_OF_RANGE`. In the sum over sites
+    every number but the last is then uniform, whatever the other sites sent (their partial sum stays hidden,
+    unlike with zeros), and the last counts the out-of-range sites."""
+    vector = np.random.default_rng().integers(0, 2 ** SECURE_MODULUS_BITS, size=length, dtype=np.int64)
+    vector[-1] = 2 ** SECURE_SCALE_BITS
+    return vector
+
+
+def from_fixed(values: np.ndarray, message_type: str, p: int, m: int | None = None) -> dict[str, np.ndarray]:
     """The summed arrays of a secure Cox query from its decoded (centred) sum ``values`` (float64, units of
-    2^-32): symmetric matrices rebuilt from their upper triangles, counts rounded to integers."""
+    2^-32; :func:`secure_layout` with ``p`` and ``m``), each in its clear shape: symmetric matrices rebuilt from
+    their upper triangles, counts rounded to integers."""
     values = np.asarray(values, dtype=np.float64) / 2.0 ** SECURE_SCALE_BITS
+    upper = np.triu_indices(p)
     found, start = {}, 0
-    for name, length in secure_layout(message_type, p):
+    for name, shape, length in secure_layout(message_type, p, m):
         value = values[start:start + length]
         start += length
         if name in _SYMMETRIC:
-            matrix = np.zeros((p, p))
-            matrix[np.triu_indices(p)] = value
-            value = matrix + np.triu(matrix, 1).T
-        elif name in ("n", "events"):
+            matrix = np.zeros(shape)
+            matrix[..., upper[0], upper[1]] = value.reshape(*shape[:-2], -1)
+            value = matrix + np.swapaxes(np.triu(matrix, 1), -1, -2)
+        value = value.reshape(shape)
+        if name in _COUNTS:
             value = np.rint(value).astype(np.int64)
         found[name] = value
     return found
@@ -297,7 +413,7 @@ def coxph_manifest(cfg: ExperimentConfig) -> Manifest:
                                     "(sent by the server)" if cox.ph_test == "rank" else ""),
             (f"{SCHOENFELD}/{ARRAYS}.*",)))
     if cox.secure_sum:
-        releases = [_secure_release(release) for release in releases] + _secure_sum_releases()
+        releases = [_secure_release(release, secure_seen(cfg)) for release in releases] + _secure_sum_releases()
     releases += common_releases(cfg, private=False, record_level=False)
     return Manifest("fedavg", "none", tuple(releases))
 
@@ -307,13 +423,28 @@ SECURE_BOOKKEEPING = ("which sites completed each stage of every secure sum and 
                       "disputed a neighbour's share (SecAgg+'s per-site bookkeeping); a drop-out stops the fit")
 
 
-def _secure_release(release: ReleasedValue) -> ReleasedValue:
-    """A Cox release as ``cox.secure_sum`` sends it: in fixed point, masked, through SecAgg+."""
+def secure_seen(cfg: ExperimentConfig) -> str:
+    """What the server sees of the sites' Cox values with ``cox.secure_sum`` (beside :data:`SECURE_BOOKKEEPING`):
+    the sums over sites only, with ``cox.strata = none`` per cell of the public grid (``cox.grid = k``: points of
+    the set-up's time grid, which every party holds before the fit) and, per Newton evaluation, the number of
+    sites out of range (:data:`OUT_OF_RANGE`); nothing per site."""
+    if cfg.cox.strata == "none":
+        return (f"only the sum over sites of each query's values (the risk-set sums per cell of the public grid, "
+                f"cox.grid = {cfg.cox.grid} points of the set-up's time grid, each cell's scaled by the public "
+                "factor exp(-c_k) the server sends), never one site's own values or event counts; and, for each "
+                "Newton evaluation, how many sites' risk sums were beyond the fixed point's range at that beta and "
+                "scale (a count, not which sites: such a site sends uniform random numbers instead of its values, "
+                "and the fit halves that trial step)")
+    return "only the sum over sites of each query's values, never one site's own values"
+
+
+def _secure_release(release: ReleasedValue, seen: str) -> ReleasedValue:
+    """A Cox release as ``cox.secure_sum`` sends it: in fixed point, masked, through SecAgg+; ``seen``: what the
+    server sees of it (:func:`secure_seen`)."""
     return replace(release, detail=f"{release.detail}; in fixed point (2^-{SECURE_SCALE_BITS} modulo "
                                    f"2^{SECURE_MODULUS_BITS}), masked by SecAgg+ (cox.secure_sum)",
-                   reason=("no noise, but through the secure sum: the server sees only the sum over sites, never "
-                           f"this site's own values (the site's ledger records the release as the clear path does); "
-                           f"it still sees {SECURE_BOOKKEEPING}"),
+                   reason=(f"no noise, but through the secure sum: the server sees {seen} (the site's ledger records "
+                           f"the release as the clear path does); it still sees {SECURE_BOOKKEEPING}"),
                    wire=("query.secagg_masked/masked.masked",))
 
 

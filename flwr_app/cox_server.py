@@ -27,9 +27,11 @@ preprocessing (the set-up every horizontal run makes). Then, with the messages o
    prediction of a stratified model, which has no single baseline of its own. In a simulation the server also
    scores the model on the pooled test split (Harrell's C of the linear predictor, IBS, ...).
 
-With ``cox.secure_sum`` (``cox.strata = site``) every query of steps 1, 3 and 4 is one run of SecAgg+
-(:meth:`_Sites.secure_sum`: 4 round trips, no noise, the fixed point of :mod:`flwr_app.cox_messages`): the server
-gets only the sum over sites, and a site failing or dropping out of it stops the run naming that site.
+With ``cox.secure_sum`` (``cox.strata = site``, or ``none`` with ``cox.grid = k``) every query of steps 1, 3 and 4
+is one run of SecAgg+ (:meth:`_Sites.secure_sum`: 4 round trips, no noise, the fixed point of
+:mod:`flwr_app.cox_messages`): the server gets only the sum over sites (pooled: every cell's risk-set sums on the
+public grid, from which it computes the Newton terms, the sandwich's broadcast and the PH test's Efron means and
+Kaplan-Meier curve as in the clear), and a site failing or dropping out of it stops the run naming that site.
 
 Outputs, beside the usual ``config.json``, ``manifest.json`` (every value a site sends, none covered by any ε),
 ``ledger.jsonl``, ``metrics.jsonl`` (one line per Newton evaluation, one for the evaluation), ``model.pt`` and
@@ -61,6 +63,7 @@ from flwr_app.cox_messages import (
     MAX_ABS_BETA,
     MEAT,
     MOMENTS,
+    OUT_OF_RANGE,
     RISK_SET,
     SCHOENFELD,
     SECURE_BOOKKEEPING,
@@ -72,11 +75,15 @@ from flwr_app.cox_messages import (
     decode,
     encode,
     from_fixed,
+    k_point_grid,
     secure_layout,
+    secure_log_scale,
+    secure_seen,
 )
 from flwr_app.outputs import RunOutputs, write_json
 from models import cox
 from models.data import FederatedDataset
+from models.metrics import km_null_check, km_null_warning
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL
@@ -98,9 +105,9 @@ EVALUATION_ROUND = 1
 #: The ledger's statement of a coxph run (every site, one entry).
 NO_PRIVACY = ("Cox regression by Newton-Raphson on the sites' exact sums: every value in manifest.json reaches the "
               "server in the clear")
-#: The ledger's statement of a coxph run with ``cox.secure_sum``.
+#: The ledger's statement of a coxph run with ``cox.secure_sum``; ``{seen}``: :func:`flwr_app.cox_messages.secure_seen`.
 SECURE_NO_NOISE = ("Cox regression by Newton-Raphson on the sums over sites through SecAgg+ (cox.secure_sum, no "
-                   "noise): the server sees only the sums over sites, and " + SECURE_BOOKKEEPING)
+                   "noise): the server sees {seen}, and " + SECURE_BOOKKEEPING)
 #: The confidence level's complement of the summary's intervals (lifelines' default).
 ALPHA = 0.05
 
@@ -176,13 +183,15 @@ class _Sites:
 
     def secure_sum(self, message_type: str, what: str, arrays: Mapping[str, np.ndarray], *, step: int
                    ) -> dict[str, np.ndarray]:
-        """The sites' replies to ``message_type`` summed through SecAgg+ (no noise): every site must complete the
-        protocol; a failure or drop-out at any stage stops the run naming the site (a Newton fit never steps on a
-        changed population)."""
+        """The sites' replies to ``message_type`` summed through SecAgg+ (no noise), in their clear shapes
+        (:func:`~flwr_app.cox_messages.secure_layout`; a pooled Newton step's, which carries the ``grid``, per cell
+        of it): every site must complete the protocol; a failure or drop-out at any stage stops the run naming the
+        site (a Newton fit never steps on a changed population)."""
         from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
 
         nodes = [node for node, _ in self.nodes]
-        dimension = sum(length for _, length in secure_layout(message_type, self.p))
+        m = int(np.asarray(arrays["grid"]).size) if message_type == SUMS and "grid" in arrays else None
+        dimension = sum(length for _, _, length in secure_layout(message_type, self.p, m))
         num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=0, colluding=self.colluding)
         modulus = 2 ** SECURE_MODULUS_BITS
         self.secure_sums += 1
@@ -200,7 +209,7 @@ class _Sites:
             raise CoxSiteError(f"coxph stopped at {what}: the secure sum did not complete ({result.shortfall}); a "
                                f"Newton fit must use the same sites at every step (outputs so far in "
                                f"{self.directory})")
-        return from_fixed(centred(result.total, modulus).astype(np.float64), message_type, self.p)
+        return from_fixed(centred(result.total, modulus).astype(np.float64), message_type, self.p, m)
 
 
 #: The one "site" of a secure sum's reply: the sum over every site.
@@ -209,7 +218,13 @@ SUM_OVER_SITES = "(sum over sites)"
 
 @dataclass
 class _Newton:
-    """The Newton-Raphson loop's view of the sites: one query per evaluation, the replies summed."""
+    """The Newton-Raphson loop's view of the sites: one query per evaluation, the replies summed.
+
+    With ``cox.secure_sum`` and ``cox.strata = none`` every pooled query carries the public scale ``log_scale``
+    (one number per grid cell, the same for every site: :func:`~flwr_app.cox_messages.secure_log_scale`, at the
+    start from the moments, then from the summed sums of each point Newton accepts, :meth:`accept`), and an
+    evaluation at which sites were out of the fixed point's range (their number only; ``out_of_range`` lists
+    ``(evaluation, sites)``) counts as a failed trial step: Newton halves it, as for a lower log-likelihood."""
 
     sites: _Sites
     design: CoxDesign
@@ -221,6 +236,8 @@ class _Newton:
     calls: int = 0
     site_events: dict[str, int] = field(default_factory=dict)
     totals: dict[bytes, cox.RiskSetSums] = field(default_factory=dict)
+    log_scale: np.ndarray | None = None
+    out_of_range: list[tuple[int, int]] = field(default_factory=list)
 
     def __call__(self, beta_z: np.ndarray) -> cox.Terms:
         beta = beta_z / self.std
@@ -238,6 +255,12 @@ class _Newton:
             loglik, score, information = total.terms()
         else:
             total = self.risk_set_sums(beta, self.calls)
+            if total is None:  # sites out of the secure sum's range at this trial step: Newton halves it
+                self.outputs.append_metrics({"round": self.calls, "phase": "newton", "log_likelihood": None,
+                                             "out_of_range_sites": self.out_of_range[-1][1],
+                                             "coef_encoded": beta.tolist(),
+                                             "elapsed_s": time.perf_counter() - self.started})
+                return -math.inf, np.zeros(p), np.eye(p)
             self.totals[beta_z.tobytes()] = total
             loglik, score, information = cox.pooled_newton_terms(total, beta)
         self.outputs.append_metrics({"round": self.calls, "phase": "newton", "log_likelihood": loglik,
@@ -245,24 +268,53 @@ class _Newton:
         # beta_z = beta * std: d/d(beta_z) = d/d(beta) / std
         return loglik, np.asarray(score) / self.std, np.asarray(information) / np.outer(self.std, self.std)
 
-    def risk_set_sums(self, beta: np.ndarray, step: int) -> cox.RiskSetSums:
-        """The summed :class:`models.cox.RiskSetSums` of the sites at ``beta`` (encoded units) on the pooled grid."""
+    def accept(self, beta_z: np.ndarray) -> None:
+        """Newton's accepted point (``accepted`` of :func:`models.cox.newton_raphson`): with the secure sum, the
+        next queries' public scale puts each cell's bound of its summed sums
+        (:meth:`models.cox.RiskSetSums.risk_bound`) between 2^-17 and 2^-16 of the fixed point's range."""
+        total = self.totals.get(beta_z.tobytes())
+        if self.sites.secure and total is not None:
+            self.log_scale = secure_log_scale(total.risk_bound(), len(self.sites.nodes))
+
+    def risk_set_sums(self, beta: np.ndarray, step: int) -> cox.RiskSetSums | None:
+        """The summed :class:`models.cox.RiskSetSums` of the sites at ``beta`` (encoded units) on the pooled grid.
+
+        With the secure sum: asked at the public scale ``log_scale`` and multiplied back
+        (:meth:`~models.cox.RiskSetSums.rescaled`); ``None`` when sites were out of range (their number appended to
+        ``out_of_range``), or :class:`CoxSiteError` where no step can be halved (before any evaluation succeeded,
+        and for the sums after the fit)."""
         assert self.grid is not None
         m, p = self.grid.size, beta.size
         shapes = {"events": (m,), "event_weight": (m,), "event_x": (m, p), "event_risk": (m,),
                   "event_risk_x": (m, p), "event_risk_xx": (m, p, p), "risk": (m,), "risk_x": (m, p),
                   "risk_xx": (m, p, p)}
-        replies = self.sites.ask(SUMS, f"Newton step {step}" if step else "the final sums",
-                                 {"beta": beta, "grid": self.grid}, step=step, expect={"n": (1,), **shapes})
+        what = f"Newton step {step}" if step else "the final sums"
+        arrays = {"beta": beta, "grid": self.grid}
+        if self.sites.secure:
+            assert self.log_scale is not None  # fit_coxph sets the start's
+            arrays["log_scale"] = self.log_scale
+        replies = self.sites.ask(SUMS, what, arrays, step=step, expect={"n": (1,), **shapes})
+        out_of_range = int(replies.get(SUM_OVER_SITES, {}).get(OUT_OF_RANGE, [0])[0])
+        if out_of_range:
+            if step == AFTER_FIT or not self.totals:
+                raise CoxSiteError(f"coxph stopped at {what}: {out_of_range} site(s) had risk sums beyond the secure "
+                                   "sum's range at the server's public scale, where no Newton step can be halved "
+                                   f"(outputs so far in {self.sites.directory})")
+            self.out_of_range.append((step, out_of_range))
+            return None
         parts = [cox.RiskSetSums(self.grid, int(r["n"][0]), **{name: r[name] for name in RISK_SET})
                  for r in replies.values()]
         self.site_events = {name: int(r["events"].sum()) for name, r in replies.items()}
-        return sum(parts[1:], parts[0])
+        total = sum(parts[1:], parts[0])
+        return total.rescaled(self.log_scale) if self.log_scale is not None else total
 
     def total_at(self, beta_z: np.ndarray) -> cox.RiskSetSums:
         """The pooled sums at ``beta_z`` (standardised units): those of that Newton evaluation, else asked again."""
         kept = self.totals.get(beta_z.tobytes())
-        return kept if kept is not None else self.risk_set_sums(beta_z / self.std, AFTER_FIT)
+        if kept is None:
+            kept = self.risk_set_sums(beta_z / self.std, AFTER_FIT)
+            assert kept is not None  # risk_set_sums raises instead after the fit
+        return kept
 
 
 @dataclass
@@ -276,10 +328,12 @@ class CoxFit:
     ph_note: str
     grid_points: int | None
     newton_calls: int
+    out_of_range: tuple[tuple[int, int], ...] = ()
 
 
 def _pooled_grid(cfg: ExperimentConfig, sites: _Sites, cuts: np.ndarray) -> np.ndarray:
-    """The risk-set sums' grid: every site's distinct event times (``cox.grid = events``) or k set-up cuts."""
+    """The risk-set sums' grid: every site's distinct event times (``cox.grid = events``) or the k set-up cuts of
+    :func:`~flwr_app.cox_messages.k_point_grid` (``cox.grid = k``: the only grid a site answers on)."""
     if cfg.cox.grid == "events":
         replies = sites.ask(EVENT_TIMES, "the event times", {})
         for name, reply in replies.items():
@@ -288,8 +342,7 @@ def _pooled_grid(cfg: ExperimentConfig, sites: _Sites, cuts: np.ndarray) -> np.n
                 node = next(node for node, site in sites.nodes if site == name)
                 raise sites.stop("the event times", name, node, "sent a malformed reply: 'times' must be finite times")
         return np.unique(np.concatenate([reply["times"] for reply in replies.values()]))
-    k = int(cfg.cox.grid)
-    return cuts[np.unique(np.round(np.linspace(0, cuts.size - 1, min(k, cuts.size))).astype(int))]
+    return k_point_grid(cuts, int(cfg.cox.grid))
 
 
 def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.ndarray, outputs: RunOutputs,
@@ -308,8 +361,11 @@ def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.
     strata = cfg.cox.strata
     grid = _pooled_grid(cfg, sites, cuts) if strata == "none" else None
     newton_sums = _Newton(sites, design, std, strata, grid, outputs, started)
+    if sites.secure and grid is not None:  # at beta = 0: S0 <= n and every (S2)jj <= the covariate's sum of squares
+        newton_sums.log_scale = secure_log_scale(np.full(grid.size, max(float(moments.n), np.max(moments.total_sq))),
+                                                 len(sites.nodes))
     newton = cox.newton_raphson(newton_sums, p, penalizer=cfg.cox.penalizer * moments.n, max_steps=cfg.cox.max_steps,
-                                tol=cfg.cox.tol)
+                                tol=cfg.cox.tol, accepted=newton_sums.accept)
     beta = newton.beta / std
     events = sum(newton_sums.site_events.values())
     meat = None
@@ -328,7 +384,8 @@ def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.
             ph_test = _ph_test(cfg, sites, newton_sums, newton.beta, result, design)
         except ValueError as err:  # fewer than two events, or every transformed event time equal
             ph_note = f"no proportional-hazards test: {err}"
-    return CoxFit(result, beta, design, ph_test, ph_note, None if grid is None else int(grid.size), newton_sums.calls)
+    return CoxFit(result, beta, design, ph_test, ph_note, None if grid is None else int(grid.size), newton_sums.calls,
+                  tuple(newton_sums.out_of_range))
 
 
 def _ph_test(cfg: ExperimentConfig, sites: _Sites, newton: _Newton, beta_z: np.ndarray, result: cox.CoxResult,
@@ -439,21 +496,72 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
                    secure=cfg.cox.secure_sum, p=design.p, colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
     manifest = coxph_manifest(cfg)
     outputs.write_manifest(manifest.as_dict())
-    where = f"{len(sites.nodes)} sites' own files" if cfg.data.deployed else (
-        f"{len(sites.nodes)} sites, partition '{cfg.federation.partition}'")
-    strata = "stratified by site" if cfg.cox.strata == "site" else f"pooled baseline, grid {cfg.cox.grid}"
-    how = "the sums over sites through SecAgg+" if cfg.cox.secure_sum else "the sites' exact sums"
-    print(f"fedsurv: coxph ({strata}; Newton-Raphson on {how}) | {cfg.data.name} ({where}"
-          f"{f', {len(left_out)} left out' if left_out else ''}) | {design.p} covariates -> {outputs.directory}",
-          flush=True)
-    for note in notes:
-        print(note, flush=True)
+    _announce(cfg, len(sites.nodes), design.p, outputs, left_out, notes)
     fit = fit_coxph(cfg, sites, design, np.asarray(spec.cuts, dtype=np.float64), outputs, started)
     ledger = PrivacyLedger(outputs.ledger_path)
     ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none", adjacency="n/a",
                                 accountant="none", epsilon=None, delta=None,
-                                assumptions=(SECURE_NO_NOISE if cfg.cox.secure_sum else NO_PRIVACY, *notes))
+                                assumptions=(SECURE_NO_NOISE.format(seen=secure_seen(cfg)) if cfg.cox.secure_sum
+                                             else NO_PRIVACY, *notes))
                     for _, name in sites.nodes))
+    evaluation = _evaluate_fit(cfg, grid, survival, model, design, fit, dataset)
+    fit.result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
+    write_json(outputs.directory / COXPH_JSON, _table(fit))
+    record = evaluation.record
+    outputs.append_metrics({"round": fit.newton_calls + 1, "phase": "evaluate", "global_test": evaluation.test,
+                            "sites": site_metrics(record) if record else {},
+                            "failures": record.failures if record else [],
+                            "elapsed_s": time.perf_counter() - started})
+    summary = _summary(cfg, fit, design, evaluation, spec, sites=[name for _, name in sites.nodes],
+                       privacy={**{key: value for key, value in ledger.headline().items() if key != "site"},
+                                "uncovered": [release.value for release in manifest.uncovered]},
+                       left_out=left_out, started=started)
+    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=survival.baseline,
+                       preprocessing=task.preprocessing(cfg, spec), exponents=None)
+    if cfg.server_evaluation and dataset is not None and not evaluation.diverged:
+        from models.plots import plot_survival_vs_km
+
+        summary["calibration"] = task.calibration(model, dataset)
+        summary["km_null"] = km_null_check(evaluation.test.get("ibs", math.nan),
+                                           summary["calibration"]["ibs_km_null"])
+        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}")
+    if cfg.centralized_baseline and dataset is not None:
+        summary["centralized"] = _centralised(cfg, dataset, fit, None if cfg.cox.strata == "site" else
+                                              _grid_of(fit, cfg, dataset, spec), [name for _, name in sites.nodes])
+    outputs.write_summary(summary)
+    _print(cfg, fit, evaluation.test, evaluation.test_source, summary, outputs)
+
+
+def _announce(cfg: ExperimentConfig, num_sites: int, p: int, outputs: RunOutputs, left_out: Mapping[int, str],
+              notes: tuple[str, ...]) -> None:
+    """The run's first console lines: what is fitted, on what, by which sums; the set-up's notes."""
+    where = f"{num_sites} sites' own files" if cfg.data.deployed else (
+        f"{num_sites} sites, partition '{cfg.federation.partition}'")
+    strata = "stratified by site" if cfg.cox.strata == "site" else f"pooled baseline, grid {cfg.cox.grid}"
+    how = "the sums over sites through SecAgg+" if cfg.cox.secure_sum else "the sites' exact sums"
+    print(f"fedsurv: coxph ({strata}; Newton-Raphson on {how}) | {cfg.data.name} ({where}"
+          f"{f', {len(left_out)} left out' if left_out else ''}) | {p} covariates -> {outputs.directory}",
+          flush=True)
+    for note in notes:
+        print(note, flush=True)
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """The fitted model's test figures (``test``, and where they come from), the sites' own (``record``'s), and why
+    there is no baseline hazard (``diverged``; empty when there is one)."""
+
+    test: dict[str, float]
+    test_source: str
+    record: Any
+    sites_test: dict[str, Any]
+    diverged: str
+
+
+def _evaluate_fit(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg, model: SurvivalModel,
+                  design: CoxDesign, fit: CoxFit, dataset: FederatedDataset | None) -> _Evaluation:
+    """The fitted β in ``model``, its federated Breslow baseline and the sites' test metrics (one evaluation round),
+    and, in a simulation with server-side evaluation, its figures on the pooled test split."""
     arrays = _set_weights(model, design, fit.beta)
     survival._evaluate(grid, EVALUATION_ROUND, arrays, survival)  # the Breslow baseline, then the sites' test metrics
     record = survival.rounds.get(EVALUATION_ROUND)
@@ -467,21 +575,18 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
         diverged = "no baseline hazard: no site's Breslow aggregates came back"
     sites_test = dict(sorted(record.evaluate_sites.items())) if record else {}
     if cfg.server_evaluation and dataset is not None and not diverged:
-        test = task.evaluate(model, dataset.pooled("test"))
-        test_source = "the fitted model on the pooled test split (server-side, simulation)"
-    else:
-        test = weighted_nanmean(sites_test)
-        test_source = "weighted mean of the sites' own test metrics"
+        return _Evaluation(task.evaluate(model, dataset.pooled("test")),
+                           "the fitted model on the pooled test split (server-side, simulation)", record, sites_test,
+                           diverged)
+    return _Evaluation(weighted_nanmean(sites_test), "weighted mean of the sites' own test metrics", record,
+                       sites_test, diverged)
+
+
+def _key_figures(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, test: Mapping[str, float]) -> dict[str, Any]:
+    """``summary.json``'s ``coxph`` entry: the fit's key figures."""
     result = fit.result
-    table = result.summary
-    table.to_csv(outputs.directory / COXPH_SUMMARY)
-    write_json(outputs.directory / COXPH_JSON, _table(fit))
-    outputs.append_metrics({"round": fit.newton_calls + 1, "phase": "evaluate", "global_test": test,
-                            "sites": site_metrics(record) if record else {},
-                            "failures": record.failures if record else [],
-                            "elapsed_s": time.perf_counter() - started})
     lr = result.log_likelihood_ratio_test() if result.log_likelihood_null is not None else None
-    key_figures: dict[str, Any] = {
+    figures: dict[str, Any] = {
         "strata": cfg.cox.strata, "n": result.n, "events": result.events, "covariates": design.p,
         "newton_steps": result.steps, "newton_evaluations": fit.newton_calls, "converged": result.converged,
         "log_likelihood": result.log_likelihood, "log_likelihood_null": result.log_likelihood_null,
@@ -489,44 +594,41 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
         "standard_errors": "robust (sandwich)" if cfg.cox.robust else "model-based",
         "references": dict(design.references),
         "coef": result.params.to_dict(), "hazard_ratio": result.hazard_ratios.to_dict(),
-        "se": result.standard_errors.to_dict(), "p": table["p"].to_dict(),
+        "se": result.standard_errors.to_dict(), "p": result.summary["p"].to_dict(),
         "concordance_test": test.get("c_index"),
         "ph_test_p": None if fit.ph_test is None else fit.ph_test["p"].to_dict(),
     }
     if fit.grid_points is not None:
-        key_figures["grid_points"] = fit.grid_points
+        figures["grid_points"] = fit.grid_points
+    if cfg.cox.secure_sum and cfg.cox.strata == "none":  # (Newton evaluation, sites out of the fixed point's range)
+        figures["out_of_range"] = [list(entry) for entry in fit.out_of_range]
+    if not result.converged:
+        figures["not_converged"] = _not_converged(cfg, result)
+    return figures
+
+
+def _summary(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, evaluation: _Evaluation, spec: task.SiteSpec, *,
+             sites: list[str], privacy: dict[str, Any], left_out: Mapping[int, str], started: float) -> dict[str, Any]:
+    """``summary.json`` of a ``coxph`` run, but for the calibration and the in-process reference."""
+    record, sites_test = evaluation.record, evaluation.sites_test
     summary: dict[str, Any] = {
-        "test": test, "test_source": test_source, "sites": site_metrics(record) if record else {},
+        "test": evaluation.test, "test_source": evaluation.test_source,
+        "sites": site_metrics(record) if record else {},
         "sites_mean": weighted_nanmean(sites_test), "sites_average": site_average(sites_test),
-        "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
-                    "uncovered": [release.value for release in manifest.uncovered]},
-        "strategy": cfg.strategy,
+        "privacy": privacy, "strategy": cfg.strategy,
         "data": {"name": cfg.data.name, "features": {"input_columns": list(spec.preprocessor.columns),
                                                       "model_inputs": list(spec.preprocessor.feature_names),
                                                       "covariates": list(design.names)}},
-        "model": cfg.model.name, "coxph": key_figures, "num_sites": len(sites.nodes), "rounds": fit.newton_calls,
-        "seed": cfg.seed, "wall_time_s": time.perf_counter() - started,
+        "model": cfg.model.name, "coxph": _key_figures(cfg, fit, design, evaluation.test), "num_sites": len(sites),
+        "rounds": fit.newton_calls, "seed": cfg.seed, "wall_time_s": time.perf_counter() - started,
     }
     if left_out:
         summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
     if record and record.failures:
         summary["failures"] = record.failures
-    if diverged:
-        summary["diverged"] = diverged
-    if not result.converged:
-        key_figures["not_converged"] = _not_converged(cfg, result)
-    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=survival.baseline,
-                       preprocessing=task.preprocessing(cfg, spec), exponents=None)
-    if cfg.server_evaluation and dataset is not None and not diverged:
-        from models.plots import plot_survival_vs_km
-
-        summary["calibration"] = task.calibration(model, dataset)
-        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}")
-    if cfg.centralized_baseline and dataset is not None:
-        summary["centralized"] = _centralised(cfg, dataset, fit, None if cfg.cox.strata == "site" else
-                                              _grid_of(fit, cfg, dataset, spec), [name for _, name in sites.nodes])
-    outputs.write_summary(summary)
-    _print(cfg, fit, test, test_source, summary, outputs)
+    if evaluation.diverged:
+        summary["diverged"] = evaluation.diverged
+    return summary
 
 
 def _grid_of(fit: CoxFit, cfg: ExperimentConfig, dataset: FederatedDataset, spec: task.SiteSpec) -> np.ndarray:
@@ -534,9 +636,7 @@ def _grid_of(fit: CoxFit, cfg: ExperimentConfig, dataset: FederatedDataset, spec
     if cfg.cox.grid == "events":
         train = dataset.pooled("train")
         return np.unique(train.time[train.event > 0])
-    cuts = np.asarray(spec.cuts, dtype=np.float64)
-    k = int(cfg.cox.grid)
-    return cuts[np.unique(np.round(np.linspace(0, cuts.size - 1, min(k, cuts.size))).astype(int))]
+    return k_point_grid(spec.cuts, int(cfg.cox.grid))
 
 
 def _not_converged(cfg: ExperimentConfig, result: cox.CoxResult) -> str:
@@ -566,6 +666,8 @@ def _print(cfg: ExperimentConfig, fit: CoxFit, test: Mapping[str, float], test_s
     shown = "  ".join(f"{key} {value:.4f}" for key, value in test.items()
                       if key in ("c_index", "c_index_td", "ibs", "inbll") and math.isfinite(value))
     print(f"test ({test_source}): {shown}", flush=True)
+    if "km_null" in summary and not summary["km_null"]["below_null"]:
+        print(km_null_warning(summary["km_null"], "the pooled test split"), flush=True)
     if "centralized" in summary:
         central = summary["centralized"]
         print(f"in-process reference on the pooled training records ({central['label']}): max |coef difference| / "

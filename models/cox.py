@@ -40,7 +40,7 @@ coefficients per unit of the user's columns.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -61,6 +61,7 @@ __all__ = [
     "CoxSums",
     "LikelihoodRatioTest",
     "NewtonResult",
+    "RISK_WEIGHTED",
     "RiskSetSums",
     "SchoenfeldSums",
     "SiteData",
@@ -167,6 +168,26 @@ class RiskSetSums:
     risk_x: np.ndarray
     risk_xx: np.ndarray
 
+    def rescaled(self, log_factor: float | np.ndarray) -> RiskSetSums:
+        r"""These sums with every :math:`\phi_i` multiplied by :math:`e^{c_k}` in cell :math:`k`,
+        ``log_factor`` :math:`c` one number or one per grid point (the :data:`RISK_WEIGHTED` arrays;
+        the counts and event sums unchanged): with :math:`c` the ``log_scale`` of
+        :func:`site_risk_set_sums`, the unscaled sums."""
+        factor = np.broadcast_to(np.exp(np.asarray(log_factor, dtype=np.float64)), self.risk.shape)
+        scaled = {name: getattr(self, name) * factor.reshape(-1, *(1,) * (getattr(self, name).ndim - 1))
+                  for name in RISK_WEIGHTED}
+        return replace(self, **scaled)
+
+    def risk_bound(self) -> np.ndarray:
+        r"""Per grid point (m,), the larger of :math:`S_0` and every :math:`(S_2)_{jj}`: a bound on
+        every risk-weighted value (:data:`RISK_WEIGHTED`) of that cell, in these sums and in any part
+        of them (a site's own, when these are summed over sites): the cell's events are in its risk
+        set, every term of :math:`S_0` and :math:`(S_2)_{jj}` is non-negative, and
+        :math:`|(S_1)_j| \le \sqrt{S_0 (S_2)_{jj}}`, :math:`|(S_2)_{jl}| \le
+        \sqrt{(S_2)_{jj} (S_2)_{ll}}` (Cauchy–Schwarz). The risk sets shrink along the grid, so
+        the first cell's bounds every cell's."""
+        return np.maximum(self.risk, np.max(np.diagonal(self.risk_xx, axis1=1, axis2=2), axis=1, initial=0.0))
+
     def __add__(self, other: RiskSetSums) -> RiskSetSums:
         if not np.array_equal(self.grid, other.grid):
             raise ValueError("RiskSetSums on different grids: every site must use the server's grid")
@@ -174,6 +195,10 @@ class RiskSetSums:
                  "risk", "risk_x", "risk_xx")
         added = {k: getattr(self, k) + getattr(other, k) for k in names}
         return RiskSetSums(self.grid, self.n + other.n, **added)
+
+
+#: The arrays of :class:`RiskSetSums` weighted by :math:`\phi_i` (the rest are counts and event sums).
+RISK_WEIGHTED = ("event_risk", "event_risk_x", "event_risk_xx", "risk", "risk_x", "risk_xx")
 
 
 def _cell_sums(cell: np.ndarray, values: np.ndarray, m: int) -> np.ndarray:
@@ -190,6 +215,7 @@ def site_risk_set_sums(
     grid: np.ndarray,
     *,
     weights: np.ndarray | None = None,
+    log_scale: float | np.ndarray = 0.0,
 ) -> RiskSetSums:
     r"""One site's :class:`RiskSetSums` at ``beta`` on the shared ``grid``.
 
@@ -202,6 +228,11 @@ def site_risk_set_sums(
     inside the cell leave before its events (an approximation whose error shrinks with the
     cell width). One pass: records are binned by their last at-risk cell and the risk-set sums
     are reverse cumulative sums over cells.
+
+    ``log_scale`` :math:`c` (one number, or one per grid point): cell :math:`k`'s
+    :data:`RISK_WEIGHTED` sums are those of :math:`w_i e^{x_i^\top\beta - c_k}` (without forming
+    :math:`e^{x^\top\beta}`, which may overflow). Efron's terms do not change when a cell's every
+    :math:`\phi_i` takes a common factor: :meth:`RiskSetSums.rescaled` by :math:`c` undoes it.
     """
     t, e, w = survival_arrays(time, event, weights)
     x = _design(x, t.size)
@@ -212,7 +243,9 @@ def site_risk_set_sums(
     x, e, w, cell = x[keep], e[keep], w[keep], cell[keep]
     n, p = x.shape
     m = grid.size
-    phi = w * np.exp(x @ beta)
+    scale = np.broadcast_to(np.asarray(log_scale, dtype=np.float64), grid.shape)
+    lowest = float(scale.min()) if m else 0.0
+    phi = w * np.exp(x @ beta - lowest)
     per_record = np.concatenate(
         [phi[:, None], phi[:, None] * x, (phi[:, None, None] * x[:, :, None] * x[:, None, :]).reshape(n, p * p)],
         axis=1,
@@ -221,6 +254,9 @@ def site_risk_set_sums(
     risk = np.cumsum(leaving[::-1], axis=0)[::-1]
     tied = _cell_sums(cell[e], np.concatenate([np.ones((int(e.sum()), 1)), w[e, None], w[e, None] * x[e],
                                                per_record[e]], axis=1), m)
+    if np.any(scale != lowest):  # each cell's own scale
+        factor = np.exp(lowest - scale)[:, None]
+        risk, tied[:, 2 + p :] = risk * factor, tied[:, 2 + p :] * factor
     return RiskSetSums(
         grid=grid,
         n=int(t.size),
@@ -358,6 +394,7 @@ def newton_raphson(
     max_steps: int = 50,
     tol: float = 1e-12,
     init: np.ndarray | None = None,
+    accepted: Callable[[np.ndarray], None] | None = None,
 ) -> NewtonResult:
     r"""Maximise :math:`\ell(\beta) - \tfrac12 \sum_j c_j \beta_j^2` by Newton–Raphson with
     step halving.
@@ -372,7 +409,10 @@ def newton_raphson(
     :math:`U^\top I^{-1} U / 2 < \text{tol}` (the log-likelihood gain the next step would
     bring; :math:`\beta` is then within about :math:`\sqrt{2\,\text{tol}}` standard errors of
     the optimum: 1.4e-6 at the default), without taking that step. Newton converges
-    quadratically, so a smaller ``tol`` costs at most about one more round.
+    quadratically, so a smaller ``tol`` costs at most about one more round. A non-finite
+    log-likelihood (``-inf`` from ``sums_at``: a trial it could not evaluate) counts as lower.
+    ``accepted(beta)``, if given, is called with the start and then with each step's accepted
+    :math:`\beta`, before the next call of ``sums_at`` (which is a trial step from it).
     """
     if p < 1:
         raise ValueError(f"p must be at least 1, got {p}")
@@ -384,6 +424,8 @@ def newton_raphson(
     loglik_null = float(raw[0]) if init is None or not np.any(beta) else None
     loglik, score, information = _penalised(raw, beta, pen)
     for step in range(1, max_steps + 1):
+        if accepted is not None:
+            accepted(beta)
         delta = _newton_step(score, information, step)
         if score @ delta / 2 < tol:
             return NewtonResult(beta, loglik, score, information, loglik_null, step - 1, True)

@@ -618,10 +618,13 @@ class CoxConfig:
                                 "would bring) is below it", bounds=POSITIVE)
     ph_test: str = setting(AUTO, "proportional-hazards test (scaled Schoenfeld residuals, one more release per site: "
                                  "2p + 3 sums) with this time transform, or none", choices=COX_PH_TESTS,
-                           auto="rank for cox.strata = site (log with cox.secure_sum), km for none")
-    secure_sum: bool = setting(False, "cox.strata = site: every site's sums (moments, Newton steps, robust meat, PH "
-                                      "test) travel through SecAgg+ without noise, so the server sees only their sum "
-                                      "over sites (4 round trips per query; fixed point 2^-32 modulo 2^62)")
+                           auto="rank for cox.strata = site (identity with cox.secure_sum: log fails on a time-0 "
+                                "event), km for none")
+    secure_sum: bool = setting(False, "every site's sums (moments, Newton steps, robust meat, PH test) travel through "
+                                      "SecAgg+ without noise, so the server sees only their sum over sites (4 round "
+                                      "trips per query; fixed point 2^-32 modulo 2^62): cox.strata = site, or none "
+                                      "with cox.grid = k (sums per cell of the public grid; the events grid would "
+                                      "reveal every site's event times)")
 
 
 @dataclass(frozen=True)
@@ -986,10 +989,11 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
                           f"(model.num_durations = {points}): raise model.num_durations or "
                           "lower cox.grid")
     ph_test = values["cox.ph_test"]
-    if values["cox.secure_sum"] and strata != "site":
-        raise ConfigError("run config: cox.secure_sum = true supports cox.strata = 'site' only (the pooled fit's "
-                          "per-grid-point sums and event times are not secure-summed): set cox.strata = 'site' or "
-                          "cox.secure_sum = false")
+    if values["cox.secure_sum"] and strata == "none" and grid == "events":
+        raise ConfigError("run config: cox.secure_sum = true with cox.strata = 'none' and cox.grid = 'events' is "
+                          "refused: that grid is the union of every site's event times, sent in the clear, which is "
+                          "what the secure sum would hide; set cox.grid = k (k points of the set-up's public time "
+                          "grid, e.g. 20) or cox.secure_sum = false")
     if values["cox.secure_sum"] and ph_test == "rank":
         raise ConfigError("run config: cox.ph_test = 'rank' needs each site's number of events (its rank offset), "
                           "which cox.secure_sum = true hides: set cox.ph_test to log, identity or none")
@@ -1015,8 +1019,8 @@ def _resolve_auto(values: dict[str, Any]) -> None:
     if values["model.num_durations"] is None:
         values["model.num_durations"] = MODELS[values["model.name"]].num_durations
     if values["cox.ph_test"] is None:
-        values["cox.ph_test"] = ("log" if values["cox.secure_sum"] else "rank") if values["cox.strata"] == "site" \
-            else "km"
+        values["cox.ph_test"] = ("identity" if values["cox.secure_sum"] else "rank") \
+            if values["cox.strata"] == "site" else "km"
     if values["data.test_fraction"] is None:
         values["data.test_fraction"] = DATA_SETS[values["data.name"]].test_fraction
     if values["privacy.adjacency"] is None:

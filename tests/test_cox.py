@@ -151,6 +151,44 @@ def test_site_sums_add_up_to_the_pooled_records_sums() -> None:
         np.testing.assert_allclose(a, b, rtol=1e-10)
 
 
+def test_a_common_scale_of_the_risk_scores_per_cell_changes_no_newton_term() -> None:
+    df, names, t, e = _gbsg2()
+    x = (df[names] - df[names].mean()) / df[names].std()
+    beta = np.random.default_rng(2).normal(scale=0.5, size=len(names))
+    grid = np.quantile(df.loc[df[e] == 1, t], np.linspace(0.05, 1, 12))
+    whole = site_risk_set_sums(x.values, df[t].values, df[e].values, beta, grid)
+    for log_scale in (30.0, np.linspace(-5.0, 40.0, grid.size)):  # one number, or one per cell
+        scaled = site_risk_set_sums(x.values, df[t].values, df[e].values, beta, grid, log_scale=log_scale)
+        np.testing.assert_allclose(scaled.risk, whole.risk * np.exp(-np.broadcast_to(log_scale, grid.shape)),
+                                   rtol=1e-12)
+        back = scaled.rescaled(log_scale)
+        for a, b in zip(pooled_newton_terms(back, beta), pooled_newton_terms(whole, beta)):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+        np.testing.assert_array_equal(scaled.event_x, whole.event_x)
+    bound = whole.risk_bound()
+    for name in ("event_risk", "event_risk_x", "event_risk_xx", "risk", "risk_x", "risk_xx"):
+        value = np.abs(getattr(whole, name)).reshape(grid.size, -1)
+        assert np.all(value.max(axis=1) <= bound * (1 + 1e-12)), name
+
+
+def test_newton_reports_each_accepted_point_and_halves_a_trial_it_cannot_evaluate() -> None:
+    df, names, t, e = _gbsg2()
+    x = ((df[names] - df[names].mean()) / df[names].std()).values
+    calls, accepted = [], []
+
+    def sums_at(beta):  # the first trial step "cannot be evaluated": -inf, as an out-of-range secure sum
+        calls.append(beta.copy())
+        if len(calls) == 2:
+            return -np.inf, np.zeros(beta.size), np.eye(beta.size)
+        return site_sums_stratified(x, df[t].values, df[e].values, beta).terms()
+
+    result = newton_raphson(sums_at, len(names), accepted=lambda beta: accepted.append(beta.copy()))
+    assert result.converged and np.array_equal(accepted[0], np.zeros(len(names)))
+    np.testing.assert_allclose(calls[2], calls[1] / 2)  # halved
+    assert len(accepted) == result.steps + 1 and np.array_equal(accepted[-1], result.beta)
+    assert all(any(np.array_equal(point, call) for call in calls) for point in accepted)
+
+
 def _lifelines_efron(x, t, e, w, beta) -> tuple[float, np.ndarray, np.ndarray]:
     """lifelines' own per-stratum Efron sums (sorted by time, as it requires)."""
     order = np.lexsort((e, t))

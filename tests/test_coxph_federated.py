@@ -14,51 +14,17 @@ from lifelines import CoxPHFitter
 from lifelines.statistics import proportional_hazard_test
 
 import fedsurv
-from flwr_app import cox_client, task
+from benchmarks.coxph_reference import lifelines_fit as _lifelines
+from benchmarks.coxph_reference import reference_frame as _reference
+from flwr_app import cox_client, cox_server, task
 from flwr_app.config import ConfigError, parse_run_config
-from flwr_app.cox_messages import SUMS, encode
+from flwr_app.cox_messages import MEAT, SCHOENFELD, SUMS, decode, encode, k_point_grid
+from flwr_app.cox_server import CoxSiteError
 from models.cox_run import CoxRun
 from models.predict import load_run
 from simulations.engine import resolve, run_inprocess
 
-TIGHT = {"precision": 1e-12, "r_precision": 1e-15}
 FAST = {"evaluation.server_side": False, "baseline.centralized": False}
-
-
-def _reference(overrides: dict) -> tuple[pd.DataFrame, list[str]]:
-    """Every site's training records as lifelines sees them, built from the data set and its preprocessing alone:
-    numeric columns in their raw units (the standardisation undone), one 0/1 column per categorical level but the
-    first (the reference), and the site's name as ``site``."""
-    _, cfg = resolve({"model.name": "coxph", **overrides})
-    dataset = task.load_federation(cfg)
-    pre = dataset.preprocessor
-    names, columns, position = [], [], 0
-    for column in pre.columns:
-        if column in pre.means:
-            names.append(column)
-            columns.append((position, pre.stds[column], pre.means[column]))
-            position += 1
-        else:
-            levels = pre.categories[column]
-            names += [f"{column}={level}" for level in levels[1:]]
-            columns += [(position + k, 1.0, 0.0) for k in range(1, len(levels))]
-            position += len(levels)
-    frames = []
-    for site in dataset.sites:
-        x = np.asarray(site.train.x, dtype=np.float64)
-        values = np.column_stack([x[:, j] * scale + shift for j, scale, shift in columns])
-        frames.append(pd.DataFrame(values, columns=names).assign(T=site.train.time, E=site.train.event,
-                                                                  site=site.name))
-    return pd.concat(frames, ignore_index=True), names
-
-
-def _lifelines(frame: pd.DataFrame, *, strata: bool = True, penalizer: float = 0.0, robust: bool = False
-               ) -> CoxPHFitter:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return CoxPHFitter(penalizer=penalizer).fit(frame if strata else frame.drop(columns="site"), "T", "E",
-                                                     strata=["site"] if strata else None, robust=robust,
-                                                     fit_options=TIGHT)
 
 
 def _assert_equal(run: CoxRun, cph: CoxPHFitter, names: list[str]) -> float:
@@ -105,6 +71,8 @@ def test_a_full_run_writes_the_outputs_tests_proportional_hazards_and_predicts(t
     assert summary["centralized"]["max_abs_coef_diff_over_se"] < 1e-6
     assert "Cox sums" in summary["privacy"]["uncovered"] and summary["privacy"]["epsilon"] is None
     assert set(summary["sites"]) == {"site-0", "site-1", "site-2"}
+    assert summary["km_null"] == {"ibs": summary["test"]["ibs"], "ibs_km_null": summary["calibration"]["ibs_km_null"],
+                                  "below_null": True}
     run = load_run(tmp_path)
     frame, names = _reference(overrides)
     cph = _lifelines(frame)
@@ -197,6 +165,86 @@ def test_a_site_refuses_what_its_own_config_does_not_plan():
     with pytest.raises(ValueError, match=r"robust standard errors \(cox.robust\)"):
         cox_client.meat(Message(content=encode({"beta": np.zeros(6)}, {"step": 0}), dst_node_id=1,
                                 message_type="query.cox_meat"), context)
+
+
+#: A pooled fit on k = 20 points of the set-up's time grid, robust errors and the PH test: every pooled query.
+POOLED_K = {"data.name": "whas", "federation.num_sites": 3, "cox.strata": "none", "cox.grid": "20",
+            "cox.robust": True, "cox.ph_test": "identity"}
+
+
+def _forged_grids(cuts: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
+    """Grids a dishonest server could send instead of the 20 points: finer ones, one around single records, and
+    20 points that are not the set-up's."""
+    honest = k_point_grid(cuts, 20)
+    return {"every cut": cuts, "2000 points": np.linspace(cuts[0], cuts[-1], 2000),
+            "around each record": np.unique(np.concatenate([times - 1e-6, times])),
+            "20 shifted points": honest + 0.5, "10 of the 20": honest[:10]}
+
+
+def test_a_site_answers_pooled_queries_only_on_the_k_points_of_its_own_set_up_grid(monkeypatch):
+    from simulations import engine
+
+    for name, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 1)):
+        monkeypatch.setattr(engine.TaskIdentity, name, value)  # the honest reply is stamped with them
+    context = _site_context(POOLED_K)
+    _, cfg = resolve({"model.name": "coxph", **FAST, **POOLED_K})
+    cuts, site = task.federation_setup(cfg).cuts, task.load_federation(cfg).sites[0]
+    honest = k_point_grid(cuts, 20)
+    assert honest.size == 20 and cuts.size > 20
+    reply = cox_client.sums(Message(content=encode({"beta": np.zeros(6), "grid": honest}, {"step": 1}),
+                                    dst_node_id=1, message_type=SUMS), context)
+    assert decode(reply.content)["risk_x"].shape == (20, 6)
+    queries = ((cox_client.sums, SUMS, lambda m: {}),
+               (cox_client.meat, MEAT, lambda m: {"hazard_increment": np.zeros(m), "mean_x": np.zeros((m, 6))}),
+               (cox_client.schoenfeld, SCHOENFELD, lambda m: {"event_means": np.zeros((m, 6))}))
+    for label, grid in _forged_grids(cuts, np.asarray(site.train.time, dtype=np.float64)).items():
+        for handler, kind, broadcast in queries:  # each query as the server would send it, on the forged grid
+            arrays = {"beta": np.zeros(6), "grid": grid, **broadcast(grid.size)}
+            request = Message(content=encode(arrays, {"step": 0}), dst_node_id=1, message_type=kind)
+            with pytest.raises(ValueError, match=r"^Cox query refused: this run's config \(cox.grid = 20\) answers "
+                                                 r"only on the 20 points of the set-up's time grid it picks") as refused:
+                handler(request, context)
+            assert "\n" not in str(refused.value), (label, kind)
+            assert f"got {grid.size} point(s)" in str(refused.value), (label, kind)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_server_sending_a_finer_grid_gets_no_sums_and_the_fit_stops(secure, tmp_path, monkeypatch):
+    _, cfg = resolve({"model.name": "coxph", **FAST, **POOLED_K})
+    train = task.load_federation(cfg).pooled("train")
+    forged = np.unique(np.concatenate([train.time - 1e-6, train.time]))  # a cell around every record
+    monkeypatch.setattr(cox_server, "k_point_grid", lambda cuts, k: forged)  # the server's choice only
+    sent, answered = [], []
+
+    def observe(message, reply):  # every query carrying a grid: in the clear, or a secure sum's masked stage
+        arrays = message.content.array_records.get("cox")
+        if arrays is not None and "grid" in arrays:
+            sent.append(int(arrays["grid"].numpy().size))
+            if not reply.has_error():
+                answered.append(message.metadata.message_type)
+
+    refused = (r"^coxph stopped at Newton step 1: site 'site-\d' \(node \d+\)( in the secure sum's secagg_masked "
+               r"stage,)? failed: Cox query refused: this run's config \(cox.grid = 20\) answers only on the 20 points")
+    with pytest.raises(CoxSiteError, match=refused):
+        run_inprocess({"model.name": "coxph", **FAST, **POOLED_K, "cox.secure_sum": secure,
+                       "output.dir": str(tmp_path)},
+                      observe=observe)
+    assert sent and set(sent) == {forged.size} and forged.size > 100  # the forged grid reached the sites
+    assert not answered  # and no site sent a sum on it
+
+
+def test_a_deployed_site_checks_the_grid_against_the_set_up_it_stored(tmp_path, monkeypatch, capsys):
+    from tests.test_manifest import flchain_site_files
+
+    configs = flchain_site_files(tmp_path)
+    overrides = {"model.name": "coxph", **FAST, **POOLED_K, "data.name": "site_files", "data.time_col": "futime",
+                 "data.event_col": "death"}
+    honest = run_inprocess({**overrides, "output.dir": str(tmp_path / "honest")}, node_configs=configs)
+    assert honest["coxph"]["converged"] and honest["coxph"]["grid_points"] == 20  # the spec's cuts, via JSON
+    monkeypatch.setattr(cox_server, "k_point_grid", lambda cuts, k: np.asarray(cuts)[:-1])  # all but one cut
+    with pytest.raises(CoxSiteError, match=r"coxph stopped at Newton step 1: site 'site-\d' .*could not handle"):
+        run_inprocess({**overrides, "output.dir": str(tmp_path / "forged")}, node_configs=configs)
+    assert "Cox query refused: this run's config (cox.grid = 20) answers only on the 20 points" in capsys.readouterr().err
 
 
 def test_a_site_failing_during_newton_stops_the_run_naming_it(tmp_path):
