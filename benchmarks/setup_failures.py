@@ -59,12 +59,12 @@ def count(overrides: dict, seeds: int) -> dict:
     failures, fallbacks, first_error = 0, collections.Counter(), ""
     for seed in range(seeds):
         try:
-            notes = federation_setup(resolve({**overrides, "seed": seed})[1]).notes
+            settled = federation_setup(resolve({**overrides, "seed": seed})[1]).fallbacks
         except Exception as err:  # noqa: BLE001 - every failure is what is counted
             failures += 1
             first_error = first_error or f"{type(err).__name__}: {err}"[:300]
             continue
-        fallbacks.update("left out" if "leaves it out" in note else "scan" for note in notes)
+        fallbacks.update(settled.values())
     return {"runs": seeds, "failures": failures, "fallbacks": dict(fallbacks), "first_error": first_error}
 
 

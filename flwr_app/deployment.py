@@ -69,6 +69,7 @@ from strategies.mechanisms.setup_statistics import (
     agree_ranges,
     accountant_history,
     agreed_count,
+    check_inputs,
     implausible_ranges,
     pass_history,
     release_moments,
@@ -207,10 +208,12 @@ class SiteSetup:
         Node ID -> why that site was left out (its error reply, naming file, column and problem;
         no reply; or a schema that differs from the others').
     notes
-        How the private set-up settled ranges that did not stand out of its noise (one sentence
-        each: :meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
+        How the private set-up settled ranges that did not stand out of its noise (one sentence:
+        :meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
     recalibration
         The recalibration planned after training (a private set-up's hazard model), or None.
+    left_out_columns
+        The feature columns the private set-up left out of the model (no range stood out of its noise).
     """
 
     spec: task.SiteSpec
@@ -219,6 +222,7 @@ class SiteSetup:
     setups: dict[str, SiteSetUp]
     notes: tuple[str, ...] = ()
     recalibration: RecalibrationPlan | None = None
+    left_out_columns: tuple[str, ...] = ()
 
 
 class ParticipatingSites(Grid):
@@ -477,6 +481,7 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     _enough(cfg, releases, nodes, left_out)
     try:
         ranges = agree_ranges(plan, functools.reduce(operator.add, releases.values()))
+        check_inputs(plan, ranges, functools.reduce(operator.add, releases.values()))  # before the second pass
     except SetupNoiseError as err:
         raise RuntimeError(f"set-up: {err}") from None
     second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict(), "dictionary": public}
@@ -498,7 +503,8 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     filters = {node: announced for node in counts if (announced := _announced(first[node])) is not None}
     agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
                          timeout=timeout, filters=filters)
-    return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration)
+    return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration,
+                               left_out_columns=shared.left_out)
 
 
 def _announced(reply: Mapping[str, Any]) -> SiteFilter | None:

@@ -303,13 +303,13 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         setup = deployment.prepare_sites(grid, cfg)
         model, setups, left_out = task.model_from_spec(cfg, setup.spec), setup.setups, setup.left_out
         node_sites, spec, setup_notes = dict(setup.sites), setup.spec, setup.notes
-        recalibration = setup.recalibration
+        recalibration, dropped = setup.recalibration, setup.left_out_columns
     else:
         dataset = task.load_federation(cfg)
         _check_aggregation(cfg, mechanism, dataset.num_sites)
         agreed = task.federation_setup(cfg)
         model, setups, setup_notes = task.build_model(cfg, dataset), agreed.setups, agreed.notes
-        recalibration = agreed.recalibration
+        recalibration, dropped = agreed.recalibration, agreed.left_out
         spec = task.run_spec(cfg, dataset)
         wait_for_sites(grid, dataset.num_sites, simulated=True)
         node_sites = {}
@@ -449,14 +449,14 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
                                f"once the sites are back, continue with resume.from = '{outputs.directory}'") from err
     _write_results(cfg, mechanism, dataset, spec, num_sites, model, arrays, survival, ledger, outputs,
                    time.perf_counter() - started, resumed_after_round=resumed.last_round if resumed else 0,
-                   left_out=left_out)
+                   left_out=left_out, setup={"left_out_columns": list(dropped), "notes": list(setup_notes)})
 
 
 def _write_results(
     cfg: ExperimentConfig, mechanism: HorizontalMechanism, dataset: FederatedDataset | None, spec: task.SiteSpec,
     num_sites: int, model: SurvivalModel,
     arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
-    *, resumed_after_round: int = 0, left_out: Mapping[int, str] | None = None,
+    *, resumed_after_round: int = 0, left_out: Mapping[int, str] | None = None, setup: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the summary, the model and (with the pooled data of a simulation) calibration and the baseline.
 
@@ -465,6 +465,8 @@ def _write_results(
     ``left_out``: the deployed sites left out at set-up, node ID -> why (``summary["left_out"]``).
     ``spec``: the agreed preprocessing, time grid and time scale, saved beside the model
     (``preprocessing.json``); ``summary["data"]["features"]`` names its input columns and model inputs.
+    ``setup``: with a private set-up, ``summary["setup"]``: the columns it left out of the model (no range stood out
+    of its noise, ``left_out_columns``) and its console line on the fallbacks (``notes``).
     """
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
@@ -492,6 +494,8 @@ def _write_results(
         "seed": cfg.seed,
         "wall_time_s": wall_time_s,
     }
+    if setup is not None and task.uses_private_setup(cfg):
+        summary["setup"] = dict(setup)
     if left_out:
         summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
     if last and last.evaluate_local:  # their policy keeps their test metrics at the site: in no figure above

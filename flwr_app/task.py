@@ -10,7 +10,7 @@ import functools
 import json
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -73,9 +73,13 @@ class FederationSetUp:
         (:func:`models.time_grid.time_counts`); None when the private set-up released no time
         histogram (a public time grid).
     notes
-        How the private set-up settled ranges that did not stand out of its noise (one sentence each).
+        How the private set-up settled ranges that did not stand out of its noise (one sentence:
+        :meth:`~strategies.mechanisms.setup_statistics.AgreedRanges.describe`).
     recalibration
         The planned recalibration after training (a private set-up's hazard model with enough records), or None.
+    fallbacks
+        How the private set-up settled the ranges that did not stand out of its noise: column (or ``"time"``)
+        -> ``"scan"`` or ``"left out"`` (:attr:`~strategies.mechanisms.setup_statistics.AgreedRanges.fallbacks`).
     """
 
     cuts: np.ndarray
@@ -85,6 +89,12 @@ class FederationSetUp:
     time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     notes: tuple[str, ...] = ()
     recalibration: RecalibrationPlan | None = None
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        """The feature columns the private set-up left out of the model, in the table's order."""
+        return tuple(c for c, how in self.fallbacks.items() if how == "left out")
 
 
 #: Stream of the simulated sites' set-up noise (beside the partition's and the split's).
@@ -141,7 +151,7 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
         plan = setup_plan(cfg, next(iter(sites.values()))[0])
         assert plan is not None
         rngs = {name: np.random.default_rng([cfg.seed, SETUP_STREAM, index]) for index, name in enumerate(sites)}
-        shared, counts = run_setup(plan, sites, rngs, num_durations=cfg.model.num_durations)
+        shared, counts = run_setup(plan, sites, rngs, num_durations=cfg.model.num_durations, require_inputs=True)
         agreed.update(plan=plan, shared=shared, counts=counts)
         return shared.preprocessor
 
@@ -167,8 +177,8 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
         counts = {site.name: float(len(site.train)) for site in dataset.sites}
     smallest = min(counts.values())
     setups = {name: SiteSetUp(count=count, min_count=smallest, prior=prior) for name, count in counts.items()}
-    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted, agreed["shared"].notes if agreed else (),
-                                    recalibration)
+    notes, fallbacks = (agreed["shared"].notes, agreed["shared"].fallbacks) if agreed else ((), {})
+    return dataset, FederationSetUp(cuts, time_scale, setups, plan, counted, notes, recalibration, fallbacks)
 
 
 def _simulation_key(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -220,7 +230,8 @@ def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
                     counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray | None:
     """The hazard model's starting hazard per interval: :func:`models.time_grid.interval_hazard` of the
     set-up's time ``counts`` on ``cuts`` (a private set-up's histogram: the curve of
-    :func:`models.time_grid.histogram_survival`, whose quantiles the cuts are).
+    :func:`models.time_grid.histogram_survival` at the cuts, which follow the histogram's events; a cell
+    where the denoised histogram holds no event starts at the smallest hazard the model takes).
 
     Post-processing of what the set-up released (a private set-up's noisy time histogram; an exact
     set-up's pooled times), so it costs no privacy. None for the Cox models (their baseline is the

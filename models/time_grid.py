@@ -3,8 +3,9 @@ r"""The time grid of the discrete-time models, from times or from counts (numpy 
 :func:`make_time_grid` gives the cut points of the hazard model's intervals from training times
 (pycox ``LabTransDiscreteTime``'s ``"quantiles"`` and ``"equidistant"`` schemes);
 :func:`time_histogram` and :func:`time_grid_from_histograms` give the same grid from the sites'
-summed histograms, and :func:`time_grid_from_counts` from (possibly fractional, denoised) counts,
-which the differentially private set-up (:mod:`strategies.mechanisms.setup_statistics`) uses.
+summed histograms, and :func:`time_grid_from_counts` from (possibly fractional, denoised) counts;
+:func:`event_quantile_grid` gives cuts at the quantiles of events counted per interval of a noisy
+histogram, which the differentially private set-up (:mod:`strategies.mechanisms.setup_statistics`) uses.
 :func:`interval_hazard` gives the Kaplan-Meier hazard per interval of the grid from the same counts
 (:func:`time_counts` of exact times), the hazard model's data-driven start.
 :mod:`models.survival` discretises times on the grid and builds the models on it.
@@ -12,10 +13,13 @@ which the differentially private set-up (:mod:`strategies.mechanisms.setup_stati
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = [
     "check_time_event",
+    "event_quantile_grid",
     "interval_hazard",
     "make_time_grid",
     "time_grid_from_counts",
@@ -257,6 +261,64 @@ def time_grid_from_histogram(
     cuts = np.unique(np.where(reached == 0, 0.0, cuts))
     cuts[0] = 0.0
     return cuts
+
+
+def event_quantile_grid(
+    edges: np.ndarray, events: np.ndarray, *, num_durations: int, floor: float = 0.0,
+) -> np.ndarray:
+    r"""Cuts at equally spaced quantiles of the events counted per interval, linear within intervals.
+
+    Interval :math:`j`, :math:`(e_j, e_{j+1}]`, holds :math:`m_j = d_j + f` events spread evenly over
+    it (``events[j]`` plus ``floor``). With :math:`M(t)` the number of them up to :math:`t`, the cuts are the
+    first times at which :math:`M` reaches :math:`k M(e_m) / (T - 1)`, :math:`k = 0, \dots, T - 1`
+    (:math:`T` = ``num_durations``): each cell of the grid holds about the same number of events. The
+    first cut is 0, the last the right edge of the last interval with :math:`m_j > 0`.
+
+    ``floor`` is what a noisy histogram cannot rule out: a denoised count of 0 may hide about one noise
+    standard deviation of events, so every interval counts at least that many and keeps its share of
+    the cuts. The largest cell then spans at most about :math:`\sum_j m_j / ((T - 1) f)` intervals
+    wherever the noise put the events, while intervals whose events stand far out of the noise get cuts
+    in proportion to them. Unlike the Kaplan-Meier quantiles of :func:`time_grid_from_histogram`, no
+    ratio of two noisy counts enters. Counts may be fractional; fewer cuts are returned only where
+    levels coincide (``floor`` 0 and intervals without events).
+
+    Parameters
+    ----------
+    edges : ndarray, shape (m + 1,)
+        Strictly increasing, starting at 0.
+    events : ndarray, shape (m,)
+        Non-negative (denoised) event counts.
+    num_durations : int
+        Number of cut points (>= 2).
+    floor : float
+        Pseudo-events added to every interval (>= 0).
+
+    Raises
+    ------
+    ValueError
+        On malformed input, or when no interval holds any mass (no event and ``floor`` 0).
+    """
+    edges = np.asarray(edges, dtype=np.float64)
+    events = np.asarray(events, dtype=np.float64)
+    if edges.ndim != 1 or edges.size < 2 or edges[0] != 0 or np.any(np.diff(edges) <= 0):
+        raise ValueError("edges must be strictly increasing from 0")
+    if events.shape != (edges.size - 1,) or not np.all(np.isfinite(events)) or np.any(events < 0):
+        raise ValueError(f"events must be {edges.size - 1} finite, non-negative counts, got shape {events.shape}")
+    if not (math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor must be a finite number >= 0, got {floor!r}")
+    if num_durations < 2:
+        raise ValueError(f"num_durations must be >= 2, got {num_durations}")
+    mass = events + floor
+    cumulative = np.concatenate(([0.0], np.cumsum(mass)))
+    if not cumulative[-1] > 0:
+        raise ValueError("no interval holds an event (and floor is 0): the grid has nothing to follow")
+    levels = np.linspace(0.0, cumulative[-1], num_durations)
+    interval = np.clip(np.searchsorted(cumulative, levels, side="left") - 1, 0, mass.size - 1)
+    share = np.divide(levels - cumulative[interval], mass[interval], out=np.ones_like(levels),
+                      where=mass[interval] > 0)
+    cuts = edges[interval] + np.clip(share, 0.0, 1.0) * (edges[interval + 1] - edges[interval])
+    cuts[0] = 0.0
+    return np.unique(cuts)
 
 
 def time_counts(time: np.ndarray, event: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

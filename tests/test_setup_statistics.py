@@ -15,7 +15,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from models.data import Preprocessor
 from models.data.dictionary import DataDictionary
-from models.time_grid import make_time_grid, time_grid_from_histogram, time_histogram
+from models.time_grid import event_quantile_grid, make_time_grid, time_grid_from_histogram, time_histogram
 from strategies.mechanisms import setup_statistics as setup
 from strategies.mechanisms.setup_statistics import (
     AgreedRanges,
@@ -238,14 +238,15 @@ def test_noiseless_setup_equals_the_exact_pooled_preprocessing_and_grid_within_t
     assert ranges.time_bins == setup.TIME_BINS_MAX  # without noise, the finest histogram
     np.testing.assert_array_equal(edges, time_edges(ranges.time_max, setup.TIME_BINS_MAX))
     assert time.max() <= ranges.time_max <= time.max() * 10 ** (1 / setup.RANGE_BINS_PER_DECADE)
-    np.testing.assert_array_equal(
-        shared.cuts, time_grid_from_histogram(edges, *time_histogram(time, event, edges), num_durations=10))
-    # each cut lies in the interval of the exact grid's cut or the next (records spread over their interval)
-    exact_cuts = make_time_grid(time, event, num_durations=10)
-    assert shared.cuts.size == exact_cuts.size
-    interval = np.searchsorted(edges, exact_cuts[1:], side="left")
+    events_per_interval = time_histogram(time, event, edges)[0]
+    np.testing.assert_array_equal(shared.cuts, event_quantile_grid(edges, events_per_interval, num_durations=10))
+    # without noise no pseudo-event: cut k lies in the interval of the exact k/9 event quantile (or at its edge)
+    ordered = np.sort(time[event == 1])
+    exact_cuts = ordered[np.ceil(np.arange(1, 10) * ordered.size / 9).astype(int) - 1]
+    assert shared.cuts.size == 10
+    interval = np.searchsorted(edges, exact_cuts, side="left")
     assert np.all(shared.cuts[1:] >= edges[interval - 1] - 1e-9)
-    assert np.all(shared.cuts[1:] <= edges[np.minimum(interval + 1, edges.size - 1)] + 1e-9)
+    assert np.all(shared.cuts[1:] <= edges[interval] + 1e-9)
     width = np.diff(edges).max()
     assert shared.time_scale[0] == pytest.approx(time.mean(), abs=width / 2)
     assert shared.time_scale[1] == pytest.approx(time.std(), abs=width)
@@ -319,9 +320,11 @@ def test_a_column_hidden_by_the_noise_is_left_out_and_named_and_hidden_times_sto
     assert "dose" not in shared.preprocessor.columns and "age" in shared.preprocessor.columns
     assert shared.preprocessor.transform(features).shape[1] == (
         Preprocessor.fit(features.drop(columns=out)).transform(features.drop(columns=out)).shape[1])
-    assert ("set-up: no range of column 'dose' stood out of the noise; the model leaves it out (give it a public range "
-            "in data.dictionary, or raise privacy.setup_share)") in shared.notes
-    assert len(shared.notes) == len(ranges.fallbacks)
+    (note,) = shared.notes  # one line for every fallback together
+    assert note.startswith(f"private set-up: {len(out)} of 5 columns left out of the model ({', '.join(out)})")
+    assert "no range stood out of the noise" in note and "data.dictionary" in note
+    assert "privacy.setup_share" in note and "\n" not in note
+    assert shared.left_out == tuple(c for c in plan.columns if c in out)
     private_time = SetupPlan.for_features(features, noise_multiplier=10.0,
                                           dictionary=DataDictionary.from_mapping({"numeric": {"age": [0, 120]}}))
     with pytest.raises(setup.SetupNoiseError) as err:
@@ -440,17 +443,21 @@ def test_plan_rejects_bad_options(data):
         SetupPlan.for_features(features, time_grid="log")
 
 
-def test_a_time_histogram_whose_events_drown_in_noise_gives_the_equidistant_grid():
-    """When no event survives the denoising (a small federation under much noise), the grid is the equidistant one
-    over the agreed time range instead of a degenerate single cut."""
+def test_a_time_histogram_whose_events_drown_in_noise_gives_the_histograms_own_public_intervals():
+    """When no event survives the denoising (a small federation under much noise), every interval counts its one
+    noise standard deviation of events: the cuts follow the histogram's public intervals, half log-spaced (early
+    resolution) and half equal, over the whole agreed time range, not an even grid."""
     frame = pd.DataFrame({"x": np.linspace(1.0, 2.0, 50)})
     plan = setup.SetupPlan.for_features(frame, noise_multiplier=1.0)
     ranges = setup.AgreedRanges({"x": (0.5, 2.5)}, time_max=100.0, time_bins=20)
-    bins = ranges.time_edges().size - 1
+    edges = ranges.time_edges()
     summed_ranges = setup.RangeRelease(50.0, {"x": np.zeros(range_edges().size - 1)}, np.zeros(range_edges().size - 1), {})
-    moments = setup.MomentRelease(np.full(bins, -3.0), np.ones(bins), {"x": np.array([0.0, 10.0, 50.0])})
+    moments = setup.MomentRelease(np.full(edges.size - 1, -3.0), np.ones(edges.size - 1),
+                                  {"x": np.array([0.0, 10.0, 50.0])})
     shared = setup.shared_setup(plan, ranges, summed_ranges, moments, num_durations=5)
-    assert np.allclose(shared.cuts, np.linspace(0.0, 100.0, 5))
+    np.testing.assert_allclose(shared.cuts, event_quantile_grid(edges, np.zeros(edges.size - 1), num_durations=5,
+                                                                floor=1.0))
+    assert shared.cuts[0] == 0 and shared.cuts[-1] == pytest.approx(100.0) and shared.cuts[1] < 10.0
 
 
 # --------------------------------------------------------------------------- the budget and the time grid
@@ -538,3 +545,109 @@ def test_honest_range_releases_are_plausible_and_inflated_ones_are_not():
             assert setup.implausible_ranges(release, plan) == "", (dictionary, seed)
         inflated = dataclasses.replace(release, time=release.time + 50 * plan.noise_std("time_range"))
         assert "range histogram of 'time'" in setup.implausible_ranges(inflated, plan)
+
+
+# --------------------------------------------------------------------------- small federations
+
+
+def test_the_event_quantile_grid_gives_each_cell_its_share_of_the_events_and_the_floor_every_interval_cuts():
+    edges = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    events = np.array([0.0, 10.0, 0.0, 0.0, 10.0])
+    np.testing.assert_allclose(event_quantile_grid(edges, events, num_durations=5), [0.0, 1.5, 2.0, 4.5, 5.0])
+    # the floor: every interval counts f more events (what the noise cannot rule out), so wherever the noise put
+    # the events no cell spans more than about M / ((T - 1) f) intervals (M: all the mass)
+    rng = np.random.default_rng(0)
+    wide = np.linspace(0.0, 40.0, 41)
+    for _ in range(20):
+        piled = np.zeros(40)
+        piled[rng.integers(40)] = 500.0
+        floored = event_quantile_grid(wide, piled, num_durations=20, floor=10.0)
+        assert floored[-1] == 40.0 and np.diff(floored).max() <= (500.0 + 400.0) / (19 * 10.0) + 1
+    np.testing.assert_allclose(event_quantile_grid(edges, np.zeros(5), num_durations=6, floor=2.0), edges)
+    # the grid ends at the last interval with events (censorings only after it)
+    assert event_quantile_grid(edges, np.array([0, 0, 3.0, 0, 0]), num_durations=4)[-1] == 3.0
+    with pytest.raises(ValueError, match="no interval holds an event"):
+        event_quantile_grid(edges, np.zeros(5), num_durations=4)
+    with pytest.raises(ValueError, match="floor must be"):
+        event_quantile_grid(edges, events, num_durations=4, floor=-1.0)
+    with pytest.raises(ValueError, match="events must be 5 finite"):
+        event_quantile_grid(edges, events[:-1], num_durations=4)
+
+
+def _largest_cell(cuts: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:
+    """Share of the events in the fullest cell of ``cuts`` (events beyond the last cut count as one more cell)."""
+    cell = np.searchsorted(cuts, time[event == 1], side="left")
+    return np.bincount(cell, minlength=cuts.size + 1).max() / cell.size
+
+
+def test_a_small_noisy_federation_with_a_public_follow_up_never_puts_half_the_events_in_one_cell():
+    """24 sites of 30 records, ε = 1 at the default share, the follow-up range public: the noise per interval of
+    the time histogram is about the events it holds. The Kaplan-Meier quantiles of the denoised histogram put up to
+    most of the events in one cell; the event quantiles with a one-noise-std floor keep every cell below a quarter."""
+    rng = np.random.default_rng(0)
+    n = 24 * 30
+    time = np.where(rng.random(n) < 0.3, rng.uniform(0.0, 30.0, n), rng.uniform(30.0, 2000.0, n))
+    event = (rng.random(n) < 0.45).astype(float)
+    features = pd.DataFrame({"x": rng.normal(size=n)})
+    z = setup.setup_noise_multiplier(epsilon=1.0, delta=1e-5, share=0.21)
+    public = DataDictionary.from_mapping({"numeric": {"x": [-4, 4]}, "time": {"max": 2400}})
+    plan = SetupPlan.for_features(features, noise_multiplier=z, dictionary=public)
+    kaplan_meier, quantiles = [], []
+    for seed in range(12):
+        shared, ranges, _, second = run_protocol(plan, split(features, time, event, 24), np.random.default_rng(seed),
+                                                 num_durations=20)
+        summed = functools.reduce(operator.add, second)
+        trimmed = setup._trim_tail(monotone_counts(summed.events), monotone_counts(summed.censored),
+                                   math.sqrt(24) * plan.noise_std("time_histogram"))
+        if trimmed[0].sum() > 0:
+            cuts = time_grid_from_histogram(ranges.time_edges(), *trimmed, num_durations=20)
+            kaplan_meier.append(_largest_cell(cuts, time, event))
+        quantiles.append(_largest_cell(shared.cuts, time, event))
+        assert shared.cuts[-1] == pytest.approx(2400.0)  # no event lies beyond the grid
+    assert max(kaplan_meier) > 0.45 and max(quantiles) < 0.25, (kaplan_meier, quantiles)
+
+
+def test_a_set_up_that_would_leave_no_column_stops_in_one_line_before_its_second_pass(monkeypatch):
+    features, time, event = table(40, seed=8)
+    numeric = features[["age", "dose"]]
+    plan = SetupPlan.for_features(numeric, noise_multiplier=10.0,
+                                  dictionary=DataDictionary.from_mapping({"time": {"max": 5000}}))
+    sites = {f"site-{i}": part for i, part in enumerate(split(numeric, time, event))}
+    rngs = {name: np.random.default_rng(i) for i, name in enumerate(sites)}
+    monkeypatch.setattr(setup, "release_moments", lambda *args: pytest.fail("the second pass released"))
+    with pytest.raises(setup.SetupNoiseError) as err:
+        setup.run_setup(plan, sites, rngs, num_durations=10, require_inputs=True)
+    message = str(err.value)
+    assert "all 2 columns would be left out and the model would have no input" in message and "\n" not in message
+    for key in ("data.dictionary", "privacy.setup_share", "privacy.epsilon", "fewer, larger sites"):
+        assert key in message
+    with_levels = SetupPlan.for_features(features, noise_multiplier=10.0, dictionary=plan.dictionary)
+    ranges = AgreedRanges({"age": (0.0, 1.0), "dose": (0.0, 1.0), "flag": (0.0, 1.0)}, 5000.0,
+                          {"age": "left out", "dose": "left out", "flag": "left out"}, 8)
+    setup.check_inputs(with_levels, ranges, release_ranges(with_levels, features, time, np.random.default_rng(0)))
+
+
+def test_the_fallbacks_are_one_sentence_naming_the_columns():
+    ranges = AgreedRanges({f"c{i:02d}": (0.0, 1.0) for i in range(40)}, 10.0,
+                          {**{f"c{i:02d}": "left out" for i in range(32)}, "c32": "scan", "time": "scan"}, 8)
+    (note,) = ranges.describe(41)
+    assert note.startswith("private set-up: 32 of 41 columns left out of the model (c00, c01, ")
+    assert f"c{setup.NAMED_COLUMNS - 1:02d} and {32 - setup.NAMED_COLUMNS} more)" in note
+    assert "; 1 column ranged by the scan fallback, the histogram's most significant window (c32)" in note
+    assert "; the training times ranged by the scan fallback" in note and "\n" not in note
+    assert AgreedRanges({"c": (0.0, 1.0)}, 10.0).describe(1) == ()
+
+
+def test_an_epsilon_no_noise_reaches_is_refused_in_one_line_naming_privacy_epsilon():
+    from strategies.accounting.rdp import DEFAULT_RDP_ORDERS, epsilon_floor, rdp_to_epsilon
+    from strategies.config import ConfigError
+
+    floor = epsilon_floor(1e-5)
+    assert floor == pytest.approx(rdp_to_epsilon(DEFAULT_RDP_ORDERS, np.zeros(len(DEFAULT_RDP_ORDERS)), delta=1e-5))
+    assert 0.1 < floor < 0.11 and epsilon_floor(1e-3) < floor
+    assert setup.setup_budget_refusal(epsilon=floor * 1.01, delta=1e-5) == ""
+    with pytest.raises(ConfigError) as err:
+        setup.setup_noise_multiplier(epsilon=0.05, delta=1e-5, share=0.3)
+    message = str(err.value)
+    assert message.startswith("run config: privacy.epsilon = 0.05 is at or below 0.1029") and "\n" not in message
+    assert "raise privacy.epsilon above 0.103" in message and "privacy.delta" in message

@@ -96,6 +96,29 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Any, *, delta: float) -> float:
     return float(eps)
 
 
+def epsilon_floor(delta: float, orders: Sequence[float] = DEFAULT_RDP_ORDERS) -> float:
+    r"""The smallest ε that :func:`rdp_to_epsilon` gives at ``delta`` for any RDP curve over ``orders``.
+
+    opacus' conversion is :math:`\varepsilon = \min_\alpha [\mathrm{RDP}(\alpha) + \log((\alpha - 1)/\alpha)
+    - (\log \delta + \log \alpha)/(\alpha - 1)]`; as the noise grows the RDP tends to 0 and ε to this floor
+    (0.103 at δ = 1e-5 on the default orders, up to 63). A target at or below it is met by no noise multiplier:
+    the RDP calibrations then fail (opacus: "The privacy budget is too low.").
+    """
+    delta = check_probability(delta, "delta")
+    return min(math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1) for a in orders if a > 1)
+
+
+def floor_refusal(*, epsilon: float, delta: float, what: str) -> str:
+    """Why ``what`` (an RDP calibration of the run's budget) cannot meet ``privacy.epsilon`` at ``privacy.delta``:
+    one line naming the keys and :func:`epsilon_floor`; "" when ε is above the floor. Cheap: no calibration."""
+    floor = epsilon_floor(delta)
+    if epsilon > floor:
+        return ""
+    return (f"run config: privacy.epsilon = {epsilon:g} is at or below {floor:.4g}, the smallest epsilon {what} "
+            f"certifies at privacy.delta = {delta:g} however large its noise: raise privacy.epsilon above {floor:.3g} "
+            "(the noise grows without bound as it nears that: a federation needs well above it) or privacy.delta")
+
+
 #: What each accountant is called in the ledger (``LedgerEntry.accountant``) and in the texts.
 ACCOUNTANT_LABELS: dict[str, str] = {"pld": "dp-accounting-pld", "prv": "opacus-prv", "rdp": "opacus-rdp"}
 ACCOUNTANT_NAMES: dict[str, str] = {"pld": "dp-accounting PLD", "prv": "opacus PRV", "rdp": "opacus RDP"}
@@ -306,7 +329,9 @@ def _opacus_rdp_bisection(*, target_epsilon: float, target_delta: float, sample_
         sigma_high = 2 * sigma_high
         eps_high = epsilon(sigma_high)
         if sigma_high > _OPACUS_MAX_SIGMA:
-            raise ValueError("The privacy budget is too low.")
+            raise ValueError(f"The privacy budget is too low: privacy.epsilon = {target_epsilon:g} is at or below "
+                             f"{epsilon_floor(target_delta):.4g}, the smallest epsilon RDP accounting certifies at delta "
+                             f"{target_delta:g} however large the noise; raise privacy.epsilon (or privacy.delta)")
     while target_epsilon - eps_high > epsilon_tolerance:
         sigma = (sigma_low + sigma_high) / 2
         eps = epsilon(sigma)

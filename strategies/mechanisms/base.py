@@ -586,6 +586,12 @@ class HorizontalMechanism(Mechanism):
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
+        if cfg.privacy.enabled and self.uses_private_setup(cfg):  # before any site releases anything
+            from strategies.accounting.rdp import floor_refusal  # no pandas: the set-up's own module is not needed
+
+            if refusal := floor_refusal(epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                                        what="the private set-up's RDP accounting"):
+                raise ConfigError(refusal)
         if cfg.data.dictionary and not self.uses_private_setup(cfg):
             raise ConfigError(
                 f"run config: 'data.dictionary' = {cfg.data.dictionary!r} makes the private set-up's ranges, levels "

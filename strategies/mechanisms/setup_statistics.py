@@ -41,8 +41,11 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
    clipped. Where no window passes, the fallback takes the window that stands the most noise
    standard deviations out if that is at least ``SCAN_THRESHOLD`` (``AgreedRanges.fallbacks``:
    ``"scan"``), and otherwise leaves the column out of the model (``"left out"``); both are
-   said on the console and in the ledger. The time range is ``[0, upper edge]`` (the same
-   fallback; with none, :class:`SetupNoiseError`). The number of time-histogram intervals,
+   said in one console line (:meth:`AgreedRanges.describe`) and in the ledger, and the left-out
+   columns in ``summary.json``. Where every column would be left out, :func:`check_inputs`
+   stops the run before the second pass (:class:`SetupNoiseError`). The time range is
+   ``[0, upper edge]`` (the same fallback; with none, :class:`SetupNoiseError`). The number of
+   time-histogram intervals,
    :func:`time_bins`, follows from the summed noisy count and the noise. Sent back to the sites
    (post-processing).
 
@@ -61,10 +64,10 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
 
 4. :func:`shared_setup` at the server, on the sums: the :class:`~models.data.Preprocessor`
    (a public range scales its column to ``[-1, 1]``; a private one clips to it and standardises
-   with the noisy mean and standard deviation), the time grid (Kaplan-Meier quantiles of the
-   denoised time histogram, interpolated within its intervals,
-   :func:`models.time_grid.time_grid_from_histogram`), the time scale (mean and standard
-   deviation of the denoised histogram) and the denoised counts (``SharedSetup.time_counts``:
+   with the noisy mean and standard deviation), the time grid (quantiles of the denoised event
+   counts, each interval counting at least one noise standard deviation of events, interpolated
+   within intervals: :func:`models.time_grid.event_quantile_grid`), the time scale (mean and
+   standard deviation of the denoised histogram) and the denoised counts (``SharedSetup.time_counts``:
    the hazard model's start and the recalibration's target, :func:`recalibration_plan`).
 
 Sensitivities (L2, one record of the site) and noise
@@ -142,7 +145,8 @@ from scipy.optimize import isotonic_regression
 from models.data.dictionary import DataDictionary
 from models.data.preprocess import RELATIVE_VARIANCE_FLOOR, Preprocessor, category_keys, is_numeric_feature
 from models.recalibration import EXPONENTS
-from models.time_grid import histogram_survival, time_grid_from_histogram
+from models.time_grid import event_quantile_grid, histogram_survival
+from strategies.config import ConfigError
 
 __all__ = [
     "ADJACENCIES",
@@ -159,10 +163,12 @@ __all__ = [
     "SetupPlan",
     "SharedSetup",
     "agree_ranges",
+    "check_inputs",
     "monotone_counts",
     "range_edges",
     "release_moments",
     "release_ranges",
+    "setup_budget_refusal",
     "setup_releases",
     "shared_setup",
     "time_edges",
@@ -258,12 +264,37 @@ def setup_noise_multiplier(*, epsilon: float, delta: float, share: float) -> flo
     compose to one Gaussian of multiplier :math:`z`, whose RDP :math:`\alpha / (2 z^2)` is
     exactly :math:`s` times that mechanism's at every order: the share of the RDP (zCDP) budget.
     A larger ε gives less noise and finer statistics. ``share`` 0 means an exact set-up (returns 0).
+
+    Raises
+    ------
+    ConfigError
+        In one line naming ``privacy.epsilon`` (:func:`setup_budget_refusal`), when ε is at or below
+        the smallest the RDP conversion certifies at δ: no noise would do.
     """
     if not 0.0 <= share < 1.0:
         raise ValueError(f"set-up share must be in [0, 1), got {share!r}")
     if share == 0.0:
         return 0.0
+    if refusal := setup_budget_refusal(epsilon=epsilon, delta=delta):
+        raise ConfigError(refusal)
     return _full_budget_multiplier(float(epsilon), float(delta)) / math.sqrt(share)
+
+
+def setup_budget_refusal(*, epsilon: float, delta: float) -> str:
+    """Why a private set-up cannot be calibrated at ``(epsilon, delta)`` (one line naming the keys), or "".
+
+    The set-up's multiplier comes from the Gaussian mechanism that spends ``(epsilon, delta)`` alone by
+    RDP (:func:`setup_noise_multiplier`); no noise reaches an ε at or below
+    :func:`strategies.accounting.rdp.epsilon_floor` of δ (:func:`strategies.accounting.rdp.floor_refusal`,
+    which the configuration check calls before anything runs).
+    """
+    from strategies.accounting.rdp import floor_refusal
+
+    return floor_refusal(epsilon=epsilon, delta=delta, what=SETUP_ACCOUNTING)
+
+
+#: What the budget refusal says calibrates the set-up (:func:`setup_budget_refusal`).
+SETUP_ACCOUNTING = "the private set-up's RDP accounting"
 
 
 @functools.lru_cache(maxsize=64)
@@ -575,17 +606,41 @@ class AgreedRanges:
             raise ValueError("these ranges have no time histogram")
         return time_edges(self.time_max, self.time_bins)
 
-    def describe(self) -> tuple[str, ...]:
-        """One sentence per fallback, for the console and the ledger."""
-        return tuple(
-            (f"set-up: no range of {_what(c)} stood out of the noise; "
-             + ("the model leaves it out (give it a public range in data.dictionary, or raise privacy.setup_share)"
-                if how == "left out" else "its range is the histogram's most significant window (scan fallback)"))
-            for c, how in sorted(self.fallbacks.items()))
+    def describe(self, columns: int | None = None) -> tuple[str, ...]:
+        """The fallbacks in one sentence, for the console and the ledger (``()`` when there are none).
+
+        It names the columns left out of the model, those ranged by the scan fallback and the
+        training times where the scan ranged them (at most ``NAMED_COLUMNS`` names each, then how
+        many more), and the keys that help; ``columns``: how many feature columns the plan has
+        (numeric and categorical), to say "k of n".
+        """
+        named = {how: [c for c, fallback in sorted(self.fallbacks.items()) if fallback == how and c != "time"]
+                 for how in FALLBACKS}
+        parts = []
+        if named["left out"]:
+            count = len(named["left out"])
+            of = f" of {columns} columns" if columns else f" column{'s' if count > 1 else ''}"
+            parts.append(f"{count}{of} left out of the model ({_names(named['left out'])})")
+        if named["scan"]:
+            count = len(named["scan"])
+            parts.append(f"{count} column{'s' if count > 1 else ''} ranged by the scan fallback, the histogram's "
+                         f"most significant window ({_names(named['scan'])})")
+        if self.fallbacks.get("time") == "scan":
+            parts.append("the training times ranged by the scan fallback")
+        if not parts:
+            return ()
+        return ("private set-up: " + "; ".join(parts) + ": no range stood out of the noise; give their "
+                "ranges in data.dictionary (numeric: {column: [lo, hi]}; time: {max: ...}) or raise "
+                "privacy.setup_share",)
 
 
-def _what(column: str) -> str:
-    return "the training times" if column == "time" else f"column '{column}'"
+#: :meth:`AgreedRanges.describe` names at most this many columns of each kind, then says how many more.
+NAMED_COLUMNS = 30
+
+
+def _names(columns: list[str]) -> str:
+    shown = ", ".join(columns[:NAMED_COLUMNS])
+    return shown + (f" and {len(columns) - NAMED_COLUMNS} more" if len(columns) > NAMED_COLUMNS else "")
 
 
 @dataclass(frozen=True)
@@ -651,8 +706,15 @@ class SharedSetup:
     #: ``(points, events, censored)``: the denoised counts of events and censorings at the right
     #: edges of the time histogram's intervals (post-processing; ``None`` without a histogram).
     time_counts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    #: :meth:`AgreedRanges.describe` of the ranges the set-up settled by a fallback.
+    #: :meth:`AgreedRanges.describe` of the ranges the set-up settled by a fallback (one sentence, or none).
     notes: tuple[str, ...] = ()
+    #: :attr:`AgreedRanges.fallbacks`: column (or ``"time"``) -> ``"scan"`` or ``"left out"``, in the plan's order.
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        """The columns the model leaves out (no range stood out of the noise), in the plan's order."""
+        return tuple(c for c, how in self.fallbacks.items() if how == "left out")
 
 
 # --------------------------------------------------------------------------- site side
@@ -798,16 +860,36 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
         time_std = _summed_std(plan, "time_range", summed.sites)
         found = _settle(summed.time[central:], time_std, "time", fallbacks)
         if found is None:
-            raise SetupNoiseError(
-                f"set-up statistics: the training times' range histogram does not stand out of the noise (std "
-                f"{time_std:.3g} per bin, summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records): "
-                "raise privacy.setup_share or privacy.epsilon, use fewer, larger sites, or give the follow-up range "
-                "(time_max) in data.dictionary")
+            raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
+                "set-up statistics: the training times' range histogram does not stand out of the noise: give the "
+                "follow-up range in data.dictionary (time: {max: ...}; no privacy cost), raise privacy.setup_share or "
+                f"privacy.epsilon, or use fewer, larger sites (std {time_std:.3g} per bin, summed over {summed.sites} "
+                f"sites, about {max(summed.count, 0):.0f} records)")
         time_max = float(edges[central + found[1] + 1])
     elif plan.releases_time_histogram:
         time_max = plan.dictionary.time_max
     bins = time_bins(plan, summed.count, summed.sites) if plan.releases_time_histogram else None
     return AgreedRanges({c: features[c] for c in plan.columns if c in plan.numeric}, time_max, fallbacks, bins)
+
+
+def check_inputs(plan: SetupPlan, ranges: AgreedRanges, summed: RangeRelease) -> None:
+    """Stop a set-up that would leave the model no input column, before its second pass releases anything.
+
+    Raises
+    ------
+    SetupNoiseError
+        In one line, when every feature column is left out (:attr:`AgreedRanges.left_out`: no
+        categorical column, no public range, and no numeric range stood out of the noise), naming
+        the noise, the sites and records, and the keys that help.
+    """
+    if not plan.columns or any(c not in ranges.left_out for c in plan.columns):
+        return
+    std = _summed_std(plan, "range_histograms", summed.sites)
+    raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
+        f"set-up statistics: no column's range stood out of the noise, so all {len(plan.columns)} columns would be "
+        "left out and the model would have no input: give their ranges in data.dictionary (numeric: {column: [lo, "
+        "hi]}; no privacy cost), raise privacy.setup_share or privacy.epsilon, or use fewer, larger sites (std "
+        f"{std:.3g} per bin, summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records)")
 
 
 def _feature_scaling(
@@ -871,14 +953,17 @@ def shared_setup(
         ``preprocessor``: numeric columns clipped to ``ranges`` and standardised (public range:
         onto ``[-1, 1]``; private: with the noisy mean and standard deviation); categories from
         the dictionary, else the union of the sites' levels (sorted). ``cuts``: the public grid;
-        or ``linspace(0, time_max, num_durations)`` for ``"equidistant"``; or the
-        Kaplan-Meier quantiles of the denoised time histogram (:func:`monotone_counts`, records
-        at the intervals' right edges; the curve ends at the last interval whose number at risk
-        stands out of its noise, ``TAIL_THRESHOLD``, so that noise in a nearly empty tail cannot
-        drag it down); when no event survives the denoising (a small federation under much
-        noise), the equidistant grid over the agreed time range. ``time_scale``: mean and standard deviation of the
+        or ``linspace(0, time_max, num_durations)`` for ``"equidistant"``; or the quantiles of
+        the denoised event counts (:func:`monotone_counts`) with every interval counting one more
+        summed noise standard deviation of events (:func:`models.time_grid.event_quantile_grid`):
+        each cell holds about as many events as the histogram shows, and where the noise hides
+        them (a small federation) the cuts fall back towards the histogram's own public intervals,
+        half equal and half log-spaced, instead of crowding where the noise put its mass; the grid
+        ends at the agreed time range, so no event lies beyond it. Exact counts (no noise) give the
+        event quantiles as they are. ``time_scale``: mean and standard deviation of the
         denoised histogram (records at the intervals' midpoints), or with no histogram the
-        public range's midpoint and half-width.
+        public range's midpoint and half-width. ``fallbacks``: how the ranges that did not stand out were
+        settled (:attr:`AgreedRanges.fallbacks`).
     """
     means, stds = _feature_scaling(plan, ranges, summed_moments)
     public_levels = plan.dictionary.categorical if plan.dictionary else {}
@@ -888,20 +973,21 @@ def shared_setup(
     preprocessor = Preprocessor(tuple(c for c in plan.columns if c not in out),
                                 {c: m for c, m in means.items() if c not in out}, stds, categories,
                                 {c: r for c, r in ranges.features.items() if c not in out})
-    notes = ranges.describe()
+    notes, fallbacks = ranges.describe(len(plan.columns)), dict(ranges.fallbacks)
     if not plan.releases_time_histogram:
         d = plan.dictionary
         cuts = (np.asarray(d.time_grid, dtype=np.float64) if d.time_grid is not None
                 else np.linspace(0.0, d.time_max, num_durations))
-        return SharedSetup(preprocessor, cuts, (cuts[-1] / 2, cuts[-1] / 2), None, notes)
+        return SharedSetup(preprocessor, cuts, (cuts[-1] / 2, cuts[-1] / 2), None, notes, fallbacks)
     edges = ranges.time_edges()
     events, censored = monotone_counts(summed_moments.events), monotone_counts(summed_moments.censored)
     counts = events + censored
-    trimmed = _trim_tail(events, censored, _summed_std(plan, "time_histogram", summed_moments.sites))
-    cuts = None
-    if plan.time_grid == "quantiles" and events.sum() > 0:
-        cuts = time_grid_from_histogram(edges, *trimmed, num_durations=num_durations)
-    if cuts is None or cuts.size < 2:  # no event stands out of the noise: the public-range equidistant grid
+    noise = _summed_std(plan, "time_histogram", summed_moments.sites)
+    trimmed = _trim_tail(events, censored, noise)
+    if plan.time_grid == "quantiles":
+        floor = noise if noise > 0 or events.sum() > 0 else 1.0  # no noise, no event: the histogram's own intervals
+        cuts = event_quantile_grid(edges, events, num_durations=num_durations, floor=floor)
+    else:
         cuts = np.linspace(0.0, ranges.time_max, num_durations)
     middles = (edges[:-1] + edges[1:]) / 2
     if counts.sum() > 0:
@@ -910,7 +996,7 @@ def shared_setup(
     else:
         mean = std = 0.0
     time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
-    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes)
+    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes, fallbacks)
 
 
 # --------------------------------------------------------------------------- the whole set-up
@@ -947,16 +1033,19 @@ def agreed_count(noisy: float) -> float:
 
 def run_setup(
     plan: SetupPlan, sites: Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]],
-    rngs: Mapping[str, np.random.Generator], *, num_durations: int,
+    rngs: Mapping[str, np.random.Generator], *, num_durations: int, require_inputs: bool = False,
 ) -> tuple[SharedSetup, dict[str, float]]:
     """Both passes of the set-up over sites held in one process (a simulation), as a deployment runs them.
 
     ``sites``: name -> the site's raw training features, times and events; ``rngs``: name -> the
     site's noise generator. Returns the shared set-up and every site's agreed record count
-    (:func:`agreed_count` of its noisy count).
+    (:func:`agreed_count` of its noisy count). ``require_inputs``: stop after the first pass where
+    every column is left out (:func:`check_inputs`), as a horizontal federation's set-up does.
     """
     first = {name: release_ranges(plan, features, time, rngs[name]) for name, (features, time, _) in sites.items()}
     ranges = agree_ranges(plan, functools.reduce(operator.add, first.values()))
+    if require_inputs:
+        check_inputs(plan, ranges, functools.reduce(operator.add, first.values()))
     second = [release_moments(plan, ranges, features, time, event, rngs[name])
               for name, (features, time, event) in sites.items()]
     shared = shared_setup(plan, ranges, functools.reduce(operator.add, first.values()),
