@@ -82,7 +82,7 @@ import math
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,17 +269,22 @@ def _chosen(settings: dict[str, dict[str, Any]], names: str) -> dict[str, dict[s
     return {name: settings[name] for name in names.split(",")}
 
 
+def _validation_files(args: argparse.Namespace, folder: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """``(data set, seed, run-config keys)`` of every validation file of ``--data`` and ``--seeds``, in ``folder``."""
+    for name in args.data.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            yield name, seed, validation_keys(name, seed, folder)
+
+
 def run_select(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for name in args.data.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                keys = validation_keys(name, seed, folder)
-                for setting, overrides in _chosen(SETTINGS, args.settings).items():
-                    result = run(keys, setting, overrides, seed, folder)
-                    emit({"stage": "select", "data": name, "seed": seed, "setting": setting,
-                          **scores(result["summary"])}, rows, args.out)
+        for name, seed, keys in _validation_files(args, folder):
+            for setting, overrides in _chosen(SETTINGS, args.settings).items():
+                result = run(keys, setting, overrides, seed, folder)
+                emit({"stage": "select", "data": name, "seed": seed, "setting": setting,
+                      **scores(result["summary"])}, rows, args.out)
     return rows
 
 
@@ -350,15 +355,13 @@ def run_diagnose(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for name in args.data.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                keys = validation_keys(name, seed, folder)
-                overrides = CANDIDATES["interval"]
-                result = run(keys, "interval", overrides, seed, folder)
-                cfg = resolve({**keys, "seed": seed, **overrides})[1]
-                records = task.load_federation(cfg).pooled("test")
-                emit({"stage": "diagnose", "data": name, "seed": seed, "setting": "interval",
-                      **decompose(load_run(result["dir"]).model, records)}, rows, args.out)
+        for name, seed, keys in _validation_files(args, folder):
+            overrides = CANDIDATES["interval"]
+            result = run(keys, "interval", overrides, seed, folder)
+            cfg = resolve({**keys, "seed": seed, **overrides})[1]
+            records = task.load_federation(cfg).pooled("test")
+            emit({"stage": "diagnose", "data": name, "seed": seed, "setting": "interval",
+                  **decompose(load_run(result["dir"]).model, records)}, rows, args.out)
     return rows
 
 
