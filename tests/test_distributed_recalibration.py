@@ -152,3 +152,19 @@ def test_a_site_releases_its_recalibration_sums_once(tmp_path, monkeypatch):
     failures = _last_line(tmp_path)["failures"]
     assert len(failures) == 3 and all("released its recalibration sums in this run already" in f["reason"]
                                       for f in failures)
+
+
+def test_a_gaussian_sum_of_signed_vectors_returns_their_sum_to_rounding_and_noise():
+    from strategies.mechanisms.distributed_dp import gaussian_sum_contribution, gaussian_sum_plan
+
+    rng = np.random.default_rng(4)
+    plan = gaussian_sum_plan(multiplier=2.0, parties=3, max_dropouts=0, colluding=0, records=300.0, size=4, clip=1.5,
+                             modulus_bits=48)
+    assert gaussian_bound(plan) >= 2.0
+    sites = [rng.normal(size=(100, 4)) for _ in range(3)]
+    sites = [rows * np.minimum(1.0, 1.5 / np.linalg.norm(rows, axis=1, keepdims=True)) for rows in sites]
+    total = sum(gaussian_sum_contribution(rows, plan, clip=1.5, rng=rng) for rows in sites) / plan.gamma
+    noise_std = math.sqrt(3) * plan.local_sigma / plan.gamma  # the three shares, back on the terms' scale
+    assert np.all(np.abs(total - sum(rows.sum(axis=0) for rows in sites)) < 6 * noise_std + 300 / plan.gamma)
+    with pytest.raises(ValueError, match="L2 bound 1.5"):
+        gaussian_sum_contribution(np.array([[2.0, 0.0, 0.0, 0.0]]), plan, clip=1.5, rng=rng)

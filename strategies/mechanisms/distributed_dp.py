@@ -66,7 +66,7 @@ from strategies.mechanisms.discrete_gaussian import sample_discrete_gaussian
 from strategies.mechanisms.dp_sgd import require_decomposable_loss
 
 __all__ = ["REFUSAL_PROBABILITY", "DistributedDP", "RoundPlan", "SumBound", "WRAP_PROBABILITY", "count_std",
-           "gaussian_bound", "power_sum_contribution", "power_sum_plan", "round_plan"]
+           "gaussian_bound", "gaussian_sum_contribution", "gaussian_sum_plan", "power_sum_contribution", "power_sum_plan", "round_plan"]
 
 #: The largest probability that a round's integer sum wraps around the modulus (the choice of gamma).
 WRAP_PROBABILITY = 1e-9
@@ -290,46 +290,66 @@ def gaussian_bound(plan: RoundPlan) -> float:
     return 1.0 / (plan.l2 / (math.sqrt(plan.honest) * plan.local_sigma) + tau * math.sqrt(plan.dim))
 
 
-def power_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, colluding: int, records: float, size: int,
-                   modulus_bits: int, honest_cap: int | None = None) -> RoundPlan:
-    r"""The public plan of the recalibration's secure sum: ``size`` power sums (:mod:`models.recalibration`),
-    each record's terms in [0, 1] (L2 norm at most :math:`\sqrt{size}`, the plan's clip), scaled by
-    :math:`\gamma`, rounded and summed with the sites' discrete Gaussian shares.
+def gaussian_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, colluding: int, records: float,
+                      size: int, clip: float, modulus_bits: int, honest_cap: int | None = None) -> RoundPlan:
+    r"""The public plan of a secure sum that releases, with the noise of a Gaussian mechanism of noise multiplier
+    ``multiplier`` (sample rate 1), the sum of ``size``-vectors each of L2 norm at most ``clip``: every record's
+    vector scaled by :math:`\gamma`, rounded and summed with the sites' discrete Gaussian shares.
 
-    The noise is that of a Gaussian release with noise multiplier ``multiplier`` (the planned entry
-    ``(multiplier, 1, 1)`` of the site's prior, :func:`~strategies.mechanisms.base.recalibration_history`):
-    the sites' noise multiplier is raised from ``multiplier`` to :math:`1/(1/z - \tau\sqrt{size})` (and
-    :data:`BOUND_MARGIN`) so that :func:`gaussian_bound` of the plan is at least ``multiplier``; raising
-    it only raises :math:`s` and so lowers :math:`\tau`. ``honest_cap`` as for :func:`round_plan`. ``ValueError``
-    when no such plan exists.
+    The sites' noise multiplier is raised from ``multiplier`` to :math:`1/(1/z - \tau\sqrt{size})` (and
+    :data:`BOUND_MARGIN`) so that :func:`gaussian_bound` of the plan is at least ``multiplier``: the release is then
+    charged as the Gaussian entry ``(multiplier, 1, 1)``; raising it only raises :math:`s` and so lowers
+    :math:`\tau`. ``honest_cap`` as for :func:`round_plan`. ``ValueError`` when no such plan exists.
     """
     honest = _honest(parties, max_dropouts, colluding, honest_cap)
-    if honest < 1 or not multiplier > 0:
-        raise ValueError(f"a recalibration sum of {parties} sites with {max_dropouts} drop-outs and {colluding} "
-                         f"colluding sites at noise multiplier {multiplier:g} has no honest survivor or no noise")
-    modulus, clip = 2 ** modulus_bits, math.sqrt(size)
+    if honest < 1 or not multiplier > 0 or not clip > 0:
+        raise ValueError(f"a secure sum of {parties} sites with {max_dropouts} drop-outs and {colluding} colluding "
+                         f"sites at noise multiplier {multiplier:g} has no honest survivor or no noise")
+    modulus = 2 ** modulus_bits
 
     def plan(z: float) -> RoundPlan:
         return _plan(z, parties=parties, honest=honest, records=records, dim=size, modulus=modulus, clip=clip)
 
     slack = 1.0 / multiplier - ddg_tau(plan(multiplier).local_sigma, honest) * math.sqrt(size)
     result = plan((1.0 + BOUND_MARGIN) / slack) if slack > 0 else None
-    if result is None or result.gamma < 1.0 or gaussian_bound(result) < multiplier:
-        raise ValueError(f"a modulus of 2^{modulus_bits} leaves no recalibration sum at noise multiplier "
+    if result is None or result.gamma * clip < math.sqrt(size) or gaussian_bound(result) < multiplier:
+        raise ValueError(f"a modulus of 2^{modulus_bits} leaves no secure sum of {size} values at noise multiplier "
                          f"{multiplier:g} over {honest} honest sites")
     return result
 
 
+def gaussian_sum_contribution(terms: np.ndarray, plan: RoundPlan, *, clip: float,
+                              rng: np.random.Generator) -> np.ndarray:
+    r"""A site's integer vector of a :func:`gaussian_sum_plan` secure sum: :math:`\sum_i \mathrm{round}(\gamma
+    v_i)` over its records' vectors ``terms`` (shape ``(records, plan.dim)``, each of L2 norm at most ``clip``, the
+    plan's) plus :math:`N_{\mathbb Z}(0, s^2)` per coordinate, drawn from ``rng``. One record moves the rounded sum
+    by at most :math:`\Delta = \gamma C + \sqrt d / 2` in L2 norm (the plan's ``l2``). ``ValueError`` for a row
+    beyond ``clip``: the caller clips."""
+    terms = np.asarray(terms, dtype=np.float64)
+    if terms.ndim != 2 or terms.shape[1] != plan.dim or not np.all(np.isfinite(terms)):
+        raise ValueError(f"secure-sum terms must be a finite (records, {plan.dim}) array, got shape {terms.shape}")
+    if terms.size and float(np.max(np.linalg.norm(terms, axis=1))) > clip * (1.0 + 1e-9):
+        raise ValueError(f"a record's secure-sum terms exceed their L2 bound {clip:g}")
+    total = np.rint(plan.gamma * terms).astype(np.int64).sum(axis=0)  # exact: records * gamma C is far below 2^62
+    return total + sample_discrete_gaussian(rng, plan.local_sigma ** 2, plan.dim)
+
+
+def power_sum_plan(*, multiplier: float, parties: int, max_dropouts: int, colluding: int, records: float, size: int,
+                   modulus_bits: int, honest_cap: int | None = None) -> RoundPlan:
+    r"""The public plan of the recalibration's secure sum: ``size`` power sums (:mod:`models.recalibration`),
+    each record's terms in [0, 1] (L2 norm at most :math:`\sqrt{size}`, the plan's clip): :func:`gaussian_sum_plan`."""
+    return gaussian_sum_plan(multiplier=multiplier, parties=parties, max_dropouts=max_dropouts, colluding=colluding,
+                             records=records, size=size, clip=math.sqrt(size), modulus_bits=modulus_bits,
+                             honest_cap=honest_cap)
+
+
 def power_sum_contribution(terms: np.ndarray, plan: RoundPlan, *, rng: np.random.Generator) -> np.ndarray:
-    r"""A site's integer vector of the recalibration's secure sum: :math:`\sum_i \mathrm{round}(\gamma p_i)` over
-    its records' terms ``terms`` (shape ``(records, plan.dim)``, each in [0, 1]) plus :math:`N_{\mathbb Z}(0, s^2)`
-    per coordinate, drawn from ``rng``. One record moves the rounded sum by at most :math:`\Delta = \gamma
-    \sqrt{d} + \sqrt d / 2` in L2 norm (the plan's ``l2``)."""
+    r"""A site's integer vector of the recalibration sum: its records' terms ``terms`` (shape ``(records,
+    plan.dim)``, each in [0, 1]) through :func:`gaussian_sum_contribution`."""
     terms = np.asarray(terms, dtype=np.float64)
     if terms.ndim != 2 or terms.shape[1] != plan.dim or not np.all((terms >= 0.0) & (terms <= 1.0)):
         raise ValueError(f"recalibration terms must be (records, {plan.dim}) values in [0, 1], got shape {terms.shape}")
-    total = np.rint(plan.gamma * terms).astype(np.int64).sum(axis=0)  # exact: records * gamma is far below 2^62
-    return total + sample_discrete_gaussian(rng, plan.local_sigma ** 2, plan.dim)
+    return gaussian_sum_contribution(terms, plan, clip=math.sqrt(plan.dim), rng=rng)
 
 
 class DistributedDP(SecureSumMechanism):
