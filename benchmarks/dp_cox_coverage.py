@@ -40,6 +40,7 @@ import numpy as np
 from models.grouped_cox import (
     ClipBounds,
     GroupedCoxDesign,
+    RECIPES,
     NoisePlan,
     PrivateSettings,
     SiteRecords,
@@ -63,10 +64,9 @@ SCALES = np.array([1 / 3, 1.0, 1 / 3, 2 * np.sqrt(0.21), 1 / 3])
 #: Weibull shape of the baseline hazard, the censored share, the number of intervals.
 SHAPE, CENSORED, INTERVALS = 1.5, 0.30, 10
 EPSILON, DELTA = 1.0, 1e-5
-#: Budget shares: counts, the four score steps, and the information at the final θ (for the covariance).
-PLAN = {"count_share": 0.04, "score_shares": (0.08, 0.10, 0.15, 0.38), "info_shares": (0.0, 0.0, 0.0, 0.0, 0.25)}
-#: Clip bounds (:meth:`ClipBounds.from_scalars`, with the design's spreads).
-BOUNDS = {"score_alpha": 2.0, "score_beta": 3.0, "info_diag": 1.0, "info_cross": 2.0, "info_beta": 12.0}
+#: Budget shares per setting (counts, the score steps, the information at the final θ for the covariance): the app's.
+PLAN = {name: {"count_share": r.count_share, "score_shares": r.score_shares, "info_shares": r.info_shares}
+        for name, r in RECIPES.items()}
 #: Design alternatives for ``--compare``: name -> (setting, plan, bounds and settings overrides, intervals).
 ALTERNATIVES: dict[str, tuple[str, dict, dict, dict, int]] = {
     "last-step delta method": ("sum", {}, {}, {"covariance": "delta"}, INTERVALS),
@@ -187,9 +187,9 @@ def run_setting(name: str, setting: str, *, reps: int, seed: int, plan_overrides
                 intervals: int = INTERVALS) -> dict[str, Any]:
     """``reps`` replicates of one configuration (seeded: ``seed``), summarised."""
     model = design(intervals)
-    plan = calibrate_plan(setting=setting, **{**PLAN, **(plan_overrides or {})})
-    bounds = ClipBounds.from_scalars(model, **{**BOUNDS, **(bound_overrides or {})})
-    settings = dataclasses.replace(PrivateSettings(), **(setting_overrides or {}))
+    plan = calibrate_plan(setting=setting, **{**PLAN[setting], **(plan_overrides or {})})
+    bounds = ClipBounds.from_scalars(model, **{**dict(RECIPES[setting].bounds), **(bound_overrides or {})})
+    settings = dataclasses.replace(RECIPES[setting].settings, **(setting_overrides or {}))
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     rows = [replicate(model, plan, bounds, settings, rng) for _ in range(reps)]

@@ -128,6 +128,8 @@ __all__ = [
     "NoisePlan",
     "PrivateSettings",
     "PrivateTrace",
+    "RECIPES",
+    "Recipe",
     "SiteRecords",
     "SiteStep",
     "alpha_start",
@@ -809,6 +811,37 @@ class PrivateSettings:
     smooth: float = 150.0
     covariance: Literal["propagated", "delta"] = "propagated"
     correction_draws: int = 40
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The chosen design of one noise setting (public; ``docs/dp-cox.md`` gives the coverage that chose it): the
+    budget shares of :class:`NoisePlan` (``count_share``, ``score_shares``, ``info_shares``), the five clip bound
+    scalars of :meth:`ClipBounds.from_scalars` (``bounds``) and the server's :class:`PrivateSettings`."""
+
+    count_share: float
+    score_shares: tuple[float, ...]
+    info_shares: tuple[float, ...]
+    bounds: tuple[tuple[str, float | None], ...]
+    settings: PrivateSettings
+
+    def plan(self, total: float, *, setting: Setting, sites: int) -> NoisePlan:
+        """The recipe's :class:`NoisePlan` at total noise multiplier ``total``."""
+        return NoisePlan(total=total, count_share=self.count_share, score_shares=self.score_shares,
+                         info_shares=self.info_shares, setting=setting, sites=sites)
+
+    def clip_bounds(self, design: GroupedCoxDesign) -> ClipBounds:
+        """The recipe's :class:`ClipBounds` on ``design``'s spreads."""
+        return ClipBounds.from_scalars(design, **dict(self.bounds))
+
+
+_BOUNDS = (("score_alpha", 2.0), ("score_beta", 3.0), ("info_diag", 1.0), ("info_cross", 2.0), ("info_beta", 12.0))
+#: The chosen design per setting: ``sum`` (noise on the summed releases, ``distributed_dp``) and ``per_site`` (every
+#: site adds the full noise, ``dp_sgd``).
+RECIPES: dict[str, Recipe] = {
+    "sum": Recipe(0.04, (0.08, 0.10, 0.15, 0.38), (0.0, 0.0, 0.0, 0.0, 0.25), _BOUNDS, PrivateSettings()),
+    "per_site": Recipe(0.04, (0.10, 0.15, 0.46), (0.0, 0.0, 0.0, 0.25), _BOUNDS, PrivateSettings(smooth=900.0)),
+}
 
 
 @dataclass(frozen=True, eq=False)

@@ -249,7 +249,7 @@ def test_the_plan_spends_the_target_epsilon_by_the_accountant_it_used():
     from strategies.accounting.rdp import epsilon_from_history
 
     for accountant in ("pld", "rdp"):
-        plan = calibrate_plan(epsilon=1.0, delta=1e-5, accountant=accountant, **PLAN)
+        plan = calibrate_plan(epsilon=1.0, delta=1e-5, accountant=accountant, **PLAN["sum"])
         spent = epsilon_from_history(plan.history(), delta=1e-5, accountant=accountant)
         single = epsilon_from_history([(plan.total, 1.0, 1)], delta=1e-5, accountant=accountant)
         assert 0.99 <= spent <= 1.0 + 1e-9
