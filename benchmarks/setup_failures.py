@@ -4,7 +4,8 @@ For every bundled horizontal data set, named (``data.name=metabric``) and as the
 CSV file (``data.name=csv``), under ``dp_sgd`` and ``distributed_dp`` at each ``--epsilons``, with
 ``--sites`` IID sites and seeds ``0 … --seeds - 1``, it runs the federation's set-up as a
 simulation does (:func:`flwr_app.task.federation_setup`: both passes of noisy releases at every
-site, agreed at the server) and counts the runs whose set-up stops (an error) and the ranges it
+site, agreed at the server; ``distributed_dp``'s through its secure sum, with ``privacy.max_dropouts = 0`` for 2
+sites) and counts the runs whose set-up stops (an error) and the ranges it
 settled by a fallback (scan, or a column left out). ``--degraded`` does the same for each data set
 with half of the values of two numeric columns missing at random and one log-normal heavy-tailed
 column added (``dp_sgd``, the first ε). Training cannot change the set-up, so none is run.
@@ -54,6 +55,12 @@ def table_csv(name: str, folder: Path, *, degrade: bool = False, seed: int = 0) 
     return path
 
 
+def secure_sum_options(mechanism: str, sites: int) -> dict:
+    """``distributed_dp`` with 2 sites: no tolerated drop-out (the config refuses one: SecAgg+ of 2 sites cannot
+    survive a drop-out without unmasking); otherwise the defaults."""
+    return {"privacy.max_dropouts": 0} if mechanism == "distributed_dp" and sites == 2 else {}
+
+
 def count(overrides: dict, seeds: int) -> dict:
     """Set-up outcomes over seeds: failures (with their first message), fallbacks by kind."""
     failures, fallbacks, first_error = 0, collections.Counter(), ""
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for epsilon in epsilons[:1] if args.degraded else epsilons:
                         for sites in (int(k) for k in args.sites.split(",")):
                             overrides = {**data, "strategy.name": mechanism, "privacy.epsilon": epsilon,
-                                         "federation.num_sites": sites}
+                                         "federation.num_sites": sites, **secure_sum_options(mechanism, sites)}
                             row = {"data": name, "source": source, "strategy": mechanism, "epsilon": epsilon,
                                    "sites": sites, **count(overrides, args.seeds)}
                             rows.append(row)

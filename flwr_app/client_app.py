@@ -719,9 +719,10 @@ def secagg_share_keys(message: Message, context: Context) -> Message:
 @_gives_back
 def secagg_masked(message: Message, context: Context) -> Message:
     """Stage 2: the site's contribution, masked: its mechanism's vector of the round (its training reply), when the
-    message carries the recalibration's horizons its recalibration sums' vector (:func:`_recalibration_terms`), or,
-    when it names a Cox query (``coxph`` with ``cox.secure_sum``), that query's sums in fixed point
-    (:func:`flwr_app.cox_client.secure_vector`)."""
+    message carries the recalibration's horizons its recalibration sums' vector (:func:`_recalibration_terms`),
+    when it names a pass of the private set-up that pass's vector (:func:`flwr_app.deployment.setup_vector`, its
+    parameters from the site's own run config and policy), or, when it names a Cox query (``coxph`` with
+    ``cox.secure_sum``), that query's sums in fixed point (:func:`flwr_app.cox_client.secure_vector`)."""
     import numpy as np
 
     from flwr_app import task
@@ -734,7 +735,13 @@ def secagg_masked(message: Message, context: Context) -> Message:
     parties, records = int(public["parties"]), float(public["records"])
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     from flwr_app.cox_messages import SECURE_QUERY
+    from flwr_app.deployment import SETUP_PASS, setup_vector
 
+    if SETUP_PASS in message.content.config_records.get("config", ConfigRecord()):  # the private set-up's sums
+        cfg = _run_config(context)
+        secure = task.secure_setup(_tolerated_dropouts(cfg, context, state), parties, _own_honest_sites(context))
+        return Message(content=_masked(message, context, state, setup_vector(message, context, secure, records)),
+                       reply_to=message)
     if SECURE_QUERY in message.content.config_records.get("config", ConfigRecord()):  # coxph, cox.secure_sum
         from flwr_app.cox_client import secure_vector
 

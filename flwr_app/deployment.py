@@ -64,17 +64,25 @@ from strategies.mechanisms.setup_statistics import (
     MomentRelease,
     RangeRelease,
     RecalibrationPlan,
+    SecureSetup,
     SetupNoiseError,
     SetupPlan,
+    SharedSetup,
     agree_ranges,
     accountant_history,
     agreed_count,
     check_inputs,
     implausible_ranges,
+    noisy_count,
     pass_history,
     release_moments,
     release_ranges,
+    secure_contribution,
+    secure_moments_sum,
+    secure_ranges_sum,
+    secure_segments,
     shared_setup,
+    site_levels,
 )
 
 SUMMARY = "query.site_summary"
@@ -85,6 +93,8 @@ SETUP = "train.site_setup"
 PAYLOAD = "deployment"
 SPEC_STATE = "deployment.spec"
 SETUP_STATE = "deployment.setup"
+#: Node state: the set-up secure sums this site charged (its setup_ranges release) and sent in this run.
+SETUP_SUMS = "deployment.setup_sums"
 #: Asks a node that appears after the set-up which site it is (its site name only; nothing else).
 IDENTITY = "query.setup_site_name"
 #: The site's privacy state (its accountant) in its node state, across rounds.
@@ -445,7 +455,11 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     3. ``site_setup``: the server sends every site the preprocessing, the grid, its agreed count,
        the smallest count and the accountant history of the set-up releases.
 
-    Every noise draw happens at the sites (their OS entropy); the server only adds and derives.
+    With a mechanism that has a secure sum (``distributed_dp``), pass 1 carries the schema, the noisy
+    count and the levels only, and each pass's histograms and moments go through SecAgg+ with the
+    distributed discrete Gaussian instead (:func:`_secure_setup_sums`): the server sees their sums only,
+    with one Gaussian's noise. Every noise draw happens at the sites (their OS entropy); the server only
+    adds and derives.
     """
     nodes = sorted(grid.get_node_ids())
     dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
@@ -463,12 +477,13 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
                               f"numeric {list(reference[1])})")
     _enough(cfg, [node for node in schemas if node not in left_out], nodes, left_out, report=False)
     plan = SetupPlan(reference[0], frozenset(reference[1]), **options)
+    secure = task.secure_setup(cfg, len(nodes)) is not None  # the run's mechanism sums the set-up securely
     releases: dict[int, RangeRelease] = {}
     for node in schemas:
         if node in left_out:
             continue
         try:
-            releases[node] = RangeRelease.from_dict(first[node], plan)
+            releases[node] = RangeRelease.from_dict(first[node], plan, secure=secure)
         except (KeyError, TypeError, ValueError) as err:
             left_out[node] = f"site '{names[node]}': set-up release refused: {err}"
             continue
@@ -479,11 +494,42 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     left_out.update(_count_problems(names, {node: agreed_count(release.count) for node, release in releases.items()}))
     releases = {node: release for node, release in releases.items() if node not in left_out}
     _enough(cfg, releases, nodes, left_out)
+    if secure:
+        honest = tuple(float(f.honest_sites) for node in releases if (f := _announced(first[node])) is not None)
+        shared, kept = _secure_setup_sums(grid, cfg, plan, releases, names, public, timeout=timeout,
+                                          honest_sites=honest)
+        for node in set(releases) - set(kept):
+            left_out[node] = f"site '{names[node]}': its vector is not in the set-up's first secure sum"
+        releases = kept
+        _enough(cfg, releases, nodes, left_out)
+    else:
+        shared = _plain_setup_sums(grid, cfg, plan, releases, names, public, timeout=timeout)
+    spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
+    counts = {node: agreed_count(release.count) for node, release in releases.items()}
+    recalibration = task.plan_recalibration(cfg, shared, counts)
+    filters = {node: announced for node in counts if (announced := _announced(first[node])) is not None}
+    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
+                         timeout=timeout, filters=filters)
+    return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration,
+                               left_out_columns=shared.left_out)
+
+
+def _agreed_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
+    """:func:`agree_ranges` and :func:`check_inputs` of pass 1's sum; a set-up the noise hides stops in one line."""
     try:
-        ranges = agree_ranges(plan, functools.reduce(operator.add, releases.values()))
-        check_inputs(plan, ranges, functools.reduce(operator.add, releases.values()))  # before the second pass
+        ranges = agree_ranges(plan, summed)
+        check_inputs(plan, ranges, summed)  # before the second pass
     except SetupNoiseError as err:
         raise RuntimeError(f"set-up: {err}") from None
+    return ranges
+
+
+def _plain_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, releases: Mapping[int, RangeRelease],
+                      names: Mapping[int, str], public: Mapping[str, Any] | None, *, timeout: float) -> SharedSetup:
+    """The shared set-up from the sites' own noisy releases: pass 1's (``releases``) summed here, then pass 2
+    (``setup_moments``) asked of every one of them."""
+    summed = functools.reduce(operator.add, releases.values())
+    ranges = _agreed_ranges(plan, summed)
     second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict(), "dictionary": public}
                                           for node in releases}, timeout)
     moments = {}
@@ -495,16 +541,99 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     if failed:
         raise RuntimeError(f"sites failed in the second pass of the set-up (every site of the first pass is needed: "
                            f"its ranges count in the clip ranges): {failed}")
-    shared = shared_setup(plan, ranges, functools.reduce(operator.add, releases.values()),
-                          functools.reduce(operator.add, moments.values()), num_durations=cfg.model.num_durations)
-    spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
-    counts = {node: agreed_count(release.count) for node, release in releases.items()}
-    recalibration = task.plan_recalibration(cfg, shared, counts)
-    filters = {node: announced for node in counts if (announced := _announced(first[node])) is not None}
-    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
-                         timeout=timeout, filters=filters)
-    return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration,
-                               left_out_columns=shared.left_out)
+    return shared_setup(plan, ranges, summed, functools.reduce(operator.add, moments.values()),
+                        num_durations=cfg.model.num_durations)
+
+
+def _secure_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, releases: Mapping[int, RangeRelease],
+                       names: Mapping[int, str], public: Mapping[str, Any] | None, *, timeout: float,
+                       honest_sites: tuple[float, ...] = ()) -> tuple[SharedSetup, dict[int, RangeRelease]]:
+    """The shared set-up from two secure sums (:data:`~strategies.mechanisms.setup_statistics.SECURE_RELEASES`,
+    :func:`_setup_sum`) over the sites whose pass-1 count and levels (``releases``) were kept; the sites of the
+    first sum are those of the second and of the run (a site dropping out of the first is left out; of the second,
+    the set-up stops). ``honest_sites``: the honest sites the policy sites announced they count on, so that the
+    summed noise the server derives from is the one their shares give."""
+    records = sum(agreed_count(release.count) for release in releases.values())
+    secure = task.secure_setup(cfg, len(releases), honest_sites)
+    total, included = _setup_sum(grid, cfg, plan, sorted(releases), 1, records, public, None, timeout=timeout)
+    kept = {node: releases[node] for node in included}
+    levels = {c: tuple(sorted(set().union(*(r.levels[c] for r in kept.values())))) for c in plan.private_levels}
+    try:
+        summed = secure_ranges_sum(plan, secure, total, counts={str(node): r.count for node, r in kept.items()},
+                                   levels=levels, records=records)
+    except ValueError as err:
+        raise RuntimeError(f"set-up: {err}") from None
+    ranges = _agreed_ranges(plan, summed)
+    secure = task.secure_setup(cfg, len(kept), honest_sites)
+    records = sum(agreed_count(release.count) for release in kept.values())
+    total, included = _setup_sum(grid, cfg, plan, sorted(kept), 2, records, public, ranges, timeout=timeout)
+    if set(included) != set(kept):
+        raise RuntimeError(f"sites failed in the second secure sum of the set-up (every site of the first is needed: "
+                           f"its values count in the clip ranges): {sorted(names[n] for n in set(kept) - set(included))}")
+    try:
+        moments = secure_moments_sum(plan, secure, ranges, total, records=records, sites=len(kept))
+    except ValueError as err:
+        raise RuntimeError(f"set-up: {err}") from None
+    return shared_setup(plan, ranges, summed, moments, num_durations=cfg.model.num_durations), kept
+
+
+#: In a set-up secure sum's stage-2 message: which pass it sums (1 or 2), and the public plan's inputs (JSON).
+SETUP_PASS = "setup.pass"
+SETUP_PUBLIC = "setup.public"
+
+
+def _setup_sum(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, nodes: list[int], setup_pass: int, records: float,
+               public: Mapping[str, Any] | None, ranges: AgreedRanges | None, *,
+               timeout: float) -> tuple[np.ndarray, list[int]]:
+    """One SecAgg+ sum (:class:`strategies.secure_aggregation.SecureSum`) of the sites' pass-``setup_pass`` vectors
+    (:func:`setup_vector`); the centred sum and the nodes in it (no sum, and every node, where the pass has no
+    private value). ``RuntimeError`` in one line when it fails."""
+    from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
+
+    privacy = cfg.privacy
+    num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
+                                                colluding=privacy.colluding_sites)
+    dim = sum(size for _, size in secure_segments(plan, setup_pass, ranges))
+    if dim == 0:  # everything this pass would sum is public (data.dictionary): nothing to ask
+        return np.zeros(0, dtype=np.int64), list(nodes)
+    modulus = 2 ** privacy.modulus_bits
+    payload = json.dumps({"dictionary": public, "ranges": None if ranges is None else ranges.to_dict()})
+    result = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dim, timeout=timeout,
+                       shuffle_seed=cfg.seed * 100_003 + setup_pass).run(
+        grid, nodes, setup={"parties": len(nodes), "records": float(records)},
+        masked_content=lambda node: RecordDict({"config": ConfigRecord({SETUP_PASS: setup_pass,
+                                                                        SETUP_PUBLIC: payload})}),
+        group=f"setup-{setup_pass}", min_included=len(nodes) - privacy.max_dropouts)
+    if result.total is None:
+        failures = "; ".join(f"node {node} ({stage}): {reason}" for stage, node, reason in result.failures)
+        raise RuntimeError(f"set-up: secure sum {setup_pass} of the set-up failed: {result.shortfall} {failures}")
+    return centred(result.total, modulus), sorted(result.included)
+
+
+def setup_vector(message: Message, context: Context, secure: SecureSetup, records: float) -> np.ndarray:
+    """A site's vector of one of the set-up's secure sums (:func:`~strategies.mechanisms.setup_statistics.
+    secure_contribution`), its noise from OS entropy; ``secure``: the sum's public parameters as the site's own run
+    config and policy give them (its honest count never the server's). Pass 1 was charged with the site's
+    ``setup_ranges`` release and needs it; pass 2 is charged here. Each pass is released once per run."""
+    cfg = parse_run_config(context.run_config)
+    config = message.content["config"]
+    setup_pass, request = int(config[SETUP_PASS]), json.loads(str(config[SETUP_PUBLIC]))
+    released = json.loads(str(context.state.config_records[SETUP_SUMS]["json"])) if (
+        SETUP_SUMS in context.state.config_records) else {}
+    if setup_pass not in (1, 2) or str(setup_pass) in released.get("sent", []) or "charged" not in released or (
+            released.get("run") != context.run_id):
+        raise ValueError(f"set-up secure sum {setup_pass} refused: this site releases each pass once, after its "
+                         "setup_ranges release of this run")
+    table, train, _ = _site_table(cfg, context, notes=False)
+    features = table.features.iloc[train].reset_index(drop=True)
+    plan = SetupPlan.for_features(features, **_site_plan_options(cfg, request))
+    ranges = None if request["ranges"] is None else AgreedRanges.from_dict(request["ranges"])
+    if setup_pass == 2:
+        _charge_setup(cfg, context, "setup_moments", pass_history(plan, 2))
+    released["sent"] = [*released.get("sent", []), str(setup_pass)]
+    context.state[SETUP_SUMS] = ConfigRecord({"json": json.dumps(released)})
+    return secure_contribution(plan, secure, setup_pass, features, table.time[train], table.event[train],
+                               records=records, rng=np.random.default_rng(), ranges=ranges)  # OS entropy
 
 
 def _announced(reply: Mapping[str, Any]) -> SiteFilter | None:
@@ -722,7 +851,14 @@ def setup_ranges(message: Message, context: Context) -> Message:
     announced = site_policy.announce(context.node_config)
     _charge_setup(cfg, context, "setup_ranges", pass_history(plan, 1),
                   _planned_after_pass_1(cfg, plan, len(train), announced))
-    release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
+    if task.secure_setup(cfg, 1) is not None:  # the histograms go through the secure sum: count and levels only
+        if SETUP_SUMS in context.state.config_records:
+            raise ValueError("setup_ranges refused: this site released its set-up count in this run already")
+        release = RangeRelease(noisy_count(plan, len(train), np.random.default_rng()), {}, None,
+                               site_levels(plan, features))  # OS entropy
+        context.state[SETUP_SUMS] = ConfigRecord({"json": json.dumps({"run": context.run_id, "charged": 1})})
+    else:
+        release = release_ranges(plan, features, table.time[train], np.random.default_rng())  # OS entropy
     filter_ = {} if announced is None else {"filter": dataclasses.astuple(announced)}
     return Message(content=_payload({"site": site_name(context), "columns": list(plan.columns),
                                      "numeric": sorted(plan.numeric), **release.to_dict(), **filter_}),
@@ -730,8 +866,12 @@ def setup_ranges(message: Message, context: Context) -> Message:
 
 
 def setup_moments(message: Message, context: Context) -> Message:
-    """Pass 2 of the private set-up: the noisy time histogram and clipped moments on the agreed ranges."""
+    """Pass 2 of the private set-up: the noisy time histogram and clipped moments on the agreed ranges (refused
+    where the run's mechanism sums them securely: :func:`setup_vector`)."""
     cfg = parse_run_config(context.run_config)
+    if task.secure_setup(cfg, 1) is not None:
+        raise ValueError(f"setup_moments refused: strategy '{cfg.strategy}' sends its set-up sums through its "
+                         "secure sum only")
     table, train, _ = _site_table(cfg, context)
     features = table.features.iloc[train].reset_index(drop=True)
     plan = SetupPlan.for_features(features, **_site_plan_options(cfg, _read(message)))

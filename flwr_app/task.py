@@ -33,6 +33,7 @@ from models.data.files import resolve_data_dir
 from models.survival import SurvivalModel, build_survival_model
 from models.time_grid import histogram_survival, interval_hazard, make_time_grid, time_counts
 from strategies.mechanisms.base import (
+    SecureSumMechanism,
     SiteSetUp,
     recalibrates,
     recalibration_history,
@@ -43,6 +44,7 @@ from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.mechanisms.setup_statistics import (
     RecalibrationPlan,
+    SecureSetup,
     SetupPlan,
     SharedSetup,
     accountant_history,
@@ -120,6 +122,20 @@ def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | Non
                                   time_grid=cfg.model.time_grid)
 
 
+def secure_setup(cfg: ExperimentConfig, parties: int, honest_sites: tuple[float, ...] = ()) -> SecureSetup | None:
+    """How the set-up's releases go through the run's secure sum (a mechanism with one: ``distributed_dp``), over
+    ``parties`` sites tolerating ``privacy.max_dropouts`` drop-outs and ``privacy.colluding_sites``; ``honest_sites``:
+    the ``privacy-min-honest-sites`` of a site's own policy (:func:`~strategies.mechanisms.distributed_dp.counted_honest`).
+    None without a secure sum (each site adds its own noise)."""
+    if not isinstance(horizontal_mechanism(cfg.strategy), SecureSumMechanism):
+        return None
+    from strategies.mechanisms.distributed_dp import counted_honest
+
+    privacy = cfg.privacy
+    return SecureSetup(parties, privacy.max_dropouts, privacy.colluding_sites, privacy.modulus_bits,
+                       counted_honest(honest_sites, privacy.max_dropouts))
+
+
 def setup_history(cfg: ExperimentConfig, plan: SetupPlan,
                   recalibration: RecalibrationPlan | None) -> tuple[tuple[float, float, int], ...]:
     """What a site's accountant composes before training: the set-up's releases and, where a
@@ -151,7 +167,8 @@ def _simulation(cfg: ExperimentConfig) -> tuple[FederatedDataset, FederationSetU
         plan = setup_plan(cfg, next(iter(sites.values()))[0])
         assert plan is not None
         rngs = {name: np.random.default_rng([cfg.seed, SETUP_STREAM, index]) for index, name in enumerate(sites)}
-        shared, counts = run_setup(plan, sites, rngs, num_durations=cfg.model.num_durations, require_inputs=True)
+        shared, counts = run_setup(plan, sites, rngs, num_durations=cfg.model.num_durations, require_inputs=True,
+                                   secure=secure_setup(cfg, len(sites)))
         agreed.update(plan=plan, shared=shared, counts=counts)
         return shared.preprocessor
 

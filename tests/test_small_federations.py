@@ -18,8 +18,10 @@ import pytest
 from flwr_app import deployment, task
 from models.data.files import resolve_data_dir
 from simulations.engine import resolve, run_inprocess
+from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ConfigError
-from strategies.mechanisms.setup_statistics import SetupNoiseError
+from strategies.mechanisms.base import setup_multiplier
+from strategies.mechanisms.setup_statistics import SetupNoiseError, accountant_history
 
 #: The bundled sets, 900 records each: 24 sites of 37 or 38, 30 of them training records.
 RECORDS = 900
@@ -72,6 +74,25 @@ def test_twenty_four_sites_of_thirty_records_train_with_public_ranges(small, tmp
     assert setup.cuts[-1] == pytest.approx(FOLLOW_UP["whas"]) and _largest_cell(cfg) < 0.25
 
 
+@pytest.mark.parametrize("dictionary", [None, "time"])
+def test_distributed_dp_sets_up_through_the_secure_sum_without_public_ranges(small, tmp_path, dictionary):
+    """No public range (with or without the follow-up): the set-up's sums carry one Gaussian's noise, so every
+    column's range and the time range stand out; the ledger's set-up history is the plan's Gaussian entries and
+    composes to the one Gaussian of the set-up's noise multiplier."""
+    run = _run(small, "whas", dictionary, **{"strategy.name": "distributed_dp", "seed": 0})
+    summary = run_inprocess({**run, "output.dir": str(tmp_path)})
+    cfg = resolve(run)[1]
+    assert summary["setup"] == {"left_out_columns": [], "notes": []} and np.isfinite(summary["test"]["ibs"])
+    setup = task.federation_setup(cfg)
+    assert setup.cuts[-1] == pytest.approx(FOLLOW_UP["whas"]) if dictionary else setup.cuts[-1] > 1000.0
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    planned = task.setup_history(cfg, setup.plan, setup.recalibration)
+    assert {tuple(map(tuple, row["prior"])) for row in ledger} == {planned}
+    z = setup_multiplier(cfg)
+    assert epsilon_from_history(list(accountant_history(setup.plan)), delta=cfg.privacy.delta) == pytest.approx(
+        epsilon_from_history([(z, 1.0, 1)], delta=cfg.privacy.delta), rel=1e-9)
+
+
 def test_what_the_set_up_leaves_out_is_one_console_line_and_in_the_summary(small, tmp_path, capsys):
     run = _run(small, "whas", "time", seed=0)
     summary = run_inprocess({**run, "output.dir": str(tmp_path)})
@@ -104,6 +125,8 @@ def test_a_federation_too_small_for_a_time_range_names_the_dictionarys_follow_up
     assert "summed over 24 sites" in message and "\n" not in message
     for key in ("data.dictionary (time: {max: ...}", "privacy.setup_share", "privacy.epsilon", "fewer, larger sites"):
         assert key in message
+    hidden = int(message.split("for the ")[1].split(" column")[0])  # the columns hidden too are named with their key
+    assert "and numeric: {column: [lo, hi]}" in message[:300] and 1 <= hidden <= 6  # a console line shows 300
 
 
 def test_an_epsilon_below_what_rdp_certifies_is_refused_at_configuration(tmp_path):
@@ -141,3 +164,86 @@ def test_a_deployed_set_up_that_leaves_no_column_stops_before_the_second_pass(sm
     assert message.startswith("set-up: set-up statistics: no column's range stood out of the noise")
     assert "\n" not in message
     assert deployment.RANGES in asked and deployment.MOMENTS not in asked
+
+
+def test_a_deployed_distributed_dp_set_up_goes_through_two_secure_sums(small, tmp_path, monkeypatch):
+    """Six deployed sites of 150 WHAS records, no public range: each sends its noisy count and levels, then the
+    set-up's histograms and moments only through SecAgg+ (no site answers setup_moments), and the run trains with
+    every column (seeded noise here; a deployed site draws it from its own entropy)."""
+    frame = pd.read_csv(small["whas"] / "whas.csv")
+    configs = []
+    for index in range(6):
+        path = tmp_path / f"site-{index}.csv"
+        frame.iloc[150 * index:150 * (index + 1)].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    seeds, contribution, count = itertools.count(), deployment.secure_contribution, deployment.noisy_count
+    monkeypatch.setattr(deployment, "secure_contribution", lambda *args, rng, **kwargs: contribution(
+        *args, rng=np.random.default_rng(next(seeds)), **kwargs))
+    monkeypatch.setattr(deployment, "noisy_count", lambda plan, records, rng: count(
+        plan, records, np.random.default_rng(next(seeds))))
+    asked = []
+    run = {"data.name": "site_files", "data.time_col": "duration", "data.event_col": "event",
+           "strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "federation.num_sites": 6,
+           "federation.rounds": 1, "evaluation.server_side": False, "baseline.centralized": False,
+           "output.dir": str(tmp_path / "out")}
+    summary = run_inprocess(run, node_configs=configs,
+                            observe=lambda message, reply: asked.append(message.metadata.message_type))
+    assert deployment.RANGES in asked and deployment.MOMENTS not in asked
+    masked = [kind for kind in asked if kind.endswith("secagg_masked")]
+    assert len(masked) >= 3 * 6  # two set-up sums and the round's
+    assert summary["num_sites"] == 6 and summary["setup"] == {"left_out_columns": [], "notes": []}
+
+
+def test_a_deployed_site_releases_each_secure_set_up_pass_once_after_its_count(small, tmp_path, monkeypatch):
+    """A distributed_dp site: no set-up vector before its setup_ranges release (which charged pass 1), each pass's
+    vector once, and a second setup_ranges and any setup_moments query refused."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from simulations import engine
+
+    for name, value in (("_task_id", 1), ("_run_id", 3), ("_node_id", 2)):
+        monkeypatch.setattr(engine.TaskIdentity, name, value)  # messages built outside a run need an identity
+
+    path = tmp_path / "site.csv"
+    pd.read_csv(small["whas"] / "whas.csv").iloc[:40].to_csv(path, index=False)
+    fused, _ = resolve({"data.name": "site_files", "data.time_col": "duration", "data.event_col": "event",
+                        "strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "federation.num_sites": 4,
+                        "evaluation.server_side": False, "baseline.centralized": False})
+    context = Context(run_id=3, node_id=2, node_config={"data-path": str(path), "site-name": "a"}, state=RecordDict(),
+                      run_config=fused)
+    secure = task.secure_setup(deployment.parse_run_config(fused), 4)
+
+    def message(kind: str, content: RecordDict) -> Message:
+        return Message(content=content, dst_node_id=2, message_type=kind)
+
+    def vector(setup_pass: int, ranges=None):
+        payload = json.dumps({"dictionary": None, "ranges": ranges})
+        content = RecordDict({"config": ConfigRecord({deployment.SETUP_PASS: setup_pass, deployment.SETUP_PUBLIC: payload})})
+        return deployment.setup_vector(message("query.secagg_masked", content), context, secure, 160.0)
+
+    with pytest.raises(ValueError, match="after its setup_ranges release"):
+        vector(1)
+    ranges_request = message(deployment.RANGES, deployment._payload({"dictionary": None}))
+    reply = deployment._read(deployment.setup_ranges(ranges_request, context))
+    assert reply["histograms"] == {} and reply["time"] is None and np.isfinite(reply["count"])
+    assert vector(1).size == sum(size for _, size in _segments(fused, 1))
+    with pytest.raises(ValueError, match="releases each pass once"):
+        vector(1)
+    with pytest.raises(ValueError, match="released its set-up count in this run already"):
+        deployment.setup_ranges(ranges_request, context)
+    agreed = {"features": {c: [0.0, 100.0] for c in ("x0", "x1", "x2", "x3", "x4", "x5")}, "time_max": 2400.0,
+              "fallbacks": {}, "time_bins": 20}
+    assert vector(2, agreed).size == 2 * 20 + 3 * 6
+    with pytest.raises(ValueError, match="releases each pass once"):
+        vector(2, agreed)
+    with pytest.raises(ValueError, match="secure sum only"):
+        deployment.setup_moments(message(deployment.MOMENTS, deployment._payload({"ranges": agreed})), context)
+
+
+def _segments(fused, setup_pass):
+    """The secure-sum segments of a pass of the run's set-up plan over WHAS's columns."""
+    from strategies.mechanisms.setup_statistics import secure_segments
+
+    cfg = deployment.parse_run_config(fused)
+    frame = pd.read_csv(resolve_data_dir("") / "whas.csv").drop(columns=["split", "duration", "event"])
+    return secure_segments(task.setup_plan(cfg, frame), setup_pass)

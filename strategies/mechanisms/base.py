@@ -364,7 +364,8 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
     are then outside the protected unit, and the evaluation is post-processing for it);
     ``private_setup``: the set-up statistics were released with DP
     (:mod:`strategies.mechanisms.setup_statistics`) and composed in the site's accountant;
-    ``secure_sum``: the sites send their recalibration sums through the mechanism's secure sum.
+    ``secure_sum``: the sites send their set-up histograms and moments and their recalibration sums through the
+    mechanism's secure sum.
     """
     held_out = private and record_level
     releases = [
@@ -386,6 +387,9 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
         accounted = (f"Gaussian releases at set-up (noise multiplier {setup_multiplier(cfg):.4g} for all of them "
                      f"together, {cfg.privacy.adjacency}), composed by the site's accountant with its training")
         public = " and the public data dictionary" if cfg.data.dictionary else ""
+        summed = ("; each site's vector carries its share of a distributed discrete Gaussian through SecAgg+, so the "
+                  "server unmasks only the sum over sites (strategies.mechanisms.setup_statistics, SecureSetup)"
+                  if secure_sum else "")
         releases += [
             ReleasedValue("schema", "column names, which of them are numeric, and the category levels of the columns "
                           "the data dictionary does not list", "set-up", False,
@@ -397,11 +401,11 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
                           ("query.setup_ranges/deployment.count", "train/metrics.num-examples")),
             ReleasedValue("feature statistics", "range histograms of the numeric columns on a public log grid and "
                           "the moments of the clipped values, plus noise (the shared clipping and standardisation)",
-                          "set-up", True, accounted + public,
+                          "set-up", True, accounted + summed + public,
                           ("query.setup_ranges/deployment.histograms", "query.setup_moments/deployment.moments")),
             ReleasedValue("time grid", "range histogram of the training times and the time histogram of events and "
                           "censorings, plus noise (the shared time grid and CoxTime's time scale)", "set-up", True,
-                          accounted + public,
+                          accounted + summed + public,
                           ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
                            "query.setup_moments/deployment.censored")),
             ReleasedValue("privacy filter", "a deployed site with its own privacy policy: its Rényi filter's order, "

@@ -103,6 +103,25 @@ Each site adds its own full noise (the server sees every site's release), so a s
 :math:`K` sites carries :math:`\sqrt K` times the noise of one. The noise is drawn from the
 ``numpy.random.Generator`` the caller passes (from OS entropy in a deployment).
 
+Through a secure sum (strategy ``distributed_dp``: :class:`SecureSetup`)
+-----------------------------------------------------------------------
+Where the run's mechanism has a secure sum, every release but the record count
+(:data:`SECURE_RELEASES`) goes through SecAgg+ with the distributed discrete Gaussian instead: each
+site sends, masked, the sum over its records of their rounded scaled vectors (a one-hot bin per
+histogram; :math:`(v, v^2, 1)` per column) plus its discrete Gaussian share
+(:func:`secure_contribution`; one vector per pass), and the server sees only the sum
+(:func:`secure_ranges_sum`, :func:`secure_moments_sum`). Release :math:`i`'s plan is
+:func:`strategies.mechanisms.distributed_dp.gaussian_sum_plan` at its multiplier :math:`z_i` and
+its add/remove sensitivity above as the per-record L2 bound, so its RDP over any
+:math:`k - D - t` honest survivors' shares is at most the Gaussian entry ``(z_i, 1, 1)``: the
+accounting is unchanged, and the summed noise is about one Gaussian's, :math:`z_i \Delta_i \sqrt{k /
+(k - D - t)}` per value with all :math:`k` sites in the sum (:func:`summed_noise`, the plan's figure,
+which every threshold and floor above then uses), instead of :math:`z_i \Delta_i \sqrt k`. The record count stays a release of each site with its own noise:
+the server weighs and bounds every later secure sum of the run by the agreed counts of the sites
+included in it. Each sum's unmasked total is refused, in one line, when it is beyond what honest
+sites can produce (:meth:`~strategies.mechanisms.distributed_dp.RoundPlan.refusal`);
+:func:`implausible_ranges` needs a site's own release and does not apply.
+
 Denoising (post-processing): the summed time histogram's counts become non-negative by isotonic
 regression of their cumulative sums (anchored at 0), which removes negative counts without the
 upward bias of clamping each count at 0; a feature's noisy mean is clipped to its range and its
@@ -130,6 +149,7 @@ Private Histograms Through Consistency", VLDB 2010 (isotonic post-processing of 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -153,8 +173,19 @@ __all__ = [
     "accountant_history",
     "agreed_count",
     "implausible_ranges",
+    "modular_sum",
+    "noisy_count",
+    "run_secure_setup",
     "run_setup",
+    "secure_contribution",
+    "secure_moments_sum",
+    "secure_ranges_sum",
+    "secure_segments",
+    "site_levels",
+    "summed_noise",
     "DEFAULT_SETUP_NOISE_MULTIPLIER",
+    "SECURE_RELEASES",
+    "SecureSetup",
     "AgreedRanges",
     "MomentRelease",
     "RangeRelease",
@@ -245,12 +276,14 @@ def time_edges(time_max: float, bins: int = TIME_BINS_MAX) -> np.ndarray:
     return float(time_max) * np.unique(np.concatenate([linear, log]))
 
 
-def time_bins(plan: SetupPlan, count: float, sites: int) -> int:
+def time_bins(plan: SetupPlan, count: float, sites: int, *, std: float | None = None) -> int:
     """Intervals of the time histogram for ``count`` records (the summed noisy record count, public
     after pass 1) over ``sites`` sites: about ``TIME_BIN_SIGNAL`` summed noise standard deviations
     of records per interval, within ``[TIME_BINS_MIN, TIME_BINS_MAX]`` (the most without noise).
-    More budget, less noise: a finer histogram."""
-    std = _summed_std(plan, "time_histogram", sites)
+    More budget, less noise: a finer histogram. ``std``: the summed noise of the time histogram where a
+    secure sum gives it (:func:`summed_noise`); by default ``sites`` sites' own noise."""
+    if std is None:
+        std = math.sqrt(sites) * plan.noise_std("time_histogram")
     if std == 0:
         return TIME_BINS_MAX
     return int(np.clip(math.floor(max(count, 0.0) / (TIME_BIN_SIGNAL * std)), TIME_BINS_MIN, TIME_BINS_MAX))
@@ -506,10 +539,15 @@ class RangeRelease:
     time: np.ndarray | None
     levels: Mapping[str, tuple[str, ...]]
     sites: int = 1
+    #: Noise standard deviation of each release in it (``time_range``, ``range_histograms``) where a secure sum
+    #: set it (:func:`secure_ranges_sum`); ``None``: each of the ``sites`` sites added its own, the plan's.
+    noise: Mapping[str, float] | None = None
 
     def __add__(self, other: RangeRelease) -> RangeRelease:
         if set(self.histograms) != set(other.histograms) or (self.time is None) != (other.time is None):
             raise ValueError("cannot add range releases of different plans")
+        if self.noise is not None or other.noise is not None:
+            raise ValueError("a secure sum's release is the sum already: it is not added to another")
         return RangeRelease(
             self.count + other.count,
             {c: h + other.histograms[c] for c, h in self.histograms.items()},
@@ -525,8 +563,9 @@ class RangeRelease:
                 "levels": {c: list(k) for c, k in self.levels.items()}}
 
     @classmethod
-    def from_dict(cls, payload: Mapping[str, Any], plan: SetupPlan) -> RangeRelease:
-        """One site's release from :meth:`to_dict`'s form, checked against ``plan`` (keys, sizes, finite numbers).
+    def from_dict(cls, payload: Mapping[str, Any], plan: SetupPlan, *, secure: bool = False) -> RangeRelease:
+        """One site's release from :meth:`to_dict`'s form, checked against ``plan`` (keys, sizes, finite numbers);
+        ``secure``: its histograms go through the secure sum, so it holds the count and levels only.
 
         Raises
         ------
@@ -534,12 +573,12 @@ class RangeRelease:
             Naming what does not fit the plan.
         """
         bins = range_edges().size - 1
-        if set(payload["histograms"]) != set(plan.private_numeric):
+        if set(payload["histograms"]) != (set() if secure else set(plan.private_numeric)):
             raise ValueError(f"range histograms for columns {sorted(payload['histograms'])}, expected "
-                             f"{list(plan.private_numeric)}")
+                             f"{[] if secure else list(plan.private_numeric)}")
         if set(payload["levels"]) != set(plan.private_levels):
             raise ValueError(f"levels for columns {sorted(payload['levels'])}, expected {list(plan.private_levels)}")
-        if (payload["time"] is None) == plan.releases_time_range:
+        if (payload["time"] is None) == (plan.releases_time_range and not secure):
             raise ValueError("time range histogram present where the plan has none, or missing")
         count = float(payload["count"])
         if not math.isfinite(count):
@@ -652,10 +691,15 @@ class MomentRelease:
     censored: np.ndarray | None
     moments: Mapping[str, np.ndarray]
     sites: int = 1
+    #: Noise standard deviation of each release in it (``time_histogram``, ``feature_moments``) where a secure sum
+    #: set it (:func:`secure_moments_sum`); ``None``: each of the ``sites`` sites added its own, the plan's.
+    noise: Mapping[str, float] | None = None
 
     def __add__(self, other: MomentRelease) -> MomentRelease:
         if set(self.moments) != set(other.moments) or (self.events is None) != (other.events is None):
             raise ValueError("cannot add moment releases of different plans")
+        if self.noise is not None or other.noise is not None:
+            raise ValueError("a secure sum's release is the sum already: it is not added to another")
         return MomentRelease(
             None if self.events is None else self.events + other.events,
             None if self.censored is None else self.censored + other.censored,
@@ -745,9 +789,17 @@ def release_ranges(
                   for c in plan.private_numeric}
     time_counts = (_noisy(_bin_counts(time, edges), plan.noise_std("time_range"), rng) if plan.releases_time_range
                    else None)
-    count = float(_noisy(np.array(float(time.size)), plan.noise_std("record_count"), rng))
-    levels = {c: tuple(sorted(set(category_keys(features[c]).dropna()))) for c in plan.private_levels}
-    return RangeRelease(count, histograms, time_counts, levels)
+    return RangeRelease(noisy_count(plan, time.size, rng), histograms, time_counts, site_levels(plan, features))
+
+
+def noisy_count(plan: SetupPlan, records: int, rng: np.random.Generator) -> float:
+    """A site's ``record_count`` release: its ``records`` plus the plan's noise, drawn from ``rng``."""
+    return float(_noisy(np.array(float(records)), plan.noise_std("record_count"), rng))
+
+
+def site_levels(plan: SetupPlan, features: pd.DataFrame) -> dict[str, tuple[str, ...]]:
+    """The site's set of levels of every categorical column without public levels (schema: not private)."""
+    return {c: tuple(sorted(set(category_keys(features[c]).dropna()))) for c in plan.private_levels}
 
 
 def release_moments(
@@ -778,8 +830,12 @@ def release_moments(
 # --------------------------------------------------------------------------- server side
 
 
-def _summed_std(plan: SetupPlan, name: str, sites: int) -> float:
-    return math.sqrt(sites) * plan.noise_std(name)
+def _summed_std(plan: SetupPlan, name: str, summed: RangeRelease | MomentRelease) -> float:
+    """Noise standard deviation of release ``name`` in ``summed``: the secure sum's (:attr:`RangeRelease.noise`),
+    else that of ``summed.sites`` sites' own noise, each the plan's."""
+    if summed.noise is not None:
+        return float(summed.noise.get(name, 0.0))
+    return math.sqrt(summed.sites) * plan.noise_std(name)
 
 
 def _span(counts: np.ndarray, std: float) -> tuple[int, int] | None:
@@ -835,7 +891,8 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     """Clip ranges and time range from the sum of the sites' :class:`RangeRelease` (post-processing).
 
     A private column's range is ``[edges[a], edges[b + 1]]`` with bins ``a`` and ``b`` found as the
-    module docs describe (noise std :math:`\\sqrt{K} s` per bin for :math:`K` sites); without
+    module docs describe (noise std :math:`\\sqrt{K} s` per bin for :math:`K` sites, or the secure
+    sum's: :attr:`RangeRelease.noise`); without
     noise, the first and last non-empty bins, so the range holds every value. Where no window
     passes the test, the most significant window is taken if it reaches ``SCAN_THRESHOLD``
     (``fallbacks[column] = "scan"``); otherwise the column is left out of the model (``"left
@@ -845,10 +902,11 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     Raises
     ------
     SetupNoiseError
-        When even the fallback finds nothing in the training times' histogram.
+        When even the fallback finds nothing in the training times' histogram: one line naming the
+        dictionary's follow-up range and, where columns were left out too, their ranges.
     """
     edges = range_edges()
-    std = _summed_std(plan, "range_histograms", summed.sites)
+    std = _summed_std(plan, "range_histograms", summed)
     features = dict(plan.dictionary.numeric) if plan.dictionary else {}
     fallbacks: dict[str, str] = {}
     for column in plan.private_numeric:
@@ -857,18 +915,24 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     time_max = None
     if plan.releases_time_range:
         central = int(np.searchsorted(edges, 0.0)) - 1  # the bin holding 0; times are never negative
-        time_std = _summed_std(plan, "time_range", summed.sites)
+        time_std = _summed_std(plan, "time_range", summed)
         found = _settle(summed.time[central:], time_std, "time", fallbacks)
         if found is None:
+            hidden = sum(how == "left out" for column, how in fallbacks.items() if column != "time")
+            columns = (f" and numeric: {{column: [lo, hi]}} for the {hidden} column{'s' * (hidden > 1)} hidden too"
+                       if hidden else "")
             raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
                 "set-up statistics: the training times' range histogram does not stand out of the noise: give the "
-                "follow-up range in data.dictionary (time: {max: ...}; no privacy cost), raise privacy.setup_share or "
-                f"privacy.epsilon, or use fewer, larger sites (std {time_std:.3g} per bin, summed over {summed.sites} "
-                f"sites, about {max(summed.count, 0):.0f} records)")
+                f"follow-up range in data.dictionary (time: {{max: ...}}{columns}; no privacy cost), raise "
+                f"privacy.setup_share or privacy.epsilon, or use fewer, larger sites (std {time_std:.3g} per bin, "
+                f"summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records)")
         time_max = float(edges[central + found[1] + 1])
     elif plan.releases_time_histogram:
         time_max = plan.dictionary.time_max
-    bins = time_bins(plan, summed.count, summed.sites) if plan.releases_time_histogram else None
+    bins = None
+    if plan.releases_time_histogram:
+        bins = time_bins(plan, summed.count, summed.sites, std=None if summed.noise is None else summed.noise[
+            "time_histogram"])
     return AgreedRanges({c: features[c] for c in plan.columns if c in plan.numeric}, time_max, fallbacks, bins)
 
 
@@ -884,7 +948,7 @@ def check_inputs(plan: SetupPlan, ranges: AgreedRanges, summed: RangeRelease) ->
     """
     if not plan.columns or any(c not in ranges.left_out for c in plan.columns):
         return
-    std = _summed_std(plan, "range_histograms", summed.sites)
+    std = _summed_std(plan, "range_histograms", summed)
     raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
         f"set-up statistics: no column's range stood out of the noise, so all {len(plan.columns)} columns would be "
         "left out and the model would have no input: give their ranges in data.dictionary (numeric: {column: [lo, "
@@ -898,7 +962,7 @@ def _feature_scaling(
     """Means and standard deviations of the numeric columns (public: the range's midpoint and
     half-width; private: the noisy moments, see the module docs)."""
     means, stds = {}, {}
-    floor_std = _summed_std(plan, "feature_moments", summed.sites)
+    floor_std = _summed_std(plan, "feature_moments", summed)
     for column in (c for c in plan.columns if c in plan.numeric):
         lo, hi = ranges.features[column]
         middle, half = (lo + hi) / 2, (hi - lo) / 2
@@ -982,7 +1046,7 @@ def shared_setup(
     edges = ranges.time_edges()
     events, censored = monotone_counts(summed_moments.events), monotone_counts(summed_moments.censored)
     counts = events + censored
-    noise = _summed_std(plan, "time_histogram", summed_moments.sites)
+    noise = _summed_std(plan, "time_histogram", summed_moments)
     trimmed = _trim_tail(events, censored, noise)
     if plan.time_grid == "quantiles":
         floor = noise if noise > 0 or events.sum() > 0 else 1.0  # no noise, no event: the histogram's own intervals
@@ -997,6 +1061,211 @@ def shared_setup(
         mean = std = 0.0
     time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
     return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes, fallbacks)
+
+
+# --------------------------------------------------------------------------- through a secure sum
+
+
+#: The releases that go through a secure sum where the strategy has one (``distributed_dp``): all but the record
+#: count, which each site still releases on its own with its own noise (the server weighs and bounds every later
+#: secure sum by the agreed counts of the sites included in it, so it needs each site's).
+SECURE_RELEASES = ("time_range", "range_histograms", "time_histogram", "feature_moments")
+
+
+@dataclass(frozen=True)
+class SecureSetup:
+    r"""The public parameters of a set-up whose releases (:data:`SECURE_RELEASES`) go through SecAgg+ with the
+    distributed discrete Gaussian (:func:`strategies.mechanisms.distributed_dp.gaussian_sum_plan`): the same at
+    every site and at the server.
+
+    ``parties``: the sites in the sum; ``max_dropouts``, ``colluding``: the drop-outs and colluding sites it
+    tolerates (``privacy.max_dropouts``, ``privacy.colluding_sites``); ``modulus_bits``: ``privacy.modulus_bits``;
+    ``honest_cap``: the honest survivors a site's own policy counts on
+    (:func:`strategies.mechanisms.distributed_dp.counted_honest`), ``None`` without one.
+
+    Release :math:`i` (noise multiplier :math:`z_i`, L2 sensitivity :math:`\Delta_i` to adding or removing one
+    record: :func:`setup_releases`) is a sum of per-record vectors of L2 norm at most :math:`\Delta_i` (a record
+    adds 1 to one bin of each histogram; its moments :math:`(v, v^2, 1)` per column), so its plan is
+    ``gaussian_sum_plan(multiplier=z_i, clip=Delta_i)``: any ``parties - max_dropouts - colluding`` honest
+    survivors' shares give the released sum an RDP at most the Gaussian mechanism's at :math:`z_i`, the entry
+    ``(z_i, 1, 1)`` the site's accountant already composes. The server sees the sum with the noise of about one
+    Gaussian of std :math:`z_i \Delta_i \sqrt{k / (k - D - t)}` (:func:`summed_noise`), not :math:`\sqrt k` times it.
+    """
+
+    parties: int
+    max_dropouts: int = 0
+    colluding: int = 0
+    modulus_bits: int = 48
+    honest_cap: int | None = None
+
+    def sum_plan(self, plan: SetupPlan, name: str, size: int, records: float) -> Any:
+        """The :class:`~strategies.mechanisms.distributed_dp.RoundPlan` of release ``name`` of ``size`` values
+        over ``records`` agreed records (the sum of the sites' agreed counts: the wrap-around scale only).
+
+        Raises ``ValueError`` for a plan whose adjacency is not ``"add-remove"`` or that has no such release;
+        :class:`~strategies.config.ConfigError` naming the keys when no secure sum meets the plan
+        (:func:`~strategies.mechanisms.distributed_dp.gaussian_sum_plan`)."""
+        from strategies.mechanisms.distributed_dp import gaussian_sum_plan
+
+        if plan.adjacency != "add-remove":
+            raise ValueError(f"a secure set-up sum bounds add/remove-one sensitivities, not {plan.adjacency!r}")
+        release = next((r for r in plan.releases() if r.name == name), None)
+        if release is None or name not in SECURE_RELEASES or plan.noise_multiplier == 0:
+            raise ValueError(f"the plan makes no noisy release {name!r} for a secure sum")
+        try:
+            return gaussian_sum_plan(multiplier=release.noise_multiplier("add-remove"), parties=self.parties,
+                                     max_dropouts=self.max_dropouts, colluding=self.colluding,
+                                     records=float(records), size=int(size), clip=release.sensitivity["add-remove"],
+                                     modulus_bits=self.modulus_bits, honest_cap=self.honest_cap)
+        except ValueError as err:
+            raise ConfigError(f"run config: the private set-up's secure sum (privacy.modulus_bits, "
+                              f"privacy.max_dropouts, privacy.colluding_sites): {err}") from None
+
+    @property
+    def modulus(self) -> int:
+        """The secure sum's modulus M."""
+        return 2 ** self.modulus_bits
+
+
+def secure_segments(plan: SetupPlan, setup_pass: int, ranges: AgreedRanges | None = None) -> tuple[tuple[str, int], ...]:
+    """The releases of one pass's secure-sum vector, in order, with their sizes: pass 1 ``time_range`` (where made)
+    and ``range_histograms`` (the private numeric columns' histograms, in the plan's order); pass 2
+    ``time_histogram`` (events, then censorings, on ``ranges.time_edges()``) and ``feature_moments``
+    (``[sum v, sum v^2, n]`` per column). Public: a function of the plan and the agreed ranges."""
+    bins, numeric = range_edges().size - 1, len(plan.private_numeric)
+    if setup_pass == 1:
+        parts = [("time_range", bins) if plan.releases_time_range else None,
+                 ("range_histograms", bins * numeric) if numeric else None]
+    else:
+        intervals = ranges.time_edges().size - 1 if plan.releases_time_histogram else 0
+        parts = [("time_histogram", 2 * intervals) if intervals else None,
+                 ("feature_moments", 3 * numeric) if numeric else None]
+    return tuple(part for part in parts if part is not None)
+
+
+def _rounded_range_sums(plan: SetupPlan, features: pd.DataFrame, time: np.ndarray, scale: Mapping[str, int]) -> dict:
+    """Pass 1's sums of the records' rounded scaled vectors: a record's one-hot bin times the integer ``scale``."""
+    edges = range_edges()
+    sums = {}
+    if plan.releases_time_range:
+        sums["time_range"] = scale["time_range"] * _bin_counts(np.asarray(time, dtype=np.float64), edges)
+    if plan.private_numeric:
+        sums["range_histograms"] = scale["range_histograms"] * np.concatenate(
+            [_bin_counts(_numeric_values(features[c]), edges) for c in plan.private_numeric])
+    return sums
+
+
+def _rounded_moment_sums(plan: SetupPlan, ranges: AgreedRanges, features: pd.DataFrame, time: np.ndarray,
+                         event: np.ndarray, scale: Mapping[str, int]) -> dict:
+    """Pass 2's sums of the records' rounded scaled vectors (one-hot time bins; each record's moments rounded)."""
+    sums = {}
+    if plan.releases_time_histogram:
+        edges = ranges.time_edges()
+        is_event = (np.asarray(event) == 1) & (time <= edges[-1])
+        sums["time_histogram"] = scale["time_histogram"] * np.concatenate(
+            [_bin_counts(time[is_event], edges), _bin_counts(time[~is_event], edges)])
+    if plan.private_numeric:
+        g, parts = scale["feature_moments"], []
+        for column in plan.private_numeric:
+            lo, hi = ranges.features[column]
+            v = np.clip((np.clip(_numeric_values(features[column]), lo, hi) - (lo + hi) / 2) / ((hi - lo) / 2), -1, 1)
+            parts.append([np.rint(g * v).sum(), np.rint(g * v * v).sum(), g * v.size])
+        sums["feature_moments"] = np.concatenate(parts)
+    return sums
+
+
+def secure_contribution(plan: SetupPlan, secure: SecureSetup, setup_pass: int, features: pd.DataFrame,
+                        time: np.ndarray, event: np.ndarray | None, *, records: float, rng: np.random.Generator,
+                        ranges: AgreedRanges | None = None) -> np.ndarray:
+    r"""A site's integer vector of one pass's secure sum (:func:`secure_segments`), before SecAgg+ masks it.
+
+    Per release, with the plan :meth:`SecureSetup.sum_plan` (scale :math:`\gamma`) and the integer scale
+    :math:`g = \lfloor\gamma\rfloor`: the sum over the site's records of :math:`\mathrm{round}(g u)`, :math:`u`
+    the record's vector (L2 norm at most the release's sensitivity :math:`C`), so one record moves it by at most
+    :math:`gC + \sqrt d/2 \le \Delta` (the plan's ``l2``); plus :math:`N_{\mathbb Z}(0, s^2)` per value (the
+    plan's ``local_sigma``) drawn from ``rng``. ``records``: the agreed records of the sites in the sum.
+    """
+    from strategies.mechanisms.discrete_gaussian import sample_discrete_gaussian
+
+    time = np.asarray(time, dtype=np.float64)
+    if len(features) != time.size:
+        raise ValueError(f"features have {len(features)} rows but time has {time.size} values")
+    segments = secure_segments(plan, setup_pass, ranges)
+    plans = {name: secure.sum_plan(plan, name, size, records) for name, size in segments}
+    scale = {name: int(math.floor(p.gamma)) for name, p in plans.items()}
+    sums = (_rounded_range_sums(plan, features, time, scale) if setup_pass == 1
+            else _rounded_moment_sums(plan, ranges, features, time, np.asarray(event), scale))
+    return np.concatenate([np.rint(sums[name]).astype(np.int64)
+                           + sample_discrete_gaussian(rng, plans[name].local_sigma ** 2, size)
+                           for name, size in segments] or [np.zeros(0, dtype=np.int64)])
+
+
+def summed_noise(plan: SetupPlan, secure: SecureSetup, name: str, size: int, *, records: float,
+                 sites: int) -> float:
+    """Noise standard deviation per value of release ``name`` (``size`` values) in the secure sum of ``sites``
+    included sites: their discrete Gaussian shares (variance ``sites * s^2``) over the integer scale."""
+    p = secure.sum_plan(plan, name, size, records)
+    return math.sqrt(sites) * p.local_sigma / math.floor(p.gamma)
+
+
+def _decoded(plan: SetupPlan, secure: SecureSetup, segments: tuple[tuple[str, int], ...], total: np.ndarray, *,
+             records: float, sites: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Each release's real-valued sum from the centred integer ``total`` of ``sites`` sites, and its noise std.
+
+    Raises ``ValueError`` (one line) when a release's sum is beyond what honest sites can produce
+    (:meth:`~strategies.mechanisms.distributed_dp.RoundPlan.refusal`)."""
+    total = np.asarray(total, dtype=np.int64)
+    if total.shape != (sum(size for _, size in segments),):
+        raise ValueError(f"the set-up's secure sum has shape {total.shape}, expected {sum(s for _, s in segments)}")
+    values, noise, start = {}, {}, 0
+    for name, size in segments:
+        p, part = secure.sum_plan(plan, name, size, records), total[start:start + size]
+        if reason := p.refusal(part, records=records, sites=sites, count_std=plan.noise_std("record_count")):
+            raise ValueError(f"set-up release {name!r}: {reason}")
+        values[name] = part.astype(np.float64) / math.floor(p.gamma)
+        noise[name] = summed_noise(plan, secure, name, size, records=records, sites=sites)
+        start += size
+    return values, noise
+
+
+def secure_ranges_sum(plan: SetupPlan, secure: SecureSetup, total: np.ndarray, *, counts: Mapping[str, float],
+                      levels: Mapping[str, tuple[str, ...]], records: float | None = None) -> RangeRelease:
+    """The server's pass-1 sum from the secure sum's centred integer ``total`` over the sites of ``counts`` (each
+    site's noisy record count, released on its own) and their union of ``levels``: a :class:`RangeRelease` whose
+    ``noise`` is the secure sum's, with pass 2's time histogram's as planned at its largest size over these sites
+    (pass 2's intervals, :func:`time_bins`, follow from it). ``records``: the agreed records the sites' plans were
+    sized for (by default those of ``counts``; more where sites of the sum dropped out)."""
+    if records is None:
+        records = sum(agreed_count(c) for c in counts.values())
+    values, noise = _decoded(plan, secure, secure_segments(plan, 1), total, records=records, sites=len(counts))
+    bins, stacked = range_edges().size - 1, values.get("range_histograms", np.zeros(0))
+    histograms = {c: stacked[i * bins:(i + 1) * bins] for i, c in enumerate(plan.private_numeric)}
+    if plan.releases_time_histogram:
+        second = dataclasses.replace(secure, parties=len(counts))  # pass 2 sums the sites of this one
+        noise["time_histogram"] = summed_noise(plan, second, "time_histogram", 2 * TIME_BINS_MAX, records=records,
+                                               sites=len(counts))
+    return RangeRelease(float(sum(counts.values())), histograms, values.get("time_range"), dict(levels),
+                        len(counts), noise)
+
+
+def secure_moments_sum(plan: SetupPlan, secure: SecureSetup, ranges: AgreedRanges, total: np.ndarray, *,
+                       records: float, sites: int) -> MomentRelease:
+    """The server's pass-2 sum from the secure sum's centred integer ``total`` of ``sites`` sites holding ``records``
+    agreed records: a :class:`MomentRelease` whose ``noise`` is the secure sum's."""
+    values, noise = _decoded(plan, secure, secure_segments(plan, 2, ranges), total, records=records, sites=sites)
+    events = censored = None
+    if "time_histogram" in values:
+        events, censored = np.split(values["time_histogram"], 2)
+    stacked = values.get("feature_moments", np.zeros(0))
+    moments = {c: stacked[3 * i:3 * i + 3] for i, c in enumerate(plan.private_numeric)}
+    return MomentRelease(events, censored, moments, sites, noise)
+
+
+def modular_sum(vectors: list[np.ndarray], modulus: int) -> np.ndarray:
+    """What SecAgg+ unmasks from ``vectors``, centred: their sum mod ``modulus`` in ``[-M/2, M/2)`` (the masks
+    cancel in the sum; :func:`strategies.secure_aggregation.centred`)."""
+    total = functools.reduce(lambda a, b: np.mod(a + b, modulus), [np.mod(v, modulus) for v in vectors])
+    return np.where(total >= modulus // 2, total - modulus, total)
 
 
 # --------------------------------------------------------------------------- the whole set-up
@@ -1034,6 +1303,7 @@ def agreed_count(noisy: float) -> float:
 def run_setup(
     plan: SetupPlan, sites: Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]],
     rngs: Mapping[str, np.random.Generator], *, num_durations: int, require_inputs: bool = False,
+    secure: SecureSetup | None = None,
 ) -> tuple[SharedSetup, dict[str, float]]:
     """Both passes of the set-up over sites held in one process (a simulation), as a deployment runs them.
 
@@ -1041,7 +1311,10 @@ def run_setup(
     site's noise generator. Returns the shared set-up and every site's agreed record count
     (:func:`agreed_count` of its noisy count). ``require_inputs``: stop after the first pass where
     every column is left out (:func:`check_inputs`), as a horizontal federation's set-up does.
+    ``secure``: the releases of :data:`SECURE_RELEASES` go through the secure sum (:func:`run_secure_setup`).
     """
+    if secure is not None:
+        return run_secure_setup(plan, secure, sites, rngs, num_durations=num_durations, require_inputs=require_inputs)
     first = {name: release_ranges(plan, features, time, rngs[name]) for name, (features, time, _) in sites.items()}
     ranges = agree_ranges(plan, functools.reduce(operator.add, first.values()))
     if require_inputs:
@@ -1051,6 +1324,34 @@ def run_setup(
     shared = shared_setup(plan, ranges, functools.reduce(operator.add, first.values()),
                           functools.reduce(operator.add, second), num_durations=num_durations)
     return shared, {name: agreed_count(release.count) for name, release in first.items()}
+
+
+def run_secure_setup(
+    plan: SetupPlan, secure: SecureSetup, sites: Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]],
+    rngs: Mapping[str, np.random.Generator], *, num_durations: int, require_inputs: bool = False,
+) -> tuple[SharedSetup, dict[str, float]]:
+    """:func:`run_setup` with the releases of :data:`SECURE_RELEASES` through the secure sum, in one process.
+
+    Each site releases its noisy record count and its levels on its own; the agreed counts' sum sizes the secure
+    sums (:meth:`SecureSetup.sum_plan`); each pass's vector of every site (:func:`secure_contribution`, its noise
+    from the site's ``rngs``) is summed modulo M as SecAgg+ unmasks it (:func:`modular_sum`: the masks cancel);
+    the server derives everything from the sums (:func:`secure_ranges_sum`, :func:`secure_moments_sum`).
+    """
+    counts = {name: noisy_count(plan, len(time), rngs[name]) for name, (_, time, _) in sites.items()}
+    records = sum(agreed_count(count) for count in counts.values())
+    levels = {c: tuple(sorted(set().union(*(site_levels(plan, f)[c] for f, _, _ in sites.values()))))
+              for c in plan.private_levels}
+    first = secure_ranges_sum(plan, secure, modular_sum(
+        [secure_contribution(plan, secure, 1, features, time, None, records=records, rng=rngs[name])
+         for name, (features, time, _) in sites.items()], secure.modulus), counts=counts, levels=levels)
+    ranges = agree_ranges(plan, first)
+    if require_inputs:
+        check_inputs(plan, ranges, first)
+    second = secure_moments_sum(plan, secure, ranges, modular_sum(
+        [secure_contribution(plan, secure, 2, features, time, event, records=records, rng=rngs[name], ranges=ranges)
+         for name, (features, time, event) in sites.items()], secure.modulus), records=records, sites=len(sites))
+    shared = shared_setup(plan, ranges, first, second, num_durations=num_durations)
+    return shared, {name: agreed_count(count) for name, count in counts.items()}
 
 
 def implausible_ranges(release: RangeRelease, plan: SetupPlan, *, tolerance: float = 10.0) -> str:
