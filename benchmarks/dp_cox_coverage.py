@@ -18,7 +18,7 @@ the full noise). Each replicate draws a federation, fits the private model
 (:func:`models.grouped_cox.fit_private`) and the non-private maximum likelihood fit of the same model
 (:func:`models.grouped_cox.fit_exact`: no clipping, no noise), and scores the 95 % intervals of the five
 coefficients. Figures per setting: ``coverage`` over all interval-coefficient pairs (target 0.925-0.975 for
-``sum``), per coefficient, the median interval width beside the non-private width, the mean bias of β̂, and the
+both settings), per coefficient, the median interval width beside the non-private width, the mean bias of β̂, and the
 last-step delta method's coverage and width for comparison. ``--compare`` adds the design alternatives the choices
 were made against (:data:`ALTERNATIVES`). Prints one JSON line per setting (``--out`` appends them)
 and a Markdown table.
@@ -78,9 +78,14 @@ ALTERNATIVES: dict[str, tuple[str, dict, dict, dict, int]] = {
     "block-diagonal information": ("sum", {}, {"info_cross": None}, {}, INTERVALS),
     "3 steps": ("sum", {"score_shares": (0.10, 0.15, 0.46), "info_shares": (0, 0, 0, 0.25)}, {}, {}, INTERVALS),
     "12 intervals": ("sum", {}, {}, {}, 12),
-    "per site: 3 steps, smoothing 900": (
-        "per_site", {"score_shares": (0.10, 0.15, 0.46), "info_shares": (0, 0, 0, 0.25)}, {}, {"smooth": 900.0},
-        INTERVALS),
+    "per site: information bounds halved": (
+        "per_site", {}, {"info_diag": 0.5, "info_cross": 1.0, "info_beta": 6.0}, {}, INTERVALS),
+    "per site: per-interval start": ("per_site", {}, {}, {"start_smooth": 0.0}, INTERVALS),
+    "per site: no alpha move cap": ("per_site", {}, {}, {"max_alpha_move": float("inf")}, INTERVALS),
+    "per site: the previous design (per-interval start, no cap)": (
+        "per_site", {}, {}, {"start_smooth": 0.0, "max_alpha_move": float("inf")}, INTERVALS),
+    "per site: the sum's design": (
+        "per_site", PLAN["sum"], {}, dataclasses.asdict(RECIPES["sum"].settings), INTERVALS),
 }
 
 
@@ -193,20 +198,21 @@ def run_setting(name: str, setting: str, *, reps: int, seed: int, plan_overrides
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     rows = [replicate(model, plan, bounds, settings, rng) for _ in range(reps)]
-    return {**summarise(rows, name, plan), "seconds": round(time.perf_counter() - start, 1)}
+    return {**summarise(rows, name, plan), "seed": seed, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     """The Markdown table of ``results``."""
-    header = ("| setting | pairs | coverage | per coefficient | median width (no DP) | mean bias of β̂ "
+    header = ("| setting | pairs | coverage | per coefficient | median width (no DP) | mean bias of β̂ | RMSE of β̂ "
               "| last-step delta: coverage, width |")
-    lines = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(
             f"| {r['setting']} | {r['pairs']} | {r['coverage']:.3f} | "
             f"{', '.join(f'{c:.3f}' for c in r['coverage_by_coefficient'])} | "
             f"{r['median_width']:.3f} ({r['median_width_no_dp']:.3f}) | "
             f"{', '.join(f'{b:+.3f}' for b in r['mean_bias'])} | "
+            f"{', '.join(f'{e:.3f}' for e in r['rmse'])} | "
             f"{r['delta_method_coverage']:.3f}, {r['delta_method_median_width']:.3f} |")
     return "\n".join(lines)
 

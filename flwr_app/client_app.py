@@ -27,6 +27,7 @@ from flwr.clientapp import ClientApp
 
 from flwr_app.config import ExperimentConfig, parse_run_config
 from flwr_app.site_errors import sanitised_errors
+from strategies.config import COXPH
 
 if TYPE_CHECKING:
     from models.data import SiteData
@@ -80,7 +81,10 @@ for _kind, _action, _module, _name in (
         ("query", "cox_event_times", "flwr_app.cox_client", "event_times"),
         ("query", "cox_sums", "flwr_app.cox_client", "sums"),
         ("query", "cox_meat", "flwr_app.cox_client", "meat"),
-        ("query", "cox_schoenfeld", "flwr_app.cox_client", "schoenfeld")):
+        ("query", "cox_schoenfeld", "flwr_app.cox_client", "schoenfeld"),
+        ("query", "cox_dp_counts", "flwr_app.cox_client", "dp_counts"),
+        ("query", "cox_dp_score", "flwr_app.cox_client", "dp_score"),
+        ("query", "cox_dp_information", "flwr_app.cox_client", "dp_information")):
     getattr(app, _kind)(_action)(_delegate(_module, _name))
 
 
@@ -487,6 +491,10 @@ def _message(message: Message, context: Context, kind: str) -> tuple[SiteData, i
     from flwr_app.faults import inject_failure
 
     cfg = _run_config(context)
+    if cfg.model.name == COXPH and cfg.strategy != "fedavg":
+        raise ValueError(f"{kind} query refused: this run fits the private Cox model (model.name = {COXPH!r}, "
+                         f"strategy {cfg.strategy!r}), whose sites release only its planned noisy sums "
+                         "(query.cox_dp_*)")
     site, index = _site(context, cfg)
     server_round = int(message.content["config"]["server-round"])
     _, model = _model(context, message, cfg)

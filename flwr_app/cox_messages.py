@@ -12,6 +12,11 @@ Message types (``<category>.<action>``, routed by the ClientApp to :mod:`flwr_ap
 ``query.cox_meat``         once, ``cox.robust``: the site's score-residual cross-products at the final β
 ``query.cox_schoenfeld``   once, ``cox.ph_test``: the site's :class:`models.cox.SchoenfeldSums` at the final β
 
+Under ``strategy.name = dp_sgd`` / ``distributed_dp`` (the private grouped-time model, :mod:`models.grouped_cox`) the
+messages are :data:`DP_COUNTS`, :data:`DP_SCORE` and :data:`DP_INFORMATION` instead, in the order of
+:func:`private_releases` (``distributed_dp``: each the stage-2 query of a secure sum); :func:`private_design`,
+:func:`private_plan` and :func:`private_sum_plan` are what both sides compute from their own set-up and run config.
+
 With ``cox.secure_sum = true`` (``cox.strata = site``, or ``none`` on k points of the set-up's public time grid,
 ``cox.grid = k``) the sites' moments, Newton sums (pooled: every cell's :class:`models.cox.RiskSetSums`), robust
 meat and Schoenfeld sums never travel as arrays (the vector of each: :func:`secure_layout`): the server runs SecAgg+
@@ -69,8 +74,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from models.cox import RISK_WEIGHTED
 from models.data import Preprocessor
+from models import grouped_cox as gc
+from models.grouped_cox import RECIPES, ClipBounds, GroupedCoxDesign, NoisePlan, SiteRecords, prepare_site
+from strategies.accounting.filter import fitting_noise_multiplier
+from strategies.accounting.rdp import calibrate_noise_multiplier
 from strategies.config import ExperimentConfig
-from strategies.mechanisms.base import Manifest, ReleasedValue, common_releases
+from strategies.mechanisms.base import Manifest, ReleasedValue, SiteSetUp, common_releases
+from strategies.mechanisms.distributed_dp import RoundPlan, counted_honest, gaussian_sum_plan
 
 __all__ = [
     "ARRAYS",
@@ -87,8 +97,21 @@ __all__ = [
     "SECURE_SCALE_BITS",
     "SUMS",
     "CoxDesign",
+    "DP_COUNTS",
+    "DP_INFORMATION",
+    "DP_QUERIES",
+    "DP_SCORE",
     "check_beta",
     "coxph_manifest",
+    "private_design",
+    "private_manifest",
+    "private_plan",
+    "private_records",
+    "private_release_size",
+    "private_releases",
+    "private_setting",
+    "private_sum_plan",
+    "private_total",
     "decode",
     "encode",
     "from_fixed",
@@ -366,8 +389,11 @@ class CoxDesign:
         return np.asarray(x, dtype=np.float64)[:, self.kept]
 
 
-def coxph_manifest(cfg: ExperimentConfig) -> Manifest:
-    """Every value a site sends in a ``coxph`` run (no noise anywhere: every release is uncovered)."""
+def coxph_manifest(cfg: ExperimentConfig, setup: SiteSetUp | None = None) -> Manifest:
+    """Every value a site sends in a ``coxph`` run: with ``fedavg`` no noise anywhere (every release is uncovered);
+    with ``dp_sgd`` / ``distributed_dp`` :func:`private_manifest` (``setup``: a site's, for the multipliers)."""
+    if cfg.strategy != "fedavg":
+        return private_manifest(cfg, setup)
     cox = cfg.cox
     pooled = cox.strata == "none"
     releases = [
@@ -460,3 +486,146 @@ def _secure_sum_releases() -> list[ReleasedValue]:
                       True, "a fact about the other sites' messages, not computed from any record",
                       ("query.secagg_masked/secagg.disputed",)),
     ]
+
+
+# ------------------------------------------------------------------ the private fit (dp_sgd, distributed_dp)
+
+#: The private fit's messages (:mod:`models.grouped_cox` over the app): the noisy count histogram (once), the
+#: outcome-blind score sum at the server's θ (``step`` 0..S-1, in order) and the packed information at the server's
+#: θ (the steps whose information share is > 0: the final θ_S in the recipes).
+DP_COUNTS = "query.cox_dp_counts"
+DP_SCORE = "query.cox_dp_score"
+DP_INFORMATION = "query.cox_dp_information"
+DP_QUERIES = (DP_COUNTS, DP_SCORE, DP_INFORMATION)
+#: A numeric column without an agreed clip range is mapped by this many of its (set-up) standard deviations either
+#: side of its (set-up) mean: a public range from the set-up's moments.
+UNRANGED_SDS = 3.0
+
+
+def private_setting(cfg: ExperimentConfig) -> str:
+    """The :class:`models.grouped_cox.NoisePlan` setting of a private ``coxph`` run: ``sum`` (``distributed_dp``: one
+    Gaussian on the sum, the sites' discrete shares summed through SecAgg+) or ``per_site`` (``dp_sgd``: every site
+    adds the full noise in the clear)."""
+    return "sum" if cfg.strategy == "distributed_dp" else "per_site"
+
+
+def private_design(preprocessor: Preprocessor, cuts: np.ndarray, points: int) -> GroupedCoxDesign:
+    """The public design of the private fit, from the set-up alone (every party builds it from its own copy): the
+    grid of :func:`k_point_grid` of the set-up's cuts (0 put first), and per covariate of :class:`CoxDesign` (encoded
+    units) its range, centre and spread: a numeric column's agreed clip range mapped by the set-up's mean and standard
+    deviation (without one, :data:`UNRANGED_SDS` standard deviations either side), centre 0 (the set-up's mean), spread
+    ``2 / (high - low)`` (one encoded standard deviation on the model's scale); a level ``[0, 1]``, centre 1/2, spread 1
+    (the largest a 0/1 column's can be)."""
+    cox_design = CoxDesign.from_preprocessor(preprocessor)
+    grid = k_point_grid(np.asarray(cuts, dtype=np.float64), points)
+    grid = grid if grid[0] == 0 else np.concatenate([[0.0], grid[grid > 0]])
+    numeric = {name: name for name in preprocessor.means}
+    low, high, center = [], [], []
+    for name in cox_design.names:
+        if name in numeric:
+            mean, std = preprocessor.means[name], preprocessor.stds[name]
+            lo, hi = preprocessor.ranges.get(name, (mean - UNRANGED_SDS * std, mean + UNRANGED_SDS * std))
+            low.append((lo - mean) / std)
+            high.append((hi - mean) / std)
+            center.append(min(max(0.0, low[-1]), high[-1]))
+        else:
+            low.append(0.0), high.append(1.0), center.append(0.5)
+    low, high = np.asarray(low), np.asarray(high)
+    spread = np.where([name in numeric for name in cox_design.names], 2.0 / (high - low), 1.0)
+    return GroupedCoxDesign(grid=grid, low=low, high=high, names=cox_design.names, center=np.asarray(center),
+                            scales=spread)
+
+
+def private_records(design: GroupedCoxDesign, x: np.ndarray, time: np.ndarray, event: np.ndarray) -> SiteRecords:
+    """A site's records as the private fit sees them (:func:`models.grouped_cox.prepare_site` on the covariates ``x``
+    of :meth:`CoxDesign.covariates`), an event at time 0, the grid's first point (a death on the day of entry, as in
+    FLCHAIN), counted in the first interval: the grouped-time model has no interval before it, and the exact fit keeps
+    such a record as an event with every record at risk."""
+    time = np.asarray(time, dtype=np.float64).reshape(-1)
+    event = np.asarray(event).reshape(-1) > 0
+    time = np.where(event & (time == design.grid[0]), design.grid[1], time)
+    return prepare_site(design, x, time, event)
+
+
+def private_total(cfg: ExperimentConfig, setup: SiteSetUp) -> float:
+    """A site's total noise multiplier :math:`z` of the private fit: one Gaussian release (q = 1) that, after its
+    set-up releases (``setup.prior``), spends ``(privacy.epsilon, privacy.delta)`` by the run's accountant; for a
+    site with its own privacy filter, also one that fits what the filter has left (the larger). The recipe's
+    releases, of multipliers :math:`z/\\sqrt{\\rho_k}`, compose to exactly this one Gaussian."""
+    total = calibrate_noise_multiplier(target_epsilon=cfg.privacy.epsilon, target_delta=cfg.privacy.delta,
+                                       sample_rate=1.0, steps=1, accountant=cfg.privacy.accountant,
+                                       prior=tuple(setup.prior), epsilon_tolerance=1e-4 * cfg.privacy.epsilon)
+    if setup.filter is not None:
+        total = max(total, fitting_noise_multiplier(order=setup.filter.order, budget=setup.filter.remaining,
+                                                    prior=tuple(setup.prior), sample_rate=1.0, steps=1))
+    return float(total)
+
+
+def private_plan(cfg: ExperimentConfig, setup: SiteSetUp, *, sites: int = 1) -> NoisePlan:
+    """The site's :class:`models.grouped_cox.NoisePlan`: the recipe of :func:`private_setting` at
+    :func:`private_total`. ``sites`` is read by the server's variances only (a site's own noise never depends on
+    it: ``per_site`` adds the full noise, ``sum`` sizes its share by :func:`private_sum_plan`)."""
+    return RECIPES[private_setting(cfg)].plan(private_total(cfg, setup), setting=private_setting(cfg), sites=sites)
+
+
+def private_releases(plan: NoisePlan) -> tuple[tuple[str, int, float], ...]:
+    """The run's releases in order, ``(message type, step, share)``
+    (:meth:`models.grouped_cox.PrivateServer.releases`): the counts, then per step k the information at θ_k where its
+    share is > 0 (the last at θ_S) before the score (k < S)."""
+    types = {gc.COUNTS: DP_COUNTS, gc.INFORMATION: DP_INFORMATION, gc.SCORE: DP_SCORE}
+    return tuple((types[kind], step, share) for kind, step, share in gc.PrivateServer.releases(plan))
+
+
+def private_sum_plan(cfg: ExperimentConfig, multiplier: float, *, parties: int, records: float, size: int,
+                     honest_sites: tuple[float, ...] = ()) -> RoundPlan:
+    """The secure sum of one ``distributed_dp`` release
+    (:func:`strategies.mechanisms.distributed_dp.gaussian_sum_plan`): ``size`` values per record, each record's normalised vector of L2 norm at most 1 (clip 1), charged as the Gaussian
+    ``(multiplier, 1, 1)``; modulus ``2^privacy.modulus_bits``; shares sized for the honest survivors, at most those
+    the policies ``honest_sites`` count on (:func:`~strategies.mechanisms.distributed_dp.counted_honest`)."""
+    return gaussian_sum_plan(multiplier=multiplier, parties=parties, max_dropouts=cfg.privacy.max_dropouts,
+                             colluding=cfg.privacy.colluding_sites, records=records, size=size, clip=1.0,
+                             modulus_bits=cfg.privacy.modulus_bits,
+                             honest_cap=counted_honest(honest_sites, cfg.privacy.max_dropouts))
+
+
+def private_release_size(message_type: str, design: GroupedCoxDesign, bounds: ClipBounds) -> int:
+    """The number of values of a release: 2T counts, T + p score entries, or the released packed information's."""
+    if message_type == DP_COUNTS:
+        return 2 * design.intervals
+    if message_type == DP_SCORE:
+        return design.dim
+    return int(np.count_nonzero(bounds.released))
+
+
+def private_manifest(cfg: ExperimentConfig, setup: SiteSetUp | None) -> Manifest:
+    """Every value a site sends in a private ``coxph`` run: the recipe's releases (:func:`private_releases`), each a
+    Gaussian mechanism of multiplier ``z/sqrt(share)`` (the site's :func:`private_total` at ``setup``; without one the
+    shares alone) on the record-level, add/remove-one sensitivity 1 of its normalised sums; the set-up's releases;
+    no Breslow aggregates and no test metrics (the private fit makes no predictions)."""
+    setting = private_setting(cfg)
+    plan = None if setup is None else private_plan(cfg, setup)
+    how = ("the site's discrete Gaussian share, masked by SecAgg+: the server sees only the sum over sites "
+           f"(distributed discrete Gaussian summed modulo 2^{cfg.privacy.modulus_bits}, charged as the Gaussian of "
+           "that multiplier on the union)" if setting == "sum" else "N(0, z^2 c_e^2) on every entry, in the clear")
+    what = {DP_COUNTS: "once: the site's count histogram (events and censorings per interval of the public grid, 2T "
+                       "numbers; one record adds 1 to one cell)",
+            DP_SCORE: "outcome-blind clipped score sum at the server's theta (T + p numbers; "
+                      "models.grouped_cox.site_step)",
+            DP_INFORMATION: "outcome-blind clipped packed expected information at the server's theta (the final "
+                            "theta in the recipe)"}
+    releases = []
+    for message_type, step, share in private_releases(RECIPES[setting].plan(1.0, setting=setting, sites=1)):
+        label = {DP_COUNTS: "noisy counts", DP_SCORE: f"noisy score, step {step + 1}",
+                 DP_INFORMATION: f"noisy information, at theta_{step}"}[message_type]
+        multiplier = "" if plan is None else f", noise multiplier {plan.multiplier(share):.4g}"
+        wire = ("query.secagg_masked/masked.masked",) if setting == "sum" else (f"{message_type}/{ARRAYS}.*",)
+        releases.append(ReleasedValue(label, f"{what[message_type]}; {how}", "cox", True,
+                                      f"Gaussian mechanism, record-level add/remove, share {share:g} of the budget"
+                                      f"{multiplier}; composed with the set-up's releases by the "
+                                      f"{cfg.privacy.accountant} accountant", wire))
+    if setting == "sum":
+        releases += _secure_sum_releases()
+    releases += [release for release in common_releases(cfg, private=True, record_level=True,
+                                                        private_setup=cfg.privacy.setup_share > 0)
+                 if release.message not in ("evaluate", "breslow")]
+    return Manifest(cfg.strategy, "record", tuple(releases))

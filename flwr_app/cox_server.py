@@ -33,6 +33,9 @@ is one run of SecAgg+ (:meth:`_Sites.secure_sum`: 4 round trips, no noise, the f
 public grid, from which it computes the Newton terms, the sandwich's broadcast and the PH test's Efron means and
 Kaplan-Meier curve as in the clear), and a site failing or dropping out of it stops the run naming that site.
 
+With ``strategy.name = dp_sgd`` / ``distributed_dp`` the fit is the private grouped-time model instead
+(:func:`run_private_coxph`: :mod:`models.grouped_cox` over messages, no predictions).
+
 Outputs, beside the usual ``config.json``, ``manifest.json`` (every value a site sends, none covered by any ε),
 ``ledger.jsonl``, ``metrics.jsonl`` (one line per Newton evaluation, one for the evaluation), ``model.pt`` and
 ``preprocessing.json`` (:func:`models.predict.load_run` gives a :class:`models.cox_run.CoxRun`) and
@@ -43,6 +46,7 @@ columns, one row per covariate).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -82,6 +86,7 @@ from flwr_app.cox_messages import (
 )
 from flwr_app.outputs import RunOutputs, write_json
 from models import cox
+from models import grouped_cox as gc
 from models.data import FederatedDataset
 from models.metrics import km_null_check, km_null_warning
 from models.survival import SurvivalModel
@@ -185,19 +190,29 @@ class _Sites:
                    ) -> dict[str, np.ndarray]:
         """The sites' replies to ``message_type`` summed through SecAgg+ (no noise), in their clear shapes
         (:func:`~flwr_app.cox_messages.secure_layout`; a pooled Newton step's, which carries the ``grid``, per cell
-        of it): every site must complete the protocol; a failure or drop-out at any stage stops the run naming the
-        site (a Newton fit never steps on a changed population)."""
-        from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
+        of it): every site must complete the protocol (:meth:`secure_total`; a Newton fit never steps on a changed
+        population)."""
+        from strategies.secure_aggregation import centred
 
-        nodes = [node for node, _ in self.nodes]
         m = int(np.asarray(arrays["grid"]).size) if message_type == SUMS and "grid" in arrays else None
         dimension = sum(length for _, _, length in secure_layout(message_type, self.p, m))
-        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=0, colluding=self.colluding)
         modulus = 2 ** SECURE_MODULUS_BITS
+        total = self.secure_total(message_type, what, arrays, step=step, modulus=modulus, dimension=dimension)
+        return from_fixed(centred(total, modulus).astype(np.float64), message_type, self.p, m)
+
+    def secure_total(self, message_type: str, what: str, arrays: Mapping[str, np.ndarray], *, step: int, modulus: int,
+                     dimension: int, records: float = 0.0, max_dropouts: int = 0) -> np.ndarray:
+        """One SecAgg+ run over every site (stage 2 carrying ``arrays`` and the query's type) and its unmasked total
+        modulo ``modulus``; the round's public figures are the sites and ``records``. Every site must complete it: a
+        failure or drop-out at any stage stops the run naming the site."""
+        from strategies.secure_aggregation import SecureSum, protocol_parameters
+
+        nodes = [node for node, _ in self.nodes]
+        num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=max_dropouts, colluding=self.colluding)
         self.secure_sums += 1
         secure = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dimension,
                            timeout=self.timeout, shuffle_seed=self.seed * 100_003 + self.secure_sums)
-        result = secure.run(self.grid, nodes, setup={"parties": len(nodes), "records": 0.0},
+        result = secure.run(self.grid, nodes, setup={"parties": len(nodes), "records": float(records)},
                             masked_content=lambda node: encode(arrays, {"step": step, SECURE_QUERY: message_type}),
                             group=f"cox-{self.secure_sums}", min_included=len(nodes))
         for stage, node, reason in result.failures:
@@ -209,7 +224,7 @@ class _Sites:
             raise CoxSiteError(f"coxph stopped at {what}: the secure sum did not complete ({result.shortfall}); a "
                                f"Newton fit must use the same sites at every step (outputs so far in "
                                f"{self.directory})")
-        return from_fixed(centred(result.total, modulus).astype(np.float64), message_type, self.p, m)
+        return np.asarray(result.total)
 
 
 #: The one "site" of a secure sum's reply: the sum over every site.
@@ -490,7 +505,11 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
               model: SurvivalModel, dataset: FederatedDataset | None, spec: task.SiteSpec,
               left_out: Mapping[int, str], notes: tuple[str, ...], started: float) -> None:
     """Fit, evaluate and write a ``coxph`` run; ``survival`` has named the sites (its ``node_sites``) and serves the
-    Breslow and evaluation messages; ``grid`` reaches the sites that take part only."""
+    Breslow and evaluation messages; ``grid`` reaches the sites that take part only. A private run (``dp_sgd``,
+    ``distributed_dp``) is :func:`run_private_coxph`'s."""
+    if cfg.strategy != "fedavg":
+        return run_private_coxph(cfg, grid, outputs, survival=survival, spec=spec, left_out=left_out, notes=notes,
+                                 started=started)
     design = CoxDesign.from_preprocessor(spec.preprocessor)
     sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
                    secure=cfg.cox.secure_sum, p=design.p, colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
@@ -675,4 +694,262 @@ def _print(cfg: ExperimentConfig, fit: CoxFit, test: Mapping[str, float], test_s
     if summary.get("diverged"):
         print(summary["diverged"], flush=True)
     print(f"not covered by any epsilon: {', '.join(summary['privacy']['uncovered'])} (manifest.json)", flush=True)
+    print(f"outputs: {outputs.directory}", flush=True)
+
+
+# ------------------------------------------------------------------ the private fit (dp_sgd, distributed_dp)
+
+#: The server's stream for the interval bootstrap's redraws (post-processing of released values: public).
+PRIVATE_BOOTSTRAP_STREAM = 31
+#: summary.json's statement of the private fit's intervals.
+PRIVATE_INTERVALS = ("propagated delta method with parametric-bootstrap correction "
+                     "(models.grouped_cox.private_covariance)")
+#: What a private coxph run's table can and cannot be trusted for (printed, and in summary.json's coxph.privacy).
+PRIVATE_CAVEAT = ("experimental: the intervals cover 94-95 % of coefficients in simulations where the PH model holds "
+                  "and the public ranges are tight, but on real data (GBSG, WHAS, METABRIC, FLCHAIN) the outcome-blind "
+                  "clipping cuts high-risk records' late follow-up and the few private steps stop short: estimates "
+                  "4-11 exact SEs from the full-data fit, 56-60 % of intervals covering it (docs/dp-cox.md, Real "
+                  "data); do not report these as hazard ratios")
+#: Why a private coxph run makes no predictions.
+NO_PREDICTIONS = ("none: the private fit releases no baseline hazard on the set-up's prediction grid and no test "
+                  "metrics (the Breslow aggregates and the evaluation would be exact releases outside the budget)")
+
+
+@dataclass
+class _PrivateRun:
+    """The server's view of a private fit: the sites, the public design, bounds and settings, the plan (with the
+    summed noise's actual level, ``noise_factor``), the sites' totals and, with ``distributed_dp``, each release's
+    secure-sum plan and the summed noise's standard deviation per normalised entry (``sums``)."""
+
+    cfg: ExperimentConfig
+    sites: _Sites
+    design: gc.GroupedCoxDesign
+    bounds: gc.ClipBounds
+    plan: gc.NoisePlan
+    totals: dict[str, float]
+    sums: dict[tuple[str, int], tuple[Any, float]]
+
+
+def _private_run(cfg: ExperimentConfig, sites: _Sites, spec: task.SiteSpec, setups: Mapping[str, Any]) -> _PrivateRun:
+    """The plan the server expects every site to follow (:func:`~flwr_app.cox_messages.private_plan` of each site's
+    set-up) with the summed noise's actual level as ``noise_factor``: ``per_site``, the root mean square of the
+    sites' multipliers over the first's; ``sum``, the largest over the releases of the secure sum's actual standard
+    deviation (every site's discrete share, ``K s^2``, and the rounding of every record, ``n/12``, over ``γ^2``) over
+    the nominal multiplier. A ``sum`` run whose sites' multipliers differ stops (their shares would not match)."""
+    import dataclasses
+
+    from flwr_app.cox_messages import (
+        private_design,
+        private_plan,
+        private_release_size,
+        private_releases,
+        private_setting,
+        private_sum_plan,
+    )
+    names = [name for _, name in sites.nodes]
+    plans = {name: private_plan(cfg, setups[name], sites=len(names)) for name in names}
+    totals = {name: plan.total for name, plan in plans.items()}
+    plan = plans[names[0]]
+    design = private_design(spec.preprocessor, np.asarray(spec.cuts, dtype=np.float64), int(cfg.cox.grid))
+    bounds = gc.RECIPES[private_setting(cfg)].clip_bounds(design)
+    factor = math.sqrt(np.mean([(total / plan.total) ** 2 for total in totals.values()]))
+    sums: dict[tuple[str, int], tuple[Any, float]] = {}
+    if private_setting(cfg) == "sum":
+        if max(totals.values()) - min(totals.values()) > 1e-9 * plan.total:
+            raise ConfigError(f"coxph with strategy 'distributed_dp': the sites' noise multipliers differ ({totals}: "
+                              "their set-up releases or privacy filters differ), so their secure-sum shares would not "
+                              "match")
+        records = float(sum(setups[name].count for name in names))
+        honest = tuple(float(setups[name].filter.honest_sites) for name in names if setups[name].filter is not None)
+        for kind, step, share in private_releases(plan):
+            secure = private_sum_plan(cfg, plan.multiplier(share), parties=len(names), records=records,
+                                      size=private_release_size(kind, design, bounds), honest_sites=honest)
+            sums[(kind, step)] = (secure, math.sqrt(len(names) * secure.local_sigma ** 2 + records / 12.0)
+                                  / secure.gamma)
+        factor = max(sd / plan.multiplier(share) for (kind, step, share), (_, sd)
+                     in zip(private_releases(plan), sums.values(), strict=True))
+    return _PrivateRun(cfg, sites, design, bounds, dataclasses.replace(plan, noise_factor=factor), totals, sums)
+
+
+def _private_release(run: _PrivateRun, kind: str, step: int, theta: np.ndarray | None) -> np.ndarray:
+    """The sum over sites of one private release (counts, score or full packed information, original units): the
+    sites' noisy sums added (``dp_sgd``), or the secure sum's integer total divided by γ and multiplied back by the
+    per-entry bounds (``distributed_dp``)."""
+    from flwr_app.cox_messages import DP_COUNTS, DP_INFORMATION, DP_SCORE
+    from strategies.secure_aggregation import centred
+
+    what = "the private counts" if kind == DP_COUNTS else (
+        f"private {'score' if kind == DP_SCORE else 'information'} at step {step}")
+    arrays = {} if theta is None else {"theta": theta}
+    design, bounds = run.design, run.bounds
+    name = {DP_COUNTS: "counts", DP_SCORE: "score", DP_INFORMATION: "information"}[kind]
+    if not run.sites.secure:
+        size = {DP_COUNTS: 2 * design.intervals, DP_SCORE: design.dim, DP_INFORMATION: bounds.information.size}[kind]
+        replies = run.sites.ask(kind, what, arrays, step=step, expect={name: (size,)})
+        return sum(reply[name] for reply in replies.values())
+    scale = {DP_COUNTS: np.ones(2 * design.intervals), DP_SCORE: bounds.score,
+             DP_INFORMATION: bounds.information[bounds.released]}[kind]
+    secure, _ = run.sums[(kind, step)]
+    modulus = 2 ** run.cfg.privacy.modulus_bits
+    total = run.sites.secure_total(kind, what, arrays, step=step, modulus=modulus, dimension=scale.size,
+                                   records=secure.records, max_dropouts=run.cfg.privacy.max_dropouts)
+    summed = centred(total, modulus).astype(np.float64) / secure.gamma * scale
+    if kind != DP_INFORMATION:
+        return summed
+    packed = np.zeros(bounds.information.size)
+    packed[bounds.released] = summed
+    return packed
+
+
+def fit_private(run: _PrivateRun) -> tuple[gc.GroupedCoxFit, gc.PrivateTrace, np.ndarray]:
+    """The private fit over messages: each release of :func:`~flwr_app.cox_messages.private_releases`, summed over
+    the sites at the public θ of a :class:`models.grouped_cox.PrivateServer` (the server steps of
+    :func:`models.grouped_cox.run_private`), fed to it in order; then
+    :func:`~models.grouped_cox.private_covariance`. Returns the fit, the trace and the summed counts."""
+    from flwr_app.cox_messages import DP_COUNTS, DP_INFORMATION, private_releases
+
+    settings = gc.RECIPES["sum" if run.sites.secure else "per_site"].settings
+    server = gc.PrivateServer(run.design, run.plan, run.bounds, settings)
+    counts = _private_release(run, DP_COUNTS, 0, None)
+    server.counts(counts)
+    for kind, step, share in private_releases(run.plan)[1:]:
+        summed = _private_release(run, kind, step, server.theta)
+        if kind == DP_INFORMATION:
+            server.information(summed, step, share)
+        else:
+            server.score(summed)
+    trace = server.trace()
+    rng = np.random.default_rng([run.cfg.seed, PRIVATE_BOOTSTRAP_STREAM])
+    covariance = gc.private_covariance(trace, run.design, run.plan, run.bounds, settings, rng)
+    return gc.GroupedCoxFit(run.design, server.theta, covariance, alpha=ALPHA, steps=run.plan.steps), trace, counts
+
+
+def _private_result(fit: gc.GroupedCoxFit, design: CoxDesign, counts: np.ndarray) -> cox.CoxResult:
+    """The private fit per unit of the user's columns (:class:`models.cox.CoxResult`'s table: coef, se, intervals, z,
+    p): β per encoded unit divided by the preprocessing's scale; n and events the noisy counts' sums (rounded); no
+    log-likelihood (none is released)."""
+    t = fit.design.intervals
+    unit = fit.design.per_unit() / design.scale
+    index = pd.Index(design.names, name="covariate")
+    variance = fit.covariance[t:, t:] * np.outer(unit, unit)
+    return cox.CoxResult(params=pd.Series(fit.theta[t:] * unit, index=index, name="coef"),
+                         variance=pd.DataFrame(variance, index=design.names, columns=design.names),
+                         standard_errors=pd.Series(np.sqrt(np.diag(variance)), index=index, name="se"),
+                         log_likelihood=math.nan, log_likelihood_null=None,
+                         n=int(max(round(float(counts.sum())), 0)), events=int(max(round(float(counts[:t].sum())), 0)),
+                         alpha=ALPHA, converged=True, steps=fit.steps)
+
+
+def _private_privacy(run: _PrivateRun, manifest: Any) -> dict[str, Any]:
+    """summary.json's ``coxph.privacy``: the setting, budget, multipliers, the summed noise's level and the interval
+    method."""
+    from flwr_app.cox_messages import private_releases, private_setting
+
+    plan = run.plan
+    figures: dict[str, Any] = {
+        "setting": private_setting(run.cfg), "epsilon": run.cfg.privacy.epsilon, "delta": run.cfg.privacy.delta,
+        "accountant": run.cfg.privacy.accountant, "setup_share": run.cfg.privacy.setup_share,
+        "total_multiplier": {name: total for name, total in run.totals.items()},
+        "releases": [{"message": kind, "step": step, "share": share, "multiplier": plan.multiplier(share)}
+                     for kind, step, share in private_releases(plan)],
+        "summed_noise_factor": plan.noise_factor, "intervals": PRIVATE_INTERVALS, "predictions": NO_PREDICTIONS,
+        "caveat": PRIVATE_CAVEAT,
+        "uncovered": [release.value for release in manifest.uncovered],
+    }
+    if run.sums:
+        figures["secure_sums"] = [{"message": kind, "step": step, "gamma": secure.gamma, "honest": secure.honest,
+                                   "local_sigma": secure.local_sigma, "noise_sd_normalised": sd}
+                                  for (kind, step), (secure, sd) in run.sums.items()]
+    return figures
+
+
+def _private_ledger(run: _PrivateRun, setups: Mapping[str, Any], path: Any, notes: tuple[str, ...]) -> PrivacyLedger:
+    """One ledger entry per site per release, ε cumulative over the set-up's releases (``prior``) and the releases so
+    far (the entry's own multiplier, q = 1, one step, composed after ``prior``)."""
+    from flwr_app.cox_messages import private_releases
+    from strategies.accounting.rdp import epsilon_from_history
+
+    cfg = run.cfg
+    ledger = PrivacyLedger(path)
+    unit = "the union of the sites' records against the server (assuming honest shares)" if run.sums else \
+        "each site's own records"
+    assumption = (f"private grouped-time Cox regression (models.grouped_cox), record-level add/remove on {unit}; "
+                  "every release a Gaussian mechanism of the entry's multiplier without subsampling")
+    for position, (kind, step, share) in enumerate(private_releases(run.plan)):
+        for _, name in run.sites.nodes:
+            plan = dataclasses.replace(run.plan, total=run.totals[name])
+            history = plan.history()
+            prior = (*setups[name].prior, *history[:position])
+            epsilon = epsilon_from_history([*prior, history[position]], delta=cfg.privacy.delta,
+                                           accountant=cfg.privacy.accountant)
+            rdp = epsilon_from_history([*prior, history[position]], delta=cfg.privacy.delta, accountant="rdp")
+            ledger.record(LedgerEntry(round=position + 1, site=name, mechanism=f"{cfg.strategy} (coxph)",
+                                      unit="record", adjacency="add-remove", accountant=cfg.privacy.accountant,
+                                      epsilon=epsilon, delta=cfg.privacy.delta, noise_multiplier=history[position][0],
+                                      sample_rate=1.0, steps=1, epsilon_rdp=rdp,
+                                      assumptions=(assumption, f"release {kind} step {step}, share {share:g}", *notes),
+                                      prior=tuple(prior)))
+    return ledger
+
+
+
+def run_private_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, survival: SurvivalFedAvg,
+                      spec: task.SiteSpec, left_out: Mapping[int, str], notes: tuple[str, ...], started: float) -> None:
+    """Fit and write a private ``coxph`` run (``dp_sgd``: releases in the clear, each site's full noise;
+    ``distributed_dp``: every release through SecAgg+ as a distributed discrete Gaussian): :func:`fit_private`,
+    then ``manifest.json``, ``ledger.jsonl`` (every site, every release), :data:`COXPH_JSON`, :data:`COXPH_SUMMARY`
+    and ``summary.json`` with ``coxph.privacy``. No predictions (:data:`NO_PREDICTIONS`)."""
+    design = CoxDesign.from_preprocessor(spec.preprocessor)
+    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
+                   secure=cfg.strategy == "distributed_dp", p=design.p, colluding=cfg.privacy.colluding_sites,
+                   seed=cfg.seed)
+    setups = {name: survival.setups[name] for _, name in sites.nodes}
+    run = _private_run(cfg, sites, spec, setups)
+    manifest = coxph_manifest(cfg, setups[sites.nodes[0][1]])
+    outputs.write_manifest(manifest.as_dict())
+    _announce(cfg, len(sites.nodes), design.p, outputs, left_out, notes)
+    fit, trace, counts = fit_private(run)
+    ledger = _private_ledger(run, setups, outputs.ledger_path, notes)
+    result = _private_result(fit, design, counts)
+    result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
+    table = {"format": 1, "names": list(result.params.index), "coef": result.params.tolist(),
+             "se": result.standard_errors.tolist(), "variance": result.variance.values.tolist(), "alpha": ALPHA,
+             "n": result.n, "events": result.events, "steps": fit.steps, "references": dict(design.references),
+             "theta": fit.theta.tolist(), "grid": run.design.grid.tolist(),
+             "thetas": [theta.tolist() for theta in trace.thetas]}
+    write_json(outputs.directory / COXPH_JSON, table)
+    outputs.append_metrics({"round": len(trace.thetas), "phase": "private fit", "coef": result.params.to_dict(),
+                            "elapsed_s": time.perf_counter() - started})
+    names = [name for _, name in sites.nodes]
+    figures = {"strata": "none", "grid_points": int(run.design.grid.size), "n": result.n, "events": result.events,
+               "covariates": design.p, "steps": fit.steps, "standard_errors": PRIVATE_INTERVALS,
+               "references": dict(design.references), "coef": result.params.to_dict(),
+               "hazard_ratio": result.hazard_ratios.to_dict(), "se": result.standard_errors.to_dict(),
+               "p": result.summary["p"].to_dict(), "privacy": _private_privacy(run, manifest)}
+    summary: dict[str, Any] = {
+        "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
+                    "uncovered": figures["privacy"]["uncovered"]},
+        "strategy": cfg.strategy, "model": cfg.model.name, "coxph": figures, "num_sites": len(names),
+        "data": {"name": cfg.data.name, "features": {"input_columns": list(spec.preprocessor.columns),
+                                                      "covariates": list(design.names)}},
+        "test": {}, "test_source": NO_PREDICTIONS, "predictions": NO_PREDICTIONS, "seed": cfg.seed,
+        "wall_time_s": time.perf_counter() - started}
+    if left_out:
+        summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
+    outputs.write_summary(summary)
+    _print_private(result, figures, outputs)
+
+
+def _print_private(result: cox.CoxResult, figures: Mapping[str, Any], outputs: RunOutputs) -> None:
+    """The private run's console summary: the table, the budget and where the outputs are."""
+    privacy = figures["privacy"]
+    print(f"private grouped-time Cox ({privacy['setting']}; epsilon {privacy['epsilon']:g}, delta "
+          f"{privacy['delta']:g}; {figures['steps']} steps on {figures['grid_points'] - 1} intervals): noisy n "
+          f"{result.n}, noisy events {result.events}; intervals: {PRIVATE_INTERVALS}", flush=True)
+    print(result.summary.to_string(float_format=lambda v: f"{v:.3f}"), flush=True)
+    if figures["references"]:
+        print("reference levels: " + ", ".join(f"{column}={level}" for column, level in figures["references"].items()),
+              flush=True)
+    print(f"predictions: {NO_PREDICTIONS}", flush=True)
+    print(f"WARNING private coxph is {PRIVATE_CAVEAT}", flush=True)
     print(f"outputs: {outputs.directory}", flush=True)

@@ -85,15 +85,17 @@ full :math:`N(0, z_k^2 c^2)` to its own sums, and the summed noise has :math:`K`
 
 Estimator
 ---------
-Noisy counts give :math:`\alpha^{(0)}_j = \log(-\log(1 - \hat d_j/\hat n_j))`, :math:`\beta^{(0)} = 0`
-and a public information :math:`R` (:func:`count_information`: the expected information as if
-β = 0 and every risk set had the covariates' public centre and spreads). Each step releases the
-outcome-blind score sum at θ and moves :math:`\theta \leftarrow \theta + (R + L)^{-1}(\hat S_g - L\theta)`,
-:math:`L = \lambda D^\top D` a second-difference penalty on the α's (:func:`smoothing_penalty`:
-each interval's baseline borrows from its neighbours, which keeps the noisy α's, and with them the
-horizons, sane). A noisy released information was measured worse as the step's matrix (its noise
-maps the score's noise into wild steps); the information is released once, at the final θ, for
-the covariance.
+Noisy counts give :math:`\alpha^{(0)}_j = \log(-\log(1 - \hat d_j/\hat n_j))` (or, where the
+counts are too noisy for each interval's own hazard, the maximiser of their penalised likelihood,
+:func:`smoothed_alpha_start`), :math:`\beta^{(0)} = 0` and a public information :math:`R`
+(:func:`count_information`: the expected information as if β = 0 and every risk set had the
+covariates' public centre and spreads). Each step releases the outcome-blind score sum at θ and
+moves :math:`\theta \leftarrow \theta + (R + L)^{-1}(\hat S_g - L\theta)`, :math:`L = \lambda
+D^\top D` a second-difference penalty on the α's (:func:`smoothing_penalty`: each interval's
+baseline borrows from its neighbours, which keeps the noisy α's, and with them the horizons,
+sane), each α's move optionally cut to a trust region (:attr:`PrivateSettings.max_alpha_move`). A
+noisy released information was measured worse as the step's matrix (its noise maps the score's
+noise into wild steps); the information is released once, at the final θ, for the covariance.
 
 Covariance
 ----------
@@ -121,11 +123,15 @@ from scipy import stats
 from models.km import grid_index
 
 __all__ = [
+    "COUNTS",
+    "INFORMATION",
+    "SCORE",
     "ALPHA_RANGE",
     "ClipBounds",
     "GroupedCoxDesign",
     "GroupedCoxFit",
     "NoisePlan",
+    "PrivateServer",
     "PrivateSettings",
     "PrivateTrace",
     "RECIPES",
@@ -156,6 +162,7 @@ __all__ = [
     "site_counts",
     "site_release",
     "site_step",
+    "smoothed_alpha_start",
     "smoothed_information",
     "smoothing_penalty",
     "start_from_counts",
@@ -565,7 +572,9 @@ class NoisePlan:
     ``reference`` (the counts' :func:`count_information`) or ``released`` (the last information
     released, floored; the reference before any). ``setting``: ``sum`` (one Gaussian on the sum,
     added as shares through secure aggregation) or ``per_site`` (each of ``sites`` adds the full
-    noise)."""
+    noise). ``noise_factor``: the summed noise's actual standard deviation over the nominal one of
+    :meth:`sum_multiplier` (default 1; e.g. a secure sum's discrete shares sized for fewer honest sites
+    than took part, or sites whose multipliers differ); only the server's variances read it."""
 
     total: float
     count_share: float
@@ -574,6 +583,7 @@ class NoisePlan:
     precondition: Literal["reference", "released"] = "reference"
     setting: Setting = "sum"
     sites: int = 1
+    noise_factor: float = 1.0
 
     def __post_init__(self) -> None:
         shares = (self.count_share, *self.score_shares, *self.info_shares)
@@ -585,6 +595,8 @@ class NoisePlan:
                              f"information share more, adding up to 1; got {shares}")
         if self.precondition not in ("reference", "released"):
             raise ValueError(f"precondition must be 'reference' or 'released', got {self.precondition!r}")
+        if not (np.isfinite(self.noise_factor) and self.noise_factor > 0):
+            raise ValueError(f"noise_factor must be finite and > 0, got {self.noise_factor!r}")
         if self.setting not in ("sum", "per_site") or self.sites < 1:
             raise ValueError(f"setting must be 'sum' or 'per_site' and sites >= 1, got {self.setting!r}, {self.sites}")
 
@@ -608,9 +620,10 @@ class NoisePlan:
         return z / np.sqrt(self.sites) if self.setting == "sum" else z
 
     def sum_multiplier(self, share: float) -> float:
-        r"""The multiplier of the noise on the summed release: :math:`z_k`, or :math:`\sqrt K z_k` per site."""
+        r"""The multiplier of the noise on the summed release: :math:`z_k`, or :math:`\sqrt K z_k` per site, times
+        ``noise_factor``."""
         z = self.multiplier(share)
-        return z if self.setting == "sum" else z * np.sqrt(self.sites)
+        return (z if self.setting == "sum" else z * np.sqrt(self.sites)) * self.noise_factor
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,17 +663,22 @@ def site_release(records: SiteRecords, theta: np.ndarray, bounds: ClipBounds, pl
 # Server: functions of the summed releases
 
 
+def _count_terms(counts: np.ndarray, intervals: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(events, at_risk)`` per interval from summed (noisy) counts: at risk at least 1, events in [0, at risk]."""
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1)
+    if counts.size != 2 * intervals:
+        raise ValueError(f"counts must have 2T = {2 * intervals} entries, got {counts.size}")
+    leaving = np.maximum(counts[:intervals] + counts[intervals:], 0.0)
+    at_risk = np.maximum(np.cumsum(leaving[::-1])[::-1], 1.0)
+    return np.clip(counts[:intervals], 0.0, at_risk), at_risk
+
+
 def alpha_start(counts: np.ndarray, intervals: int) -> np.ndarray:
     r"""Starting :math:`\alpha_j = \log(-\log(1 - \hat d_j/\hat n_j))` from summed (noisy) counts of
     :func:`site_counts`: :math:`\hat n_j` the records leaving in interval j or later; the hazard
     kept in [HAZARD_FLOOR, 1 - HAZARD_FLOOR]."""
-    counts = np.asarray(counts, dtype=np.float64).reshape(-1)
-    if counts.size != 2 * intervals:
-        raise ValueError(f"counts must have 2T = {2 * intervals} entries, got {counts.size}")
-    events = np.maximum(counts[:intervals], 0.0)
-    leaving = np.maximum(counts[:intervals] + counts[intervals:], 0.0)
-    at_risk = np.cumsum(leaving[::-1])[::-1]
-    hazard = np.clip(events / np.maximum(at_risk, 1.0), HAZARD_FLOOR, 1.0 - HAZARD_FLOOR)
+    events, at_risk = _count_terms(counts, intervals)
+    hazard = np.clip(events / at_risk, HAZARD_FLOOR, 1.0 - HAZARD_FLOOR)
     return np.log(-np.log1p(-hazard))
 
 
@@ -671,18 +689,56 @@ def count_information(counts: np.ndarray, theta: np.ndarray, design: GroupedCoxD
     :math:`(\sum_j w_j \hat n_j)\,\mathrm{diag}(s^2)` for β, :math:`w_j` the weight of
     :math:`\mu_j = e^{\alpha_j}` (α from ``theta``). The steps' matrix and the floor's reference."""
     t = design.intervals
-    counts = np.asarray(counts, dtype=np.float64).reshape(-1)
-    leaving = np.maximum(counts[:t] + counts[t:], 0.0)
-    at_risk = np.maximum(np.cumsum(leaving[::-1])[::-1], 1.0)
+    _, at_risk = _count_terms(counts, t)
     mu = np.exp(np.asarray(theta, dtype=np.float64)[:t])
     alpha_info = mu * _event_slope(mu) * at_risk
     return np.diag(np.concatenate([alpha_info, alpha_info.sum() * np.square(design.scales)]))
 
 
-def start_from_counts(counts: np.ndarray, design: GroupedCoxDesign) -> tuple[np.ndarray, np.ndarray]:
-    """θ_0 (:func:`alpha_start`, β = 0) and the reference information :func:`count_information` at
-    θ_0, from the summed noisy counts."""
-    theta = np.concatenate([alpha_start(counts, design.intervals), np.zeros(design.covariates)])
+def smoothed_alpha_start(counts: np.ndarray, design: GroupedCoxDesign, smooth: float, *, tol: float = 1e-8,
+                         max_steps: int = 100) -> np.ndarray:
+    r"""Starting α from summed (noisy) counts, as for β = 0, by the penalised grouped-time likelihood of the counts,
+    :math:`\sum_j \hat d_j\log(1 - e^{-\mu_j}) - (\hat n_j - \hat d_j)\mu_j - \tfrac\lambda2\lVert D\alpha\rVert^2`
+    (:math:`\mu_j = e^{\alpha_j}`, ``smooth`` :math:`\lambda` of :func:`smoothing_penalty`, events clipped into
+    [0, :math:`\hat n_j`]): concave, maximised by Fisher scoring with step halving from the pooled hazard
+    :math:`\sum\hat d/\sum\hat n`, α kept within :data:`ALPHA_RANGE`. Each interval borrows from its neighbours,
+    so an interval whose noisy count is 0 or negative no longer starts at the hazard floor."""
+    events, at_risk = _count_terms(counts, design.intervals)
+    penalty = smoothing_penalty(design, smooth)[:design.intervals, :design.intervals]
+
+    def objective(alpha: np.ndarray) -> float:
+        mu = np.exp(alpha)
+        return float(events @ np.log(-np.expm1(-mu)) - (at_risk - events) @ mu - alpha @ penalty @ alpha / 2.0)
+
+    pooled = np.clip(events.sum() / at_risk.sum(), HAZARD_FLOOR, 1.0 - HAZARD_FLOOR)
+    alpha = np.full(design.intervals, np.log(-np.log1p(-pooled)))
+    value = objective(alpha)
+    for _ in range(max_steps):
+        mu = np.exp(alpha)
+        slope = _event_slope(mu)
+        move = np.linalg.solve(np.diag(at_risk * mu * slope) + penalty,
+                               events * slope - (at_risk - events) * mu - penalty @ alpha)
+        size = 1.0
+        while size > 1e-6 and objective(np.clip(alpha + size * move, *ALPHA_RANGE)) < value:
+            size /= 2.0
+        if size <= 1e-6:
+            break
+        alpha = np.clip(alpha + size * move, *ALPHA_RANGE)
+        value = objective(alpha)
+        if np.max(np.abs(size * move)) < tol:
+            break
+    return alpha
+
+
+def start_from_counts(counts: np.ndarray, design: GroupedCoxDesign, *,
+                      smooth: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """θ_0 (β = 0; α by :func:`alpha_start`, or with ``smooth`` > 0 by :func:`smoothed_alpha_start` at that
+    λ: :attr:`PrivateSettings.start_smooth`) and the reference information :func:`count_information` at θ_0, from
+    the summed noisy counts."""
+    if not (np.isfinite(smooth) and smooth >= 0):
+        raise ValueError(f"the start's smoothing strength must be finite and >= 0, got {smooth!r}")
+    alpha = smoothed_alpha_start(counts, design, smooth) if smooth > 0 else alpha_start(counts, design.intervals)
+    theta = np.concatenate([alpha, np.zeros(design.covariates)])
     return theta, count_information(counts, theta, design)
 
 
@@ -702,10 +758,15 @@ def smoothing_penalty(design: GroupedCoxDesign, strength: float) -> np.ndarray:
 
 
 def newton_update(theta: np.ndarray, score: np.ndarray, matrix: np.ndarray, penalty: np.ndarray,
-                  intervals: int) -> np.ndarray:
+                  intervals: int, *, max_alpha_move: float = np.inf) -> np.ndarray:
     r"""One step :math:`\theta + P^{-1}(\hat S_g - L\theta)` (``matrix`` :math:`P`, penalty included;
-    ``penalty`` :math:`L`), the α kept within :data:`ALPHA_RANGE`."""
-    theta = theta + np.linalg.solve(matrix, score - penalty @ theta)
+    ``penalty`` :math:`L`), each α's move cut to at most ``max_alpha_move`` in absolute value
+    (:attr:`PrivateSettings.max_alpha_move`) and the α kept within :data:`ALPHA_RANGE`."""
+    if not max_alpha_move > 0:
+        raise ValueError(f"max_alpha_move must be > 0, got {max_alpha_move!r}")
+    move = np.linalg.solve(matrix, score - penalty @ theta)
+    move[:intervals] = np.clip(move[:intervals], -max_alpha_move, max_alpha_move)
+    theta = theta + move
     theta[:intervals] = np.clip(theta[:intervals], *ALPHA_RANGE)
     return theta
 
@@ -805,12 +866,17 @@ class PrivateSettings:
     :math:`\lambda`, the α penalty (:func:`smoothing_penalty`); ``covariance``: ``propagated``
     (:func:`propagated_covariance`, bias-corrected over ``correction_draws`` redraws of the released
     information's noise, :func:`private_covariance`) or ``delta`` (the last step alone). The
-    defaults are the coverage simulation's choices (``docs/dp-cox.md``)."""
+    defaults are the coverage simulation's choices (``docs/dp-cox.md``). ``start_smooth``: the λ of the start's
+    penalised count fit (:func:`smoothed_alpha_start`; 0: each interval's own hazard, :func:`alpha_start`);
+    ``max_alpha_move``: the largest move of any α in one step (:func:`newton_update`; a trust region for the
+    fixed-matrix step, whose linearisation fails when a noisy step moves a log hazard by more than about 1)."""
 
     floor: float = 0.2
     smooth: float = 150.0
     covariance: Literal["propagated", "delta"] = "propagated"
     correction_draws: int = 40
+    start_smooth: float = 0.0
+    max_alpha_move: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -840,7 +906,8 @@ _BOUNDS = (("score_alpha", 2.0), ("score_beta", 3.0), ("info_diag", 1.0), ("info
 #: site adds the full noise, ``dp_sgd``).
 RECIPES: dict[str, Recipe] = {
     "sum": Recipe(0.04, (0.08, 0.10, 0.15, 0.38), (0.0, 0.0, 0.0, 0.0, 0.25), _BOUNDS, PrivateSettings()),
-    "per_site": Recipe(0.04, (0.10, 0.15, 0.46), (0.0, 0.0, 0.0, 0.25), _BOUNDS, PrivateSettings(smooth=900.0)),
+    "per_site": Recipe(0.04, (0.10, 0.15, 0.46), (0.0, 0.0, 0.0, 0.25), _BOUNDS,
+                       PrivateSettings(smooth=900.0, start_smooth=900.0, max_alpha_move=1.0)),
 }
 
 
@@ -965,31 +1032,86 @@ def _summed(parts: Sequence[SiteStep]) -> tuple[np.ndarray, np.ndarray | None, t
     return sum(part.score for part in parts), info, counted
 
 
+#: The kinds of release of a private fit, in :meth:`PrivateServer.releases`' order within a step.
+COUNTS, INFORMATION, SCORE = "counts", "information", "score"
+
+
+class PrivateServer:
+    r"""The server's side of the private fit: fed the summed releases in the plan's order
+    (:meth:`releases`), it holds the public θ at which the next one is taken (:attr:`theta`).
+
+    :meth:`counts` gives θ_0 (:func:`start_from_counts`, at ``settings.start_smooth``) and the reference
+    information R; :meth:`information` the estimate at the solution (:func:`information_estimate`);
+    :meth:`score` one :func:`newton_update` with :math:`P = R + L` (or, with ``plan.precondition ==
+    "released"``, the last information estimate plus :math:`L`; α moves cut at
+    ``settings.max_alpha_move``). Every input is a summed release; nothing else is read."""
+
+    def __init__(self, design: GroupedCoxDesign, plan: NoisePlan, bounds: ClipBounds, settings: PrivateSettings):
+        self.design, self.plan, self.bounds, self.settings = design, plan, bounds, settings
+        self.penalty = smoothing_penalty(design, settings.smooth)
+        self.thetas: list[np.ndarray] = []
+        self.matrices: list[np.ndarray] = []
+        self.reference: np.ndarray | None = None
+        self.estimate: np.ndarray | None = None
+        self.released: tuple[np.ndarray, np.ndarray, float, int] | None = None
+
+    @staticmethod
+    def releases(plan: NoisePlan) -> tuple[tuple[str, int, float], ...]:
+        """The fit's releases in order, ``(kind, step, share)``: the counts, then per step k the information at
+        θ_k where its share is > 0 (the last at θ_S) before the score at θ_k (k < S)."""
+        releases = [(COUNTS, 0, plan.count_share)]
+        for step, info_share in enumerate(plan.info_shares):
+            if info_share > 0:
+                releases.append((INFORMATION, step, info_share))
+            if step < plan.steps:
+                releases.append((SCORE, step, plan.score_shares[step]))
+        return tuple(releases)
+
+    @property
+    def theta(self) -> np.ndarray:
+        return self.thetas[-1]
+
+    def counts(self, summed: np.ndarray) -> None:
+        theta, self.reference = start_from_counts(summed, self.design, smooth=self.settings.start_smooth)
+        self.estimate = self.reference
+        self.thetas.append(theta)
+
+    def information(self, summed: np.ndarray, step: int, share: float) -> None:
+        self.released = (summed, self.theta, share, step)
+        self.estimate = information_estimate(summed, self.theta, share, self.design, self.plan, self.bounds,
+                                             self.reference, self.settings.floor)
+
+    def score(self, summed: np.ndarray) -> None:
+        matrix = self.estimate if self.plan.precondition == "released" else self.reference
+        self.matrices.append(matrix + self.penalty)
+        self.thetas.append(newton_update(self.theta, summed, self.matrices[-1], self.penalty, self.design.intervals,
+                                         max_alpha_move=self.settings.max_alpha_move))
+
+    def trace(self, diagnostics: tuple[tuple[int, int, int], ...] = ()) -> PrivateTrace:
+        """What the server holds after the last release (:class:`PrivateTrace`)."""
+        return PrivateTrace(tuple(self.thetas), self.reference, tuple(self.matrices), self.estimate, self.released,
+                            diagnostics)
+
+
 def run_private(design: GroupedCoxDesign, sites: Sequence[SiteRecords], plan: NoisePlan, bounds: ClipBounds,
                 settings: PrivateSettings, rng: np.random.Generator) -> PrivateTrace:
-    r"""The private iteration, run in one process as the server loop would, every site's release
-    from :func:`site_count_release` / :func:`site_release` (noise from ``rng``) and the server's part
-    from their sums: :func:`start_from_counts`, then per step the score at θ and
-    :func:`newton_update` with :math:`P = R + L` (or, with ``plan.precondition == "released"``, the
-    last :func:`information_estimate` plus :math:`L`); the information releases the plan names
-    (the last one, at :math:`\theta_S`, for the covariance)."""
-    theta, reference = start_from_counts(sum(site_count_release(s, plan, rng) for s in sites), design)
-    penalty = smoothing_penalty(design, settings.smooth)
-    information, released, thetas, matrices, diagnostics = reference, None, [theta], [], []
+    """The private fit run in one process: every site's release from :func:`site_count_release` /
+    :func:`site_release` (noise from ``rng``; a step's information and score drawn together at θ_k), their sums
+    fed to a :class:`PrivateServer` in its order; the trace's diagnostics are the summed weighted, truncated and
+    clipped record counts per step."""
+    server = PrivateServer(design, plan, bounds, settings)
+    server.counts(sum(site_count_release(s, plan, rng) for s in sites))
+    diagnostics = []
     for step, info_share in enumerate(plan.info_shares):
         score_share = plan.score_shares[step] if step < plan.steps else 0.0
-        score, packed, counted = _summed([site_release(s, theta, bounds, plan, score_share=score_share,
+        score, packed, counted = _summed([site_release(s, server.theta, bounds, plan, score_share=score_share,
                                                        info_share=info_share, rng=rng) for s in sites])
         diagnostics.append(counted)
         if packed is not None:
-            released = (packed, theta, info_share, step)
-            information = information_estimate(packed, theta, info_share, design, plan, bounds, reference,
-                                               settings.floor)
+            server.information(packed, step, info_share)
         if score_share > 0:
-            matrices.append((information if plan.precondition == "released" else reference) + penalty)
-            theta = newton_update(theta, score, matrices[-1], penalty, design.intervals)
-            thetas.append(theta)
-    return PrivateTrace(tuple(thetas), reference, tuple(matrices), information, released, tuple(diagnostics))
+            server.score(score)
+    return server.trace(tuple(diagnostics))
 
 
 def fit_private(design: GroupedCoxDesign, sites: Sequence[SiteRecords], plan: NoisePlan, bounds: ClipBounds, *,

@@ -173,8 +173,10 @@ MODELS: Mapping[str, Model] = {
                                 "server; the paper's 30 intervals", vertical=True, num_durations=30),
     "multisurv": Model("MultiSurv: the same multimodal architecture with deterministic layers", vertical=True,
                        num_durations=30),
-    "coxph": Model("Cox proportional-hazards regression by federated Newton-Raphson on the sites' exact sums "
-                   "(cox.*; strategy fedavg only); Breslow baseline for predictions on 100 event-time quantiles",
+    "coxph": Model("Cox proportional-hazards regression (cox.*): fedavg, federated Newton-Raphson on the sites' exact "
+                   "sums, Breslow baseline for predictions on 100 event-time quantiles; dp_sgd / distributed_dp, the "
+                   "private grouped-time PH model on cox.grid points of the set-up's time grid (models.grouped_cox: "
+                   "noisy counts, score steps and information; no predictions)",
                    vertical=False, num_durations=100),
 }
 #: The model that is fitted by Newton-Raphson on the sites' sums (:mod:`flwr_app.cox_server`), not trained by FedAvg.
@@ -183,12 +185,14 @@ COXPH = "coxph"
 #: a test keeps the names, kinds and adjacencies equal to its mechanisms').
 STRATEGIES: Mapping[str, Strategy] = {
     "fedavg": Strategy("FedAvg without differential privacy", vertical=False, adjacency="add-remove"),
-    "dp_sgd": Strategy("record-level DP-SGD at every site (hazard_mlp)", vertical=False, adjacency="add-remove",
-                       accountant="pld", recipe=DP_SGD_RECIPE),
+    "dp_sgd": Strategy("record-level DP-SGD at every site (hazard_mlp; coxph: every site adds the full noise to its "
+                       "grouped-Cox releases)", vertical=False, adjacency="add-remove", accountant="pld",
+                       recipe=DP_SGD_RECIPE),
     "bdp": Strategy("Bayesian DP (FSL-BDP) at every site (hazard_mlp)", vertical=False, adjacency="add-remove",
                     recipe=DP_SGD_RECIPE),
     "distributed_dp": Strategy("record-level DP on the union: one noisy gradient step per round, discrete Gaussian "
-                               "noise split across the sites, summed through SecAgg+ (hazard_mlp)", vertical=False,
+                               "noise split across the sites, summed through SecAgg+ (hazard_mlp; coxph: the grouped-Cox "
+                               "releases summed so)", vertical=False,
                                adjacency="add-remove", recipe=DISTRIBUTED_DP_RECIPE),
     "central_dp": Strategy("Flower's client-level DP at the server (a whole site is protected)", vertical=False,
                            adjacency="add-remove", accountant="pld"),
@@ -595,7 +599,9 @@ COX_PH_TESTS = ("rank", "km", "identity", "log", "none")
 
 @dataclass(frozen=True)
 class CoxConfig:
-    """Cox proportional-hazards regression (``model.name = "coxph"``): Newton-Raphson on the sites' exact sums.
+    """Cox proportional-hazards regression (``model.name = "coxph"``): Newton-Raphson on the sites' exact sums
+    (``strategy.name = fedavg``), or the private grouped-time model (``dp_sgd``, ``distributed_dp``:
+    ``cox.strata = none`` on ``cox.grid = k`` points, :mod:`flwr_app.cox_server`).
 
     ``strata = "site"`` fits lifelines' ``CoxPHFitter(strata=["site"])`` (each site its own baseline hazard), ``"none"``
     one pooled baseline from risk-set sums on ``grid`` (:mod:`models.cox`). Every key is read only with
@@ -945,14 +951,56 @@ COXPH_IGNORES: tuple[str, ...] = (
 )
 
 
+#: The strategies ``model.name = "coxph"`` runs with: exact Newton-Raphson (``fedavg``) and the private grouped-time
+#: model (``dp_sgd``: every site adds the full noise; ``distributed_dp``: noise shares summed through SecAgg+).
+COXPH_STRATEGIES = ("fedavg", "dp_sgd", "distributed_dp")
+#: The keys the private grouped-time fit (``coxph`` with ``dp_sgd`` or ``distributed_dp``) never reads: each is refused
+#: at any value but its default (``auto`` for an auto key). Its design is :data:`models.grouped_cox.RECIPES`.
+COXPH_PRIVATE_IGNORES: tuple[str, ...] = (
+    "cox.robust", "cox.secure_sum", "cox.penalizer", "cox.max_steps", "cox.tol", "privacy.clip_norm",
+    "evaluation.server_side", "evaluation.screen", "baseline.centralized",
+)
+
+
+def _check_private_coxph(values: Mapping[str, Any]) -> None:
+    """``coxph`` under ``dp_sgd`` / ``distributed_dp`` (:mod:`models.grouped_cox` over the app): a finite
+    ``privacy.epsilon``, ``cox.strata = none`` (one pooled baseline: the grouped model's α's), ``cox.grid = k`` (k
+    points of the set-up's time grid: the public grid), ``cox.ph_test`` auto or none; :data:`COXPH_PRIVATE_IGNORES`
+    at their defaults."""
+    strategy = values["strategy.name"]
+    if not math.isfinite(values["privacy.epsilon"]):
+        raise ConfigError(f"run config: model.name = {COXPH!r} with strategy.name = {strategy!r} needs a finite "
+                          "privacy.epsilon (e.g. 1); for the exact fit use strategy.name = 'fedavg'")
+    if values["cox.strata"] != "none":
+        raise ConfigError(f"run config: cox.strata = {values['cox.strata']!r} is not offered with strategy.name = "
+                          f"{strategy!r}: the private fit has one pooled baseline (the grouped model's interval "
+                          "hazards); set cox.strata = 'none'")
+    if values["cox.grid"] == "events":
+        raise ConfigError(f"run config: cox.grid = 'events' is refused with strategy.name = {strategy!r}: the union "
+                          "of the sites' event times is not public; set cox.grid = k (k points of the set-up's time "
+                          "grid, e.g. 11 for 10 intervals)")
+    if values["cox.ph_test"] not in (None, "none"):
+        raise ConfigError(f"run config: cox.ph_test = {values['cox.ph_test']!r} is not offered with strategy.name = "
+                          f"{strategy!r} (the private fit releases no Schoenfeld sums); leave it at auto or none")
+    for name in COXPH_PRIVATE_IGNORES:
+        key = KEYS[name]
+        default = None if key.setting.auto else _value(key, key.default)
+        if values[name] != default:
+            raise ConfigError(f"run config: {name} = {show_value(values[name])} has no effect on model.name = "
+                              f"{COXPH!r} with strategy.name = {strategy!r} (the private grouped-time fit: its clip "
+                              "bounds and steps are models.grouped_cox.RECIPES', and it makes no predictions to "
+                              f"evaluate); leave it at {_default_text(key)}")
+
+
 def _default_text(key: Key) -> str:
     """A key's default as a refusal writes it (``auto`` for an auto key)."""
     return AUTO if key.setting.auto else show_value(_value(key, key.default))
 
 
 def _check_coxph(values: Mapping[str, Any]) -> None:
-    """``model.name = "coxph"`` runs with strategy ``fedavg`` only and refuses the keys it never reads
-    (:data:`COXPH_IGNORES`); the ``cox.*`` keys are read only by it. ``values``: the parsed keys, ``None`` for
+    """``model.name = "coxph"`` runs with the strategies of :data:`COXPH_STRATEGIES` (the private ones checked further
+    by :func:`_check_private_coxph`) and refuses the keys it never reads (:data:`COXPH_IGNORES`); the ``cox.*`` keys
+    are read only by it. ``values``: the parsed keys, ``None`` for
     ``auto``, before :func:`_resolve_auto`."""
     coxph = values["model.name"] == COXPH
     cox_keys = [name for name in KEYS if name.startswith("cox.")]
@@ -965,10 +1013,10 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
             raise ConfigError(f"run config: debug.fail_message = 'cox' fails model.name = {COXPH!r}'s Newton steps; "
                               "this run has none (use train, evaluate or breslow)")
         return
-    if values["strategy.name"] != "fedavg":
-        raise ConfigError(f"run config: model.name = {COXPH!r} runs with strategy.name = 'fedavg' only (Newton-Raphson "
-                          f"on the sites' exact sums; no DP variant yet), got strategy.name = "
-                          f"{values['strategy.name']!r}: set strategy.name = 'fedavg' or choose another model.name")
+    if values["strategy.name"] not in COXPH_STRATEGIES:
+        raise ConfigError(f"run config: model.name = {COXPH!r} runs with strategy.name in "
+                          f"{', '.join(COXPH_STRATEGIES)} (fedavg: exact Newton-Raphson; dp_sgd, distributed_dp: the "
+                          f"private grouped-time model), got strategy.name = {values['strategy.name']!r}")
     for name in COXPH_IGNORES:
         key = KEYS[name]
         default = None if key.setting.auto else _value(key, key.default)
@@ -980,7 +1028,9 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
     if grid != "events" and not (re.fullmatch(r"\d+", grid) and int(grid) >= 2):
         raise ConfigError(f"run config: cox.grid = {grid!r} must be 'events' or an integer k >= 2 (k points of the "
                           "set-up's time grid)")
-    if strata == "site" and grid != "events":
+    if values["strategy.name"] != "fedavg":
+        _check_private_coxph(values)
+    elif strata == "site" and grid != "events":
         raise ConfigError(f"run config: cox.grid = {grid!r} is read only with cox.strata = 'none' (a stratified fit "
                           "uses each site's own event times, which never leave it); leave it at 'events'")
     points = values["model.num_durations"] or MODELS[COXPH].num_durations
@@ -988,6 +1038,8 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"run config: cox.grid = {grid} is more points than the set-up's time grid has "
                           f"(model.num_durations = {points}): raise model.num_durations or "
                           "lower cox.grid")
+    if values["strategy.name"] != "fedavg":
+        return
     ph_test = values["cox.ph_test"]
     if values["cox.secure_sum"] and strata == "none" and grid == "events":
         raise ConfigError("run config: cox.secure_sum = true with cox.strata = 'none' and cox.grid = 'events' is "

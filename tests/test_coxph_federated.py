@@ -255,9 +255,8 @@ def test_a_site_failing_during_newton_stops_the_run_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0},
-     r"model.name = 'coxph' runs with strategy.name = 'fedavg' only .*strategy.name = 'dp_sgd'"),
-    ({"strategy.name": "central_dp", "privacy.epsilon": 1.0}, r"strategy.name = 'central_dp'"),
+    ({"strategy.name": "central_dp", "privacy.epsilon": 1.0},
+     r"model.name = 'coxph' runs with strategy.name in fedavg, dp_sgd, distributed_dp .*strategy.name = 'central_dp'"),
     ({"federation.rounds": 5}, r"federation.rounds = 5 has no effect on model.name = 'coxph'"),
     ({"model.hidden": "16"}, r"model.hidden = '16' has no effect on model.name = 'coxph'"),
     ({"train.lr": 0.1}, r"train.lr = 0.1 has no effect"),

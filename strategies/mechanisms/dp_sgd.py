@@ -89,8 +89,9 @@ def poisson_schedule(n: float, *, batch_size: int, epochs: int) -> tuple[float, 
 
 
 def require_decomposable_loss(strategy: str, cfg: ExperimentConfig) -> None:
-    """Record-level DP-SGD needs a loss that is a sum of per-record terms: the hazard model's, not Cox's."""
-    if cfg.model.name != "hazard_mlp":
+    """Record-level DP-SGD needs a loss that is a sum of per-record terms: the hazard model's, not Cox's. ``coxph``
+    passes: under this strategy it is no network but the private grouped-time model (:mod:`flwr_app.cox_server`)."""
+    if cfg.model.name not in ("hazard_mlp", "coxph"):
         raise ConfigError(
             f"run config: strategy '{strategy}' gives a record-level guarantee only for a loss that is a sum of "
             f"per-record terms; the partial likelihood of model '{cfg.model.name}' is not per-sample decomposable "
