@@ -653,7 +653,9 @@ def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: 
                 names: Mapping[int, str], left_out: dict[int, str], prior: tuple[tuple[float, float, int], ...], *,
                 timeout: float, filters: Mapping[int, SiteFilter] | None = None) -> SiteSetup:
     """Send every kept site the shared set-up, its agreed count and the filter it announced (``filters``); the
-    outcome of :func:`prepare_sites`."""
+    outcome of :func:`prepare_sites`. With ``model.name = "auto"`` the spec carries the widths chosen from the agreed
+    counts (:func:`flwr_app.task.with_model_choice`)."""
+    spec = task.with_model_choice(cfg, spec, counts)
     smallest, filters = min(counts.values()), filters or {}
     setups = {names[node]: SiteSetUp(count=count, min_count=smallest, prior=prior, filter=filters.get(node))
               for node, count in counts.items()}

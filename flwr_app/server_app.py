@@ -53,6 +53,7 @@ from strategies.horizontal import (RoundRecord, SurvivalFedAvg, TooFewSitesError
 from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
+from strategies.model_choice import ModelChoice
 from strategies.server_optimizers import make_server_optimizer
 
 app = ServerApp()
@@ -314,6 +315,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         wait_for_sites(grid, dataset.num_sites, simulated=True)
         node_sites = {}
     num_sites = len(setups)
+    choice = task.model_choice(cfg, {name: agreed.count for name, agreed in setups.items()},
+                               len(spec.preprocessor.feature_names))  # the widths model_from_spec/build_model took
     # delta against the protected population, before any training release (in a deployment each site has refused
     # a delta above 1/its own count before its set-up release; here the agreed counts, and distributed_dp's union)
     if refusal := delta_refusal(cfg, mechanism, {name: setup.count for name, setup in setups.items()}):
@@ -363,6 +366,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         f"{cfg.federation.rounds} rounds -> {outputs.directory}",
         flush=True,
     )
+    if choice is not None:
+        print(choice.line(), flush=True)
     for note in setup_notes:
         print(note, flush=True)
 
@@ -449,7 +454,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
                                f"once the sites are back, continue with resume.from = '{outputs.directory}'") from err
     _write_results(cfg, mechanism, dataset, spec, num_sites, model, arrays, survival, ledger, outputs,
                    time.perf_counter() - started, resumed_after_round=resumed.last_round if resumed else 0,
-                   left_out=left_out, setup={"left_out_columns": list(dropped), "notes": list(setup_notes)})
+                   left_out=left_out, setup={"left_out_columns": list(dropped), "notes": list(setup_notes)},
+                   choice=choice)
 
 
 def _write_results(
@@ -457,6 +463,7 @@ def _write_results(
     num_sites: int, model: SurvivalModel,
     arrays: ArrayRecord, strategy: SurvivalFedAvg, ledger: PrivacyLedger, outputs: RunOutputs, wall_time_s: float,
     *, resumed_after_round: int = 0, left_out: Mapping[int, str] | None = None, setup: Mapping[str, Any] | None = None,
+    choice: ModelChoice | None = None,
 ) -> None:
     """Write the summary, the model and (with the pooled data of a simulation) calibration and the baseline.
 
@@ -467,6 +474,8 @@ def _write_results(
     (``preprocessing.json``); ``summary["data"]["features"]`` names its input columns and model inputs.
     ``setup``: with a private set-up, ``summary["setup"]``: the columns it left out of the model (no range stood out
     of its noise, ``left_out_columns``) and its console line on the fallbacks (``notes``).
+    ``choice``: what ``model.name = "auto"`` chose (``summary["model_choice"]``); the model is saved with the
+    architecture it was trained with (``spec``'s widths), which :func:`models.predict.load_run` rebuilds.
     """
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
@@ -494,6 +503,8 @@ def _write_results(
         "seed": cfg.seed,
         "wall_time_s": wall_time_s,
     }
+    if choice is not None:
+        summary["model_choice"] = choice.as_dict()
     if setup is not None and task.uses_private_setup(cfg):
         summary["setup"] = dict(setup)
     if left_out:
@@ -510,7 +521,8 @@ def _write_results(
     if diverged:
         summary["diverged"] = diverged
     model.net.eval()
-    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=strategy.baseline,
+    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=task.spec_config(cfg, spec).as_dict(),
+                       baseline=strategy.baseline,
                        preprocessing=task.preprocessing(cfg, spec),
                        exponents=None if strategy.exponents is None else strategy.exponents.tolist())
     if cfg.server_evaluation and not diverged:

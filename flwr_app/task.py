@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 from flwr_app.config import ExperimentConfig
-from strategies.config import CENTRALIZED_LABEL
+from strategies.config import CENTRALIZED_LABEL, DEFAULT_HIDDEN
+from strategies.model_choice import CANDIDATES, ModelChoice, choose_model
 from models.data import (
     ColumnRoles,
     FederatedDataset,
@@ -239,8 +240,31 @@ def build_model(cfg: ExperimentConfig, dataset: FederatedDataset) -> SurvivalMod
     Kaplan–Meier hazard (:func:`baseline_hazard`).
     """
     setup = federation_setup(cfg)
-    return build_network(cfg, in_features=dataset.in_features, cuts=setup.cuts, time_scale=setup.time_scale,
-                         baseline_hazard=baseline_hazard(cfg, setup.cuts, setup.time_counts))
+    choice = model_choice(cfg, {name: agreed.count for name, agreed in setup.setups.items()}, dataset.in_features)
+    return build_network(chosen_config(cfg, choice), in_features=dataset.in_features, cuts=setup.cuts,
+                         time_scale=setup.time_scale, baseline_hazard=baseline_hazard(cfg, setup.cuts,
+                                                                                      setup.time_counts))
+
+
+def model_choice(cfg: ExperimentConfig, counts: Mapping[object, float], in_features: int) -> ModelChoice | None:
+    """What ``model.name = "auto"`` trains (:func:`strategies.model_choice.choose_model`) from the set-up's public
+    quantities: the agreed record ``counts`` (site -> count; a private set-up's noisy released counts) and the
+    agreed preprocessing's ``in_features``; None when the run config fixes ``model.hidden``.
+
+    Deterministic in its inputs, which the server and (in simulation) every site hold alike; a deployed site
+    receives the chosen widths with its set-up (:attr:`SiteSpec.hidden`)."""
+    if cfg.model.hidden is not None or cfg.model.name not in DEFAULT_HIDDEN:
+        return None
+    return choose_model(sorted(counts.values()), in_features, cfg.privacy.epsilon, cfg.strategy,
+                        num_durations=cfg.model.num_durations, risk_layer=cfg.model.risk_layer)
+
+
+def chosen_config(cfg: ExperimentConfig, choice: ModelChoice | None) -> ExperimentConfig:
+    """``cfg`` with ``model.name`` and ``model.hidden`` of ``choice`` (``cfg`` itself when None): the
+    configuration the network is built from and saved with (:func:`models.predict.load_run` rebuilds it)."""
+    if choice is None:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, name=choice.name, hidden=choice.hidden))
 
 
 def baseline_hazard(cfg: ExperimentConfig, cuts: np.ndarray,
@@ -297,25 +321,39 @@ class SiteSpec:
     preprocessor: Preprocessor
     cuts: np.ndarray
     time_scale: tuple[float, float]
+    #: ``model.name = "auto"``: the hidden widths chosen from the set-up (:func:`with_model_choice`); None otherwise.
+    hidden: tuple[int, ...] | None = None
 
     def to_json(self) -> str:
         return json.dumps({"preprocessor": self.preprocessor.to_dict(), "cuts": self.cuts.tolist(),
-                           "time_scale": list(self.time_scale)})
+                           "time_scale": list(self.time_scale),
+                           "hidden": None if self.hidden is None else list(self.hidden)})
 
     @classmethod
     def from_json(cls, text: str) -> SiteSpec:
         payload = json.loads(text)
+        hidden = payload.get("hidden")
         return cls(Preprocessor.from_dict(payload["preprocessor"]), np.asarray(payload["cuts"], dtype=np.float64),
-                   (float(payload["time_scale"][0]), float(payload["time_scale"][1])))
+                   (float(payload["time_scale"][0]), float(payload["time_scale"][1])),
+                   None if hidden is None else tuple(int(width) for width in hidden))
+
+
+def with_model_choice(cfg: ExperimentConfig, spec: SiteSpec, counts: Mapping[object, float]) -> SiteSpec:
+    """``spec`` with the widths ``model.name = "auto"`` chose from the agreed ``counts`` and ``spec``'s
+    preprocessing (:func:`model_choice`); ``spec`` itself when the run config fixes them."""
+    choice = model_choice(cfg, counts, len(spec.preprocessor.feature_names))
+    return spec if choice is None else replace(spec, hidden=choice.hidden)
 
 
 def run_spec(cfg: ExperimentConfig, dataset: FederatedDataset) -> SiteSpec:
-    """A simulation's agreed preprocessing, time grid and time scale (a deployment's is the one it sent the sites).
+    """A simulation's agreed preprocessing, time grid, time scale and (``model.name = "auto"``) chosen widths (a
+    deployment's is the one it sent the sites).
 
     With a differentially private set-up it is the agreed noisy preprocessing: the one the model was trained on.
     """
     setup = federation_setup(cfg)
-    return SiteSpec(dataset.preprocessor, setup.cuts, setup.time_scale)
+    return with_model_choice(cfg, SiteSpec(dataset.preprocessor, setup.cuts, setup.time_scale),
+                             {name: agreed.count for name, agreed in setup.setups.items()})
 
 
 def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
@@ -330,9 +368,28 @@ def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
 
 
 def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:
-    """The run's survival model in a deployment (the same network at the server and every site)."""
-    return build_network(cfg, in_features=len(spec.preprocessor.feature_names), cuts=spec.cuts,
+    """The run's survival model in a deployment (the same network at the server and every site).
+
+    With ``model.name = "auto"`` its widths are the set-up's :attr:`SiteSpec.hidden`, which must be one of
+    :data:`strategies.model_choice.CANDIDATES` (none changes what a site releases: its noise and clipping come from
+    its own run config); a run config that fixes ``model.hidden`` refuses other widths. ``ValueError`` naming the
+    key otherwise."""
+    return build_network(spec_config(cfg, spec), in_features=len(spec.preprocessor.feature_names), cuts=spec.cuts,
                          time_scale=spec.time_scale)
+
+
+def spec_config(cfg: ExperimentConfig, spec: SiteSpec) -> ExperimentConfig:
+    """``cfg`` with the architecture of ``spec`` (:func:`model_from_spec`'s checks)."""
+    if cfg.model.hidden is not None or cfg.model.name not in DEFAULT_HIDDEN:
+        if spec.hidden is not None and spec.hidden != cfg.model.hidden:
+            raise ValueError(f"set-up refused: it names model.hidden = {list(spec.hidden)}, but this run config "
+                             f"fixes model.hidden = {list(cfg.model.hidden or ())} (model.name = {cfg.model.name!r})")
+        return cfg
+    if spec.hidden is None or (cfg.model.name, spec.hidden) not in CANDIDATES:
+        raise ValueError(f"set-up refused: model.name = 'auto' needs the widths chosen at set-up, one of "
+                         f"{[list(hidden) for _, hidden in CANDIDATES]}; it names "
+                         f"{None if spec.hidden is None else list(spec.hidden)} (server and site of other versions?)")
+    return replace(cfg, model=replace(cfg.model, hidden=spec.hidden))
 
 
 def load_site_table(cfg: ExperimentConfig, path: str, *, notes: bool = True) -> RawTable:

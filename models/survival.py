@@ -206,7 +206,9 @@ class HazardMLP(nn.Module):
     :math:`\phi_j(x) = \beta_j + w_j^\top z(x)`: an interval baseline :math:`\beta_j` (``baseline``) plus a linear
     function of the last hidden layer :math:`z(x)`.
 
-    Default architecture is FSL-BDP's Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T with SELU.
+    Default architecture is FSL-BDP's Input -> 128 -> 64 -> 64 -> 32 -> 32 -> T with SELU. ``hidden=()`` is linear,
+    :math:`z(x) = x`: with the ``proportional`` layer the discrete-time proportional-hazards model
+    :math:`\phi_j(x) = \beta_j + w^\top x`.
 
     ``risk_layer`` (:data:`RISK_LAYERS`) is how the covariate weights :math:`w_j` are shared:
 
@@ -277,7 +279,7 @@ class HazardMLP(nn.Module):
 
 class CoxMLP(nn.Module):
     r"""DeepSurv-style log-risk network :math:`g(x)`; no output bias (the partial likelihood
-    does not identify a constant).
+    does not identify a constant). ``hidden=()`` is Cox regression, :math:`g(x) = x^\top\beta`.
 
     References
     ----------

@@ -212,6 +212,11 @@ STRATEGIES: Mapping[str, Strategy] = {
 }
 #: What ``model.name = "auto"`` trains, by the strategy's kind.
 DEFAULT_MODEL: Mapping[str, str] = {"horizontal": "hazard_mlp", "vertical": "bayesian_multisurv"}
+#: ``model.hidden = "auto"`` with an explicit ``model.name`` (the networks' defaults, :mod:`models.survival`); with
+#: ``model.name = "auto"`` it stays ``None`` in the parsed config: the widths are chosen after the set-up
+#: (:func:`strategies.model_choice.choose_model`).
+DEFAULT_HIDDEN: Mapping[str, tuple[int, ...]] = {"hazard_mlp": (128, 64, 64, 32, 32), "cox_mlp": (32, 32),
+                                                 "cox_time": (32, 32)}
 #: Hydra-only presets of the ``privacy`` group (``privacy=dp``): values they set over the defaults.
 PRIVACY_PRESETS: Mapping[str, Mapping[str, Any]] = {
     "none": {},
@@ -422,13 +427,17 @@ class ModelConfig:
     """Survival network. ``None`` fields take the model kind's own default."""
 
     name: str = setting(AUTO, "the survival network", choices=tuple(MODELS),
-                        auto=f"{DEFAULT_MODEL['horizontal']}, or {DEFAULT_MODEL['vertical']} for a vertical strategy")
+                        auto=f"{DEFAULT_MODEL['horizontal']} with model.hidden chosen after the set-up from the "
+                             "agreed record counts, covariates, strategy and epsilon (strategies.model_choice; "
+                             f"docs/when-to-use-what.md), or {DEFAULT_MODEL['vertical']} for a vertical strategy")
     num_durations: int = setting(AUTO, "time intervals of the hazard model; grid of the federated Breslow estimator "
                                        "for Cox models", bounds=POSITIVE, auto="the model's")
     time_grid: str = setting("quantiles", "quantiles of event times or equidistant",
                              choices=("quantiles", "equidistant"))
-    hidden: tuple[int, ...] | None = setting(AUTO, "hidden widths, e.g. 128,64,64,32,32", bounds=POSITIVE,
-                                             auto="the model's")
+    hidden: tuple[int, ...] | None = setting(AUTO, "hidden widths, e.g. 128,64,64,32,32; [] for a linear model "
+                                                   "(flwr run: model.hidden='[]')", bounds=POSITIVE,
+                                             auto="with model.name = auto, chosen after the set-up "
+                                                  "(strategies.model_choice); otherwise the model's default")
     activation: str | None = setting(AUTO, "activation, e.g. selu, relu", auto="the model's")
     dropout: float | None = setting(AUTO, "dropout rate", bounds=Bounds(0.0, 1.0, low_closed=True),
                                     auto="the model's")
@@ -857,7 +866,10 @@ def _number(key: Key, value: Any, kind: type) -> Any:
 
 
 def _items(key: Key, value: Any) -> list[Any]:
-    """A list key's items: a list (Hydra's ``'key=[a,b]'``) or a comma-separated string (``flwr run``)."""
+    """A list key's items: a list (Hydra's ``'key=[a,b]'``) or a comma-separated string (``flwr run``; ``"[]"``: the
+    empty list, e.g. ``model.hidden="[]"``, a linear model)."""
+    if isinstance(value, str) and value.strip() == "[]":
+        return []
     if isinstance(value, (list, tuple)):
         return [item.strip() if isinstance(item, str) else item for item in value
                 if not (isinstance(item, str) and not item.strip())]
@@ -1060,8 +1072,10 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
 def _resolve_auto(values: dict[str, Any]) -> None:
     """Replace the ``auto`` (``None``) values whose default is a group option's."""
     strategy = STRATEGIES[values["strategy.name"]]
-    if values["model.name"] is None:
+    if values["model.name"] is None:  # model.hidden left None: chosen after the set-up (strategies.model_choice)
         values["model.name"] = DEFAULT_MODEL["vertical" if strategy.vertical else "horizontal"]
+    elif values["model.hidden"] is None and values["model.name"] in DEFAULT_HIDDEN:
+        values["model.hidden"] = DEFAULT_HIDDEN[values["model.name"]]
     if values["model.name"] != "hazard_mlp":  # the other models have no risk layer to choose
         if values["model.risk_layer"] is not None:
             raise ConfigError(f"run config: model.risk_layer = {values['model.risk_layer']!r} is read only by "
