@@ -507,6 +507,16 @@ class FederationConfig:
     server_momentum: float | None = setting(AUTO, "momentum of fedadam and fedyogi (Flower's beta_1) and fedavgm",
                                             bounds=Bounds(0.0, 1.0, low_closed=True),
                                             auto=_server_optimizer_auto("momentum"))
+    weight_average: str = setting("none", "the model the run evaluates, recalibrates and saves: none (the last global "
+                                          "model), ema (the bias-corrected exponential moving average of the global "
+                                          "models of rounds 1..t) or tail (the mean of the global models from the "
+                                          "last tail_fraction of the rounds on); the sites train from the global "
+                                          "model itself: post-processing of the released models, no privacy cost",
+                                  choices=("none", "ema", "tail"))
+    ema_decay: float = setting(0.9, "weight_average = ema: the decay d (round s weighs (1 - d) d^(t - s))",
+                               bounds=Bounds(0.0, 1.0))
+    tail_fraction: float = setting(0.5, "weight_average = tail: the share of the rounds averaged (the last ones)",
+                                   bounds=Bounds(0.0, 1.0, high_closed=True))
 
 
 @dataclass(frozen=True)
@@ -777,7 +787,8 @@ MECHANISM_KEYS: tuple[str, ...] = (
 #: them). A test fails on a key that neither list names.
 COMMON_KEYS: tuple[str, ...] = (
     "seed", "strategy.name", "data.*", "model.name", "model.num_durations", "model.time_grid", "train.num_threads",
-    "federation.rounds", "federation.timeout_s", "output.dir", "evaluation.*", "baseline.*", "debug.*",
+    "federation.rounds", "federation.timeout_s", "federation.weight_average", "federation.ema_decay",
+    "federation.tail_fraction", "output.dir", "evaluation.*", "baseline.*", "debug.*",
     "simulation.*", "cox.*",
 )
 
@@ -945,6 +956,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     _check_pairing(cfg)
     _check_dependent_keys(cfg)
     _check_server_optimizer(cfg)
+    _check_weight_average(cfg)
     _check_faults(cfg)
     _check_vertical_files(cfg)
     if cfg.data.deployed:
@@ -1162,6 +1174,22 @@ def _check_server_optimizer(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"run config: 'federation.{key}' = {value:g} does not apply to "
                               f"federation.server_optimizer = {federation.server_optimizer!r} (only to {takers}); "
                               f"leave it at {AUTO!r}")
+
+
+def _check_weight_average(cfg: ExperimentConfig) -> None:
+    """``federation.weight_average`` only where FedAvg rounds run (a horizontal strategy, not ``model.name =
+    'coxph'``); its decay or tail share only with the average that reads it."""
+    federation, default = cfg.federation, defaults()
+    if federation.weight_average != "none" and (STRATEGIES[cfg.strategy].vertical or cfg.model.name == COXPH):
+        runs = f"strategy {cfg.strategy!r}" if STRATEGIES[cfg.strategy].vertical else f"model.name = {COXPH!r}"
+        raise ConfigError(f"run config: federation.weight_average = {federation.weight_average!r} averages FedAvg "
+                          f"rounds' global models, which {runs} does not run; leave it at 'none'")
+    for key, value, reader in (("ema_decay", federation.ema_decay, "ema"),
+                               ("tail_fraction", federation.tail_fraction, "tail")):
+        if federation.weight_average != reader and value != default[f"federation.{key}"]:
+            raise ConfigError(f"run config: federation.{key} = {value:g} is read only with federation.weight_average "
+                              f"= {reader!r}, not {federation.weight_average!r}; leave it at "
+                              f"{default[f'federation.{key}']:g}")
 
 
 def _check_faults(cfg: ExperimentConfig) -> None:

@@ -56,7 +56,14 @@ from flwr.supercore import log
 from models.metrics import UNDEFINED_REASONS
 from models.recalibration import cut_exponents, fit_exponents
 from strategies.arrays import values
-from strategies.config import AGGREGATIONS, DEFAULT_UPDATE_BOUND, OUTLIER_SPREAD, ConfigError, ExperimentConfig
+from strategies.config import (
+    AGGREGATIONS,
+    DEFAULT_UPDATE_BOUND,
+    OUTLIER_SPREAD,
+    ConfigError,
+    ExperimentConfig,
+    FederationConfig,
+)
 from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp, recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
@@ -536,6 +543,34 @@ def make_aggregator(name: str, *, trim_fraction: float, malicious: int, sites: i
     return None
 
 
+def average_weight(federation: FederationConfig, server_round: int) -> float:
+    """The weight ``w`` of round ``server_round``'s global model ``x`` in the running average ``a`` of
+    ``federation.weight_average`` (``a <- a + w (x - a)``; 1: the average is ``x``).
+
+    ``ema``: ``(1 - d) / (1 - d^t)``, so that ``a`` after round ``t`` is the bias-corrected exponential moving
+    average ``sum_s (1 - d) d^(t - s) x_s / (1 - d^t)`` of rounds 1..t (the initial model weighs nothing);
+    ``tail``: the plain mean of the global models from round ``k = rounds - ceil(tail_fraction x rounds) + 1`` on
+    (before round ``k`` the average is the global model); ``none``: 1."""
+    if federation.weight_average == "ema":
+        decay = federation.ema_decay
+        return (1.0 - decay) / (1.0 - decay ** server_round)
+    if federation.weight_average == "tail":
+        first = federation.rounds - math.ceil(federation.tail_fraction * federation.rounds) + 1
+        return 1.0 if server_round <= first else 1.0 / (server_round - first + 1)
+    return 1.0
+
+
+def moved_toward(average: ArrayRecord, arrays: ArrayRecord, weight: float) -> ArrayRecord:
+    """``average + weight (arrays - average)``, array by array (in float64, stored in each array's dtype)."""
+    if weight == 1.0:
+        return arrays
+    moved = {}
+    for key, array in arrays.items():
+        new, old = values(array), values(average[key])
+        moved[key] = Array((old + weight * (new.astype(np.float64) - old)).astype(new.dtype))
+    return ArrayRecord(moved)
+
+
 class SurvivalFedAvg(FedAvg):
     """Weighted FedAvg that checks every reply, keeps per-site metrics and builds a federated Breslow baseline.
 
@@ -596,6 +631,11 @@ class SurvivalFedAvg(FedAvg):
         self._global: tuple[int, bytes, dict[str, np.ndarray]] = (0, b"", {})  # round, digest, arrays as views
         #: The last round whose model did not diverge, and that model (where a diverged round goes back to).
         self.last_good: tuple[int, ArrayRecord | None] = (0, None)
+        #: ``federation.weight_average``: the average of the global models so far (:func:`average_weight`), which
+        #: is the model evaluated, recalibrated, passed to ``end_of_round`` and returned by :meth:`run_rounds`; and
+        #: the last global model, which the sites train from (kept in :meth:`state_dict` for a resumed run).
+        self.average: ArrayRecord | None = None
+        self.iterate: ArrayRecord | None = None
         self._stack: np.ndarray | None = None  # :meth:`_bounded_mean`'s matrix of updates, reused
 
     def _record(self, server_round: int) -> RoundRecord:
@@ -760,8 +800,16 @@ class SurvivalFedAvg(FedAvg):
         ``resumed`` (a run resumed from a checkpoint, whose round records are loaded): each training
         message carries its own site's last privacy state only (:data:`RESUMED_PRIVACY_STATE`), and the
         rounds charged to the site since (:data:`RESUMED_CATCH_UP`); no site sees another's.
+
+        With ``federation.weight_average`` (:attr:`average`), the model evaluated, passed to ``end_of_round``
+        and returned is the average of the global models: post-processing of the released models, which
+        costs no privacy and changes no training message. A resumed run's ``arrays`` is then that average,
+        and the rounds go on from the global model restored by :meth:`load_state_dict`.
         """
         outer = self if outer is None else outer
+        self.average = arrays
+        if resumed and self.iterate is not None:
+            arrays = self.iterate
         self.last_good = (first_round - 1, arrays)
         for server_round in range(first_round, last_round + 1):
             record = self._record(server_round)
@@ -791,7 +839,8 @@ class SurvivalFedAvg(FedAvg):
             elif aggregated is not None:
                 arrays = self._step(server_round, arrays, aggregated)
             arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
-        return arrays
+        assert self.average is not None
+        return self.average
 
     def _step(self, server_round: int, arrays: ArrayRecord, aggregated: ArrayRecord) -> ArrayRecord:
         """The round's new global model: what the round released, or the server optimiser's step toward it."""
@@ -805,23 +854,29 @@ class SurvivalFedAvg(FedAvg):
         A new global model that has diverged (:func:`divergence`) is rolled back to the last good one
         before any site sees it; on an evaluated round, one whose predictions most evaluating sites find
         not finite is rolled back after the evaluation, which then runs again on the model kept (:meth:`_roll_back`).
-        :class:`TooFewSitesError` after ``end_of_round`` if the round was not aggregated.
+        The model evaluated and passed to ``end_of_round`` is the running average (:attr:`average`) with the
+        model kept. :class:`TooFewSitesError` after ``end_of_round`` if the round was not aggregated.
         """
         record = self._record(server_round)
         if reason := divergence(self.last_good[1], arrays):
             arrays = self._roll_back(server_round, reason)
+        weight = average_weight(self.cfg.federation, server_round)
+        assert self.average is not None
+        evaluated = moved_toward(self.average, arrays, weight)
         if self.evaluates(server_round):
-            self._evaluate(grid, server_round, arrays, outer)
+            self._evaluate(grid, server_round, evaluated, outer)
         if not record.rolled_back and (reason := _predictions_diverged(record)):
             arrays = self._roll_back(server_round, reason)
+            evaluated = moved_toward(self.average, arrays, weight)
             record.evaluate_sites.clear()
             record.evaluate_undefined.clear()
             record.evaluate_flags.clear()
             record.evaluate_local.clear()
-            self._evaluate(grid, server_round, arrays, outer)
+            self._evaluate(grid, server_round, evaluated, outer)
         if not record.rolled_back:
             self.last_good = (server_round, arrays)
-        end_of_round(server_round, arrays)
+        self.average, self.iterate = evaluated, arrays
+        end_of_round(server_round, evaluated)
         if record.shortfall:
             raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
                                    + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
@@ -1348,8 +1403,9 @@ class SurvivalFedAvg(FedAvg):
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to continue: each round's records, the last Breslow baseline (plain Python) and
-        the server optimiser's state (tensors; ``None`` without one)."""
+        """What a checkpoint needs to continue: each round's records, the last Breslow baseline (plain Python),
+        the server optimiser's state (tensors; ``None`` without one) and, with ``federation.weight_average``, the
+        last global model (tensors; the checkpoint's model is then the average; ``None`` without one)."""
         latest = max(self.rounds, default=0)
         for server_round, record in self.rounds.items():  # a round before the latest is final: converted once
             if server_round != latest and server_round not in self._final_rounds:
@@ -1359,7 +1415,9 @@ class SurvivalFedAvg(FedAvg):
         return {"rounds": rounds,
                 "baseline": None if self.baseline is None else [part.tolist() for part in self.baseline],
                 "exponents": None if self.exponents is None else self.exponents.tolist(),
-                "server_optimizer": None if self.server_optimizer is None else self.server_optimizer.state_dict()}
+                "server_optimizer": None if self.server_optimizer is None else self.server_optimizer.state_dict(),
+                "iterate": (self.iterate.to_torch_state_dict()
+                            if self.iterate is not None and self.cfg.federation.weight_average != "none" else None)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
@@ -1372,6 +1430,8 @@ class SurvivalFedAvg(FedAvg):
         self.exponents = None if exponents is None else np.asarray(exponents, dtype=np.float64)
         if self.server_optimizer is not None:
             self.server_optimizer.load_state_dict(state["server_optimizer"])
+        iterate = state.get("iterate")
+        self.iterate = None if iterate is None else ArrayRecord(iterate)
 
 
 #: A run with a secure sum stops once this many consecutive rounds' unmasked sums were refused (one refused
