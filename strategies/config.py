@@ -28,7 +28,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -1006,19 +1006,23 @@ def _check_private_coxph(values: Mapping[str, Any]) -> None:
     if values["cox.ph_test"] not in (None, "none"):
         raise ConfigError(f"run config: cox.ph_test = {values['cox.ph_test']!r} is not offered with strategy.name = "
                           f"{strategy!r} (the private fit releases no Schoenfeld sums); leave it at auto or none")
-    for name in COXPH_PRIVATE_IGNORES:
-        key = KEYS[name]
-        default = None if key.setting.auto else _value(key, key.default)
-        if values[name] != default:
-            raise ConfigError(f"run config: {name} = {show_value(values[name])} has no effect on model.name = "
-                              f"{COXPH!r} with strategy.name = {strategy!r} (the private grouped-time fit: its clip "
-                              "bounds and steps are models.grouped_cox.RECIPES', and it makes no predictions to "
-                              f"evaluate); leave it at {_default_text(key)}")
+    _refuse_set(values, COXPH_PRIVATE_IGNORES, f"model.name = {COXPH!r} with strategy.name = {strategy!r} (the "
+                "private grouped-time fit: its clip bounds and steps are models.grouped_cox.RECIPES', and it makes no "
+                "predictions to evaluate)")
 
 
 def _default_text(key: Key) -> str:
     """A key's default as a refusal writes it (``auto`` for an auto key)."""
     return AUTO if key.setting.auto else show_value(_value(key, key.default))
+
+
+def _refuse_set(values: Mapping[str, Any], names: Sequence[str], what: str) -> None:
+    """Refuse, in one line, the first of ``names`` set to other than its default: it has no effect on ``what``."""
+    for name in names:
+        key = KEYS[name]
+        if values[name] != (None if key.setting.auto else _value(key, key.default)):
+            raise ConfigError(f"run config: {name} = {show_value(values[name])} has no effect on {what}; leave it at "
+                              f"{_default_text(key)}")
 
 
 def _check_coxph(values: Mapping[str, Any]) -> None:
@@ -1041,13 +1045,8 @@ def _check_coxph(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"run config: model.name = {COXPH!r} runs with strategy.name in "
                           f"{', '.join(COXPH_STRATEGIES)} (fedavg: exact Newton-Raphson; dp_sgd, distributed_dp: the "
                           f"private grouped-time model), got strategy.name = {values['strategy.name']!r}")
-    for name in COXPH_IGNORES:
-        key = KEYS[name]
-        default = None if key.setting.auto else _value(key, key.default)
-        if values[name] != default:
-            raise ConfigError(f"run config: {name} = {show_value(values[name])} has no effect on model.name = "
-                              f"{COXPH!r} (Newton-Raphson on the sites' sums: no network, no training rounds); "
-                              f"leave it at {_default_text(key)}")
+    _refuse_set(values, COXPH_IGNORES, f"model.name = {COXPH!r} (Newton-Raphson on the sites' sums: no network, no "
+                "training rounds)")
     strata, grid = values["cox.strata"], values["cox.grid"]
     if grid != "events" and not (re.fullmatch(r"\d+", grid) and int(grid) >= 2):
         raise ConfigError(f"run config: cox.grid = {grid!r} must be 'events' or an integer k >= 2 (k points of the "

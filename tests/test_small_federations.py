@@ -140,15 +140,21 @@ def test_an_epsilon_below_what_rdp_certifies_is_refused_at_configuration(tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+def _site_files(frame: pd.DataFrame, folder, *, sites: int, size: int) -> list[dict[str, str]]:
+    """``sites`` consecutive blocks of ``size`` records of ``frame``, each written as a deployed site's file, and
+    their node configs."""
+    configs = []
+    for index in range(sites):
+        path = folder / f"site-{index}.csv"
+        frame.iloc[size * index:size * (index + 1)].to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    return configs
+
+
 def test_a_deployed_set_up_that_leaves_no_column_stops_before_the_second_pass(small, tmp_path, monkeypatch):
     """Four deployed sites of 40 GBSG records: the server stops after the first pass, in one line, and no site is
     asked for its second release (seeded noise here; a deployed site draws it from its own entropy)."""
-    frame = pd.read_csv(small["gbsg"] / "gbsg.csv")
-    configs = []
-    for index in range(4):
-        path = tmp_path / f"site-{index}.csv"
-        frame.iloc[40 * index:40 * (index + 1)].to_csv(path, index=False)
-        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    configs = _site_files(pd.read_csv(small["gbsg"] / "gbsg.csv"), tmp_path, sites=4, size=40)
     seeded, seeds = deployment.release_ranges, itertools.count()
     monkeypatch.setattr(deployment, "release_ranges", lambda plan, features, time, rng: seeded(
         plan, features, time, np.random.default_rng(next(seeds))))
@@ -170,12 +176,7 @@ def test_a_deployed_distributed_dp_set_up_goes_through_two_secure_sums(small, tm
     """Six deployed sites of 150 WHAS records, no public range: each sends its noisy count and levels, then the
     set-up's histograms and moments only through SecAgg+ (no site answers setup_moments), and the run trains with
     every column (seeded noise here; a deployed site draws it from its own entropy)."""
-    frame = pd.read_csv(small["whas"] / "whas.csv")
-    configs = []
-    for index in range(6):
-        path = tmp_path / f"site-{index}.csv"
-        frame.iloc[150 * index:150 * (index + 1)].to_csv(path, index=False)
-        configs.append({"data-path": str(path), "site-name": f"site-{index}"})
+    configs = _site_files(pd.read_csv(small["whas"] / "whas.csv"), tmp_path, sites=6, size=150)
     seeds, contribution, count = itertools.count(), deployment.secure_contribution, deployment.noisy_count
     monkeypatch.setattr(deployment, "secure_contribution", lambda *args, rng, **kwargs: contribution(
         *args, rng=np.random.default_rng(next(seeds)), **kwargs))
