@@ -557,8 +557,11 @@ def _announce(cfg: ExperimentConfig, num_sites: int, p: int, outputs: RunOutputs
     where = f"{num_sites} sites' own files" if cfg.data.deployed else (
         f"{num_sites} sites, partition '{cfg.federation.partition}'")
     strata = "stratified by site" if cfg.cox.strata == "site" else f"pooled baseline, grid {cfg.cox.grid}"
-    how = "the sums over sites through SecAgg+" if cfg.cox.secure_sum else "the sites' exact sums"
-    print(f"fedsurv: coxph ({strata}; Newton-Raphson on {how}) | {cfg.data.name} ({where}"
+    how = "Newton-Raphson on " + ("the sums over sites through SecAgg+" if cfg.cox.secure_sum else
+                                  "the sites' exact sums")
+    if cfg.strategy != "fedavg":
+        how = f"private grouped-time fit on the sites' noisy sums ({cfg.strategy}, epsilon {cfg.privacy.epsilon:g})"
+    print(f"fedsurv: coxph ({strata}; {how}) | {cfg.data.name} ({where}"
           f"{f', {len(left_out)} left out' if left_out else ''}) | {p} covariates -> {outputs.directory}",
           flush=True)
     for note in notes:
