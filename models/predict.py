@@ -197,15 +197,19 @@ def load_run(directory: str | Path) -> SavedRun | SplitRun:
         When the directory holds no ``model.pt`` or no :data:`PREPROCESSING_FILE` (a run that did not finish),
         or a split run's site folder is missing.
     ValueError
-        For a ``private_split`` run (its sites keep no model), or a site folder of another run.
+        For a ``private_split`` run (its sites keep no model), a private ``coxph`` run (no predictions), or a site
+        folder of another run.
     """
     directory = Path(directory)
     model_path = directory / MODEL_FILE
+    config_path = directory / CONFIG_FILE
+    resolved = json.loads(config_path.read_text(encoding="utf-8"))["resolved"] if config_path.is_file() else {}
+    if resolved.get("model", {}).get("name") == "coxph" and resolved.get("strategy") != "fedavg":
+        raise ValueError(f"{directory}: a private coxph run (strategy {resolved.get('strategy')!r}) makes no "
+                         "predictions and saves no model; its table is coxph_summary.csv (coxph.json)")
     if not model_path.is_file():
         raise FileNotFoundError(f"{directory}: no {MODEL_FILE} (not a run directory, or the run did not finish)")
-    config_path = directory / CONFIG_FILE
-    if config_path.is_file() and json.loads(config_path.read_text(encoding="utf-8"))["resolved"]["strategy"] in (
-            "split", "private_split"):
+    if resolved.get("strategy") in ("split", "private_split"):
         return load_split_run(directory)
     saved = torch.load(model_path, weights_only=True)
     spec_path = directory / PREPROCESSING_FILE

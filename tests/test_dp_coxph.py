@@ -33,6 +33,7 @@ from flwr_app.cox_messages import (
 )
 from flwr_app.cox_server import PRIVATE_BOOTSTRAP_STREAM
 from models import grouped_cox as gc
+from models.predict import load_run
 from simulations.engine import resolve, run_inprocess
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.mechanisms import distributed_dp
@@ -91,6 +92,8 @@ def test_a_private_fit_runs_within_its_budget_and_its_intervals_include_the_nois
     summary = run_inprocess({**RUN, "strategy.name": strategy, "output.dir": str(tmp_path)}, observe=observe)
     ours = json.loads((tmp_path / "coxph.json").read_text())
     assert ours["names"] == exact["names"] and np.all(np.isfinite(ours["coef"]))
+    with pytest.raises(ValueError, match=r"a private coxph run .* makes no predictions and saves no model"):
+        load_run(tmp_path)
     ratio = np.array(ours["se"]) / np.array(exact["se"])
     if strategy == "distributed_dp":
         assert np.all(ratio > 1.0), ratio  # the privacy noise is in the intervals
