@@ -63,6 +63,9 @@ from flwr_app import deployment, task
 from flwr_app.config import ConfigError, ExperimentConfig
 from flwr_app.cox_messages import (
     AFTER_FIT,
+    DP_COUNTS,
+    DP_INFORMATION,
+    DP_SCORE,
     EVENT_TIMES,
     MAX_ABS_BETA,
     MEAT,
@@ -80,6 +83,12 @@ from flwr_app.cox_messages import (
     encode,
     from_fixed,
     k_point_grid,
+    private_design,
+    private_plan,
+    private_release_size,
+    private_releases,
+    private_setting,
+    private_sum_plan,
     secure_layout,
     secure_log_scale,
     secure_seen,
@@ -739,16 +748,6 @@ def _private_run(cfg: ExperimentConfig, sites: _Sites, spec: task.SiteSpec, setu
     sites' multipliers over the first's; ``sum``, the largest over the releases of the secure sum's actual standard
     deviation (every site's discrete share, ``K s^2``, and the rounding of every record, ``n/12``, over ``γ^2``) over
     the nominal multiplier. A ``sum`` run whose sites' multipliers differ stops (their shares would not match)."""
-    import dataclasses
-
-    from flwr_app.cox_messages import (
-        private_design,
-        private_plan,
-        private_release_size,
-        private_releases,
-        private_setting,
-        private_sum_plan,
-    )
     names = [name for _, name in sites.nodes]
     plans = {name: private_plan(cfg, setups[name], sites=len(names)) for name in names}
     totals = {name: plan.total for name, plan in plans.items()}
@@ -778,7 +777,6 @@ def _private_release(run: _PrivateRun, kind: str, step: int, theta: np.ndarray |
     """The sum over sites of one private release (counts, score or full packed information, original units): the
     sites' noisy sums added (``dp_sgd``), or the secure sum's integer total divided by γ and multiplied back by the
     per-entry bounds (``distributed_dp``)."""
-    from flwr_app.cox_messages import DP_COUNTS, DP_INFORMATION, DP_SCORE
     from strategies.secure_aggregation import centred
 
     what = "the private counts" if kind == DP_COUNTS else (
@@ -809,8 +807,6 @@ def fit_private(run: _PrivateRun) -> tuple[gc.GroupedCoxFit, gc.PrivateTrace, np
     the sites at the public θ of a :class:`models.grouped_cox.PrivateServer` (the server steps of
     :func:`models.grouped_cox.run_private`), fed to it in order; then
     :func:`~models.grouped_cox.private_covariance`. Returns the fit, the trace and the summed counts."""
-    from flwr_app.cox_messages import DP_COUNTS, DP_INFORMATION, private_releases
-
     settings = gc.RECIPES["sum" if run.sites.secure else "per_site"].settings
     server = gc.PrivateServer(run.design, run.plan, run.bounds, settings)
     counts = _private_release(run, DP_COUNTS, 0, None)
@@ -846,8 +842,6 @@ def _private_result(fit: gc.GroupedCoxFit, design: CoxDesign, counts: np.ndarray
 def _private_privacy(run: _PrivateRun, manifest: Any) -> dict[str, Any]:
     """summary.json's ``coxph.privacy``: the setting, budget, multipliers, the summed noise's level and the interval
     method."""
-    from flwr_app.cox_messages import private_releases, private_setting
-
     plan = run.plan
     figures: dict[str, Any] = {
         "setting": private_setting(run.cfg), "epsilon": run.cfg.privacy.epsilon, "delta": run.cfg.privacy.delta,
@@ -869,7 +863,6 @@ def _private_privacy(run: _PrivateRun, manifest: Any) -> dict[str, Any]:
 def _private_ledger(run: _PrivateRun, setups: Mapping[str, Any], path: Any, notes: tuple[str, ...]) -> PrivacyLedger:
     """One ledger entry per site per release, ε cumulative over the set-up's releases (``prior``) and the releases so
     far (the entry's own multiplier, q = 1, one step, composed after ``prior``)."""
-    from flwr_app.cox_messages import private_releases
     from strategies.accounting.rdp import epsilon_from_history
 
     cfg = run.cfg
