@@ -1264,8 +1264,10 @@ def secure_moments_sum(plan: SetupPlan, secure: SecureSetup, ranges: AgreedRange
 def modular_sum(vectors: list[np.ndarray], modulus: int) -> np.ndarray:
     """What SecAgg+ unmasks from ``vectors``, centred: their sum mod ``modulus`` in ``[-M/2, M/2)`` (the masks
     cancel in the sum; :func:`strategies.secure_aggregation.centred`)."""
-    total = functools.reduce(lambda a, b: np.mod(a + b, modulus), [np.mod(v, modulus) for v in vectors])
-    return np.where(total >= modulus // 2, total - modulus, total)
+    from strategies.secure_aggregation import centred
+
+    return centred(functools.reduce(lambda a, b: np.mod(a + b, modulus), [np.mod(v, modulus) for v in vectors]),
+                   modulus)
 
 
 # --------------------------------------------------------------------------- the whole set-up
