@@ -717,10 +717,10 @@ PRIVATE_BOOTSTRAP_STREAM = 31
 PRIVATE_INTERVALS = ("propagated delta method with parametric-bootstrap correction "
                      "(models.grouped_cox.private_covariance)")
 #: What a private coxph run's table can and cannot be trusted for (printed, and in summary.json's coxph.privacy).
-PRIVATE_CAVEAT = ("experimental: the intervals cover 94-95 % of coefficients in simulations where the PH model holds "
-                  "and the public ranges are tight, but on real data (GBSG, WHAS, METABRIC, FLCHAIN) the outcome-blind "
-                  "clipping cuts high-risk records' late follow-up and the few private steps stop short: estimates "
-                  "4-11 exact SEs from the full-data fit, 56-60 % of intervals covering it (docs/dp-cox.md, Real "
+PRIVATE_CAVEAT = ("experimental: the intervals cover 94-95 % of coefficients in simulations where the PH model holds, "
+                  "but on real data (GBSG, WHAS, METABRIC, FLCHAIN, 6 sites, epsilon 1) only 78-93 % of them cover "
+                  "the full-data fit: the outcome-blind clipping cuts high-risk records' late follow-up, which moves "
+                  "strong or skewed covariates' estimates by up to 5 exact SEs on average (docs/dp-cox.md, Real "
                   "data); do not report these as hazard ratios")
 #: Why a private coxph run makes no predictions.
 NO_PREDICTIONS = ("none: the private fit releases no baseline hazard on the set-up's prediction grid and no test "

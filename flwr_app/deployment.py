@@ -56,7 +56,7 @@ from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
 from strategies.accounting.filter import SiteFilter
-from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history, setup_multiplier
+from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (
@@ -677,8 +677,7 @@ def _setup_content(spec: task.SiteSpec, agreed: SiteSetUp) -> dict[str, Any]:
 
 def _plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> dict[str, Any]:
     """The run's set-up plan options (every site and the server build the same plan)."""
-    return {"noise_multiplier": setup_multiplier(cfg), "adjacency": cfg.privacy.adjacency,
-            "dictionary": dictionary, "time_grid": cfg.model.time_grid}
+    return task.setup_plan_options(cfg, dictionary)
 
 
 def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:

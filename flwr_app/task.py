@@ -11,6 +11,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -118,9 +119,15 @@ def setup_plan(cfg: ExperimentConfig, features: pd.DataFrame) -> SetupPlan | Non
     if not uses_private_setup(cfg):
         return None
     dictionary = DataDictionary.load(cfg.data.dictionary) if cfg.data.dictionary else None
-    return SetupPlan.for_features(features, noise_multiplier=setup_multiplier(cfg),
-                                  adjacency=cfg.privacy.adjacency, dictionary=dictionary,
-                                  time_grid=cfg.model.time_grid)
+    return SetupPlan.for_features(features, **setup_plan_options(cfg, dictionary))
+
+
+def setup_plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> dict[str, Any]:
+    """The run's :class:`SetupPlan` options (every site and the server build the same plan from their own run
+    config): the set-up noise, adjacency, ``dictionary`` and time grid; ``model.name = "coxph"`` releases the moments
+    of columns with a public range too (its design's centre and spread are the columns' own, not the range's)."""
+    return {"noise_multiplier": setup_multiplier(cfg), "adjacency": cfg.privacy.adjacency, "dictionary": dictionary,
+            "time_grid": cfg.model.time_grid, "ranged_moments": cfg.model.name == "coxph"}
 
 
 def secure_setup(cfg: ExperimentConfig, parties: int, honest_sites: tuple[float, ...] = ()) -> SecureSetup | None:

@@ -12,6 +12,7 @@ import json
 from unittest import mock
 
 import numpy as np
+import pandas as pd
 import pytest
 from flwr.app import Context, Message, RecordDict
 
@@ -219,6 +220,24 @@ def test_a_private_cox_site_refuses_every_message_about_a_network(kind, monkeypa
     with pytest.raises(ValueError, match=rf"{kind} query refused: this run fits the private Cox model"):
         client_app._message(Message(content=RecordDict(), dst_node_id=1, message_type=f"query.{kind}"),
                             _context("dp_sgd"), kind)
+
+
+def test_the_private_design_takes_a_ranged_columns_centre_and_spread_from_its_noisy_moments():
+    """With a public range a column is still clipped to it, but its centre and spread on the model's scale are the
+    set-up's noisy mean and standard deviation (a 0/1 column's spread is at most 1), not the range's midpoint and
+    half-width; a network run keeps the range's."""
+    cfg, _, design, _, sites = _sites("dp_sgd")
+    u = np.concatenate([site.u for site in sites])
+    assert np.all(np.abs(u.mean(axis=0)) < 0.15), u.mean(axis=0)
+    real = u.std(axis=0)
+    narrow = real < 0.6  # age and BMI: their ranges' half-widths (spread 1) are 3-4 times their SDs
+    assert narrow.sum() == 2 and np.all(np.abs(design.scales - real)[narrow] < 0.5 * (1.0 - real[narrow])), (
+        design.scales, real)
+    _, network = resolve({**{key: value for key, value in RUN.items() if not key.startswith("cox.")},
+                          "strategy.name": "dp_sgd", "model.name": "hazard_mlp"})
+    features = pd.DataFrame({column: [0.0, 1.0] for column in DICTIONARY["numeric"]})
+    assert task.setup_plan(cfg, features).moment_columns == tuple(DICTIONARY["numeric"])
+    assert task.setup_plan(network, features).moment_columns == ()
 
 
 def test_an_event_at_time_zero_counts_in_the_first_interval():

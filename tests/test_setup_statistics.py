@@ -77,7 +77,7 @@ def range_vector(plan: SetupPlan, release: RangeRelease, name: str) -> np.ndarra
 def moment_vector(plan: SetupPlan, release: MomentRelease, name: str) -> np.ndarray:
     if name == "time_histogram":
         return np.concatenate([release.events, release.censored])
-    return np.concatenate([release.moments[c] for c in plan.private_numeric])
+    return np.concatenate([release.moments[c] for c in plan.moment_columns])
 
 
 def release_vector(plan: SetupPlan, ranges: AgreedRanges, features, time, event, name: str) -> np.ndarray:
@@ -273,6 +273,26 @@ def test_a_full_dictionary_uses_no_data():
     assert real.preprocessor.categories["smoker"] == ("True", "False")
     encoded = real.preprocessor.transform(pd.DataFrame({**{c: features[c] for c in features}, "age": [200.0] * 200}))
     assert np.all(encoded[:, 0] == 1.0)  # clipped to the range, scaled onto [-1, 1]
+
+
+def test_ranged_moments_standardise_a_column_with_a_public_range_by_its_own_moments():
+    features, time, event = table(300, seed=5)
+    ranges = {"age": [0, 200], "dose": [0, 4], "flag": [0, 1]}
+    dictionary = DataDictionary.from_mapping({"numeric": ranges, "time": {"max": 5000}})
+    sites = split(features, time, event)
+    public = SetupPlan.for_features(features, noise_multiplier=0.0, dictionary=dictionary)
+    own = SetupPlan.for_features(features, noise_multiplier=0.0, dictionary=dictionary, ranged_moments=True)
+    assert "feature_moments" not in [r.name for r in setup_releases(public)]
+    assert [(r.name, r.size) for r in setup_releases(own) if r.name == "feature_moments"] == [("feature_moments", 9)]
+    by_range, _, _, _ = run_protocol(public, sites, np.random.default_rng(0))
+    by_moments, _, _, _ = run_protocol(own, sites, np.random.default_rng(0))
+    for column, (lo, hi) in ranges.items():
+        values = np.clip(features[column].to_numpy(dtype=float), lo, hi)
+        values = values[~np.isnan(values)]
+        assert by_range.preprocessor.means[column] == (lo + hi) / 2 and by_range.preprocessor.stds[column] == (hi - lo) / 2
+        assert by_moments.preprocessor.means[column] == pytest.approx(values.mean(), rel=1e-9)
+        assert by_moments.preprocessor.stds[column] == pytest.approx(values.std(), rel=1e-9)
+        assert by_moments.preprocessor.ranges[column] == by_range.preprocessor.ranges[column] == (lo, hi)
 
 
 def test_public_time_range_gives_a_free_equidistant_grid_and_bounds_the_time_histogram():

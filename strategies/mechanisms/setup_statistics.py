@@ -57,13 +57,15 @@ Protocol (two passes; :class:`SetupPlan` is the public configuration, the same e
        the noise allows; a time beyond the range counts as a censoring in the last interval (as
        :func:`models.survival.discretise` treats it). Plus noise.
    ``feature_moments``
-       For every numeric column without a public range, with
+       For every numeric column without a public range (every numeric column with
+       ``SetupPlan.ranged_moments``), with
        :math:`v = (\mathrm{clip}(x, lo, hi) - m) / h \in [-1, 1]`
        (:math:`m, h` the range's midpoint and half-width): :math:`\sum v`, :math:`\sum v^2`
        and the number of non-missing values, each plus noise.
 
 4. :func:`shared_setup` at the server, on the sums: the :class:`~models.data.Preprocessor`
-   (a public range scales its column to ``[-1, 1]``; a private one clips to it and standardises
+   (a public range scales its column to ``[-1, 1]``, or with ``ranged_moments`` clips to it and
+   standardises with the noisy mean and standard deviation; a private one clips to it and standardises
    with the noisy mean and standard deviation), the time grid (quantiles of the denoised event
    counts, each interval counting at least one noise standard deviation of events, interpolated
    within intervals: :func:`models.time_grid.event_quantile_grid`), the time scale (mean and
@@ -411,6 +413,10 @@ class SetupPlan:
     time_grid
         Scheme of the time grid, ``"quantiles"`` or ``"equidistant"`` (with a public time
         range, an equidistant grid needs no release).
+    ranged_moments
+        Whether the numeric columns with a public range release their moments too (``True``: every
+        numeric column is standardised by its noisy mean and standard deviation, clipped to its public
+        range; ``False``: a public range gives the centre and spread, its midpoint and half-width).
     """
 
     columns: tuple[str, ...]
@@ -419,6 +425,7 @@ class SetupPlan:
     adjacency: str = "add-remove"
     dictionary: DataDictionary | None = None
     time_grid: str = "quantiles"
+    ranged_moments: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", tuple(map(str, self.columns)))
@@ -453,6 +460,14 @@ class SetupPlan:
         return tuple(c for c in self.columns if c in self.numeric and c not in public)
 
     @property
+    def moment_columns(self) -> tuple[str, ...]:
+        """Numeric columns whose moments are released, in order: those without a public range, and with
+        ``ranged_moments`` every numeric column."""
+        if self.ranged_moments:
+            return tuple(c for c in self.columns if c in self.numeric)
+        return self.private_numeric
+
+    @property
     def private_levels(self) -> tuple[str, ...]:
         """Categorical columns without public levels (each site sends its set of levels)."""
         public = self.dictionary.categorical if self.dictionary else {}
@@ -474,7 +489,7 @@ class SetupPlan:
     def releases(self) -> tuple[Release, ...]:
         """See :func:`setup_releases`."""
         histograms = len(self.private_numeric)
-        moments = len(self.private_numeric)
+        moments = len(self.moment_columns)
         bins = range_edges().size - 1
         candidates = [("record_count", 1, 1.0, 0.0)]
         if self.releases_time_range:
@@ -722,8 +737,8 @@ class MomentRelease:
         ValueError
             Naming what does not fit the plan.
         """
-        if set(payload["moments"]) != set(plan.private_numeric):
-            raise ValueError(f"moments for columns {sorted(payload['moments'])}, expected {list(plan.private_numeric)}")
+        if set(payload["moments"]) != set(plan.moment_columns):
+            raise ValueError(f"moments for columns {sorted(payload['moments'])}, expected {list(plan.moment_columns)}")
         if (payload["events"] is None) == plan.releases_time_histogram:
             raise ValueError("time histogram present where the plan has none, or missing")
         events = censored = None
@@ -807,7 +822,7 @@ def release_moments(
     rng: np.random.Generator,
 ) -> MomentRelease:
     """Pass 2 at a site: noisy time histogram on ``ranges.time_edges()`` and noisy
-    moments of the private numeric columns clipped to ``ranges`` (see the module docs)."""
+    moments of :attr:`SetupPlan.moment_columns` clipped to ``ranges`` (see the module docs)."""
     time = np.asarray(time, dtype=np.float64)
     event = np.asarray(event, dtype=np.float64)
     events = censored = None
@@ -819,7 +834,7 @@ def release_moments(
         censored = _noisy(_bin_counts(time[~is_event], edges), std, rng)
     std = plan.noise_std("feature_moments")
     moments = {}
-    for column in plan.private_numeric:
+    for column in plan.moment_columns:
         lo, hi = ranges.features[column]
         scaled = (np.clip(_numeric_values(features[column]), lo, hi) - (lo + hi) / 2) / ((hi - lo) / 2)
         scaled = np.clip(scaled, -1.0, 1.0)  # round-off at the edges
@@ -1132,14 +1147,14 @@ def secure_segments(plan: SetupPlan, setup_pass: int, ranges: AgreedRanges | Non
     and ``range_histograms`` (the private numeric columns' histograms, in the plan's order); pass 2
     ``time_histogram`` (events, then censorings, on ``ranges.time_edges()``) and ``feature_moments``
     (``[sum v, sum v^2, n]`` per column). Public: a function of the plan and the agreed ranges."""
-    bins, numeric = range_edges().size - 1, len(plan.private_numeric)
+    bins, numeric, moments = range_edges().size - 1, len(plan.private_numeric), len(plan.moment_columns)
     if setup_pass == 1:
         parts = [("time_range", bins) if plan.releases_time_range else None,
                  ("range_histograms", bins * numeric) if numeric else None]
     else:
         intervals = ranges.time_edges().size - 1 if plan.releases_time_histogram else 0
         parts = [("time_histogram", 2 * intervals) if intervals else None,
-                 ("feature_moments", 3 * numeric) if numeric else None]
+                 ("feature_moments", 3 * moments) if moments else None]
     return tuple(part for part in parts if part is not None)
 
 
@@ -1164,9 +1179,9 @@ def _rounded_moment_sums(plan: SetupPlan, ranges: AgreedRanges, features: pd.Dat
         is_event = (np.asarray(event) == 1) & (time <= edges[-1])
         sums["time_histogram"] = scale["time_histogram"] * np.concatenate(
             [_bin_counts(time[is_event], edges), _bin_counts(time[~is_event], edges)])
-    if plan.private_numeric:
+    if plan.moment_columns:
         g, parts = scale["feature_moments"], []
-        for column in plan.private_numeric:
+        for column in plan.moment_columns:
             lo, hi = ranges.features[column]
             v = np.clip((np.clip(_numeric_values(features[column]), lo, hi) - (lo + hi) / 2) / ((hi - lo) / 2), -1, 1)
             parts.append([np.rint(g * v).sum(), np.rint(g * v * v).sum(), g * v.size])
@@ -1257,7 +1272,7 @@ def secure_moments_sum(plan: SetupPlan, secure: SecureSetup, ranges: AgreedRange
     if "time_histogram" in values:
         events, censored = np.split(values["time_histogram"], 2)
     stacked = values.get("feature_moments", np.zeros(0))
-    moments = {c: stacked[3 * i:3 * i + 3] for i, c in enumerate(plan.private_numeric)}
+    moments = {c: stacked[3 * i:3 * i + 3] for i, c in enumerate(plan.moment_columns)}
     return MomentRelease(events, censored, moments, sites, noise)
 
 
