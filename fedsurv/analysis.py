@@ -287,18 +287,22 @@ def _curve(counts: km.KMCounts, alpha: float, *, exact: bool) -> pd.DataFrame:
 
 def plot_kaplan_meier(
     result: pd.DataFrame, ax: Any | None = None, *, ci: bool = True, censors: bool = False, title: str | None = None,
+    time_unit: str = "time",
 ) -> Any:
-    """Draw :func:`kaplan_meier`'s curves (one per group) as steps, with their confidence bands.
+    """Draw :func:`kaplan_meier`'s curves (one per group, in natural order of the groups' names) as steps, with their
+    confidence bands.
 
-    ``ax``: the matplotlib axes to draw on (default pyplot's current axes); ``ci``: shade each
-    curve's confidence band; ``censors``: mark the times with censorings (``|``). Returns the axes.
+    ``ax``: the matplotlib axes to draw on (default a new pyplot figure, never the current axes);
+    ``ci``: shade each curve's confidence band; ``censors``: mark the times with censorings
+    (``|``); ``time_unit``: the unit of the time column, in the time axis' label (e.g. "days":
+    "time (days)"; the default "time" adds none). Returns the axes.
     """
-    if ax is None:
-        import matplotlib.pyplot as plt
+    from models.plots import SURVIVAL_LABEL, natural_key, new_axes, time_label
 
-        ax = plt.gca()
+    ax = new_axes(ax)
     if result.index.nlevels == 2:
-        parts = [(str(label), part.droplevel(0)) for label, part in result.groupby(level=0, sort=False)]
+        parts = sorted(((str(label), part.droplevel(0)) for label, part in result.groupby(level=0, sort=False)),
+                       key=lambda item: natural_key(item[0]))  # site-2 before site-10
         legend_title = str(result.index.names[0])
     else:
         parts, legend_title = [("Kaplan–Meier", result)], None
@@ -317,8 +321,8 @@ def plot_kaplan_meier(
             marked = part["censored"].to_numpy() > 0
             ax.plot(part.index.to_numpy(dtype=np.float64)[marked], part["survival"].to_numpy()[marked], "|",
                     color=colour, markersize=6)
-    ax.set_xlabel(str(result.attrs.get("time_col") or "time"))
-    ax.set_ylabel(f"survival ({1 - alpha:.0%} CI)" if ci else "survival")
+    ax.set_xlabel(time_label(time_unit, str(result.attrs.get("time_col") or "time")))
+    ax.set_ylabel(f"{SURVIVAL_LABEL} ({1 - alpha:.0%} CI)" if ci else SURVIVAL_LABEL)
     ax.set_ylim(0, 1.02)
     if legend_title is not None and len(parts) <= 12:
         ax.legend(fontsize=8, title=legend_title)

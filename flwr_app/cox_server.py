@@ -552,7 +552,8 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
         summary["calibration"] = task.calibration(model, dataset)
         summary["km_null"] = km_null_check(evaluation.test.get("ibs", math.nan),
                                            summary["calibration"]["ibs_km_null"])
-        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}")
+        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}",
+                            time_unit=cfg.data.time_unit)
     if cfg.centralized_baseline and dataset is not None:
         summary["centralized"] = _centralised(cfg, dataset, fit, None if cfg.cox.strata == "site" else
                                               _grid_of(fit, cfg, dataset, spec), [name for _, name in sites.nodes])

@@ -162,7 +162,8 @@ def run_private_split(cfg: ExperimentConfig, transport: FlowerSplitTransport, ou
                         cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
     plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
                         outputs.directory / "survival_bands.png", labels=test_ids,
-                        title=f"private_split on {cfg.data.name}: 95% band over {cfg.split.mc_samples} samples")
+                        title=f"private_split on {cfg.data.name}: 95% band over {cfg.split.mc_samples} samples",
+                        time_unit=cfg.data.time_unit)
     summary["wall_time_s"] = time.perf_counter() - started
     if cfg.centralized_baseline:
         print("computing the centralised twin (the same protocol, seeds and noise in one process) ...", flush=True)

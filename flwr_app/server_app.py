@@ -528,7 +528,8 @@ def _write_results(
     if cfg.server_evaluation and not diverged:
         summary["calibration"] = task.calibration(model, dataset)
         summary["km_null"] = km_null_check(summary["test"].get("ibs", math.nan), summary["calibration"]["ibs_km_null"])
-        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}")
+        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}",
+                            time_unit=cfg.data.time_unit)
     if cfg.centralized_baseline:
         print("training the centralised baseline on the pooled training data ...", flush=True)
         summary["centralized"] = task.train_centralized(cfg, dataset)

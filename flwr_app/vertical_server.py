@@ -411,7 +411,8 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
                         cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
     plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
                         outputs.directory / "survival_bands.png", labels=[str(i) for i in label_info.test_ids],
-                        title=f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes")
+                        title=f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes",
+                        time_unit=cfg.data.time_unit)
     summary["wall_time_s"] = time.perf_counter() - started
     if cfg.centralized_baseline:
         print("training the centralised twin (same network, seeds and embedding mechanism) ...", flush=True)

@@ -116,7 +116,10 @@ class CoxRun(SavedRun):
             print(self.proportional_hazard_test().to_string(float_format=lambda v: f"{v:.{decimals}f}"))
 
     def plot_coefficients(self, ax: Any = None, *, hazard_ratios: bool = False) -> Any:
-        """Forest plot: each coefficient (or hazard ratio) with its confidence interval; returns the matplotlib axes."""
+        """Forest plot: each coefficient (or hazard ratio) with its confidence interval, one row per covariate.
+
+        Drawn on ``ax``, default a new figure (never pyplot's current axes). Returns the axes.
+        """
         import matplotlib.pyplot as plt
 
         table = self.summary_table()
@@ -132,4 +135,5 @@ class CoxRun(SavedRun):
         if hazard_ratios:
             ax.set_xscale("log")
         ax.set_xlabel(f"{'hazard ratio' if hazard_ratios else 'log hazard ratio (coef)'} ({ci} CI)")
+        ax.set_ylabel("covariate")
         return ax

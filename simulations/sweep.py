@@ -20,8 +20,13 @@ job, gathers every job's ``summary.json`` under the sweep directory into
 * ``summary.csv``: mean and standard deviation over seeds per setting x strategy x target epsilon
   (the printed table flags a setting whose mean IBS is not below the null's);
 * ``privacy_utility.png``: test C-index and IBS against epsilon (log axis), one line per DP
-  strategy with a +-1 std band, non-DP strategies and the centralised baseline as horizontal
-  reference lines.
+  strategy with +-1 std error bars, non-DP strategies and the centralised baseline as horizontal
+  reference lines; drawn for each setting whose DP rows span two or more target epsilons (one
+  file per such setting). A sweep over other keys at one epsilon (e.g. ``train.lr``) writes
+  ``by_setting.png`` instead: the test metrics per setting, one series per strategy and epsilon.
+
+The centralised baseline is a non-private pooled reference trained with the federation's recipe
+(:data:`CENTRALIZED_CAPTION`, printed under the table): its epsilon columns read "not private".
 
 Rules
 -----
@@ -65,6 +70,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -79,6 +85,7 @@ SUMMARY_FILE = "summary.json"
 RESULTS_CSV = "results.csv"
 SUMMARY_CSV = "summary.csv"
 FIGURE = "privacy_utility.png"
+BY_SETTING_FIGURE = "by_setting.png"
 CLAIMS_DIR = ".claims"
 CENTRALIZED = "centralized"
 TEST_METRICS = ("c_index", "c_index_td", "ibs", "inbll")
@@ -498,14 +505,37 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+#: The caption of a table with centralised rows: what they are, and why they can score below the federation.
+CENTRALIZED_CAPTION = (
+    f"{CENTRALIZED}*: the same model trained again on the sites' training records pooled at one place: "
+    f"{CENTRALIZED_LABEL}, so no ε is claimed for it (its release composes with the federation's). "
+    f"{CENTRALIZED}_<mechanism> adds that record-level mechanism's noise for the row's eps_target to the pooled "
+    "training. It is the federation's recipe on pooled data, not a tuned upper bound: a horizontal network's baseline "
+    "takes the run's train.lr, train.batch_size and federation.rounds x train.local_epochs passes over the records "
+    "(flwr_app.task.train_centralized), with no tuning, early "
+    "stopping or model selection of its own (its last model is scored on the same test split), so it can score "
+    "below the federated model."
+)
+
+
+def _epsilon_cells(row: pd.Series) -> dict[str, str]:
+    """The ε columns of a row: the target and the largest headline ε; none for a centralised (non-private) row."""
+    target, central = row["epsilon_target"], str(row["strategy"]).startswith(CENTRALIZED)
+    if central:
+        return {"eps_target": "—" if math.isinf(target) else f"{target:g} (noise)", "eps_max": "not private"}
+    return {"eps_target": "inf" if math.isinf(target) else f"{target:g}",
+            "eps_max": "-" if pd.isna(row["epsilon_max"]) else f"{row['epsilon_max']:.3f}"}
+
+
 def format_summary(summary: pd.DataFrame, metrics: Sequence[str] = ("test_c_index", "test_ibs")) -> str:
-    """Readable ``mean ± std`` table of :func:`summarize`'s output."""
+    """Readable ``mean ± std`` table of :func:`summarize`'s output; :data:`CENTRALIZED_CAPTION` below it when it has
+    centralised rows (their ε columns read "not private")."""
     lines = []
     for _, row in summary.iterrows():
+        central = str(row["strategy"]).startswith(CENTRALIZED)
         cells = {
-            "strategy": row["strategy"] + (f" [{CENTRALIZED_LABEL}]" if row["strategy"].startswith(CENTRALIZED) else ""),
-            "eps_target": "inf" if math.isinf(row["epsilon_target"]) else f"{row['epsilon_target']:g}",
-            "eps_max": "-" if pd.isna(row["epsilon_max"]) else f"{row['epsilon_max']:.3f}",
+            "strategy": row["strategy"] + (f" [{CENTRALIZED_LABEL}]" if central else ""),
+            **_epsilon_cells(row),
             "runs": f"{row['n_runs']}" + (f" ({row['n_failed']} failed)" if row["n_failed"] else ""),
         }
         for metric in metrics:
@@ -518,12 +548,20 @@ def format_summary(summary: pd.DataFrame, metrics: Sequence[str] = ("test_c_inde
         if row["variant"] or len(summary[SETTING_COLUMNS].drop_duplicates()) > 1:
             cells["setting"] = " ".join(str(row[c]) for c in SETTING_COLUMNS if str(row[c]))
         lines.append(cells)
-    return pd.DataFrame(lines).to_string(index=False) if lines else "(no runs)"
+    if not lines:
+        return "(no runs)"
+    table = pd.DataFrame(lines).to_string(index=False)
+    central = summary["strategy"].astype(str).str.startswith(CENTRALIZED).any()
+    return table + ("\n\n" + textwrap.fill(CENTRALIZED_CAPTION, width=110) if central else "")
 
 
 def write_report(sweep_dir: str | Path, *, quiet: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Gather ``sweep_dir`` into ``results.csv``, ``summary.csv`` and the figures; print the summary."""
-    from simulations.plots import plot_privacy_utility
+    """Gather ``sweep_dir`` into ``results.csv``, ``summary.csv`` and the figures; print the summary.
+
+    The figures: ``privacy_utility.png`` for each setting whose DP rows span two or more target ε;
+    else, for a sweep over settings at one ε (e.g. ``train.lr``), ``by_setting.png``; else none.
+    """
+    from simulations.plots import plot_by_setting, plot_privacy_utility
 
     sweep_dir = Path(sweep_dir)
     results = gather(sweep_dir)
@@ -531,6 +569,8 @@ def write_report(sweep_dir: str | Path, *, quiet: bool = False) -> tuple[pd.Data
     results.to_csv(sweep_dir / RESULTS_CSV, index=False)
     summary.to_csv(sweep_dir / SUMMARY_CSV, index=False)
     figures = plot_privacy_utility(summary, sweep_dir / FIGURE) if len(summary) else []
+    if len(summary) and not figures:
+        figures = plot_by_setting(summary, sweep_dir / BY_SETTING_FIGURE)
     if not quiet:
         print(f"\nsweep {sweep_dir}: {len(results)} row(s) -> {RESULTS_CSV}, {SUMMARY_CSV}"
               + "".join(f", {f.name}" for f in figures))

@@ -114,7 +114,11 @@ def test_summary_mean_std_over_seeds(sweep_dir: Path) -> None:
     assert math.isnan(fedavg["epsilon_max"])
     central = key.loc[("centralized", math.inf)]
     assert central["n_runs"] == 2 and central["test_c_index_mean"] == pytest.approx(0.82)
-    assert "±" in sweep.format_summary(summary)
+    text = sweep.format_summary(summary)
+    assert "±" in text
+    (row,) = [line for line in text.splitlines() if line.lstrip().startswith("centralized [")]
+    assert "not private" in row.split("]", 1)[1] and "inf" not in row  # no epsilon beside the reference
+    assert sweep.CENTRALIZED_CAPTION.split(":")[0] in text
 
 
 def test_write_report_files(sweep_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,11 +137,13 @@ def test_gather_cli(sweep_dir: Path) -> None:
     assert (sweep_dir / sweep.SUMMARY_CSV).exists()
 
 
-def test_figure_without_dp_rows(tmp_path: Path) -> None:
+def test_no_privacy_utility_figure_without_dp_rows(tmp_path: Path) -> None:
     root = tmp_path / "s"
     _job(root, 0, "ok", math.inf, _summary("fedavg", 0, 0.8, 0.1, None))
     files = plot_privacy_utility(sweep.summarize(sweep.gather(root)), tmp_path / "fig.png")
-    assert files == [tmp_path / "fig.png"] and files[0].stat().st_size > 0
+    assert files == [] and not (tmp_path / "fig.png").exists()
+    sweep.write_report(root, quiet=True)  # one setting, no epsilon: no figure at all
+    assert not list(root.glob("*.png"))
 
 
 def test_dp_strategies_and_duplicates(tmp_path: Path) -> None:

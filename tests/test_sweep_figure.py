@@ -1,11 +1,11 @@
-"""The sweep's privacy-utility figure states its real seed count and draws error bars (issue 27, item 5)."""
+"""The sweep's privacy-utility figure states its real seed count and draws error bars."""
 
 import math
 
 import pandas as pd
 from matplotlib.container import ErrorbarContainer
 
-from simulations.plots import _figure, _title
+from simulations.plots import _title, privacy_utility_figure
 
 
 def _rows(n_runs: int, std: float) -> pd.DataFrame:
@@ -29,7 +29,7 @@ def test_title_states_the_seed_count():
 
 def test_error_bars_and_a_c_axis_that_is_not_zoomed_to_noise():
     setting = _rows(5, 0.004)
-    fig = _figure(setting, ["test_c_index", "test_ibs"], _title(setting))
+    fig = privacy_utility_figure(setting, ["test_c_index", "test_ibs"])
     c_axis = fig.axes[0]
     bars = [c for c in c_axis.containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == 1 and bars[0].has_yerr
@@ -37,6 +37,6 @@ def test_error_bars_and_a_c_axis_that_is_not_zoomed_to_noise():
     assert high - low >= 0.05, (low, high)  # the points span 0.010 (0.800-0.810); the axis does not zoom to it
     # one seed: the points, and no bars of zero length pretending to be error bars
     one = _rows(1, float("nan"))
-    fig = _figure(one, ["test_c_index"], _title(one))
+    fig = privacy_utility_figure(one, ["test_c_index"])
     (bars,) = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert not bars.has_yerr
