@@ -27,7 +27,8 @@ config that names other ones is refused before the file is read, with a reply th
 record (Flower's ``--node-config`` takes quoted strings; lists comma-separated, as in the run config)::
 
     flower-supernode --node-config "data-path='/data/site.csv' data-time-col='futime' data-event-col='death' \\
-        data-categorical-cols='flc.grp' privacy-ledger='/var/fedsurv/ledger.jsonl' privacy-max-epsilon=1"
+        data-event-values='Dead' data-categorical-cols='flc.grp' privacy-ledger='/var/fedsurv/ledger.jsonl' \\
+        privacy-max-epsilon=1"
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ TEST_SHARE_TOO_LARGE = "test share too large"
 ROLE_KEYS = {"data.time_col": "data-time-col", "data.event_col": "data-event-col",
              "data.feature_cols": "data-feature-cols", "data.id_col": "data-id-col",
              "data.drop_cols": "data-drop-cols", "data.split_col": "data-split-col",
-             "data.categorical_cols": "data-categorical-cols"}
+             "data.categorical_cols": "data-categorical-cols", "data.event_values": "data-event-values"}
 #: The node-config keys a site with a privacy policy must set (the others default to the run config's defaults).
 REQUIRED_ROLE_KEYS = ("data-time-col", "data-event-col")
 #: The keys a public text may name; any other key is left out.
@@ -218,7 +219,8 @@ def _run_roles(cfg: ExperimentConfig) -> dict[str, object]:
     return {"data.time_col": data.time_col or "time", "data.event_col": data.event_col or "event",
             "data.feature_cols": tuple(data.feature_cols), "data.id_col": data.id_col,
             "data.drop_cols": frozenset(data.drop_cols), "data.split_col": data.split_col,
-            "data.categorical_cols": frozenset(data.categorical_cols)}
+            "data.categorical_cols": frozenset(data.categorical_cols),
+            "data.event_values": frozenset(str(value).strip().lower() for value in data.event_values)}
 
 
 def _node_roles(node_config: Mapping[str, Any]) -> dict[str, object]:
@@ -232,7 +234,8 @@ def _node_roles(node_config: Mapping[str, Any]) -> dict[str, object]:
     return {"data.time_col": text("data-time-col", "time"), "data.event_col": text("data-event-col", "event"),
             "data.feature_cols": items("data-feature-cols"), "data.id_col": text("data-id-col"),
             "data.drop_cols": frozenset(items("data-drop-cols")), "data.split_col": text("data-split-col"),
-            "data.categorical_cols": frozenset(items("data-categorical-cols"))}
+            "data.categorical_cols": frozenset(items("data-categorical-cols")),
+            "data.event_values": frozenset(value.lower() for value in items("data-event-values"))}
 
 
 def check_column_roles(cfg: ExperimentConfig, context: Context) -> None:

@@ -161,9 +161,10 @@ def plan_recalibration(cfg: ExperimentConfig, shared: SharedSetup, counts: Mappi
 
 
 def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
-    """The columns of the run's table that are not features: ``data.id_col``, ``data.drop_cols``, ``data.split_col``."""
+    """What the run config says about its table's columns (the simulated table and a deployed site's own file):
+    ``data.id_col``, ``data.drop_cols``, ``data.split_col``, ``data.categorical_cols`` and ``data.event_values``."""
     return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col,
-                       categorical=cfg.data.categorical_cols)
+                       categorical=cfg.data.categorical_cols, event_values=cfg.data.event_values)
 
 
 @functools.lru_cache(maxsize=4)
@@ -371,7 +372,8 @@ def preprocessing(cfg: ExperimentConfig, spec: SiteSpec) -> dict[str, object]:
 
     return preprocessing_payload(spec.preprocessor, cuts=spec.cuts, time_scale=spec.time_scale, setup=setup,
                                  id_col=cfg.data.id_col,
-                                 outcome=outcome_columns(cfg.data.name, cfg.data.time_col, cfg.data.event_col))
+                                 outcome=outcome_columns(cfg.data.name, cfg.data.time_col, cfg.data.event_col),
+                                 event_values=cfg.data.event_values)
 
 
 def model_from_spec(cfg: ExperimentConfig, spec: SiteSpec) -> SurvivalModel:

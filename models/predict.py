@@ -59,13 +59,14 @@ Records = pd.DataFrame | str | Path
 
 def preprocessing_payload(
     preprocessor: Preprocessor, *, cuts: np.ndarray, time_scale: Sequence[float], setup: str,
-    id_col: str = "", outcome: Sequence[str] = DEFAULT_OUTCOME,
+    id_col: str = "", outcome: Sequence[str] = DEFAULT_OUTCOME, event_values: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What :data:`PREPROCESSING_FILE` holds (JSON values); :func:`load_run` reads it back.
 
     ``setup`` says how the federation agreed the preprocessing (exact, or differentially private:
     noisy); ``id_col`` is the run's record ID column, used to label predictions; ``outcome`` the
-    training table's time and event columns, where :meth:`SavedRun.score` looks for the outcomes.
+    training table's time and event columns, where :meth:`SavedRun.score` looks for the outcomes, and
+    ``event_values`` the run's ``data.event_values`` (how it reads the event column; () for 0/1 events).
     """
     return {
         "format": PREPROCESSING_FORMAT,
@@ -74,6 +75,7 @@ def preprocessing_payload(
         "model_inputs": list(preprocessor.feature_names),
         "id_col": id_col,
         "outcome": [str(outcome[0]), str(outcome[1])],
+        "event_values": [str(value) for value in event_values],
         "preprocessor": preprocessor.to_dict(),
         "cuts": [float(cut) for cut in cuts],
         "time_scale": [float(value) for value in time_scale],
@@ -101,6 +103,8 @@ class SavedRun(CurvePredictions):
         The run's ``data.id_col`` ("" when it had none).
     outcome
         The training table's time and event columns (where :meth:`score` finds the outcomes).
+    event_values
+        The run's ``data.event_values``: the event column's values that mark an event (() for 0/1 events).
     """
 
     directory: Path
@@ -108,6 +112,7 @@ class SavedRun(CurvePredictions):
     preprocessor: Preprocessor
     id_col: str = ""
     outcome: tuple[str, str] = DEFAULT_OUTCOME
+    event_values: tuple[str, ...] = ()
 
     @property
     def input_columns(self) -> tuple[str, ...]:
@@ -235,7 +240,8 @@ def load_run(directory: str | Path) -> SavedRun | SplitRun:
         model.set_exponents(np.asarray(saved["exponents"], dtype=np.float64))
     model.net.eval()
     outcome = tuple(spec.get("outcome", DEFAULT_OUTCOME))
-    parts = (directory, model, preprocessor, str(spec.get("id_col", "")), (str(outcome[0]), str(outcome[1])))
+    parts = (directory, model, preprocessor, str(spec.get("id_col", "")), (str(outcome[0]), str(outcome[1])),
+             tuple(str(value) for value in spec.get("event_values", ())))
     if saved.get("model") == "coxph":  # Cox regression: its coefficients, tests and summary beside the model
         from models.cox_run import COXPH_JSON, CoxRun
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from models.data.validate import DataValidationError
+from models.data.validate import DataValidationError, event_problems
 from models.metrics import evaluate_survival, kaplan_meier_curves, km_null_check, km_null_warning
 
 __all__ = ["CurvePredictions", "checked_outcomes"]
@@ -25,9 +26,11 @@ class CurvePredictions(ABC):
     """Predictions, scores and plots of a trained model from its survival curves on raw records."""
 
     # A subclass provides ``times`` (the time grid of the predicted curves, a field or a property) and
-    # ``outcome`` (the time and event columns of labelled records, for score and calibration).
+    # ``outcome`` (the time and event columns of labelled records, for score and calibration); ``event_values`` (the
+    # run's ``data.event_values``: the event column's values that mark an event, () for 0/1 events) may override.
     times: np.ndarray
     outcome: tuple[str, str]
+    event_values: tuple[str, ...] = ()
 
     @abstractmethod
     def predict_survival(self, records: Any, times: Any = None) -> pd.DataFrame:
@@ -75,7 +78,7 @@ class CurvePredictions(ABC):
         The null curve is fitted on the scored records themselves, a stricter bar than a curve from
         other records; a ``UserWarning`` says so in one line when the model's IBS is not below it.
         """
-        time, event = checked_outcomes(self._labelled(records), self.outcome)
+        time, event = checked_outcomes(self._labelled(records), self.outcome, self.event_values)
         curves = self.predict_survival(records)
         result = evaluate_survival(self.times, curves.to_numpy(), time=time, event=event,
                                    risk=self._score_risk(records))
@@ -100,34 +103,73 @@ class CurvePredictions(ABC):
         """
         from models.plots import calibration_groups
 
-        time, event = checked_outcomes(self._labelled(records), self.outcome)
+        time, event = checked_outcomes(self._labelled(records), self.outcome, self.event_values)
         curves = self.predict_survival(records).to_numpy()
         horizon = float(np.median(time)) if horizon is None else float(horizon)
         return calibration_groups(self.times, curves, time=time, event=event, horizon=horizon, groups=groups)
 
+    @property
+    def time_unit(self) -> str:
+        """The run's ``data.time_unit``, read from the ``config.json`` in its ``directory`` ("time", no unit, when
+        the run recorded none)."""
+        import json
+        from pathlib import Path
+
+        from models.plots import DEFAULT_TIME_UNIT
+
+        directory = getattr(self, "directory", None)
+        path = None if directory is None else Path(directory) / "config.json"
+        resolved = json.loads(path.read_text(encoding="utf-8")).get("resolved", {}) if path and path.is_file() else {}
+        return str((resolved.get("data") or {}).get("time_unit") or DEFAULT_TIME_UNIT)
+
     def plot_survival(self, records: Any, *, ax: Any | None = None) -> Any:
-        """The predicted survival curves of ``records`` (a few: one curve each) on ``ax``; returns the axes."""
+        """The predicted survival curves of ``records`` (a few: one curve each).
+
+        Drawn on ``ax``, default a new figure (never pyplot's current axes); the time axis reads
+        the run's :attr:`time_unit`. Returns the axes.
+        """
         from models.plots import plot_curves
 
-        return plot_curves(self.predict_survival(records), ax=ax)
+        return plot_curves(self.predict_survival(records), ax=ax, time_unit=self.time_unit)
 
     def plot_calibration(self, records: Any, *, horizon: float | None = None, groups: int = 5,
                          ax: Any | None = None) -> Any:
-        """:meth:`calibration` drawn against the diagonal with the 95% intervals; returns the axes."""
+        """:meth:`calibration` drawn against the diagonal with the 95% intervals.
+
+        Drawn on ``ax``, default a new figure (never pyplot's current axes); the horizon is named in
+        the run's :attr:`time_unit`. Returns the axes.
+        """
         from models.plots import plot_calibration
 
         if horizon is None:
-            horizon = float(np.median(checked_outcomes(self._labelled(records), self.outcome)[0]))
-        return plot_calibration(self.calibration(records, horizon=horizon, groups=groups), horizon=horizon, ax=ax)
+            horizon = float(np.median(checked_outcomes(self._labelled(records), self.outcome, self.event_values)[0]))
+        return plot_calibration(self.calibration(records, horizon=horizon, groups=groups), horizon=horizon, ax=ax,
+                                time_unit=self.time_unit)
+
+    def permutation_importance(self, records: Any, *, n_repeats: int = 5, seed: int = 0) -> pd.DataFrame:
+        """The drop in Harrell's C and the rise in the IBS on labelled ``records`` when each input column is
+        shuffled: mean and std over ``n_repeats``, most important first (a frame; the computation and its
+        contract: :func:`models.importance.permutation_importance`)."""
+        from models.importance import permutation_importance
+
+        return permutation_importance(self, records, n_repeats=n_repeats, seed=seed)
 
 
-def checked_outcomes(frame: pd.DataFrame, outcome: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
-    """The frame's time and event columns: finite times, events 0/1, else one line naming the columns."""
+def checked_outcomes(frame: pd.DataFrame, outcome: tuple[str, str],
+                     event_values: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The frame's time and event columns: finite times, events 0/1 (or, with ``event_values``, the run's
+    ``data.event_values``: an event where the column holds one of them, read as in training), else one line naming
+    the columns."""
     missing = [column for column in outcome if column not in frame.columns]
     if missing:
         raise DataValidationError(f"labelled records: no outcome column(s) {', '.join(map(repr, missing))}")
     time = pd.to_numeric(frame[outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
-    event = pd.to_numeric(frame[outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
+    if event_values:
+        event, _ = event_problems(frame[outcome[1]], source="labelled records", column=outcome[1],
+                                         event_values=event_values)
+        event = np.where(frame[outcome[1]].isna().to_numpy(), np.nan, event)
+    else:
+        event = pd.to_numeric(frame[outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
     if bad.any():
         raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "

@@ -373,7 +373,12 @@ class DataConfig:
     dir: str = setting("", 'folder of the metabric, gbsg, whas and sba files (plain or .gz); "" = $FEDSURV_DATA_DIR, '
                            "else the copy bundled with the package")
     time_col: str = setting("", 'time column (csv; "" = time)')
-    event_col: str = setting("", 'event column, values 0/1 (csv; "" = event)')
+    event_col: str = setting("", 'event column: 0/1, booleans, or text with data.event_values (csv; "" = event)')
+    event_values: tuple[str, ...] = setting("", "the values of data.event_col that mark an event (e.g. Dead, or 1,2 "
+                                                "for two causes counted together); every other value present marks "
+                                                'a censored record; "" = the column holds 0/1 or booleans')
+    time_unit: str = setting("time", "the unit of data.time_col (days, months, ...): the time axis' label in "
+                                     "every plot and table")
     feature_cols: tuple[str, ...] = setting("", 'feature columns; "" = every other column')
     id_col: str = setting("", 'a column that identifies records: never a feature; the join key of vertical data; '
                               '"" = none (vertical: id)')
@@ -394,10 +399,11 @@ class DataConfig:
         "", "vertical_files: one CSV or Parquet file per modality, each holding the ID column and that modality's "
             "features: modality=path (clinical=/abs/clin.csv), or a path whose file name names the modality "
             "(/abs/clinical.csv)")
-    categorical_cols: tuple[str, ...] = setting("", "numeric columns of category codes, one-hot encoded instead of "
-                                                    "standardised: in any table (csv, a deployed site's file, a named "
-                                                    "data set) or whichever vertical_files modality file holds them (a "
-                                                    "column holding text is categorical without it)")
+    categorical_cols: tuple[str, ...] = setting("", "columns read as category labels whatever they hold (codes, "
+                                                    "numbers mixed with text such as missing), one-hot encoded "
+                                                    "instead of standardised: in any table (csv, a deployed site's "
+                                                    "file, a named data set) or whichever vertical_files modality file "
+                                                    "holds them (a column holding only text is categorical without it)")
     dictionary: str = setting("", "a public data dictionary (JSON or YAML: numeric ranges, category levels, a time "
                                   "grid or the follow-up range) whose entries the private set-up of dp_sgd/bdp/"
                                   "distributed_dp and of private_split's sites takes as public, at no privacy cost")
@@ -959,6 +965,7 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     _check_weight_average(cfg)
     _check_faults(cfg)
     _check_vertical_files(cfg)
+    _check_event_values(cfg)
     if cfg.data.deployed:
         _check_deployment(cfg)
     return cfg
@@ -1242,6 +1249,18 @@ def _check_vertical_files(cfg: ExperimentConfig) -> None:
     if unknown:
         raise ConfigError(f"run config: 'split.modalities' names {unknown}, which 'data.modality_paths' does not "
                           f"({', '.join(names)})")
+
+
+def _check_event_values(cfg: ExperimentConfig) -> None:
+    """``data.event_values`` only where a horizontal run reads ``data.event_col`` from a user's file (``csv``, a
+    deployed site's file): a named data set's event column is fixed, and a vertical labels file is read as 0/1."""
+    values = cfg.data.event_values
+    if not values or (cfg.data.name in ("csv", DEPLOYED_DATA) and not STRATEGIES[cfg.strategy].vertical):
+        return
+    reader = (f"strategy {cfg.strategy!r} (its labels file holds 0/1 events)" if STRATEGIES[cfg.strategy].vertical
+              else f"data.name = {cfg.data.name!r} (its event column is fixed, 0/1)")
+    raise ConfigError(f"run config: data.event_values = {show_value(values)} has no effect on {reader}; it applies to "
+                      f"data.name = 'csv' and {DEPLOYED_DATA!r} (horizontal): leave it at ''")
 
 
 def _check_deployment(cfg: ExperimentConfig) -> None:

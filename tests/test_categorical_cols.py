@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from models.data import ColumnRoles, DataValidationError, load_table
+from models.predict import load_run
 from simulations.engine import run_inprocess
 
 
@@ -81,6 +82,9 @@ def test_a_federation_one_hot_encodes_the_codes_and_learns_a_non_monotone_centre
     inputs = json.loads((tmp_path / "codes" / "preprocessing.json").read_text())["model_inputs"]
     assert inputs[:5] == [f"centre={code}" for code in range(1, 6)] and "stage=2" in inputs
     assert c_index["codes"] > c_index["number"] + 0.1, c_index
+    run, records = load_run(tmp_path / "codes"), centres(20, seed=1)  # stage 2.0 with missing values: floats
+    one_hot = pd.DataFrame(run.preprocessor.transform(records), columns=run.preprocessor.feature_names)
+    np.testing.assert_array_equal(one_hot["stage=2"], (records["stage"] == 2.0).astype("float32"))
 
 
 def _site_files(tmp_path) -> list[dict[str, str]]:

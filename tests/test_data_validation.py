@@ -69,7 +69,8 @@ def test_event_value_two_is_rejected(tmp_path):
     path = write_csv(tmp_path, frame)
     with pytest.raises(DataValidationError) as error:
         load_csv(path)
-    assert_message(error, path, "column 'event'", "not in {0, 1}", "found 2", "row 5")
+    assert_message(error, path, "column 'event' (data.event_col): 1 values other than 0/1 or true/false (row 5)",
+                   "values found: 1 (20), 0 (19), 2 (1)", "e.g. data.event_values=[1,2]")
 
 
 def test_missing_time_column_lists_present_columns(tmp_path):
@@ -112,7 +113,8 @@ def test_non_numeric_and_missing_events(tmp_path):
     path = write_csv(tmp_path, frame)
     with pytest.raises(DataValidationError) as error:
         load_csv(path)
-    assert_message(error, path, "column 'event'", "non-numeric values (row 1)", "missing (NaN) values (row 2)")
+    assert_message(error, path, "column 'event' (data.event_col)", "values other than 0/1 or true/false (row 1)",
+                   "'dead' (1)", "data.event_values=dead", "missing (NaN) values (row 2)")
 
 
 @pytest.mark.parametrize("values", [[True, False], ["1", "0"], [1.0, 0.0]])
@@ -135,7 +137,8 @@ def test_infinite_time_and_feature():
     frame.loc[9, "age"] = -np.inf
     with pytest.raises(DataValidationError) as error:
         validate_survival_frame(frame, source="mem", time_col="time", event_col="event", feature_cols=["age"])
-    assert_message(error, "mem: column 'time': 1 infinite values (row 6)", "mem: column 'age': 1 infinite values (row 10)")
+    assert_message(error, "mem: column 'time' (data.time_col): 1 infinite values (row 6)",
+                   "mem: column 'age': 1 infinite values (row 10)")
 
 
 def test_missing_file(tmp_path):
@@ -216,8 +219,8 @@ def test_labels_file_of_a_vertical_deployment_names_file_column_and_rows(tmp_pat
     pd.DataFrame({"id": ["p1", "p2", "p3"], "time": [3.0, -1.0, 2.0], "event": [1, 0, 2]}).to_csv(path, index=False)
     with pytest.raises(DataValidationError) as err:
         read_labels_file(path)
-    assert f"{path}: column 'time': 1 negative values (row 2)" in str(err.value)
-    assert f"{path}: column 'event': 1 values not in {{0, 1}} (found 2) (row 3)" in str(err.value)
+    assert f"{path}: column 'time' (data.time_col): 1 negative values (row 2)" in str(err.value)
+    assert f"{path}: column 'event' (data.event_col): 1 values other than 0/1 or true/false (row 3)" in str(err.value)
     pd.DataFrame({"id": ["p1", "p2"], "t": [3.0, 1.0], "e": [1, 0]}).to_csv(path, index=False)
     table = read_labels_file(path, time_col="t", event_col="e")
     assert table.ids.tolist() == ["p1", "p2"] and table.time.tolist() == [3.0, 1.0] and not table.modalities

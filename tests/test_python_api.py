@@ -116,7 +116,7 @@ def test_score_refuses_records_without_usable_outcomes(run, records):
 def test_fit_refuses_a_key_given_twice_or_unknown_before_writing_anything(records, tmp_path):
     with pytest.raises(ConfigError, match="seed given both"):
         fedsurv.fit(records, time_col="duration", output_dir=tmp_path / "a", config={"seed": 3})
-    with pytest.raises(ConfigError, match="unknown run-config key"):
+    with pytest.raises(ConfigError, match=r"unknown .*key.* train\.learning_rate"):
         fedsurv.fit(records, time_col="duration", output_dir=tmp_path / "b", config={"train.learning_rate": 0.1})
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 

@@ -142,7 +142,8 @@ def test_at_a_policy_site_any_server_chosen_roles_give_byte_identical_replies(tm
     times = [_ask(node, {"data.time_col": column}) for column in ("creatinine", "sex", "followup")]
     events = [_ask(node, {"data.event_col": column}) for column in ("flc.grp", "mgus")]
     others = [_ask(node, keys) for keys in ({"data.categorical_cols": "kappa"}, {"data.id_col": "age"},
-                                            {"data.time_col": "age", "data.event_col": "sex"})]
+                                            {"data.time_col": "age", "data.event_col": "sex"},
+                                            {"data.event_values": "0"})]  # censored records read as deaths
     assert len(set(times + events + others)) == 1, (times, events, others)
     assert times[0] == ("site 'site-b': the run config's column roles (data.*) differ from this site's node config "
                         "(data-*); the site reads its file only with its own column roles (the site's log has the "
@@ -169,11 +170,13 @@ def test_node_config_roles_as_flower_parses_them_match_the_run_config():
     node_config = {"site-name": "site-a", "data-path": "/x.csv", "privacy-ledger": "/x.jsonl",
                    "privacy-max-epsilon": 1.0,
                    **parse_config_args(["data-time-col='futime' data-event-col='death' data-id-col='' "
-                                        "data-categorical-cols='flc.grp, sex' data-drop-cols='kappa,lambda'"])}
-    fused, _ = resolve({**RUN, "data.categorical_cols": "sex,flc.grp", "data.drop_cols": "lambda,kappa"})
+                                        "data-categorical-cols='flc.grp, sex' data-drop-cols='kappa,lambda' "
+                                        "data-event-values='1'"])}
+    fused, _ = resolve({**RUN, "data.categorical_cols": "sex,flc.grp", "data.drop_cols": "lambda,kappa",
+                        "data.event_values": " 1"})
     context = Context(run_id=1, node_id=1, node_config=node_config, state=RecordDict(), run_config=fused)
     check_column_roles(parse_run_config(fused), context)  # the same roles, in another order: admitted
-    fused, _ = resolve({**RUN, "data.categorical_cols": "sex"})
+    fused, _ = resolve({**RUN, "data.categorical_cols": "sex", "data.event_values": "1"})
     with pytest.raises(SiteError, match=r"data.categorical_cols = frozenset\(\{'sex'\}\)") as raised:
         check_column_roles(parse_run_config(fused), Context(run_id=1, node_id=1, node_config=node_config,
                                                             state=RecordDict(), run_config=fused))

@@ -60,16 +60,35 @@ def outcome_columns(name: str, time_col: str = "", event_col: str = "") -> tuple
 SPLIT_LABELS = ("train", "test")
 
 
+def column_named(name: str, columns: Sequence[str]) -> str:
+    """The column a key names: ``name`` itself, else the one column that equals it but for surrounding spaces
+    (a header such as ``"T Stage "``, which a run config's value cannot spell); else ``name``."""
+    if not name or name in columns:
+        return name
+    matches = [column for column in map(str, columns) if column.strip() == name.strip()]
+    return matches[0] if len(matches) == 1 else name
+
+
 @dataclass(frozen=True)
 class ColumnRoles:
     """What the run's keys say about a table's columns: the ones that are not features, the record ID
     (``data.id_col``), columns to leave out (``data.drop_cols``) and the column of train/test labels
-    (``data.split_col``); and the numeric features that are category codes (``data.categorical_cols``)."""
+    (``data.split_col``); the features read as categories whatever their values (``data.categorical_cols``);
+    and the values of the event column that mark an event (``data.event_values``; empty: it holds 0/1 or
+    booleans)."""
 
     id_col: str = ""
     drop_cols: tuple[str, ...] = ()
     split_col: str = ""
     categorical: tuple[str, ...] = ()
+    event_values: tuple[str, ...] = ()
+
+    def named_in(self, columns: Sequence[str]) -> ColumnRoles:
+        """These roles with each column named as ``columns`` spell it (:func:`column_named`)."""
+        return replace(self, id_col=column_named(self.id_col, columns),
+                       drop_cols=tuple(column_named(c, columns) for c in self.drop_cols),
+                       split_col=column_named(self.split_col, columns),
+                       categorical=tuple(column_named(c, columns) for c in self.categorical))
 
     @property
     def keys(self) -> dict[str, str]:
@@ -122,6 +141,7 @@ class RawTable:
         DataValidationError
             When the column does not exist, listing the partitions available.
         """
+        column = column_named(column, [*self.groups.columns, *self.features.columns])
         if column in self.groups.columns:
             return self
         if column not in self.features.columns:
@@ -203,6 +223,7 @@ def table_from_frame(
     feature_cols: Sequence[str] = (),
     exclude: Sequence[str] = (),
     roles: ColumnRoles = ColumnRoles(),
+    identifiers: bool = False,
 ) -> RawTable:
     """Validate a frame and split it into features, outcome and group columns.
 
@@ -215,24 +236,36 @@ def table_from_frame(
     time_col, event_col
         Outcome columns.
     feature_cols
-        Feature columns; empty means every column except the outcome and ``exclude``.
+        Feature columns; empty means every column except the outcome and ``exclude``. These
+        names, and those of ``roles``, find a column whose header differs only by surrounding
+        spaces (:func:`column_named`).
     exclude
         Columns that are neither features nor groups (e.g. DeepSurv's ``split``).
     roles
         The record ID, the columns to leave out and the train/test labels: never features nor
-        groups; the labels give :attr:`RawTable.test_mask`.
+        groups; the labels give :attr:`RawTable.test_mask`. Its categorical columns become
+        pandas categoricals of text labels (:func:`categorical_labels`) and its event values define
+        the events (:func:`~models.data.validate.event_problems`).
+    identifiers
+        Also refuse feature columns that look like record identifiers
+        (:func:`~models.data.validate.identifier_problems`; for users' files), listed with the
+        other problems of the table (once the outcome columns exist).
 
     Raises
     ------
     DataValidationError
         For a duplicated column name, a column of ``roles`` that does not exist or is also listed
-        in ``feature_cols``, bad train/test labels, and every problem of
-        :func:`~models.data.validate.validate_survival_frame`.
+        in ``feature_cols``, bad train/test labels, every problem of
+        :func:`~models.data.validate.validate_survival_frame` and, with ``identifiers``, the columns
+        that look like record identifiers.
     """
     frame = frame.rename(columns=str).reset_index(drop=True)
     duplicates = duplicate_column_problems(list(frame.columns), source=source)
     if duplicates:
         raise DataValidationError("\n".join(duplicates), public=[(DUPLICATE_COLUMNS, "")])
+    columns = list(frame.columns)
+    time_col, event_col = column_named(time_col, columns), column_named(event_col, columns)
+    feature_cols, roles = [column_named(c, columns) for c in feature_cols], roles.named_in(columns)
     outcome = (time_col, event_col)
     named = roles.keys
     for column, key in named.items():
@@ -247,17 +280,36 @@ def table_from_frame(
     if not feature_cols:
         feature_cols = [c for c in frame.columns if c not in (*outcome, *exclude)]
     frame = _categories(frame, roles.categorical, feature_cols, source=source)
-    time, event = validate_survival_frame(
-        frame, source=source, time_col=time_col, event_col=event_col, feature_cols=feature_cols
-    )
+    time, event = _outcome(frame, source=source, time_col=time_col, event_col=event_col, feature_cols=feature_cols,
+                           event_values=roles.event_values, identifiers=identifiers)
     test_mask = split_labels(frame[roles.split_col], source=source, column=roles.split_col) if roles.split_col else None
     rest = [c for c in frame.columns if c not in (*outcome, *feature_cols, *exclude)]
     return RawTable(frame[list(feature_cols)], time, event, source, frame[rest], test_mask=test_mask)
 
 
+def _outcome(frame: pd.DataFrame, *, source: str, time_col: str, event_col: str, feature_cols: Sequence[str],
+             event_values: Sequence[str], identifiers: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The times and events of :func:`~models.data.validate.validate_survival_frame`; with ``identifiers`` (and
+    both outcome columns present: else an outcome column is taken for a feature), the features that look like
+    record identifiers are refused too, in the same error as the table's other problems."""
+    checked = identifiers and time_col in frame.columns and event_col in frame.columns
+    suspects = identifier_problems(frame[[c for c in feature_cols if c in frame.columns]], source=source) \
+        if checked else []
+    try:
+        time, event = validate_survival_frame(frame, source=source, time_col=time_col, event_col=event_col,
+                                              feature_cols=feature_cols, event_values=event_values)
+    except DataValidationError as err:
+        if not suspects:
+            raise
+        raise DataValidationError("\n".join([str(err), *suspects]),
+                                  public=[*err.public, (IDENTIFIER, "data.id_col")]) from None
+    if suspects:
+        raise DataValidationError("\n".join(suspects), public=[(IDENTIFIER, "data.id_col")])
+    return time, event
+
+
 def _categories(frame: pd.DataFrame, columns: Sequence[str], features: Sequence[str], *, source: str) -> pd.DataFrame:
-    """``frame`` with the features ``columns`` (``data.categorical_cols``) as category labels: strings, an integer-valued
-    code without its ``.0`` (``2.0`` -> ``"2"``), missing kept missing; one-hot encoded downstream."""
+    """``frame`` with the features ``columns`` (``data.categorical_cols``) as :func:`categorical_labels`."""
     if not columns:
         return frame
     frame = frame.copy()
@@ -268,12 +320,21 @@ def _categories(frame: pd.DataFrame, columns: Sequence[str], features: Sequence[
                                       f"features: {', '.join(map(str, features))}", public=[(
                                           MISSING_COLUMN if column not in frame.columns else NOT_A_FEATURE,
                                           "data.categorical_cols")])
-        series = frame[column]
-        values = pd.to_numeric(series, errors="coerce")
-        if pd.api.types.is_numeric_dtype(series) and bool((values.dropna() % 1 == 0).all()):
-            series = values.astype("Int64")
-        frame[column] = series.astype(object).where(series.notna()).map(str, na_action="ignore")
+        frame[column] = categorical_labels(frame[column])
     return frame
+
+
+def categorical_labels(series: pd.Series) -> pd.Series:
+    """A column read as categories whatever its values: a pandas categorical of text labels (numbers, words,
+    codes such as ``missing`` alike; an integer-valued number without its ``.0``: ``2.0`` -> ``"2"``), missing
+    values kept missing. Every later step (validation, preprocessing, the private set-up's schema) treats a
+    categorical as categories, one-hot encoded."""
+    values = pd.to_numeric(series, errors="coerce")
+    if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series) \
+            and bool((values.dropna() % 1 == 0).all()):
+        series = values.astype("Int64")
+    labels = series.astype(object).where(series.notna()).map(str, na_action="ignore")
+    return pd.Series(pd.Categorical(labels), index=series.index, name=series.name)
 
 
 @functools.cache
@@ -419,7 +480,8 @@ def load_table(
     sba_horizon_months
         Observation horizon of the SBA default outcome.
     roles
-        The record ID, the columns to leave out and the train/test labels (:class:`ColumnRoles`).
+        The record ID, the columns to leave out, the train/test labels, the categorical columns and,
+        for ``"csv"`` only, the values that mark an event (:class:`ColumnRoles`).
     notes
         Log a warning for each ``"csv"`` feature whose values look like category codes
         (:func:`~models.data.validate.integer_code_notes`); a deployed site, which reads its file for
@@ -430,8 +492,12 @@ def load_table(
     DataValidationError
         For an unknown data set and for every data problem (see :mod:`models.data.validate`); a
         ``"csv"`` table is also refused when a feature column looks like a record identifier
-        (:func:`~models.data.validate.identifier_problems`).
+        (:func:`~models.data.validate.identifier_problems`), and a named data set when ``roles``
+        has event values (its outcome is fixed).
     """
+    if roles.event_values and name in OUTCOME_COLUMNS:
+        raise DataValidationError(f"data set '{name}' has a fixed 0/1 event column '{OUTCOME_COLUMNS[name][1]}': "
+                                  "data.event_values applies to data.name = csv and a deployed site's file only")
     if name == "flchain":
         return load_flchain(feature_cols, roles)
     if name in BENCHMARK_CSVS:
@@ -446,11 +512,8 @@ def load_table(
         table = table_from_frame(
             read_frame(path), source=str(path), time_col=time_col or DEFAULT_OUTCOME[0],
             event_col=event_col or DEFAULT_OUTCOME[1],
-            feature_cols=feature_cols, roles=roles,
+            feature_cols=feature_cols, roles=roles, identifiers=True,
         )  # fmt: skip
-        problems = identifier_problems(table.features, source=table.source)
-        if problems:
-            raise DataValidationError("\n".join(problems), public=[(IDENTIFIER, "data.id_col")])
         for note in integer_code_notes(table.features, source=table.source) if notes else ():
             logger.warning(note)
         return table

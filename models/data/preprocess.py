@@ -40,8 +40,16 @@ def is_numeric_feature(series: pd.Series) -> bool:
 
 
 def category_keys(series: pd.Series) -> pd.Series:
-    """Category labels as strings, missing values kept missing."""
-    return series.astype(object).where(series.notna()).map(str, na_action="ignore")
+    """Category labels as strings, missing values kept missing; an integer-valued float reads as the integer
+    (``2.0`` -> ``"2"``, as :func:`models.data.datasets.categorical_labels` labels a code column with missing
+    values, which pandas reads as floats)."""
+    return series.astype(object).where(series.notna()).map(_label, na_action="ignore")
+
+
+def _label(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 @dataclass(frozen=True)

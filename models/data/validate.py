@@ -72,10 +72,33 @@ def describe_rows(positions: Iterable[int]) -> str:
     return f"row {shown}" if len(rows) == 1 else f"rows {shown}"
 
 
-def column_problem(source: str, column: str, problem: str, mask: np.ndarray) -> str:
-    """One problem line: ``"<source>: column '<col>': <n> <problem> (rows ...)"``."""
+def column_problem(source: str, column: str, problem: str, mask: np.ndarray, *, key: str = "") -> str:
+    """One problem line: ``"<source>: column '<col>' (<key>): <n> <problem> (rows ...)"``; no ``(<key>)`` when
+    ``key`` is "" (the run-config key that names the column)."""
     positions = np.flatnonzero(mask)
-    return f"{source}: column '{column}': {positions.size} {problem} ({describe_rows(positions)})"
+    return f"{source}: {_column(column, key)}: {positions.size} {problem} ({describe_rows(positions)})"
+
+
+def _column(column: str, key: str = "") -> str:
+    return f"column '{column}' ({key})" if key else f"column '{column}'"
+
+
+def shown_values(series: pd.Series) -> str:
+    """The distinct non-missing values of ``series`` with their counts, most frequent first, at most
+    :data:`MAX_LISTED`: ``"'Alive' (3408), 'Dead' (616)"`` (text quoted, so that surrounding spaces show)."""
+    counts = series.dropna().astype(object).map(_shown).value_counts(sort=True)
+    listed = ", ".join(f"{value} ({count})" for value, count in counts.head(MAX_LISTED).items())
+    return listed + (f", ... ({len(counts)} distinct values)" if len(counts) > MAX_LISTED else "")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.15g}"
+    return repr(str(value))
 
 
 def require_columns(columns: Iterable[str], present: Sequence[str], *, source: str,
@@ -106,7 +129,7 @@ def _non_numeric(series: pd.Series) -> tuple[pd.Series, np.ndarray]:
 
 
 def time_problems(series: pd.Series, *, source: str, column: str) -> tuple[np.ndarray, list[str]]:
-    """Parse a time column; return the float64 times and a list of problem lines."""
+    """Parse a time column (``data.time_col``); return the float64 times and a list of problem lines."""
     values, bad = _non_numeric(series)
     times = values.to_numpy()
     checks = {
@@ -115,35 +138,89 @@ def time_problems(series: pd.Series, *, source: str, column: str) -> tuple[np.nd
         "infinite values": np.isinf(times),
         "negative values": times < 0,
     }
-    return times, [column_problem(source, column, p, m) for p, m in checks.items() if m.any()]
+    return times, [column_problem(source, column, p, m, key=TIME_KEY) for p, m in checks.items() if m.any()]
 
 
-def event_problems(series: pd.Series, *, source: str, column: str) -> tuple[np.ndarray, list[str]]:
-    """Parse an event column (0/1, booleans, ``"0"``/``"1"``); return float32 events and problems."""
-    values, bad = _non_numeric(series)
-    events = values.to_numpy()
-    outside = ~np.isnan(events) & ~np.isin(events, (0.0, 1.0))
-    problems = [
-        column_problem(source, column, p, m)
-        for p, m in {"non-numeric values": bad, "missing (NaN) values": series.isna().to_numpy()}.items()
-        if m.any()
-    ]
-    if outside.any():
-        found = ", ".join(f"{v:g}" for v in np.unique(events[outside])[:MAX_LISTED])
-        problems.append(column_problem(source, column, f"values not in {{0, 1}} (found {found})", outside))
+#: The keys (:func:`event_key`) of an event column's values read without ``data.event_values``: 0/1 and booleans.
+BINARY_EVENTS = {"0": 0.0, "1": 1.0, "false": 0.0, "true": 1.0}
+#: Values that usually mark an event: the example an error about a text event column suggests first.
+EVENT_WORDS = ("dead", "death", "died", "deceased", "event", "yes", "relapse", "recurrence", "failure", "failed")
+
+
+def event_key(value: object) -> str:
+    """How an event value is compared with ``data.event_values``: a number by its value (``1``, ``1.0`` and
+    ``" 1 "`` alike), a boolean as ``true``/``false``, other text without surrounding spaces and case-folded."""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text.casefold()
+    return f"{number:.17g}" if np.isfinite(number) else text.casefold()
+
+
+def event_problems(series: pd.Series, *, source: str, column: str,
+                   event_values: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
+    """Parse an event column (``data.event_col``); return float32 events in {0, 1} and problem lines.
+
+    Without ``event_values`` the column holds 0/1 (numbers or text) or booleans (``True``/``False``, any case).
+    With them (``data.event_values``), a record whose value matches one of them (:func:`event_key`: numbers by
+    value, text ignoring case and surrounding spaces) is an event and any other value a censored record; a value
+    of ``event_values`` that no row holds is a problem, naming the values found. A missing value is a problem
+    either way, as is a 0/1 column without any 1. Other values than 0/1 without ``event_values`` are a problem
+    naming the values found and, unless ``event_values`` is None (a caller that takes no
+    ``data.event_values``), the key that maps them.
+    """
+    missing = series.isna().to_numpy()
+    keys = series.astype(object).map(event_key, na_action="ignore")
+    problems = [column_problem(source, column, "missing (NaN) values", missing, key=EVENT_KEY)] if missing.any() else []
+    where = f"{source}: {_column(column, EVENT_KEY)}"
+    if event_values:
+        wanted = {event_key(value): value for value in event_values}
+        unmatched = [repr(value) for key, value in wanted.items() if not (keys == key).any()]
+        if unmatched:
+            problems.append(f"{where}: data.event_values names {', '.join(unmatched)}, which no row holds; values "
+                            f"found: {shown_values(series)}")
+        return keys.isin(list(wanted)).to_numpy(dtype="float32"), problems
+    other = (keys.notna() & ~keys.isin(list(BINARY_EVENTS))).to_numpy()
+    if other.any():
+        rows = describe_rows(np.flatnonzero(other))
+        fix = ("" if event_values is None else f"; name the values that mark an event in data.event_values (e.g. "
+               f"data.event_values={_example(series)}): every other value then marks a censored record")
+        problems.append(f"{where}: {other.sum()} values other than 0/1 or true/false ({rows}); values found: "
+                        f"{shown_values(series)}{fix}")
+    events = keys.map(BINARY_EVENTS).to_numpy(dtype="float64", na_value=np.nan)
     if not problems and not (events == 1.0).any():
-        problems.append(f"{source}: column '{column}': no events at all (all {events.size} rows are 0)")
+        problems.append(f"{where}: no events at all (all {events.size} rows are 0)")
     return events.astype("float32"), problems
+
+
+def _example(series: pd.Series) -> str:
+    """A plausible ``data.event_values`` for an event column that is not 0/1: a word that usually marks an event;
+    for numbers with a 0, every other number (causes counted together; several as a list, ``[1,2]``), without a 0
+    the largest (R's ``status`` 1 = censored, 2 = dead); else the least frequent value."""
+    texts = series.dropna().astype(object).map(lambda value: str(value).strip())
+    words = [text for text in texts.unique() if text.casefold() in EVENT_WORDS]
+    if words:
+        return words[0]
+    numbers = pd.to_numeric(texts, errors="coerce")
+    if numbers.notna().all():
+        causes = [f"{number:.15g}" for number in sorted(set(numbers)) if number != 0]
+        return (f"[{','.join(causes)}]" if len(causes) > 1 else causes[0]) if 0 in set(numbers) else causes[-1]
+    return str(texts.value_counts().index[-1])
 
 
 def feature_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
     """Problems in feature columns: infinities, and non-numeric entries in numeric-looking columns.
 
     An object column counts as numeric when at least ``NUMERIC_LOOKING_SHARE`` of its non-missing
-    values parse as numbers; its other values are then reported as non-numeric. Other object,
-    string, boolean and categorical columns are categorical features and need no check.
+    values parse as numbers; its other values are then reported with their counts, and the two fixes:
+    ``data.categorical_cols`` (the column is categories) or cleaning them. Other object, string,
+    boolean and categorical columns (``data.categorical_cols`` makes a column categorical) are
+    categorical features and need no check.
     """
-    problems = []
+    problems, mixed = [], []
     for column in frame.columns:
         series = frame[column]
         if pd.api.types.is_bool_dtype(series) or isinstance(series.dtype, pd.CategoricalDtype):
@@ -155,7 +232,13 @@ def feature_problems(frame: pd.DataFrame, *, source: str) -> list[str]:
             continue
         values, bad = _non_numeric(series)
         if bad.any() and values.notna().sum() >= NUMERIC_LOOKING_SHARE * series.notna().sum():
-            problems.append(column_problem(source, str(column), "non-numeric values in a numeric column", bad))
+            mixed.append(str(column))
+            problems.append(column_problem(source, str(column), "non-numeric values in a numeric column", bad)
+                            + f": {shown_values(series[bad])}; list the column in data.categorical_cols to use its "
+                            "values as categories, or clean these values (an empty cell is a missing value)")
+    if len(mixed) > 1:
+        problems.append(f"{source}: to read these {len(mixed)} columns as categories, add them to "
+                        f"data.categorical_cols: {','.join(mixed)}")
     return problems
 
 
@@ -239,6 +322,7 @@ def validate_survival_frame(
     time_col: str,
     event_col: str,
     feature_cols: Sequence[str],
+    event_values: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check a raw survival table and return its parsed time and event columns.
 
@@ -252,6 +336,9 @@ def validate_survival_frame(
         Names of the time and event columns.
     feature_cols
         Feature columns to check.
+    event_values
+        The values of the event column that mark an event (``data.event_values``; :func:`event_problems`);
+        empty: it holds 0/1 or booleans; None: the same, for a caller that takes no ``data.event_values``.
 
     Returns
     -------
@@ -270,7 +357,7 @@ def validate_survival_frame(
     keys = {**{column: FEATURES_KEY for column in feature_cols}, event_col: EVENT_KEY, time_col: TIME_KEY}
     require_columns([time_col, event_col, *feature_cols], list(map(str, df.columns)), source=source, keys=keys)
     times, time_issues = time_problems(df[time_col], source=source, column=time_col)
-    events, event_issues = event_problems(df[event_col], source=source, column=event_col)
+    events, event_issues = event_problems(df[event_col], source=source, column=event_col, event_values=event_values)
     feature_issues = feature_problems(df[list(feature_cols)], source=source)
     public = [part for part, issues in (((NOT_TIME, TIME_KEY), time_issues), ((NOT_EVENT, EVENT_KEY), event_issues),
                                         ((NOT_NUMERIC, FEATURES_KEY), feature_issues)) if issues]
