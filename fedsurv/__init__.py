@@ -6,10 +6,14 @@
 >>> run.predict_survival(held_out.head())    # DataFrame: one row per record, one column per time
 >>> fedsurv.kaplan_meier(frame, time_col="time", event_col="event", site_col="centre", group_col="arm")
 >>> fedsurv.logrank_test(frame, time_col="time", event_col="event", group_col="arm", site_col="centre")
+>>> cross_val_score(fedsurv.FederatedSurvival(sites=5), X, y, cv=3)   # scikit-learn's tools: Harrell's C per fold
+>>> run.permutation_importance(held_out)     # drop in C and rise in IBS per shuffled feature column
 
 See :func:`fedsurv.api.fit`, :class:`models.predict.SavedRun` (horizontal runs) and
 :class:`models.split_run.SplitRun` (split runs), both :class:`models.predictions.CurvePredictions`, and
-:mod:`fedsurv.analysis` (federated Kaplan–Meier curves and log-rank tests from per-site counts).
+:mod:`fedsurv.analysis` (federated Kaplan–Meier curves and log-rank tests from per-site counts), and
+:class:`fedsurv.estimator.FederatedSurvival` (a scikit-learn estimator, scikit-survival's conventions: ``fit(X, y)``,
+``predict``, ``score``, ``predict_survival_function``).
 """
 
 from fedsurv.analysis import (
@@ -19,12 +23,14 @@ from fedsurv.analysis import (
     plot_kaplan_meier,
 )
 from fedsurv.api import fit
+from fedsurv.estimator import FederatedSurvival
 from models.cox_run import CoxRun
 from models.predict import SavedRun, load_run
 from models.split_run import SplitRun, load_split_run
 
 __all__ = [
     "CoxRun",
+    "FederatedSurvival",
     "LogrankTestResult",
     "SavedRun",
     "SplitRun",
