@@ -5,9 +5,9 @@
 #                  (empty) keeps PyPI's build; PIP_ARGS: further options of that install
 # make flwr        the same app through Flower's CLI: `flwr run . local` with a local SuperLink
 #                  (RUN_CONFIG="key=value ...", SITES=<number of sites>); make flwr-stop stops that SuperLink
-# source .venv/bin/activate; flwr run . --stream
+# source .venv/bin/activate; flwr run . --stream --federation-config "num-supernodes=5"
 #                  the same from the activated environment (its activate script sets FLWR_ENV's variables;
-#                  5 simulated SuperNodes, or --federation-config "num-supernodes=N")
+#                  one simulated SuperNode per site: Flower's default is 2)
 PYTHON ?= python3
 PIP_ARGS ?=
 # auto: PyTorch's CPU index when no NVIDIA GPU answers nvidia-smi; a URL: that index; empty: none
@@ -49,15 +49,16 @@ $(VENV)/.installed: pyproject.toml
 
 # `source .venv/bin/activate` exports FLWR_SETTINGS, so that `flwr run .` from the activated
 # environment uses this project's local SuperLink (the one of `make flwr`) and this environment's
-# packages, as `make flwr` does; FLWR_HOME's config.toml gives its local simulation one SuperNode per
-# site (SITES, the default federation's 5) instead of Flower's 2 (both written again when this Makefile changes).
+# packages, as `make flwr` does; FLWR_HOME's config.toml names that SuperLink the default connection
+# (both written again when this Makefile changes). The number of simulated SuperNodes is not written
+# there: Flower 1.41 deprecates `options.` in a connection (it warns on every `flwr run`) for
+# `flwr run --federation-config "num-supernodes=N"`, which `make flwr` passes.
 $(VENV)/.flwr-env: Makefile $(VENV)/.installed
 	@sed -i.bak '/^# fedsurv-flwr-begin/,/^# fedsurv-flwr-end/d' $(BIN)/activate && rm -f $(BIN)/activate.bak
 	@printf '%s\n' "# fedsurv-flwr-begin (Makefile): flwr run . from this environment" \
 		'export $(FLWR_SETTINGS)' "# fedsurv-flwr-end" >> $(BIN)/activate
-	@mkdir -p "$(FLWR_HOME)" && printf '%s\n' "# Written by make (Makefile): flwr run . simulates $(SITES) SuperNodes" \
-		'[superlink]' 'default = "local"' '' '[superlink.local]' 'address = ":local:"' \
-		'options.num-supernodes = $(SITES)' > "$(FLWR_HOME)/config.toml"
+	@mkdir -p "$(FLWR_HOME)" && printf '%s\n' "# Written by make (Makefile): flwr run . uses this project's local SuperLink" \
+		'[superlink]' 'default = "local"' '' '[superlink.local]' 'address = ":local:"' > "$(FLWR_HOME)/config.toml"
 	@touch $@
 
 demo: $(VENV)/.installed $(VENV)/.flwr-env
@@ -66,7 +67,10 @@ demo: $(VENV)/.installed $(VENV)/.flwr-env
 test: $(VENV)/.installed $(VENV)/.flwr-env
 	$(BIN)/python -m pytest $(ARGS)
 
+# The run config, the data file and output.dir are checked first (a ServerApp's error would reach the
+# user as Flower's traceback, after the SuperLink started): a problem is one line and exit status 2.
 flwr: $(VENV)/.installed $(VENV)/.flwr-env
+	@$(BIN)/python -m flwr_app.config --check-run "$(RUN_CONFIG)"
 	$(FLWR_ENV) $(BIN)/flwr run . local --stream --run-config "$(RUN_CONFIG)" \
 		--federation-config "num-supernodes=$(SITES) client-resources-num-cpus=1"
 	@# `flwr run --stream` exits 0 even when the run failed: fail unless the last run completed.

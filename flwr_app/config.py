@@ -8,19 +8,25 @@ test fails when one differs (``--check`` lists those that do).
 
 :func:`parse_run_config` is what the ServerApp, the ClientApp and the simulations call: the
 schema's :func:`~strategies.config.parse_flat` (types, choices, bounds, ``auto`` defaults, keys
-that go together; no torch) followed by the checks of the strategy's privacy mechanism. Importing
-this module imports neither torch nor Flower.
+that go together; no torch) followed by the checks of the strategy's privacy mechanism.
+:func:`resolve` fuses a run's overrides with ``pyproject.toml``'s defaults and parses them, and
+:func:`check_inputs` reads the run's data file and checks its output directory: the checks a run
+makes before it starts (``python -m simulations.run``; ``--check-run`` for ``make flwr``). An
+unknown key is refused with the nearest known ones (:func:`did_you_mean`). Importing this module
+imports neither torch nor Flower.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import json
 import math
 import sys
 import threading
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +65,12 @@ __all__ = [
     "SplitConfig",
     "STRATEGIES",
     "TrainConfig",
+    "check_inputs",
+    "did_you_mean",
     "generated_files",
     "parse_run_config",
+    "project_run_config",
+    "resolve",
     "stale_files",
     "write_files",
 ]
@@ -120,6 +130,115 @@ def _parse(flat: Mapping[str, Any]) -> ExperimentConfig:
     mechanism.check_keys(cfg)
     mechanism.check(cfg)
     return cfg
+
+
+# ------------------------------------------------------------------ checks before a run (no torch, Ray or Flower)
+
+#: Where every run-config key, data set, model and strategy is listed (an unknown name's error points there).
+KEYS_PAGE = "docs/configuration.md"
+#: How many near names an unknown name's error suggests at most.
+SUGGESTIONS = 3
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean a or b?"`` with the names of ``known`` closest to ``name`` (:mod:`difflib`), or ``""`` when
+    none is close. A dotted key is matched by its last part among its group's keys first (``federation.round`` ->
+    ``federation.rounds``), then by its whole name, then by its last part among every key's (``rounds`` ->
+    ``federation.rounds``)."""
+    known = sorted(set(known) - {name})
+    group, _, leaf = name.rpartition(".")
+
+    def by_leaf(keys: list[str], cutoff: float) -> list[str]:
+        leaves: dict[str, list[str]] = {}
+        for key in keys:
+            leaves.setdefault(key.rpartition(".")[2], []).append(key)
+        matches = difflib.get_close_matches(leaf, list(leaves), n=SUGGESTIONS, cutoff=cutoff)
+        return [key for match in matches for key in leaves[match]][:SUGGESTIONS]
+
+    close = by_leaf([key for key in known if key.rpartition(".")[0] == group], 0.6) if group else []
+    close = close or difflib.get_close_matches(name, known, n=SUGGESTIONS, cutoff=0.75) or by_leaf(known, 0.75)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def unknown_keys_error(unknown: Sequence[str], known: Iterable[str]) -> ConfigError:
+    """One line for run-config keys that ``known`` lacks: each with its nearest known keys, and where every key is
+    listed (:data:`KEYS_PAGE`), never the list itself."""
+    known = list(known)
+    if len(unknown) == 1:
+        return ConfigError(f"run config: unknown key {unknown[0]}{did_you_mean(unknown[0], known)} "
+                           f"(every key: {KEYS_PAGE})")
+    named = ", ".join(f"{key} ({hint[2:]})" if (hint := did_you_mean(key, known)) else key for key in unknown)
+    return ConfigError(f"run config: unknown keys {named}; every key: {KEYS_PAGE}")
+
+
+def project_run_config(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """``pyproject.toml``'s ``[tool.flwr.app.config]`` as flat keys: the defaults that ``flwr run`` fuses a run's
+    overrides into (as ``flwr.common.config.get_fused_config_from_dir`` reads them, without importing Flower)."""
+    with (root / "pyproject.toml").open("rb") as file:
+        table = tomllib.load(file)["tool"]["flwr"]["app"].get("config", {})
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(table, "")
+    return flat
+
+
+def resolve(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentConfig]:
+    """Fuse ``overrides`` with the pyproject defaults (:func:`project_run_config`) and validate the result.
+
+    Imports neither torch, Ray nor Flower: a bad key or value is refused within a second.
+
+    Raises
+    ------
+    ConfigError
+        For a key the schema does not declare (one line: the nearest keys, :func:`unknown_keys_error`) or a bad
+        value (:func:`parse_run_config`).
+    """
+    defaults = project_run_config()
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise unknown_keys_error(unknown, defaults)
+    fused = {**defaults, **overrides}
+    return fused, parse_run_config(fused)
+
+
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """Check what a run reads and writes before it starts: a horizontal run's table is read and validated
+    (:func:`models.data.load_table`: the file, its columns, outcome and column roles; pandas only) and its site
+    column checked, then ``output.dir`` (or ``resume.from``) is checked when the run config names one
+    (:meth:`flwr_app.outputs.RunOutputs.create`, which imports torch; a new directory is created).
+
+    Raises
+    ------
+    models.data.DataValidationError
+        For a file that cannot be used, naming the file, the column and the key.
+    ConfigError
+        For an ``output.dir`` that holds another run or cannot be written.
+    """
+    from models.data import DATASETS, load_table
+    from models.data.datasets import ColumnRoles
+    from models.data.files import resolve_data_dir
+    from models.data.partition import SCHEMES
+
+    data = cfg.data
+    if not STRATEGIES[cfg.strategy].vertical and data.name in DATASETS:
+        roles = ColumnRoles(id_col=data.id_col, drop_cols=data.drop_cols, split_col=data.split_col,
+                            categorical=data.categorical_cols, event_values=data.event_values)
+        table = load_table(data.name, path=data.path, data_dir=str(resolve_data_dir(data.dir)), time_col=data.time_col,
+                           event_col=data.event_col, feature_cols=data.feature_cols,
+                           sba_horizon_months=data.horizon_months, roles=roles, notes=False)
+        if cfg.federation.partition not in SCHEMES:
+            table.with_group(cfg.federation.partition)
+    if cfg.output_dir or cfg.resume_from:
+        from flwr_app.outputs import RunOutputs
+
+        RunOutputs.create(cfg)
 
 
 # ------------------------------------------------------------------ the generated files
@@ -437,13 +556,34 @@ def write_files(root: Path = PROJECT_ROOT) -> list[str]:
     return changed
 
 
+def check_run_config(text: str) -> int:
+    """``flwr run --run-config text``'s run, checked as a run checks it before it starts (:func:`resolve`,
+    :func:`check_inputs`); 0 if it may start, else 2 after one line on stderr (``make flwr`` calls this first: a
+    ServerApp's error would reach the user as Flower's traceback)."""
+    from flwr.common.config import parse_config_args  # how `flwr run` reads the string
+    from models.data import DataValidationError
+
+    try:
+        _, cfg = resolve(parse_config_args([text]) if text.strip() else {})
+        check_inputs(cfg)
+    except (ConfigError, DataValidationError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write or check the files generated from the configuration schema "
                                                  "(pyproject.toml's run-config table, conf/, docs/configuration.md).")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite the generated files")
     action.add_argument("--check", action="store_true", help="list the files that differ; exit 1 if any")
+    action.add_argument("--check-run", metavar="RUN_CONFIG",
+                        help="check a `flwr run --run-config` string before the run is submitted: its keys and values, "
+                             "the data file and output.dir; on a problem print one line and exit 2")
     args = parser.parse_args(argv)
+    if args.check_run is not None:
+        return check_run_config(args.check_run)
     if args.write:
         for path in write_files():
             print(f"wrote {path}")

@@ -51,7 +51,7 @@ from queue import Queue
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
-from flwr.common.config import get_fused_config_from_dir, get_project_config
+from flwr.common.config import get_project_config
 from flwr.common.constant import (
     NUM_PARTITIONS_KEY,
     PARTITION_ID_KEY,
@@ -68,7 +68,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.telemetry import EventType
 
 from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_client, vertical_task
-from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, parse_run_config
+from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, resolve
 from flwr_app.outputs import RunOutputs
 from models.split_run import SITES_DIR
 from simulations.inprocess import InProcessGrid, new_run_id, site_processes
@@ -323,28 +323,6 @@ def _ray_processes_ended(*, interval_s: float = 1.0, grace_s: float = 5.0) -> It
             with contextlib.suppress(psutil.Error):
                 process.kill()
         psutil.wait_procs(alive, timeout=grace_s)
-
-
-def schema_keys() -> set[str]:
-    """Run-config keys declared in ``pyproject.toml``."""
-    return set(get_fused_config_from_dir(PROJECT_ROOT, {}))
-
-
-def resolve(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentConfig]:
-    """Fuse ``overrides`` with the pyproject defaults and validate the result.
-
-    Raises
-    ------
-    ConfigError
-        For a key the schema does not declare (with the list of known keys) or a bad value.
-    """
-    unknown = sorted(set(overrides) - schema_keys())
-    if unknown:
-        raise ConfigError(
-            f"unknown run-config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(schema_keys()))}"
-        )
-    fused = get_fused_config_from_dir(PROJECT_ROOT, dict(overrides))
-    return fused, parse_run_config(fused)
 
 
 def strategy_overrides(strategy: str, shared: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:

@@ -13,6 +13,11 @@ a small federation, Ray for a large one or on the cluster ``RAY_ADDRESS`` names;
 :func:`simulations.engine.run_simulation`); with ``baseline.centralized=true`` (default) the same model is also trained on the
 pooled training data and reported beside the federated result.
 
+Checks. Before torch, Ray and Flower are imported (within about a second): the command line's keys
+and group options (:func:`check_command_line`: an unknown one names the nearest), the run config's
+values (:func:`flwr_app.config.resolve`), a horizontal run's data file and the output directory
+(:func:`flwr_app.config.check_inputs`).
+
 Ending. The outputs go to Hydra's run directory (or ``output.dir``), which must not hold another
 run; the run's log is its ``run.log``. A failed run prints one line on stderr, ``error: ...``, and
 exits with 2 for a bad configuration or data (nothing was run) or 1 for an error during the run
@@ -28,7 +33,7 @@ import atexit
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,12 +42,23 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from flwr_app import runlog
-from flwr_app.config import ConfigError
+from flwr_app.config import (
+    HYDRA_GROUPS,
+    KEYS_PAGE,
+    PROJECT_ROOT,
+    ConfigError,
+    check_inputs,
+    did_you_mean,
+    resolve,
+    unknown_keys_error,
+)
 from flwr_app.interrupt import StopRequested
-from flwr_app.outputs import CHECKPOINT, resume_directory
 from models.data import DataValidationError
-from simulations.engine import run_simulation
 from simulations.hydra_config import flatten
+from strategies.config import KEYS
+
+# torch, Ray and Flower are imported once the run config and the data file are checked (:func:`main`), so that a
+# bad key, value or file is refused within a second or two.
 
 
 #: Characters of a run-time error's message shown on the command line (all of it is in run.log).
@@ -68,10 +84,12 @@ def exit_with(message: str, code: int) -> NoReturn:
 
 def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int]:
     """The one line that reports how ``run_simulation(flat)`` ended with ``err``, and the exit code."""
-    if isinstance(err, (ConfigError, DataValidationError)):
-        return f"error: {err}", 2
+    if isinstance(err, (ConfigError, DataValidationError)):  # several problems of a file: one line, "; " between
+        return "error: " + "; ".join(line.strip() for line in str(err).splitlines() if line.strip()), 2
     if isinstance(err, StopRequested):
         return f"stopped: {err}", err.exit_code
+    from flwr_app.outputs import CHECKPOINT, resume_directory  # imports torch
+
     directory = resume_directory(flat["resume.from"]) if flat["resume.from"] else Path(flat["output.dir"]).resolve()
     if isinstance(err, KeyboardInterrupt):  # Interrupted (a second signal), or SIGINT before the handlers were set
         resume = f"; continue from the last checkpoint with resume.from={directory}" \
@@ -82,6 +100,41 @@ def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int
         line = line[:MAX_LINE] + " ..."
     where = runlog.log_path(err)
     return f"error: {type(err).__name__}: {line}" + (f" (traceback in {where})" if where else ""), 1
+
+
+def check_command_line(arguments: Sequence[str]) -> None:
+    """Refuse, before Hydra composes the configuration, an override that names no run-config key or a config group
+    option that does not exist (Hydra's own error would advise ``+key`` or list every option): one line on stderr
+    with the nearest names and where every key is listed, exit status 2. Overrides of ``hydra.*``, deletions,
+    sweeps of group options, another config (``--config-name``) and what Hydra cannot parse are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    if "--version" in arguments:
+        return
+    try:
+        args = get_args_parser().parse_args(arguments)
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except (Exception, SystemExit):  # Hydra reports a command line it cannot read
+        return
+    if args.config_name or args.config_path or args.config_dir:
+        return
+    unknown = []
+    for override in overrides:
+        key = override.key_or_group
+        if override.type == OverrideType.DEL or override.package or key.split(".")[0] == "hydra" or key in KEYS:
+            continue
+        if key in HYDRA_GROUPS:
+            value = override.value()
+            options = sorted(path.stem for path in (PROJECT_ROOT / "conf" / key).glob("*.yaml") if path.stem != "base")
+            if isinstance(value, str) and value not in options:
+                exit_with(f"error: run config: {key}={value}: no such {key} option{did_you_mean(value, options)} "
+                          f"(every {key} option: {KEYS_PAGE})", 2)
+            continue
+        unknown.append(key)
+    if unknown:
+        exit_with(f"error: {unknown_keys_error(sorted(set(unknown)), KEYS)}", 2)
 
 
 #: Set once a Hydra entry point's task has started: a SystemExit(1) before it is Hydra's own configuration error.
@@ -108,6 +161,12 @@ def main(cfg: DictConfig) -> float | None:
     if not flat["output.dir"] and not flat["resume.from"]:  # a resumed run continues in its own directory
         flat["output.dir"] = HydraConfig.get().runtime.output_dir
     try:
+        check_inputs(resolve(flat)[1])
+    except (ConfigError, DataValidationError) as err:
+        exit_with(*describe_failure(err, flat))
+    from simulations.engine import run_simulation  # torch, Ray and Flower
+
+    try:
         summary = run_simulation(flat)
     except (Exception, KeyboardInterrupt) as err:
         exit_with(*describe_failure(err, flat))
@@ -115,4 +174,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     run_hydra(main)

@@ -57,10 +57,11 @@ def test_flwr_run_trains_with_the_run_config(tmp_path):
     assert not superlinks_of(flwr_home)
 
 
-def test_bare_flwr_run_from_the_activated_environment_simulates_one_supernode_per_site(tmp_path):
-    """As Flower's quickstarts: `source .venv/bin/activate; flwr run . --stream`, with the activate script and
-    the Flower configuration that make writes (here into a copy of the activate script and a temporary
-    FLWR_HOME, on a free port), and no --federation-config: the 5 default sites all train."""
+def test_flwr_run_from_the_activated_environment_without_a_deprecation_warning(tmp_path):
+    """As Flower's quickstarts: `source .venv/bin/activate; flwr run . --stream --federation-config
+    "num-supernodes=5"`, with the activate script and the Flower configuration that make writes (here into a copy
+    of the activate script and a temporary FLWR_HOME, on a free port): the 5 default sites all train, and Flower
+    warns of no deprecated setting (the configuration names the SuperLink only, no `options.`)."""
     import socket
 
     venv = tmp_path / "venv"
@@ -73,18 +74,21 @@ def test_bare_flwr_run_from_the_activated_environment_simulates_one_supernode_pe
         port = probe.getsockname()[1]
     subprocess.run(["make", "-s", f"VENV={venv}", f"FLWR_HOME={flwr_home}", f"LOCAL_SUPERLINK_PORT={port}",
                     "-o", f"{venv}/.installed", f"{venv}/.flwr-env"], cwd=PROJECT_ROOT, check=True, timeout=60)
-    assert "options.num-supernodes = 5" in (flwr_home / "config.toml").read_text()
+    written = (flwr_home / "config.toml").read_text()
+    assert 'address = ":local:"' in written and "options." not in written
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
     try:
         result = subprocess.run(
             ["bash", "-c", f"source {venv}/bin/activate && flwr run . --stream --run-config "
-                           f"\"federation.rounds=1 baseline.centralized=false output.dir='{out}'\""],
+                           f"\"federation.rounds=1 baseline.centralized=false output.dir='{out}'\" "
+                           "--federation-config \"num-supernodes=5\""],
             cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=500)
     finally:
         for process in superlinks_of(flwr_home):
             process.terminate()
             process.wait(timeout=30)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "deprecated" not in result.stdout + result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_sites"] == 5 and len(summary["sites"]) == 5 and summary["test"]["c_index"] > 0.75
