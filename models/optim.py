@@ -1,14 +1,14 @@
-"""Adam for a site's local training: torch's own Adam update, without ``torch.optim.Optimizer``.
+"""Adam for a site's local training: torch's Adam update in public tensor operations, without ``torch.optim``.
 
 The first ``torch.optim`` optimiser a process builds imports ``torch._dynamo`` (``Optimizer``'s
 methods are wrapped by ``torch._disable_dynamo``, which imports it on first call): about 1.5 s on
 2 cores. A deployed site handles each message in a new process (Flower's subprocess isolation)
 and builds one optimiser per training message, so it paid that every round
 (``benchmarks/cold_message.py``). :class:`Adam` keeps ``torch.optim.Adam``'s state (``step`` a
-float32 tensor, ``exp_avg``, ``exp_avg_sq``) and calls ``torch.optim.adam._single_tensor_adam``,
-the function ``torch.optim.Adam.step`` calls for CPU tensors, with the arguments it passes: the
-parameters are bit for bit ``torch.optim.Adam``'s (``tests/test_optim.py``, which fails if a
-torch upgrade changes the private function; torch is pinned in ``pyproject.toml``).
+float32 tensor, ``exp_avg``, ``exp_avg_sq``) and applies the update ``torch.optim.Adam.step`` applies
+to CPU tensors (Kingma & Ba 2015, Algorithm 1, with L2 weight decay added to the gradient), operation
+for operation: the parameters are bit for bit ``torch.optim.Adam``'s (``tests/test_optim.py``, which
+fails if a torch version computes its update otherwise).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch.optim.adam import _single_tensor_adam
-from torch.optim.optimizer import _get_scalar_dtype
 
 __all__ = ["Adam"]
 
@@ -52,22 +50,21 @@ class Adam:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One Adam step for every parameter with a gradient (torch's ``_init_group`` and ``adam`` for CPU)."""
-        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        """One Adam step for every parameter with a gradient (a parameter without one keeps its moments)."""
+        beta1, beta2 = self.betas
         for index, param in enumerate(self.params):
             if param.grad is None:
                 continue
             if index not in self.state:
-                self.state[index] = (torch.tensor(0.0, dtype=_get_scalar_dtype()),
+                self.state[index] = (torch.tensor(0.0, dtype=torch.float32),
                                      torch.zeros_like(param, memory_format=torch.preserve_format),
                                      torch.zeros_like(param, memory_format=torch.preserve_format))
             step, exp_avg, exp_avg_sq = self.state[index]
-            params.append(param)
-            grads.append(param.grad)
-            exp_avgs.append(exp_avg)
-            exp_avg_sqs.append(exp_avg_sq)
-            steps.append(step)
-        _single_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, [], steps, grad_scale=None, found_inf=None,
-                            amsgrad=False, has_complex=False, beta1=self.betas[0], beta2=self.betas[1], lr=self.lr,
-                            weight_decay=self.weight_decay, eps=self.eps, maximize=False, capturable=False,
-                            differentiable=False, decoupled_weight_decay=False)
+            grad = param.grad if self.weight_decay == 0 else param.grad.add(param, alpha=self.weight_decay)
+            step += 1
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            count = step.item()
+            step_size = self.lr / (1 - beta1**count)
+            denom = (exp_avg_sq.sqrt() / (1 - beta2**count) ** 0.5).add_(self.eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)

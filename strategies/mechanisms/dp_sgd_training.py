@@ -289,7 +289,7 @@ def per_sample_gradients_opacus(
             p.grad = None
     finally:
         if own:
-            gsm._close()
+            gsm.cleanup()
     return grads, losses.detach()
 
 
@@ -990,7 +990,7 @@ def train_epochs_dp(
                     last_count += stats["batch_size"]
     finally:
         if gsm is not None:
-            gsm._close()
+            gsm.cleanup()
     return {
         "loss": last_loss / last_count if last_count else float("nan"),
         "num_steps": steps,
