@@ -389,7 +389,7 @@ def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.
         newton_sums.log_scale = secure_log_scale(np.full(grid.size, max(float(moments.n), np.max(moments.total_sq))),
                                                  len(sites.nodes))
     newton = cox.newton_raphson(newton_sums, p, penalizer=cfg.cox.penalizer * moments.n, max_steps=cfg.cox.max_steps,
-                                tol=cfg.cox.tol, accepted=newton_sums.accept)
+                                tol=cfg.cox.tol, accepted=newton_sums.accept, names=design.names)
     beta = newton.beta / std
     events = sum(newton_sums.site_events.values())
     meat = None

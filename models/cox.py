@@ -376,14 +376,26 @@ def _penalised(terms: Terms, beta: np.ndarray, penalizer: np.ndarray) -> Terms:
     )
 
 
-def _newton_step(score: np.ndarray, information: np.ndarray, step: int) -> np.ndarray:
+def _newton_step(score: np.ndarray, information: np.ndarray, step: int, names: Sequence[str] = ()) -> np.ndarray:
     try:
         return linalg.solve(information, score, assume_a="pos")
     except (linalg.LinAlgError, ValueError) as error:
         raise ValueError(
-            f"information matrix is not positive definite at Newton step {step}: a covariate is constant "
-            "or collinear (or separates events completely); drop it or set penalizer > 0"
+            f"information matrix is not positive definite at Newton step {step}: "
+            f"{_degenerate(information, names)} (or separate events completely); drop one or set penalizer > 0"
         ) from error
+
+
+def _degenerate(information: np.ndarray, names: Sequence[str]) -> str:
+    """The covariates of the information's flattest direction (its least eigenvalue's eigenvector, loadings at
+    least a fifth of the largest; at most 6, largest first): those that are constant or collinear."""
+    if len(names) != information.shape[0] or not np.all(np.isfinite(information)):
+        return "a covariate is constant or collinear"
+    vector = np.abs(np.linalg.eigh((information + information.T) / 2.0)[1][:, 0])
+    loaded = [int(i) for i in np.argsort(-vector) if vector[i] >= 0.2 * vector.max()][:6]
+    if len(loaded) == 1:
+        return f"covariate {names[loaded[0]]} is constant"
+    return f"covariates {', '.join(names[i] for i in loaded)} are collinear (one is a combination of the others)"
 
 
 def newton_raphson(
@@ -395,6 +407,7 @@ def newton_raphson(
     tol: float = 1e-12,
     init: np.ndarray | None = None,
     accepted: Callable[[np.ndarray], None] | None = None,
+    names: Sequence[str] = (),
 ) -> NewtonResult:
     r"""Maximise :math:`\ell(\beta) - \tfrac12 \sum_j c_j \beta_j^2` by Newton–Raphson with
     step halving.
@@ -412,7 +425,8 @@ def newton_raphson(
     quadratically, so a smaller ``tol`` costs at most about one more round. A non-finite
     log-likelihood (``-inf`` from ``sums_at``: a trial it could not evaluate) counts as lower.
     ``accepted(beta)``, if given, is called with the start and then with each step's accepted
-    :math:`\beta`, before the next call of ``sums_at`` (which is a trial step from it).
+    :math:`\beta`, before the next call of ``sums_at`` (which is a trial step from it). ``names``, the
+    covariates' names, lets the error for a singular information name the constant or collinear ones.
     """
     if p < 1:
         raise ValueError(f"p must be at least 1, got {p}")
@@ -426,7 +440,7 @@ def newton_raphson(
     for step in range(1, max_steps + 1):
         if accepted is not None:
             accepted(beta)
-        delta = _newton_step(score, information, step)
+        delta = _newton_step(score, information, step, names)
         if score @ delta / 2 < tol:
             return NewtonResult(beta, loglik, score, information, loglik_null, step - 1, True)
         size = 1.0
@@ -891,7 +905,7 @@ def fit_stratified(
         parts = [site_sums_stratified(s.x, s.time, s.event, beta, weights=s.weights) for s in scaled]
         return sum(parts[1:], parts[0]).terms()
 
-    newton = newton_raphson(sums_at, len(names), penalizer=penalizer * moments.n)
+    newton = newton_raphson(sums_at, len(names), penalizer=penalizer * moments.n, names=names)
     meat = None
     if robust:
         meat = sum(site_score_residual_sums(s.x, s.time, s.event, newton.beta, weights=s.weights, ties=ties)
@@ -928,7 +942,7 @@ def fit_pooled(
         return sum(parts[1:], parts[0])
 
     newton = newton_raphson(lambda b: pooled_newton_terms(total_at(b), b), len(names),
-                            penalizer=penalizer * moments.n)
+                            penalizer=penalizer * moments.n, names=names)
     meat = None
     if robust:
         broadcast = pooled_residual_terms(total_at(newton.beta))

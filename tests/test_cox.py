@@ -296,6 +296,21 @@ def test_newton_reports_failure_and_recovers_with_penalty() -> None:
     assert newton_raphson(sums_at, 1, penalizer=1.0).converged
 
 
+def test_a_singular_information_names_the_collinear_covariates() -> None:
+    """Two columns that carry one variable (SEER's Grade and differentiate: the same levels, two names), and a third
+    that sums others: the error names those, not the independent ones."""
+    rng = np.random.default_rng(3)
+    age, grade, nodes = rng.normal(size=200), rng.integers(1, 4, 200).astype(float), rng.poisson(2, 200) * 1.0
+    time, event = rng.exponential(size=200), rng.random(200) < 0.7
+    x = np.column_stack([age, grade, nodes, grade])
+    with pytest.raises(ValueError, match=r"covariates (grade, differentiate|differentiate, grade) are collinear"):
+        fit_stratified([SiteData(x, time, event)], ["age", "grade", "nodes", "differentiate"])
+    x = np.column_stack([age, grade, nodes, grade + nodes])
+    with pytest.raises(ValueError, match=r"covariates .* are collinear") as raised:
+        fit_stratified([SiteData(x, time, event)], ["age", "grade", "nodes", "total"])
+    assert "age" not in str(raised.value) and all(name in str(raised.value) for name in ("grade", "nodes", "total"))
+
+
 def test_errors_name_the_argument() -> None:
     x = np.array([[1.0], [2.0]])
     with pytest.raises(ValueError, match="event must hold only 0/1"):
