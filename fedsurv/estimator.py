@@ -6,8 +6,9 @@
 >>> X = frame.drop(columns=["time", "event"])
 >>> cross_val_score(fedsurv.FederatedSurvival(sites=3, rounds=10), X, y, cv=3)   # Harrell's C of each fold
 
-Each ``fit`` trains a simulated federation of the training records with :func:`fedsurv.fit` (the
-same ServerApp and ClientApp as every run) and keeps the trained model in memory; predictions
+Each ``fit`` trains a simulated federation on every record of ``X`` with :func:`fedsurv.fit` (the
+same ServerApp and ClientApp as every run, with ``data.test_fraction = 0``: no site holds out a test
+part, the held-out scoring is scikit-learn's) and keeps the trained model in memory; predictions
 follow scikit-survival's conventions (:class:`sksurv.base.SurvivalAnalysisMixin`): ``predict`` is a
 risk score (higher: earlier event), ``score`` Harrell's C of it, ``predict_survival_function`` step
 functions on the model's time grid. So ``cross_val_score``, ``GridSearchCV``, ``Pipeline`` and
@@ -37,7 +38,7 @@ __all__ = ["FederatedSurvival"]
 
 
 class FederatedSurvival(SurvivalAnalysisMixin, BaseEstimator):
-    """A survival model trained by a simulated federation of the training records (:func:`fedsurv.fit`).
+    """A survival model trained by a simulated federation on every record of ``X`` (:func:`fedsurv.fit`).
 
     The parameters are :func:`fedsurv.fit`'s; scikit-learn's contract holds: they are stored as given and
     checked by ``fit``, fitted attributes end in ``_``, and :func:`sklearn.base.clone` gives an unfitted copy.
@@ -58,8 +59,10 @@ class FederatedSurvival(SurvivalAnalysisMixin, BaseEstimator):
         Where ``fit`` and ``score`` find the outcomes in a frame ``X`` when ``y`` is None; otherwise the names
         the run gives the outcome columns of ``y`` (no column of ``X`` may carry them).
     config
-        Any other run-config key (``docs/configuration.md``). ``baseline.centralized`` defaults to False here:
-        the estimator uses the federated model only.
+        Any other run-config key (``docs/configuration.md``). Two defaults differ from a run's here:
+        ``data.test_fraction`` is 0 (the sites train on every record of ``X``; a run that holds out a test part
+        of each site, ``config={"data.test_fraction": 0.2}``, trains on the rest only) and
+        ``baseline.centralized`` is False (the estimator uses the federated model only).
     output_dir
         None: each ``fit`` runs in a temporary directory, removed once the trained model is loaded (the run's
         ``summary.json`` is kept in :attr:`summary_`). A folder: each ``fit`` writes a new run directory in it
@@ -71,8 +74,8 @@ class FederatedSurvival(SurvivalAnalysisMixin, BaseEstimator):
         The trained run, its model in memory (a :class:`models.cox_run.CoxRun` for ``model="coxph"``:
         ``hazard_ratios``, ...). With ``output_dir=None`` its ``directory`` no longer exists.
     summary_ : dict
-        The run's ``summary.json``: its own test figures (each simulated site holds out ``data.test_fraction``
-        of its records as a test part, which it does not train on), privacy ledger headline, ...
+        The run's ``summary.json``: privacy ledger headline, sites, ...; no test figure (``"test"`` is ``{}``,
+        ``"test_source"`` says why) unless ``config`` sets ``data.test_fraction`` above 0.
     run_dir_ : pathlib.Path or None
         The run's directory under ``output_dir``; None for a temporary one.
     unique_times_ : ndarray
@@ -142,6 +145,7 @@ class FederatedSurvival(SurvivalAnalysisMixin, BaseEstimator):
             if "train.lr" in config:
                 raise ConfigError("FederatedSurvival: lr and config['train.lr'] both given; give it once")
             config["train.lr"] = self.lr
+        config.setdefault("data.test_fraction", 0.0)
         config.setdefault("baseline.centralized", False)
         parent = None if self.output_dir is None else Path(self.output_dir)
         if parent is not None:

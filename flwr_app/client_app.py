@@ -549,7 +549,8 @@ def train(message: Message, context: Context) -> Message:
 def evaluate(message: Message, context: Context) -> Message:
     """Test metrics of the global model on the site's own held-out part (computed from it alone); the reply
     carries no record count (the server weights the sites' metrics by their agreed counts). A site whose node
-    config sets a privacy policy keeps its metrics (:func:`_kept_local`) and replies with none."""
+    config sets a privacy policy keeps its metrics (:func:`_kept_local`) and replies with none. A site that holds
+    out no test part (``data.test_fraction = 0``: the server sends no evaluate message then) refuses."""
     import numpy as np
 
     from flwr_app import task
@@ -557,6 +558,9 @@ def evaluate(message: Message, context: Context) -> Message:
     from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, RECALIBRATION_EXPONENTS
 
     site, _, server_round, cfg, model = _message(message, context, "evaluate")
+    if not len(site.test):
+        raise ValueError(f"site '{site.name}' holds out no test part (data.test_fraction = 0): it has no test "
+                         "metrics to evaluate")
     config = message.content["config"]
     if model.needs_baseline:
         if BASELINE_EVENTS not in config:

@@ -102,7 +102,9 @@ from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL
 from strategies.horizontal import (
+    NO_TEST_PART,
     SurvivalFedAvg,
+    holds_test_part,
     site_average,
     site_metrics,
     weighted_nanmean,
@@ -463,7 +465,7 @@ def _centralised(cfg: ExperimentConfig, dataset: FederatedDataset, fit: CoxFit, 
     model.set_baseline(*model.breslow_aggregates(train.x, train.time, train.event))
     return {"label": CENTRALIZED_LABEL, "what": "the same Cox fit on the sites' pooled training records, in one "
                                                 "process (models.cox)", "privacy": "none (no DP)",
-            "test": task.evaluate(model, dataset.pooled("test")),
+            "test": task.evaluate(model, dataset.pooled("test")) if holds_test_part(cfg.data) else {},
             "max_abs_coef_diff_over_se": float(np.max(np.abs(federated.params.values - reference.params.values)
                                                       / scale)),
             "max_rel_se_diff": float(np.max(np.abs(federated.standard_errors.values
@@ -546,7 +548,7 @@ def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, surviva
                        left_out=left_out, started=started)
     outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=survival.baseline,
                        preprocessing=task.preprocessing(cfg, spec), exponents=None)
-    if cfg.server_evaluation and dataset is not None and not evaluation.diverged:
+    if cfg.server_evaluation and dataset is not None and not evaluation.diverged and holds_test_part(cfg.data):
         from models.plots import plot_survival_vs_km
 
         summary["calibration"] = task.calibration(model, dataset)
@@ -606,6 +608,8 @@ def _evaluate_fit(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg, m
     else:
         diverged = "no baseline hazard: no site's Breslow aggregates came back"
     sites_test = dict(sorted(record.evaluate_sites.items())) if record else {}
+    if not holds_test_part(cfg.data):  # no evaluate message went out (SurvivalFedAvg._evaluate)
+        return _Evaluation({}, NO_TEST_PART, record, sites_test, diverged)
     if cfg.server_evaluation and dataset is not None and not diverged:
         return _Evaluation(task.evaluate(model, dataset.pooled("test")),
                            "the fitted model on the pooled test split (server-side, simulation)", record, sites_test,

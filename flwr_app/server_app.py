@@ -10,7 +10,9 @@ centralised baseline (``baseline.centralized``). Per-site figures always come fr
 themselves (federated evaluation on each site's own test part). In a deployment
 (``data.name = "site_files"``) the server holds no records: it agrees the preprocessing and the time
 grid with the sites first (:func:`flwr_app.deployment.prepare_sites`), and the run's test figures
-are the sites' own.
+are the sites' own. With ``data.test_fraction = 0`` no site holds out a test part: the sites train on
+every record, no evaluate message is sent (the Breslow baseline and recalibration still are) and the
+run reports no test figure (``summary["test"] = {}``, ``test_source`` saying why).
 
 Fault tolerance: a site that fails or does not answer in a round is recorded in that round's
 ``failures`` and the round goes on with the others, down to ``federation.min_sites`` (see
@@ -48,8 +50,9 @@ from models.plots import plot_survival_vs_km
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import COXPH
-from strategies.horizontal import (RoundRecord, SurvivalFedAvg, TooFewSitesError, make_aggregator, privacy_position,
-                                   robust_refusal, site_average, site_metrics, weighted_nanmean)
+from strategies.horizontal import (NO_TEST_PART, RoundRecord, SurvivalFedAvg, TooFewSitesError, holds_test_part,
+                                   make_aggregator, privacy_position, robust_refusal, site_average, site_metrics,
+                                   weighted_nanmean)
 from strategies.mechanisms.base import HorizontalMechanism, delta_refusal
 from strategies.mechanisms.private_split import PrivateSplitDP
 from strategies.mechanisms.registry import get_mechanism, horizontal_mechanism
@@ -189,7 +192,10 @@ def _evaluate_global(
 
 
 def _global_metrics(model: SurvivalModel, dataset: FederatedDataset) -> dict[str, float]:
-    metrics = task.evaluate(model, dataset.pooled("test"))
+    """The model's figures on the pooled test split (none where the sites hold no test record) and, with ``oot_``
+    keys, on the pooled out-of-time part where there is one."""
+    test = dataset.pooled("test")
+    metrics = task.evaluate(model, test) if len(test) else {}
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
         oot = task.evaluate(model, dataset.pooled("oot"))
         metrics.update({f"oot_{key}": value for key, value in oot.items()})
@@ -263,13 +269,17 @@ def _resume(cfg: ExperimentConfig, outputs: RunOutputs, survival: SurvivalFedAvg
 def main(grid: Grid, context: Context) -> None:
     """Run ``federation.rounds`` rounds of FedAvg and write the run's outputs."""
     cfg = parse_run_config(context.run_config)
+    mechanism = get_mechanism(cfg.strategy)
+    if mechanism.vertical and not holds_test_part(cfg.data):
+        raise ConfigError(f"run config: data.test_fraction = 0 needs a horizontal strategy; {cfg.strategy!r} (split "
+                          "learning) predicts and scores the label holder's test records: set data.test_fraction "
+                          "in (0, 1)")
     poll_replies_often(grid)
     outputs = RunOutputs.create(cfg)
     runlog.attach(outputs.directory)
     if not cfg.resume_from:  # a resumed run keeps the config.json of the run it continues (checked equal)
         outputs.write_config(cfg, context.run_config)
     started = time.perf_counter()
-    mechanism = get_mechanism(cfg.strategy)
     if mechanism.vertical:
         table = vertical_task.load_table(cfg)
         wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)), simulated=False)  # its sites may deploy
@@ -370,6 +380,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         print(choice.line(), flush=True)
     for note in setup_notes:
         print(note, flush=True)
+    if not holds_test_part(cfg.data):
+        print(f"test figures: {NO_TEST_PART}", flush=True)
 
     def end_of_round(server_round: int, arrays: ArrayRecord) -> None:
         record = survival.rounds.get(server_round)
@@ -422,7 +434,8 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
         print(
             f"round {server_round:3d}/{cfg.federation.rounds}"
             + (f"  train_loss {train_loss:.4f}" if train_loss is not None and math.isfinite(train_loss) else "")
-            + (f"  {'test' if global_test else 'sites'}: {_fmt(shown)}" if survival.evaluates(server_round)
+            + ("" if not holds_test_part(cfg.data) else
+               f"  {'test' if global_test else 'sites'}: {_fmt(shown)}" if survival.evaluates(server_round)
                else f"  (not evaluated: evaluation.every = {cfg.evaluation_every})")
             + (f"  epsilon {line['privacy']['epsilon']:.3f}" if line["privacy"]["epsilon"] is not None else "")
             + (f"  [{len(line['failures'])} failed: "
@@ -480,12 +493,13 @@ def _write_results(
     last = strategy.rounds.get(cfg.federation.rounds)
     sites = dict(sorted(last.evaluate_sites.items())) if last else {}
     diverged = ""
+    tested = holds_test_part(cfg.data)
     if cfg.server_evaluation:
         test, diverged = _evaluate_global(model, arrays, strategy.baseline, dataset, strategy.exponents)
-        test_source = "global model on the pooled test split (server-side, simulation)"
+        test_source = "global model on the pooled test split (server-side, simulation)" if tested else NO_TEST_PART
     else:
         test = weighted_nanmean(sites)
-        test_source = "weighted mean of the sites' own test metrics"
+        test_source = "weighted mean of the sites' own test metrics" if tested else NO_TEST_PART
     summary: dict[str, Any] = {
         "test": {key: value for key, value in test.items() if not key.startswith("oot_")},
         "test_source": test_source,
@@ -525,7 +539,7 @@ def _write_results(
                        baseline=strategy.baseline,
                        preprocessing=task.preprocessing(cfg, spec),
                        exponents=None if strategy.exponents is None else strategy.exponents.tolist())
-    if cfg.server_evaluation and not diverged:
+    if cfg.server_evaluation and not diverged and tested:
         summary["calibration"] = task.calibration(model, dataset)
         summary["km_null"] = km_null_check(summary["test"].get("ibs", math.nan), summary["calibration"]["ibs_km_null"])
         plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"{cfg.strategy} on {cfg.data.name}",
@@ -534,7 +548,8 @@ def _write_results(
         print("training the centralised baseline on the pooled training data ...", flush=True)
         summary["centralized"] = task.train_centralized(cfg, dataset)
     outputs.write_summary(summary)
-    print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
+    if tested:
+        print(f"final test ({test_source}): {_fmt(summary['test'])}", flush=True)
     if len(sites) > 1:
         print(f"final mean over the {len(sites)} sites' own test sets (each site once): "
               f"{_fmt(summary['sites_average'])}", flush=True)
@@ -557,7 +572,7 @@ def _write_results(
         print(f"final out-of-time: {_fmt(oot)}", flush=True)
     if summary["privacy"]["uncovered"]:
         print(f"not covered by epsilon: {', '.join(summary['privacy']['uncovered'])} (manifest.json)", flush=True)
-    if "centralized" in summary:
+    if "centralized" in summary and tested:
         central = summary["centralized"]
         mechanism_name = central["privacy"]["mechanism"] if isinstance(central["privacy"], dict) else "none"
         print(f"centralised baseline ({central['label']}; mechanism {mechanism_name}) test: "

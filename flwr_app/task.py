@@ -42,6 +42,7 @@ from strategies.mechanisms.base import (
     recalibration_multiplier,
     setup_multiplier,
 )
+from strategies.horizontal import holds_test_part
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.mechanisms.setup_statistics import (
@@ -510,8 +511,9 @@ def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[
 
     It makes ``federation.rounds`` rounds of the run's mechanism as one site holding every
     training record (``train.local_epochs`` epochs each: as many passes as every record gets in
-    the federation), with the same seeds, and is evaluated on the same test split. For a
-    record-level DP mechanism it adds that mechanism's noise for the same target; client-level
+    the federation), with the same seeds, and is evaluated on the same test split (``"test"``: ``{}`` when
+    the sites hold out none, :func:`~strategies.horizontal.holds_test_part`). For a record-level DP
+    mechanism it adds that mechanism's noise for the same target; client-level
     central DP has no centralised counterpart and the weight-perturbation strategies' paper
     compares with the no-DP model, so those baselines train without DP.
 
@@ -538,7 +540,7 @@ def train_centralized(cfg: ExperimentConfig, dataset: FederatedDataset) -> dict[
         "epochs": cfg.federation.rounds * cfg.train.local_epochs,
         "privacy": ({"mechanism": mechanism.name, **{key: float(value) for key, value in report.items()}}
                     if mechanism.private else "none (no DP)"),
-        "test": evaluate(model, dataset.pooled("test")),
+        "test": evaluate(model, dataset.pooled("test")) if holds_test_part(cfg.data) else {},
     }
     if any(site.oot is not None and len(site.oot) for site in dataset.sites):
         result["oot"] = evaluate(model, dataset.pooled("oot"))

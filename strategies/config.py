@@ -387,7 +387,9 @@ class DataConfig:
                                  '"" = random split')
     test_fraction: float = setting(AUTO, "share of each site's records held out as its test part (simulation: "
                                          "stratified by event, seeded; a deployed site: by a keyed hash of each "
-                                         "record, at most its max-test-share)", bounds=FRACTION, auto="the data set's")
+                                         "record, at most its max-test-share); 0 = no test part: a horizontal run "
+                                         "trains on every record and reports no test figure",
+                                   bounds=Bounds(0.0, 1.0, low_closed=True), auto="the data set's")
     horizon_months: int = setting(48, "SBA: observation window for time to charge-off", bounds=POSITIVE)
     oot_start: str = setting("", 'SBA: approvals on/after this date form the out-of-time set; "" = SBA\'s '
                                  "2005-01-01")

@@ -61,6 +61,7 @@ from strategies.config import (
     DEFAULT_UPDATE_BOUND,
     OUTLIER_SPREAD,
     ConfigError,
+    DataConfig,
     ExperimentConfig,
     FederationConfig,
 )
@@ -78,6 +79,11 @@ from strategies.replies import (
 )
 
 SITE_KEY = "site"
+#: What a run whose sites hold out no test part (:func:`holds_test_part`) reports in place of test figures.
+NO_TEST_PART = ("none: data.test_fraction = 0, so no site held out a test part and the model trained on every "
+                "record; no test figure, site test metric, calibration table, Kaplan–Meier null or survival_vs_km.png, "
+                "and a round's model is rolled back on its weights alone, not on the sites' predictions (score the "
+                "saved model on other records: fedsurv.load_run(dir).score)")
 WEIGHT_KEY = "num-examples"
 BRESLOW_QUERY = "query.breslow"
 BASELINE_EVENTS = "baseline.event_counts"
@@ -188,6 +194,11 @@ class RoundRecord:
     discarded: dict[str, float] = field(default_factory=dict)
     discarded_most: list[str] = field(default_factory=list)
     aggregate_flags: dict[str, str] = field(default_factory=dict)
+
+
+def holds_test_part(data: DataConfig) -> bool:
+    """Whether the run's sites hold out test parts: ``data.split_col`` labels them, or ``data.test_fraction`` > 0."""
+    return bool(data.split_col) or data.test_fraction > 0
 
 
 def weighted_nanmean(per_site: dict[str, dict[str, float]], weight_key: str = WEIGHT_KEY) -> dict[str, float]:
@@ -888,7 +899,11 @@ class SurvivalFedAvg(FedAvg):
         return server_round % self.cfg.evaluation_every == 0 or server_round >= self.cfg.federation.rounds
 
     def _evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy) -> None:
+        """The round's Breslow baseline and recalibration (:meth:`configure_evaluate`), then the sites' test metrics
+        of ``arrays``; a run whose sites hold no test part (:func:`holds_test_part`) sends no evaluate message."""
         messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+        if not holds_test_part(self.cfg.data):
+            return
         replies = self.record_failures(server_round, "evaluate", messages,
                                        grid.send_and_receive(messages, timeout=self.timeout))
         outer.aggregate_evaluate(server_round, replies)

@@ -205,7 +205,7 @@ def test_unknown_key_is_refused_with_the_known_keys():
         ({"model.name": "resnet"}, "'model.name' = 'resnet'; choose one of hazard_mlp"),
         ({"federation.rounds": 0}, "'federation.rounds' must be > 0"),
         ({"federation.rounds": "ten"}, "'federation.rounds' must be int"),
-        ({"data.test_fraction": 1.5}, "'data.test_fraction' must be in \\(0, 1\\)"),
+        ({"data.test_fraction": 1.5}, "'data.test_fraction' must be in \\[0, 1\\)"),
         ({"model.dropout": 1.0}, "'model.dropout' must be in \\[0, 1\\)"),
         ({"model.hidden": "64,0"}, "'model.hidden' must be > 0"),
         ({"model.num_durations": "many"}, "'model.num_durations' must be int or 'auto'"),

@@ -1,9 +1,11 @@
 """fedsurv as a scikit-learn estimator (:class:`fedsurv.FederatedSurvival`) and permutation importance.
 
 scikit-learn's tools (``clone``, ``cross_val_score``, ``GridSearchCV``, ``Pipeline``, ``permutation_importance``)
-take the estimator and give what a hand loop over :func:`fedsurv.fit` gives with the same folds and seeds;
-scores are checked against scikit-survival's ``concordance_index_censored``. The runs are small and short
-(400 GBSG records, 2 sites, 1-2 rounds) over the in-process engine (``simulation.engine = inprocess``).
+take the estimator and give what a hand loop over :func:`fedsurv.fit` gives with the same folds, seeds and
+``data.test_fraction = 0`` (the estimator trains on every record of ``X``); scores are checked against
+scikit-survival's ``concordance_index_censored``, a Cox fit on ``X`` against lifelines' on every record. The runs
+are small and short (400 GBSG records, 2 sites, 1-2 rounds) over the in-process engine
+(``simulation.engine = inprocess``).
 """
 
 import pickle
@@ -12,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import sklearn.utils.estimator_checks as checks
+from lifelines import CoxPHFitter
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.inspection import permutation_importance
@@ -50,9 +53,9 @@ def fitted(data):
 
 
 def hand_fit(X, y, tmp_path, **params):
-    """fedsurv.fit on X with y's outcomes as columns, as a user would call it."""
+    """fedsurv.fit on X with y's outcomes as columns, as a user would call it for a model of every record."""
     frame = X.assign(time=y["time"], event=y["event"].astype(int))
-    keyed = {**PARAMS, **params}
+    keyed = {**PARAMS, "config": {**CONFIG, "data.test_fraction": 0}, **params}
     return fedsurv.fit(frame, time_col="time", event_col="event", output_dir=tmp_path, **keyed)
 
 
@@ -88,6 +91,7 @@ def test_fit_keeps_the_columns_and_score_is_sksurvs_harrell_c(fitted, data):
     X, _, X_test, y_test = data
     assert fitted.n_features_in_ == 7 and list(fitted.feature_names_in_) == list(X.columns)
     assert fitted.summary_["num_sites"] == 2
+    assert fitted.summary_["test"] == {} and fitted.summary_["test_source"].startswith("none: data.test_fraction = 0")
     assert not fitted.run_.directory.exists() and fitted.run_dir_ is None  # the temporary run is gone
     risk = fitted.predict(X_test)
     np.testing.assert_array_equal(risk, fitted.run_.risk_score(X_test).to_numpy())
@@ -192,6 +196,23 @@ def test_run_permutation_importance_finds_the_strong_covariate_and_not_the_noise
     assert strong["ibs_rise_mean"] > 3 * strong["ibs_rise_std"]
     again = run.permutation_importance(test, n_repeats=5, seed=0)
     pd.testing.assert_frame_equal(again, table)
+
+
+def test_fit_trains_on_every_record_of_X_unless_config_holds_out_a_test_part(fitted, data):
+    """The Cox fit on X through the estimator equals lifelines' stratified fit on all of X (a fit on 80 % of it
+    differs by far more); ``data.test_fraction`` in ``config`` holds out a test part again, which the run scores."""
+    X, y, X_test, _ = data
+    centres = np.where(np.arange(len(X)) % 3 == 0, "north", "south")
+    est = fedsurv.FederatedSurvival(**{**PARAMS, "rounds": None}, model="coxph", site_col="centre")
+    est.fit(X.assign(centre=centres), y)
+    reference = CoxPHFitter().fit(X.assign(centre=centres, T=y["time"], E=y["event"]), "T", "E", strata=["centre"])
+    scale = np.maximum(reference.params_.abs(), reference.standard_errors_)
+    gap = ((est.run_.params - reference.params_[est.run_.params.index]).abs() / scale).max()
+    print(f"max |coef - lifelines on all of X| / max(|coef|, se) = {gap:.2e}")
+    assert gap < 1e-4 and est.summary_["test"] == {}
+    held_out = fedsurv.FederatedSurvival(**{**PARAMS, "config": {**CONFIG, "data.test_fraction": 0.2}}).fit(X, y)
+    assert 0.5 < held_out.summary_["test"]["c_index"] < 1
+    assert not np.allclose(held_out.predict(X_test), fitted.predict(X_test))
 
 
 def test_coxph_fits_predicts_the_linear_predictor_and_scores(data):
