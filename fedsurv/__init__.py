@@ -16,17 +16,52 @@ See :func:`fedsurv.api.fit`, :class:`models.predict.SavedRun` (horizontal runs) 
 ``predict``, ``score``, ``predict_survival_function``).
 """
 
-from fedsurv.analysis import (
-    LogrankTestResult,
-    kaplan_meier,
-    logrank_test,
-    plot_kaplan_meier,
-)
-from fedsurv.api import fit
-from fedsurv.estimator import FederatedSurvival
-from models.cox_run import CoxRun
-from models.predict import SavedRun, load_run
-from models.split_run import SplitRun, load_split_run
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedsurv.analysis import LogrankTestResult, kaplan_meier, logrank_test, plot_kaplan_meier
+    from fedsurv.api import fit
+    from fedsurv.estimator import FederatedSurvival
+    from models.cox_run import CoxRun
+    from models.predict import SavedRun, load_run
+    from models.split_run import SplitRun, load_split_run
+
+#: Where each public name is defined: imported on first use (module ``__getattr__``), so that ``import fedsurv``
+#: imports neither torch nor scipy and :func:`fit` refuses a bad key or file within a second or two.
+_LAZY = {
+    "CoxRun": "models.cox_run",
+    "FederatedSurvival": "fedsurv.estimator",
+    "LogrankTestResult": "fedsurv.analysis",
+    "SavedRun": "models.predict",
+    "SplitRun": "models.split_run",
+    "fit": "fedsurv.api",
+    "kaplan_meier": "fedsurv.analysis",
+    "load_run": "models.predict",
+    "load_split_run": "models.split_run",
+    "logrank_test": "fedsurv.analysis",
+    "plot_kaplan_meier": "fedsurv.analysis",
+}
+_SUBMODULES = ("analysis", "api", "estimator")
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (:data:`__all__`) or submodule, imported on first use and kept."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})
+
 
 __all__ = [
     "CoxRun",

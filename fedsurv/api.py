@@ -15,13 +15,18 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from flwr_app.config import ConfigError
+from flwr_app.config import ConfigError, check_inputs, resolve
 from models.data.validate import DUPLICATE_COLUMNS, DataValidationError, duplicate_column_problems
-from models.predict import SavedRun, load_run
+
+if TYPE_CHECKING:
+    from models.predict import SavedRun
+
+# torch, Ray and Flower are imported once the run config, the data and the output directory are checked
+# (flwr_app.config.resolve and check_inputs), so that a bad key, value or file is refused within a second or two.
 
 __all__ = ["DATA_FILE", "FRAME_SOURCE", "fit"]
 
@@ -30,9 +35,10 @@ __all__ = ["DATA_FILE", "FRAME_SOURCE", "fit"]
 DATA_FILE = "input.parquet"
 #: How an error about a DataFrame given to :func:`fit` names it (instead of :data:`DATA_FILE`'s path).
 FRAME_SOURCE = "the DataFrame given to fedsurv.fit"
-#: The run-config keys :func:`fit` takes as keyword arguments: its errors about a frame name the argument.
+#: The run-config keys :func:`fit` takes as arguments: its errors about the data name the argument.
 ARGUMENT_KEYS = {"data.time_col": "time_col", "data.event_col": "event_col", "data.event_values": "event_values",
-                 "data.id_col": "id_col", "data.categorical_cols": "categorical_cols", "data.drop_cols": "drop_cols"}
+                 "data.id_col": "id_col", "data.categorical_cols": "categorical_cols", "data.drop_cols": "drop_cols",
+                 "data.path": "data", "federation.num_sites": "sites", "federation.partition": "site_col"}
 
 
 def fit(
@@ -98,9 +104,12 @@ def fit(
     Raises
     ------
     flwr_app.config.ConfigError
-        For a bad or unknown key, or a key given both as an argument and in ``config``.
+        For a bad or unknown key (with the nearest known ones), a key given both as an argument and in
+        ``config``, or an ``output_dir`` that holds another run.
     models.data.DataValidationError
-        For bad data (naming the file, or :data:`FRAME_SOURCE`, the column and the rows).
+        For bad data or too few records for ``sites`` (naming the file, or :data:`FRAME_SOURCE`, the column and
+        the rows, and the argument). These are raised before torch, Ray or Flower is imported and before anything
+        is written (:func:`flwr_app.config.check_inputs`).
     """
     directory = Path(output_dir) if output_dir is not None else _default_directory(strategy)
     overrides = {
@@ -116,25 +125,34 @@ def fit(
     if both:
         raise ConfigError(f"fit: {', '.join(both)} given both as an argument and in config; give it once")
     overrides.update(config or {})
-    from simulations.engine import resolve, run_simulation  # Flower and Ray: imported when a run starts
-
-    path = directory.resolve() / DATA_FILE if isinstance(data, pd.DataFrame) else Path(data).resolve()
+    frame = data if isinstance(data, pd.DataFrame) else None
+    path = directory.resolve() / DATA_FILE if frame is not None else Path(data).resolve()
     overrides["data.path"] = str(path)
-    resolve(overrides)  # a bad key or value is refused before anything is written
-    if not isinstance(data, pd.DataFrame):
-        run_simulation(overrides)
-        return load_run(directory)
-    _write_frame(data, path)
+    _, cfg = resolve(overrides)  # a bad key or value is refused before anything is read or written
     try:
+        if frame is not None:
+            _check_unused(directory)
+            frame = _prepared_frame(frame)
+        check_inputs(cfg, frame)
+        if frame is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            frame.to_parquet(path, index=False)
+        from simulations.engine import run_simulation  # torch, Ray and Flower
+
         run_simulation(overrides)
     except DataValidationError as err:
-        raise DataValidationError(_frame_message(str(err), path), public=err.public) from None
+        raise DataValidationError(_data_message(str(err), path if frame is not None else None),
+                                  public=err.public) from None
+    from models.predict import load_run
+
     return load_run(directory)
 
 
-def _frame_message(message: str, path: Path) -> str:
-    """An error about the copy at ``path`` of the frame given to :func:`fit`, naming the frame and the arguments."""
-    message = message.replace(str(path), FRAME_SOURCE)
+def _data_message(message: str, frame_path: Path | None) -> str:
+    """An error about :func:`fit`'s data naming its arguments (:data:`ARGUMENT_KEYS`) for their keys, and, for a
+    frame written to ``frame_path``, the frame (:data:`FRAME_SOURCE`) for that file."""
+    if frame_path is not None:
+        message = message.replace(str(frame_path), FRAME_SOURCE)
     for key, argument in ARGUMENT_KEYS.items():
         message = message.replace(key, argument)
     return message
@@ -144,23 +162,23 @@ def _default_directory(strategy: str) -> Path:
     return Path("outputs") / "api" / f"{datetime.datetime.now():%Y%m%d-%H%M%S-%f}-{strategy}"
 
 
-def _write_frame(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` as the run's Parquet input, dtypes kept, in a directory that holds no other run.
-
-    An object column that mixes numbers and text (which Parquet cannot store) is written as text, as a
-    CSV file would hold it. Raises :class:`DataValidationError` for duplicate column names.
-    """
+def _check_unused(directory: Path) -> None:
+    """Refuse an ``output_dir`` that holds another run's files or another frame's copy (:data:`DATA_FILE`)."""
     from flwr_app.outputs import RUN_FILES
 
-    held = sorted(name for name in (*RUN_FILES, DATA_FILE) if (path.parent / name).exists())
+    held = sorted(name for name in (*RUN_FILES, DATA_FILE) if (directory / name).exists())
     if held:
-        raise ConfigError(f"output.dir = '{path.parent}' already holds {', '.join(held)}: give fit a new output_dir")
+        raise ConfigError(f"output.dir = '{directory}' already holds {', '.join(held)}: give fit a new output_dir")
+
+
+def _prepared_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` as the run's Parquet input will hold it (:data:`DATA_FILE`), dtypes kept: column names as text,
+    a plain index, and an object column that mixes numbers and text (which Parquet cannot store) as text, as a
+    CSV file would hold it. Raises :class:`DataValidationError` for duplicate column names."""
     frame = frame.rename(columns=str).reset_index(drop=True)
     duplicates = duplicate_column_problems(list(frame.columns), source=FRAME_SOURCE)
     if duplicates:
         raise DataValidationError("\n".join(duplicates), public=[(DUPLICATE_COLUMNS, "")])
     mixed = [column for column in frame.columns if frame[column].dtype == object
              and pd.api.types.infer_dtype(frame[column], skipna=True).startswith("mixed")]
-    frame = frame.assign(**{column: frame[column].map(str, na_action="ignore") for column in mixed})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(path, index=False)
+    return frame.assign(**{column: frame[column].map(str, na_action="ignore") for column in mixed})

@@ -28,7 +28,7 @@ import threading
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies.config import (
     AUTO,
@@ -52,6 +52,11 @@ from strategies.config import (
     parse_flat,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from models.data.datasets import ColumnRoles
+
 __all__ = [
     "ConfigError",
     "DataConfig",
@@ -66,6 +71,7 @@ __all__ = [
     "STRATEGIES",
     "TrainConfig",
     "check_inputs",
+    "column_roles",
     "did_you_mean",
     "generated_files",
     "parse_run_config",
@@ -208,37 +214,61 @@ def resolve(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentCon
     return fused, parse_run_config(fused)
 
 
-def check_inputs(cfg: ExperimentConfig) -> None:
-    """Check what a run reads and writes before it starts: a horizontal run's table is read and validated
-    (:func:`models.data.load_table`: the file, its columns, outcome and column roles; pandas only) and its site
-    column checked, then ``output.dir`` (or ``resume.from``) is checked when the run config names one
-    (:meth:`flwr_app.outputs.RunOutputs.create`, which imports torch; a new directory is created).
+def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
+    """What the run config says about its table's columns (the simulated table and a deployed site's own file):
+    ``data.id_col``, ``data.drop_cols``, ``data.split_col``, ``data.categorical_cols`` and ``data.event_values``."""
+    from models.data.datasets import ColumnRoles
+
+    return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col,
+                       categorical=cfg.data.categorical_cols, event_values=cfg.data.event_values)
+
+
+def check_inputs(cfg: ExperimentConfig, frame: pd.DataFrame | None = None) -> None:
+    """Check what a run writes and reads before it starts (pandas and numpy only; no torch, Ray or Flower).
+
+    ``output.dir`` (or ``resume.from``) is checked first when the run config names one
+    (:meth:`flwr_app.outputs.RunOutputs.create`; a new directory is created). Then a horizontal run's table is read
+    and validated (:func:`models.data.load_table`: ``data.path`` names a file, its columns, outcome and column
+    roles), or ``frame`` (the records of a ``data.name = csv`` run, given as a frame: validated as its file would
+    be, errors naming ``data.path``), and its records are partitioned into sites and split as the run will
+    (:func:`models.data.federated.site_splits`: enough records for every site, a test record and a training event
+    at each).
 
     Raises
     ------
     models.data.DataValidationError
-        For a file that cannot be used, naming the file, the column and the key.
+        For a file or partition that cannot be used, in one line naming the file, the column or the key, and the fix.
     ConfigError
         For an ``output.dir`` that holds another run or cannot be written.
     """
     from models.data import DATASETS, load_table
-    from models.data.datasets import ColumnRoles
+    from models.data.datasets import DEFAULT_OUTCOME, readable_file, table_from_frame
+    from models.data.federated import site_splits
     from models.data.files import resolve_data_dir
     from models.data.partition import SCHEMES
 
-    data = cfg.data
-    if not STRATEGIES[cfg.strategy].vertical and data.name in DATASETS:
-        roles = ColumnRoles(id_col=data.id_col, drop_cols=data.drop_cols, split_col=data.split_col,
-                            categorical=data.categorical_cols, event_values=data.event_values)
-        table = load_table(data.name, path=data.path, data_dir=str(resolve_data_dir(data.dir)), time_col=data.time_col,
-                           event_col=data.event_col, feature_cols=data.feature_cols,
-                           sba_horizon_months=data.horizon_months, roles=roles, notes=False)
-        if cfg.federation.partition not in SCHEMES:
-            table.with_group(cfg.federation.partition)
     if cfg.output_dir or cfg.resume_from:
         from flwr_app.outputs import RunOutputs
 
         RunOutputs.create(cfg)
+    data, federation = cfg.data, cfg.federation
+    if not STRATEGIES[cfg.strategy].vertical and data.name in DATASETS:
+        if frame is not None:
+            table = table_from_frame(frame, source=data.path, time_col=data.time_col or DEFAULT_OUTCOME[0],
+                                     event_col=data.event_col or DEFAULT_OUTCOME[1], feature_cols=data.feature_cols,
+                                     roles=column_roles(cfg), identifiers=True)
+        else:
+            if data.path:
+                readable_file(data.path, key="data.path")
+            table = load_table(data.name, path=data.path, data_dir=str(resolve_data_dir(data.dir)),
+                               time_col=data.time_col, event_col=data.event_col, feature_cols=data.feature_cols,
+                               sba_horizon_months=data.horizon_months, roles=column_roles(cfg), notes=False)
+        if federation.partition not in SCHEMES:
+            table = table.with_group(federation.partition)
+        site_splits(table, name=data.name, seed=cfg.seed, num_sites=federation.num_sites,
+                    partition=federation.partition, dirichlet_alpha=federation.dirichlet_alpha,
+                    test_fraction=data.test_fraction, min_site_records=federation.min_site_records,
+                    oot_start=data.oot_start)
 
 
 # ------------------------------------------------------------------ the generated files

@@ -23,13 +23,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from flwr_app.config import ConfigError, ExperimentConfig
-from models.predict import PREPROCESSING_FILE
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (and models.predict, which imports it) are imported by the methods that write or read a model: a run's
+# checks before it starts (RunOutputs.create) need neither.
 
 CHECKPOINT = "checkpoint.pt"
 #: Files whose presence means that a directory already holds a run (a new run there is refused).
@@ -150,6 +154,8 @@ class RunOutputs:
 
     def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
         """Write ``checkpoint.pt`` atomically (temporary file, then ``os.replace``): a crash leaves the previous one."""
+        import torch
+
         tmp = self.checkpoint_path.with_suffix(".pt.tmp")
         torch.save(dict(checkpoint), tmp)
         os.replace(tmp, self.checkpoint_path)
@@ -162,12 +168,16 @@ class RunOutputs:
 
     @property
     def preprocessing_path(self) -> Path:
+        from models.predict import PREPROCESSING_FILE
+
         return self.directory / PREPROCESSING_FILE
 
     def save_model(self, state_dict: Mapping[str, torch.Tensor], *, preprocessing: Mapping[str, Any],
                    baseline: tuple[np.ndarray, np.ndarray] | None = None, **metadata: Any) -> None:
         """Write ``model.pt`` (loadable with ``weights_only``: the Breslow ``baseline`` as lists) and, beside it,
         the ``preprocessing`` it was trained on (:func:`models.predict.preprocessing_payload`) as JSON."""
+        import torch
+
         torch.save({"state_dict": dict(state_dict), **metadata,
                     "baseline": None if baseline is None else [np.asarray(part).tolist() for part in baseline]},
                    self.model_path)
@@ -188,4 +198,6 @@ def load_checkpoint(resume_from: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"run config: resume.from = {resume_from!r}: no checkpoint at {path} (a horizontal run "
                           "writes one after every round)")
+    import torch
+
     return torch.load(path, weights_only=True)

@@ -17,11 +17,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from flwr_app.config import ExperimentConfig
+from flwr_app.config import ExperimentConfig, column_roles
 from strategies.config import CENTRALIZED_LABEL, DEFAULT_HIDDEN
 from strategies.model_choice import CANDIDATES, ModelChoice, choose_model
 from models.data import (
-    ColumnRoles,
     FederatedDataset,
     Preprocessor,
     RawTable,
@@ -159,13 +158,6 @@ def plan_recalibration(cfg: ExperimentConfig, shared: SharedSetup, counts: Mappi
     spread = horizontal_mechanism(cfg.strategy).recalibration_spread(cfg, len(counts))
     return recalibration_plan(shared.time_counts, count=sum(counts.values()), spread=spread,
                               multiplier=recalibration_multiplier(cfg))
-
-
-def column_roles(cfg: ExperimentConfig) -> ColumnRoles:
-    """What the run config says about its table's columns (the simulated table and a deployed site's own file):
-    ``data.id_col``, ``data.drop_cols``, ``data.split_col``, ``data.categorical_cols`` and ``data.event_values``."""
-    return ColumnRoles(id_col=cfg.data.id_col, drop_cols=cfg.data.drop_cols, split_col=cfg.data.split_col,
-                       categorical=cfg.data.categorical_cols, event_values=cfg.data.event_values)
 
 
 @functools.lru_cache(maxsize=4)

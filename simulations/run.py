@@ -15,7 +15,8 @@ pooled training data and reported beside the federated result.
 
 Checks. Before torch, Ray and Flower are imported (within about a second): the command line's keys
 and group options (:func:`check_command_line`: an unknown one names the nearest), the run config's
-values (:func:`flwr_app.config.resolve`), a horizontal run's data file and the output directory
+values (:func:`flwr_app.config.resolve`), a horizontal run's data file, its partition into sites (at least
+:data:`models.data.partition.MIN_SITE_RECORDS` records each) and the output directory
 (:func:`flwr_app.config.check_inputs`).
 
 Ending. The outputs go to Hydra's run directory (or ``output.dir``), which must not hold another
@@ -104,12 +105,13 @@ def describe_failure(err: BaseException, flat: dict[str, Any]) -> tuple[str, int
 
 def check_command_line(arguments: Sequence[str]) -> None:
     """Refuse, before Hydra composes the configuration, an override that names no run-config key or a config group
-    option that does not exist (Hydra's own error would advise ``+key`` or list every option): one line on stderr
-    with the nearest names and where every key is listed, exit status 2. Overrides of ``hydra.*``, deletions,
-    sweeps of group options, another config (``--config-name``) and what Hydra cannot parse are left to Hydra."""
+    option that does not exist (Hydra's own error would advise ``+key`` or list every option), also among the
+    values of a sweep (``-m strategy=fedavg,dpsgd``): one line on stderr with the nearest names and where every key
+    is listed, exit status 2. Overrides of ``hydra.*``, deletions, another config (``--config-name``) and what
+    Hydra cannot parse are left to Hydra. ``python -m simulations.sweep`` checks its command line with it too."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
+    from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 
     if "--version" in arguments:
         return
@@ -128,9 +130,10 @@ def check_command_line(arguments: Sequence[str]) -> None:
         if key in HYDRA_GROUPS:
             value = override.value()
             options = sorted(path.stem for path in (PROJECT_ROOT / "conf" / key).glob("*.yaml") if path.stem != "base")
-            if isinstance(value, str) and value not in options:
-                exit_with(f"error: run config: {key}={value}: no such {key} option{did_you_mean(value, options)} "
-                          f"(every {key} option: {KEYS_PAGE})", 2)
+            for choice in value.list if isinstance(value, ChoiceSweep) else [value]:
+                if isinstance(choice, str) and choice not in options:
+                    exit_with(f"error: run config: {key}={choice}: no such {key} option{did_you_mean(choice, options)} "
+                              f"(every {key} option: {KEYS_PAGE})", 2)
             continue
         unknown.append(key)
     if unknown:

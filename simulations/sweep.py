@@ -646,7 +646,11 @@ def _hydra_main() -> None:
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
-    """``--gather DIR`` rebuilds the report of a finished sweep; anything else goes to Hydra."""
+    """``--gather DIR`` rebuilds the report of a finished sweep; anything else goes to Hydra, once its keys and
+    group options are known (:func:`simulations.run.check_command_line`: an unknown one ends the sweep before its
+    first job with one line naming the nearest, exit status 2)."""
+    from simulations.run import check_command_line
+
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--gather":
         if len(args) != 2:
@@ -655,6 +659,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
             sys.exit(f"error: {args[1]} is not a directory")
         write_report(args[1])
         return
+    check_command_line(args)
     _hydra_main()
 
 

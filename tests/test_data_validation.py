@@ -77,14 +77,15 @@ def test_missing_time_column_lists_present_columns(tmp_path):
     path = write_csv(tmp_path, good_frame().drop(columns=["time"]))
     with pytest.raises(DataValidationError) as error:
         load_csv(path)
-    assert_message(error, path, "missing column 'time'", "columns present: age, stage, event")
+    assert_message(error, path, "data.time_col names column 'time', which the file does not have",
+                   "columns present: age, stage, event")
 
 
 def test_missing_feature_column(tmp_path):
     path = write_csv(tmp_path, good_frame())
     with pytest.raises(DataValidationError) as error:
         load_csv(path, feature_cols=["age", "weight"])
-    assert_message(error, path, "missing column 'weight'")
+    assert_message(error, path, "data.feature_cols names column 'weight', which the file does not have")
 
 
 def test_nan_and_non_numeric_times(tmp_path):

@@ -72,7 +72,7 @@ def test_dirichlet_sites_meet_size_and_event_minimum(outcome):
 def test_dirichlet_gives_up_with_a_clear_error(outcome):
     with pytest.raises(DataValidationError, match="no Dirichlet partition .* raise dirichlet_alpha"):
         parts_of("dirichlet", outcome, num_sites=5, min_site_records=590)
-    with pytest.raises(DataValidationError, match="cannot give 50 sites >= 100 records"):
+    with pytest.raises(DataValidationError, match="cannot give federation.num_sites = 50 sites of at least 100 records"):
         parts_of("dirichlet", outcome, num_sites=50, min_site_records=100)
 
 

@@ -157,17 +157,39 @@ class RawTable:
         )
 
 
-def read_frame(path: str | Path) -> pd.DataFrame:
-    """Read a CSV or Parquet file.
+def readable_file(path: str | Path, *, key: str = "") -> Path:
+    """``path``, when it names a file; ``key``: the run-config key that names it (e.g. ``data.path``), named by
+    the error.
 
     Raises
     ------
     DataValidationError
-        When the file does not exist or is empty.
+        In one line, naming the path (and ``key``) and the fix: no such file, or a folder.
     """
     path = Path(path)
+    named = f"{key} = '{path}'" if key else str(path)
+    if path.is_dir():
+        inside = sorted(child.name for child in path.iterdir() if child.is_file()
+                        and any(child.name.lower().endswith(suffix) for suffix in (".csv", ".csv.gz", *PARQUET_SUFFIXES)))
+        listed = f" ({', '.join(inside[:3])}{' ...' if len(inside) > 3 else ''})" if inside else ""
+        raise DataValidationError(f"{named} is a folder, not a file: give the CSV or Parquet file inside it{listed}",
+                                  public=[(UNREADABLE, key)])
     if not path.is_file():
-        raise DataValidationError(f"{path}: file not found", public=[(UNREADABLE, "")])
+        raise DataValidationError(f"{named}: file not found; give the path of an existing CSV or Parquet file "
+                                  "(a relative path starts from the folder the run is started in)",
+                                  public=[(UNREADABLE, key)])
+    return path
+
+
+def read_frame(path: str | Path, *, key: str = "") -> pd.DataFrame:
+    """Read a CSV or Parquet file (``key``: the run-config key that names it, for :func:`readable_file`'s errors).
+
+    Raises
+    ------
+    DataValidationError
+        When the path names no file (:func:`readable_file`), or the file is empty or unreadable.
+    """
+    path = readable_file(path, key=key)
     if path.suffix.lower() in PARQUET_SUFFIXES:
         return pd.read_parquet(path)
     try:
@@ -177,7 +199,8 @@ def read_frame(path: str | Path) -> pd.DataFrame:
             raise DataValidationError("\n".join(duplicates), public=[(DUPLICATE_COLUMNS, "")])
         return pd.read_csv(path, low_memory=False)
     except pd.errors.EmptyDataError:
-        raise DataValidationError(f"{path}: empty file (no header, no data rows)",
+        raise DataValidationError(f"{path}: empty file (no header, no data rows); give a file with a header line "
+                                  "naming the columns and one row per record",
                                   public=[(TOO_FEW_RECORDS, "")]) from None
     except UnicodeDecodeError as err:
         raise DataValidationError(f"{path}: not UTF-8 text at byte {err.start} (a binary file, or another encoding: "

@@ -15,7 +15,14 @@ import pandas as pd
 
 from models.data import sba
 from models.data.datasets import PARQUET_SUFFIXES, ColumnRoles, RawTable, load_table
-from models.data.partition import SCHEMES, natural_partition, partition_indices, stratified_split
+from models.data.partition import (
+    MIN_SITE_RECORDS,
+    SCHEMES,
+    check_site_count,
+    natural_partition,
+    partition_indices,
+    stratified_split,
+)
 from models.data.preprocess import Preprocessor, category_keys
 from models.data.validate import DataValidationError, check_site_events
 
@@ -137,15 +144,25 @@ def assign_sites(
     dirichlet_alpha: float,
     min_site_records: int,
 ) -> dict[str, np.ndarray]:
-    """Site name -> table positions, partitioning the records at ``positions``."""
+    """Site name -> table positions, partitioning the records at ``positions``.
+
+    Raises
+    ------
+    DataValidationError
+        Naming the table's source, when the records cannot give every site its minimum
+        (:func:`~models.data.partition.check_site_count`, :func:`~models.data.partition.natural_partition`).
+    """
     if partition in SCHEMES:
+        minimum = max(min_site_records, MIN_SITE_RECORDS) if partition == "dirichlet" else MIN_SITE_RECORDS
+        check_site_count(positions.size, num_sites, minimum=minimum, source=table.source)
         parts = partition_indices(
             partition, time=table.time[positions], event=table.event[positions], num_sites=num_sites,
             seed=seed, dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
         )  # fmt: skip
         return {f"site-{k}": positions[part] for k, part in enumerate(parts)}
     groups = table.groups[partition].iloc[positions]
-    return {name: positions[part] for name, part in natural_partition(groups, min_site_records).items()}
+    return {name: positions[part]
+            for name, part in natural_partition(groups, min_site_records, source=table.source).items()}
 
 
 def assign_out_of_time(
@@ -172,15 +189,55 @@ def train_test_positions(
     Raises
     ------
     DataValidationError
-        When the predefined split leaves the site without a test record.
+        When the split leaves the site without a test record (a random split: only for ``test_fraction > 0``).
     """
     if table.test_mask is None:
-        return stratified_split(positions, table.event, test_fraction, rng)
+        train, test = stratified_split(positions, table.event, test_fraction, rng)
+        if test_fraction > 0 and not test.size:
+            raise DataValidationError(f"{table.source}: data.test_fraction = {test_fraction:g} gives site '{site}' "
+                                      f"(its {positions.size} records) no test record; raise data.test_fraction or "
+                                      "use fewer sites")
+        return train, test
     test = table.test_mask[positions]
     if not test.any():
         raise DataValidationError(f"{table.source}: data.split_col labels none of site '{site}'s "
                                   f"{positions.size} records 'test'; every site needs test records")
     return positions[~test], positions[test]
+
+
+def site_splits(
+    table: RawTable, *, name: str, seed: int, num_sites: int, partition: str, dirichlet_alpha: float,
+    test_fraction: float, min_site_records: int, oot_start: str,
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray] | None]:
+    """Each site's training and test positions in ``table``, and its out-of-time positions (None without an
+    out-of-time part): the in-time records partitioned into sites (:func:`assign_sites`), each site's split
+    (:func:`train_test_positions`, seeded by ``seed``). Needs pandas and numpy only: a run checks its partition
+    with it before it starts. The arguments are :func:`build_federated_dataset`'s (``table`` with its group
+    column for a natural partition, :meth:`RawTable.with_group`).
+
+    Raises
+    ------
+    DataValidationError
+        Naming the table's source: too few records for the sites, a site without a test record or without an
+        event in its training part, no in-time record.
+    """
+    oot = out_of_time_mask(table, name, oot_start)
+    in_time = np.flatnonzero(~oot) if oot is not None else np.arange(len(table))
+    if in_time.size == 0:
+        raise DataValidationError(f"{table.source}: no records dated before oot_start; nothing to train on")
+    sites = assign_sites(
+        table, partition, in_time, num_sites=num_sites, seed=seed,
+        dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
+    )  # fmt: skip
+    split_rng = np.random.default_rng([seed, SPLIT_STREAM])
+    splits = {site: train_test_positions(table, pos, test_fraction=test_fraction, rng=split_rng, site=site)
+              for site, pos in sites.items()}
+    train_events = {site: table.event[train] for site, (train, _) in splits.items()}
+    check_site_events(train_events, source=table.source, part="training")
+    if oot is None:
+        return splits, None
+    oot_rng = np.random.default_rng([seed, OOT_STREAM])
+    return splits, assign_out_of_time(table, partition, np.flatnonzero(oot), list(sites), oot_rng)
 
 
 def build_federated_dataset(
@@ -231,7 +288,8 @@ def build_federated_dataset(
         train/test split by its labels.
     min_site_records
         Natural partitions drop groups with fewer in-time records; Dirichlet draws need at least
-        ``max(min_site_records, 10)`` records per site.
+        ``max(min_site_records, MIN_SITE_RECORDS)`` records per site. Every site needs at least
+        :data:`~models.data.partition.MIN_SITE_RECORDS` records (:func:`site_splits`).
     oot_start
         First date (YYYY-MM-DD) of the out-of-time part; default ``2005-01-01`` for ``sba`` and no
         out-of-time part for the others; ``"none"`` disables it.
@@ -252,23 +310,10 @@ def build_federated_dataset(
     )  # fmt: skip
     if partition not in SCHEMES:
         table = table.with_group(partition)
-    oot = out_of_time_mask(table, name, oot_start)
-    in_time = np.flatnonzero(~oot) if oot is not None else np.arange(len(table))
-    if in_time.size == 0:
-        raise DataValidationError(f"{table.source}: no records dated before oot_start; nothing to train on")
-    sites = assign_sites(
-        table, partition, in_time, num_sites=num_sites, seed=seed,
-        dirichlet_alpha=dirichlet_alpha, min_site_records=min_site_records,
+    splits, oot_sites = site_splits(
+        table, name=name, seed=seed, num_sites=num_sites, partition=partition, dirichlet_alpha=dirichlet_alpha,
+        test_fraction=test_fraction, min_site_records=min_site_records, oot_start=oot_start,
     )  # fmt: skip
-    split_rng = np.random.default_rng([seed, SPLIT_STREAM])
-    splits = {site: train_test_positions(table, pos, test_fraction=test_fraction, rng=split_rng, site=site)
-              for site, pos in sites.items()}
-    train_events = {site: table.event[train] for site, (train, _) in splits.items()}
-    check_site_events(train_events, source=table.source, part="training")
-    oot_sites = None
-    if oot is not None:
-        oot_rng = np.random.default_rng([seed, OOT_STREAM])
-        oot_sites = assign_out_of_time(table, partition, np.flatnonzero(oot), list(sites), oot_rng)
     if fit_preprocessor is None:
         preprocessor = Preprocessor.fit(table.features.iloc[np.concatenate([train for train, _ in splits.values()])])
     else:

@@ -8,6 +8,10 @@ Three schemes:
   ``alpha`` -> strongly skewed sites);
 - natural: any other name is a column; one site per value of that column.
 
+Every site needs at least :data:`MIN_SITE_RECORDS` records (and ``min_site_records`` where a run sets it):
+``iid`` and ``dirichlet`` refuse more sites than the records can fill (:func:`check_site_count`), a natural
+partition refuses a group that small unless ``min_site_records`` leaves such groups out.
+
 All functions return sorted index arrays and are deterministic given their generator or seed.
 """
 
@@ -19,19 +23,42 @@ import numpy as np
 import pandas as pd
 
 from models.data.preprocess import category_keys
-from models.data.validate import DataValidationError
+from models.data.validate import TOO_FEW_RECORDS, DataValidationError
 
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("iid", "dirichlet")
-MIN_DIRICHLET_SITE_RECORDS = 10
+#: The fewest records a site may hold: below this a site's training part (about 80% of it) fits a survival model on
+#: a handful of records, often without an event, and its test part holds one or two records, so its figures mean
+#: nothing (and a site of fewer records fails later, in its training or its calibration table).
+MIN_SITE_RECORDS = 10
 DIRICHLET_MAX_DRAWS = 1000
 
 
+def check_site_count(records: int, num_sites: int, *, minimum: int = MIN_SITE_RECORDS, source: str = "") -> None:
+    """Raise unless ``records`` records give ``num_sites`` sites of at least ``minimum`` records each.
+
+    Raises
+    ------
+    DataValidationError
+        In one line: the source, the record count, ``federation.num_sites`` and the largest number of sites the
+        records allow (or, with too few records for one site, that the file needs more).
+    """
+    if num_sites * minimum <= records:
+        return
+    largest = records // minimum
+    fix = (f"use federation.num_sites={largest} or fewer" if largest else
+           f"a federation needs a file of at least {minimum} records")
+    raise DataValidationError(
+        f"{source + ': ' if source else ''}{records} records cannot give federation.num_sites = {num_sites} sites of "
+        f"at least {minimum} records each (the fewest a site can train and be tested on); {fix}",
+        public=[(TOO_FEW_RECORDS, "federation.num_sites")])
+
+
 def iid_partition(n: int, num_sites: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Random near-equal parts of ``range(n)`` (sizes differ by at most one)."""
-    if num_sites > n:
-        raise DataValidationError(f"cannot split {n} records into {num_sites} sites")
+    """Random near-equal parts of ``range(n)`` (sizes differ by at most one), each of at least
+    :data:`MIN_SITE_RECORDS` records (:func:`check_site_count`)."""
+    check_site_count(n, num_sites)
     return [np.sort(part) for part in np.array_split(rng.permutation(n), num_sites)]
 
 
@@ -63,8 +90,8 @@ def dirichlet_partition(
 ) -> list[np.ndarray]:
     """Label/time-skewed partition; re-drawn until every site is usable.
 
-    A draw is accepted when every site has at least ``max(min_site_records, 10)`` records and at
-    least one event; at most ``DIRICHLET_MAX_DRAWS`` draws are tried.
+    A draw is accepted when every site has at least ``max(min_site_records, MIN_SITE_RECORDS)`` records
+    and at least one event; at most ``DIRICHLET_MAX_DRAWS`` draws are tried.
 
     Raises
     ------
@@ -73,12 +100,8 @@ def dirichlet_partition(
     """
     if alpha <= 0:
         raise DataValidationError(f"dirichlet_alpha must be positive, got {alpha}")
-    minimum = max(min_site_records, MIN_DIRICHLET_SITE_RECORDS)
-    if num_sites * minimum > time.size:
-        raise DataValidationError(
-            f"{time.size} records cannot give {num_sites} sites >= {minimum} records each; "
-            "lower num_sites or min_site_records"
-        )
+    minimum = max(min_site_records, MIN_SITE_RECORDS)
+    check_site_count(time.size, num_sites, minimum=minimum)
     labels = time_event_strata(time, event)
     strata = [np.flatnonzero(labels == label) for label in np.unique(labels)]
     for _ in range(DIRICHLET_MAX_DRAWS):
@@ -92,11 +115,17 @@ def dirichlet_partition(
     )
 
 
-def natural_partition(groups: pd.Series, min_site_records: int = 0) -> dict[str, np.ndarray]:
+def natural_partition(groups: pd.Series, min_site_records: int = 0, *, source: str = "") -> dict[str, np.ndarray]:
     """One site per value of ``groups``, named by the value and sorted by name.
 
     Records with a missing group value, and values with fewer than ``min_site_records`` records,
     are left out with a logged warning.
+
+    Raises
+    ------
+    DataValidationError
+        When no value is left, or (one line naming ``source``, the column and the values) when a value kept has
+        fewer than :data:`MIN_SITE_RECORDS` records: ``federation.min_site_records`` leaves such sites out.
     """
     names = category_keys(groups).reset_index(drop=True)
     missing = int(names.isna().sum())
@@ -111,8 +140,18 @@ def natural_partition(groups: pd.Series, min_site_records: int = 0) -> dict[str,
             groups.name, len(small), min_site_records, listed,
         )  # fmt: skip
     kept = sorted(counts.index.difference(small.index))
+    where = f"{source + ': ' if source else ''}column '{groups.name}' (federation.partition)"
     if not kept:
-        raise DataValidationError(f"column '{groups.name}': no value has at least {min_site_records} records")
+        raise DataValidationError(f"{where}: no value has at least {min_site_records} records "
+                                  "(federation.min_site_records); lower federation.min_site_records",
+                                  public=[(TOO_FEW_RECORDS, "federation.min_site_records")])
+    tiny = sorted((name, int(counts[name])) for name in kept if counts[name] < MIN_SITE_RECORDS)
+    if tiny:
+        listed = ", ".join(f"'{name}' ({n})" for name, n in tiny[:5]) + (" ..." if len(tiny) > 5 else "")
+        raise DataValidationError(
+            f"{where}: {len(tiny)} site(s) with fewer than {MIN_SITE_RECORDS} records: {listed}; leave them out "
+            f"with federation.min_site_records={MIN_SITE_RECORDS}, or merge them into other sites",
+            public=[(TOO_FEW_RECORDS, "federation.partition")])
     positions = names.groupby(names).indices
     return {name: np.sort(positions[name]) for name in kept}
 
@@ -144,7 +183,8 @@ def partition_indices(
     dirichlet_alpha
         Concentration of the Dirichlet proportions.
     min_site_records
-        Smallest acceptable site (Dirichlet) or group (natural) size.
+        Smallest acceptable site (Dirichlet, with :data:`MIN_SITE_RECORDS` at least) or group (natural:
+        smaller groups are left out) size.
     groups
         The partition column for a natural partition.
 

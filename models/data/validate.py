@@ -105,21 +105,28 @@ def require_columns(columns: Iterable[str], present: Sequence[str], *, source: s
                     keys: Mapping[str, str] | None = None) -> None:
     """Raise if any of ``columns`` is not among ``present``, listing the columns that exist.
 
-    ``keys``: the run-config key that names each column (its public part, :class:`DataValidationError`).
+    ``keys``: the run-config key that names each column; the error says which key names a missing column
+    (``data.time_col names column 'duration', which the file does not have``), and the key is its public part
+    (:class:`DataValidationError`).
 
     Raises
     ------
     DataValidationError
-        Naming every missing column and the available ones.
+        In one line: every missing column (with its key), and the columns present.
     """
     missing = [c for c in columns if c not in present]
-    if missing:
-        names = ", ".join(f"'{c}'" for c in missing)
-        noun = "column" if len(missing) == 1 else "columns"
-        raise DataValidationError(
-            f"{source}: missing {noun} {names}; columns present: {', '.join(map(str, present))}",
-            public=[(MISSING_COLUMN, (keys or {}).get(c, "")) for c in missing],
-        )
+    if not missing:
+        return
+    keys = keys or {}
+    named = [f"{keys[c]} names column '{c}'" for c in missing if keys.get(c)]
+    unnamed = [f"'{c}'" for c in missing if not keys.get(c)]
+    parts = [f"{', '.join(named)}, which the file does not have"] if named else []
+    if unnamed:
+        parts.append(f"missing {'column' if len(unnamed) == 1 else 'columns'} {', '.join(unnamed)}")
+    raise DataValidationError(
+        f"{source}: {'; '.join(parts)}; columns present: {', '.join(map(str, present))}",
+        public=[(MISSING_COLUMN, keys.get(c, "")) for c in missing],
+    )
 
 
 def _non_numeric(series: pd.Series) -> tuple[pd.Series, np.ndarray]:
@@ -353,7 +360,8 @@ def validate_survival_frame(
         one per line.
     """
     if len(df) == 0:
-        raise DataValidationError(f"{source}: empty file (no data rows)", public=[(TOO_FEW_RECORDS, "")])
+        raise DataValidationError(f"{source}: empty file (a header line, no data rows); give one row per record "
+                                  "under the header", public=[(TOO_FEW_RECORDS, "")])
     keys = {**{column: FEATURES_KEY for column in feature_cols}, event_col: EVENT_KEY, time_col: TIME_KEY}
     require_columns([time_col, event_col, *feature_cols], list(map(str, df.columns)), source=source, keys=keys)
     times, time_issues = time_problems(df[time_col], source=source, column=time_col)
