@@ -483,7 +483,9 @@ class FederationConfig:
                                     "partition (region, State, ...)")
     dirichlet_alpha: float = setting(0.5, "concentration of the Dirichlet partition (smaller = more skewed)",
                                      bounds=POSITIVE)
-    min_site_records: int = setting(0, "natural partitions: drop groups smaller than this", bounds=NON_NEGATIVE)
+    min_site_records: int = setting(0, "natural partitions: drop groups smaller than this (a site of fewer than 10 "
+                                       "records is refused: set 10 or more to leave such centres out)",
+                                    bounds=NON_NEGATIVE)
     fraction_train: float = setting(1.0, "share of sites sampled per round",
                                     bounds=Bounds(0.0, 1.0, high_closed=True))
     min_sites: int = setting(2, "fewest sites whose training a round aggregates; below it the run stops (resumable)",
