@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord
 
 from flwr_app import task
 from flwr_app.server_app import _evaluate_global, _load_final
-from simulations.adaptive_dp import PAPER, write_report
+from simulations.papers.adaptive_dp import PAPER, write_report
 from simulations.engine import resolve
 from simulations.hydra_config import parse_value
 
@@ -116,7 +116,7 @@ def test_a_healthy_model_is_evaluated(cox_setup) -> None:
 
 def test_the_reproductions_shared_privacy_keys_reach_the_dp_methods_and_not_the_no_dp_baseline() -> None:
     """The documented commands pass ``privacy.clip_norm`` to every run; FedAvg refuses a key it ignores."""
-    from simulations.adaptive_dp import _run
+    from simulations.papers.adaptive_dp import _run
 
     shared = {"data.name": "sim_cox", "model.name": "cox_mlp", "federation.rounds": 1, "privacy.clip_norm": 5.0}
     baseline = _run(("no DP", math.inf, 0, shared))

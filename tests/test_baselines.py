@@ -1,4 +1,4 @@
-"""BVFLMSP Table 1 baselines (models.baselines) and the table runner (simulations.table1)."""
+"""BVFLMSP Table 1 baselines (models.baselines) and the table runner (simulations.papers.table1)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from models.baselines import (
 from models.data.vertical import VerticalTable, simulate_multimodal, split_train_test
 from models.survival import HazardMLP
 from models.time_grid import make_time_grid
-from simulations import table1
+from simulations.papers import table1
 
 #: Small nets and few epochs: every model runs in about a second.
 FAST = BaselineSettings(epochs=60, multimodal_epochs=15, dim=32, encoder_layers=1, head_layers=1, mc_passes=10,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from simulations.bvflmsp import run_grid, write_report
+from simulations.papers.bvflmsp import run_grid, write_report
 
 TINY = {"data.synthetic_records": 300, "federation.rounds": 2, "split.embedding_dim": 16, "split.encoder_layers": 1,
         "split.head_layers": 1, "split.mc_samples": 4}

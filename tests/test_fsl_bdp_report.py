@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from scipy.stats import binomtest
 
-from simulations import fsl_bdp, sweep
+from simulations import sweep
+from simulations.papers import fsl_bdp
 
 SITES = ("CA", "FL", "NY", "TX")
 

@@ -125,9 +125,9 @@ def test_a_dp_run_sends_no_training_loss_and_the_manifest_would_catch_it():
 
 def test_the_committed_privacy_page_is_generated_from_the_manifests():
     from flwr_app.config import PROJECT_ROOT
-    from simulations.report import privacy_page
+    from simulations.papers.report import privacy_page
 
     committed = (PROJECT_ROOT / "docs" / "privacy.md").read_text(encoding="utf-8")
-    assert committed == privacy_page(), "docs/privacy.md is stale: run `python -m simulations.report` and commit it"
+    assert committed == privacy_page(), "docs/privacy.md is stale: run `python -m simulations.papers.report` and commit it"
     for name in MECHANISMS:
         assert f"## `{name}`" in committed

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from simulations.engine import strategy_overrides
-from simulations.membership import record_level_budget, run_grid, targets, write_report
+from simulations.papers.membership import record_level_budget, run_grid, targets, write_report
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.audits.membership import max_auc
 

@@ -1,4 +1,4 @@
-"""`python -m simulations.report` regenerates docs/results.md and every grid's tables from the saved runs."""
+"""`python -m simulations.papers.report` regenerates docs/results.md and every grid's tables from the saved runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from flwr_app.config import PROJECT_ROOT
-from simulations import report
+from simulations.papers import report
 
 DOCS = PROJECT_ROOT / "docs"
 
@@ -22,7 +22,7 @@ def test_the_committed_report_and_tables_are_what_the_saved_runs_give(tmp_path: 
     text = report.write(results, tmp_path / "results.md")
 
     assert text == (DOCS / "results.md").read_text(encoding="utf-8"), \
-        "docs/results.md is stale: run `python -m simulations.report` and commit it"
+        "docs/results.md is stale: run `python -m simulations.papers.report` and commit it"
     for table in sorted((DOCS / "results").rglob("*.md")) + sorted((DOCS / "results").rglob("*.csv")):
         copy = results / table.relative_to(DOCS / "results")
         assert copy.read_text(encoding="utf-8") == table.read_text(encoding="utf-8"), f"{table} changed"

@@ -137,7 +137,7 @@ def test_mask_modality_copies_the_mask_with_one_column_off() -> None:
 def test_simulation_writes_consistent_tables_and_figures(tmp_path) -> None:
     import pandas as pd
 
-    from simulations.uncertainty import ALL, main
+    from simulations.papers.uncertainty import ALL, main
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny layers: a second thread only adds synchronisation (10x slower on a busy machine)

@@ -8,7 +8,7 @@ passes over the test records; :mod:`models.uncertainty` turns them into 95% band
 
 Usage::
 
-    python -m simulations.uncertainty --data synthetic_multimodal --out docs/results/bvflmsp/uncertainty \\
+    python -m simulations.papers.uncertainty --data synthetic_multimodal --out docs/results/bvflmsp/uncertainty \\
         [--passes 100] [--seeds 0,1,2,3,4] [--epochs 20] [--lr 0.005] [--batch-size 128] ...
 
 Writes into ``OUT/<data>/``:

@@ -11,7 +11,7 @@ standard deviation over seeds, ``-`` where a model cannot take the combination.
 
 Usage::
 
-    python -m simulations.table1 --data metabric --seeds 0,1,2,3,4 --out DIR \\
+    python -m simulations.papers.table1 --data metabric --seeds 0,1,2,3,4 --out DIR \\
         [--jobs 2] [--epochs 200] [--multimodal-epochs 40] [--lr 0.01] ... [--report-only]
 
 Every field of :class:`models.baselines.BaselineSettings` is an option (``--multimodal-lr``,

@@ -10,7 +10,7 @@ paper formula's claim) and ``OUT/figure.png`` C-index and reconstruction R² aga
 
 Usage::
 
-    python -m simulations.bvflmsp --out DIR --settings metabric:genomic,clinical synthetic_multimodal:a,b,c \\
+    python -m simulations.papers.bvflmsp --out DIR --settings metabric:genomic,clinical synthetic_multimodal:a,b,c \\
         --epsilons inf,0.5,1,1.5,10 --calibrations rdp,paper --seeds 0,1,2,3,4 [--jobs 2] key=value ...
 
 ``--calibrations private_split`` runs strategy ``private_split`` instead (each record released

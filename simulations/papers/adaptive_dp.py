@@ -8,7 +8,7 @@ audited ε) and ``OUT/figure.png``.
 
 Usage::
 
-    python -m simulations.adaptive_dp --out DIR --epsilons 0.6,0.7,0.8,0.9,1.0 --reps 10 \\
+    python -m simulations.papers.adaptive_dp --out DIR --epsilons 0.6,0.7,0.8,0.9,1.0 --reps 10 \\
         [--jobs 2] [--metrics inbll,ibs] [--methods ...] key=value ...
 
 ``key=value`` are run-config overrides shared by every run (e.g. ``data.name=sim_cox``).

@@ -1,4 +1,4 @@
-"""FSL-BDP comparison tables and figure from saved sweeps: ``python -m simulations.fsl_bdp``.
+"""FSL-BDP comparison tables and figure from saved sweeps: ``python -m simulations.papers.fsl_bdp``.
 
 Reads one or more sweep directories of ``simulations.sweep`` holding runs of ``fedavg``,
 ``dp_sgd`` and ``bdp`` (with their centralised baselines, ``baseline.centralized=true``) and
@@ -18,8 +18,8 @@ writes, in the shape of FSL-BDP's Table 3 and Figure 10:
 
 Usage::
 
-    python -m simulations.fsl_bdp SWEEP_DIR [SWEEP_DIR ...] --out DIR [--title TEXT]
-    python -m simulations.fsl_bdp --report-only --out DIR [--title TEXT]   # from DIR's saved CSVs
+    python -m simulations.papers.fsl_bdp SWEEP_DIR [SWEEP_DIR ...] --out DIR [--title TEXT]
+    python -m simulations.papers.fsl_bdp --report-only --out DIR [--title TEXT]   # from DIR's saved CSVs
 
 References
 ----------

@@ -17,7 +17,7 @@ summarise them.
 
 Usage::
 
-    python -m simulations.membership --out DIR [--strategies fedavg,dp_sgd,...] [--epsilons 1,3,10]
+    python -m simulations.papers.membership --out DIR [--strategies fedavg,dp_sgd,...] [--epsilons 1,3,10]
         [--seeds 0,1,2] [--jobs 2] [key=value ...]
 
 References

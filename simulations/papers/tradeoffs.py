@@ -1,8 +1,8 @@
 """The measured trade-offs of docs/when-to-use-what.md: runs through the apps, and their tables.
 
-``python -m simulations.tradeoffs run PLAN --out rows.jsonl [--strategies a,b]``   run every configuration of a
+``python -m simulations.papers.tradeoffs run PLAN --out rows.jsonl [--strategies a,b]``   run every configuration of a
 plan, or those of the named strategies (resumable: configurations already in ``rows.jsonl`` are skipped)
-``python -m simulations.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
+``python -m simulations.papers.tradeoffs table rows.jsonl [...]``      mean ± std over seeds per setting, as Markdown
 
 Every run is a whole federation through the ServerApp and ClientApp (:func:`simulations.engine.run_inprocess`,
 Flower's Message API in one process) with the project's defaults except what the plan sets. A row keeps the
