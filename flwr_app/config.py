@@ -179,9 +179,15 @@ def unknown_keys_error(unknown: Sequence[str], known: Iterable[str]) -> ConfigEr
 
 def project_run_config(root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """``pyproject.toml``'s ``[tool.flwr.app.config]`` as flat keys: the defaults that ``flwr run`` fuses a run's
-    overrides into (as ``flwr.common.config.get_fused_config_from_dir`` reads them, without importing Flower)."""
-    with (root / "pyproject.toml").open("rb") as file:
-        table = tomllib.load(file)["tool"]["flwr"]["app"].get("config", {})
+    overrides into (as ``flwr.common.config.get_fused_config_from_dir`` reads them, without importing Flower). An
+    installed package (no ``pyproject.toml`` beside it) takes the same table from the schema it is generated from
+    (:func:`pyproject_table`)."""
+    path = root / "pyproject.toml"
+    if path.is_file():
+        with path.open("rb") as file:
+            table = tomllib.load(file)["tool"]["flwr"]["app"].get("config", {})
+    else:
+        table = tomllib.loads(pyproject_table())["tool"]["flwr"]["app"]["config"]
     flat: dict[str, Any] = {}
 
     def walk(node: Mapping[str, Any], prefix: str) -> None:
@@ -445,7 +451,13 @@ def _type(key: Key) -> str:
 
 def configuration_page() -> str:
     """``docs/configuration.md``: how to set keys, every key, and the defaults each group option brings."""
-    lines = [
+    lines = [*_page_intro(), *_key_tables(), *_mechanism_keys_section(), *_group_defaults()]
+    return "\n".join(lines) + "\n"
+
+
+def _page_intro() -> list[str]:
+    """The lines of :func:`configuration_page` up to its ``## Keys`` heading: how to set keys in each front end."""
+    return [
         "# Configuration",
         "",
         f"<!-- {GENERATED_BY} -->",
@@ -485,6 +497,11 @@ def configuration_page() -> str:
         "",
         "## Keys",
     ]
+
+
+def _key_tables() -> list[str]:
+    """:func:`configuration_page`'s table of every key (name, type, default, values, meaning), one per section."""
+    lines: list[str] = []
     sections: dict[str, list[str]] = {}
     for name, key in KEYS.items():
         group = name.split(".")[0]
@@ -494,8 +511,13 @@ def configuration_page() -> str:
     for section, rows in sections.items():
         lines += ["", f"### {section}", "", "| key | type | default | values | meaning |", "| --- | --- | --- | --- | --- |",
                   *rows]
-    lines += _mechanism_keys_section()
-    lines += ["", "## Group defaults", "", "### Data sets (`data.name`; Hydra `data=<name>`)", "",
+    return lines
+
+
+def _group_defaults() -> list[str]:
+    """:func:`configuration_page`'s ``## Group defaults``: what each data set, model, strategy and Hydra privacy
+    preset sets."""
+    lines = ["", "## Group defaults", "", "### Data sets (`data.name`; Hydra `data=<name>`)", "",
               "| data set | horizontal | split | `data.test_fraction` (auto) | what it is |", "| --- | --- | --- | --- | --- |"]
     for name, data in DATA_SETS.items():
         lines.append(f"| `{name}` | {'yes' if data.horizontal else 'no'} | {'yes' if data.vertical else 'no'} | "
@@ -515,7 +537,7 @@ def configuration_page() -> str:
     for name, preset in PRIVACY_PRESETS.items():
         sets = ", ".join(f"`privacy.{key}={_toml(value)}`" for key, value in preset.items()) or "nothing (the defaults)"
         lines.append(f"| `{name}` | {sets} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _mechanism_keys_section() -> list[str]:

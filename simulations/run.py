@@ -46,7 +46,6 @@ from flwr_app import runlog
 from flwr_app.config import (
     HYDRA_GROUPS,
     KEYS_PAGE,
-    PROJECT_ROOT,
     ConfigError,
     check_inputs,
     did_you_mean,
@@ -55,7 +54,7 @@ from flwr_app.config import (
 )
 from flwr_app.interrupt import StopRequested
 from models.data import DataValidationError
-from simulations.hydra_config import flatten
+from simulations.hydra_config import CONF_DIR, CONFIG_PATH, flatten
 from strategies.config import KEYS
 
 # torch, Ray and Flower are imported once the run config and the data file are checked (:func:`main`), so that a
@@ -129,7 +128,7 @@ def check_command_line(arguments: Sequence[str]) -> None:
             continue
         if key in HYDRA_GROUPS:
             value = override.value()
-            options = sorted(path.stem for path in (PROJECT_ROOT / "conf" / key).glob("*.yaml") if path.stem != "base")
+            options = sorted(path.stem for path in (CONF_DIR / key).glob("*.yaml") if path.stem != "base")
             for choice in value.list if isinstance(value, ChoiceSweep) else [value]:
                 if isinstance(choice, str) and choice not in options:
                     exit_with(f"error: run config: {key}={choice}: no such {key} option{did_you_mean(choice, options)} "
@@ -156,7 +155,7 @@ def run_hydra(entry: Callable[[], Any]) -> None:
         raise
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Run the experiment; return the test C-index (Hydra sweepers may optimise it)."""
     TASK_STARTED.set()

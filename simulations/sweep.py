@@ -626,10 +626,10 @@ def _hydra_main() -> None:
     from omegaconf import DictConfig
 
     from flwr_app.interrupt import StopRequested
-    from simulations.hydra_config import flatten
+    from simulations.hydra_config import CONFIG_PATH, flatten
     from simulations.run import TASK_STARTED, describe_failure, exit_with, run_hydra
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="sweep")
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="sweep")
     def main(cfg: DictConfig) -> float | None:
         TASK_STARTED.set()
         hydra_cfg = HydraConfig.get()

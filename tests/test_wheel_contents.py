@@ -104,3 +104,12 @@ def test_built_wheel_holds_the_product_and_no_reproduction(tmp_path):
     missing = [path.as_posix() for path in product_sources() if path.as_posix() not in names]
     assert not missing, f"product modules left out of the wheel: {missing}"
     assert "models/data/bundled/metabric.csv" in names
+    conf = sorted(str(path.relative_to("conf")) for path in Path("conf").rglob("*.yaml"))
+    assert [name for name in conf if f"simulations/conf/{name}" not in names] == [], "Hydra's conf/ is not in the wheel"
+
+
+def test_an_installed_package_takes_the_run_config_defaults_from_the_schema(tmp_path):
+    """Without pyproject.toml beside the package (a wheel installed in site-packages) the defaults are the same."""
+    from flwr_app.config import project_run_config
+
+    assert project_run_config(tmp_path) == project_run_config()
