@@ -31,7 +31,7 @@ FLWR_ENV := PATH="$(abspath $(BIN)):$$PATH" $(FLWR_SETTINGS)
 
 .PHONY: demo test flwr flwr-stop benchmark clean
 
-# torch==2.13.0 is met by the CPU index's 2.13.0+cpu; an index that cannot be reached (an offline
+# torch>=2.13,<2.14 is met by the CPU index's 2.13.0+cpu; an index that cannot be reached (an offline
 # mirror) is left out, since pip would otherwise retry it for every package.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -181,10 +181,13 @@ def test_readme_commands_run_as_written(readme_run):
             # dependency asks): nothing of the stack (torch, flwr, ...) is downloaded again.
             assert "fedsurv-0.1.0" in installed, result.stdout[-2000:]
             assert all(p.startswith(("fedsurv-", "setuptools-", "pip-", "wheel-")) for p in installed), installed
-            where = subprocess.run([str(venv / "bin" / "python"), "-c", "import models; print(models.__file__)"],
+            where = subprocess.run([str(venv / "bin" / "python"), "-c", "import models, simulations.hydra_config as h; "
+                                    "print(models.__file__, h.CONF_DIR.is_dir())"],
                                    cwd=venv, env=_environment_without_venv(), capture_output=True, text=True,
                                    timeout=120)
-            assert where.stdout.startswith(str(checkout)), where.stdout + where.stderr
+            # an editable install runs the checkout; a wheel its own copy, with Hydra's conf/ inside
+            home = checkout if " -e " in f"{command} " else venv
+            assert where.stdout.startswith(str(home)) and where.stdout.split()[-1] == "True", where.stdout + where.stderr
         elif command.startswith("make demo") or command.startswith("make flwr RUN_CONFIG"):
             named = _output_dir(command)
             summaries = ([checkout / named / "summary.json"] if named else
