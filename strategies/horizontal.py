@@ -835,13 +835,7 @@ class SurvivalFedAvg(FedAvg):
                 messages = [self._with_own_state(message) for message in messages]
             replies = self.record_failures(server_round, "train", messages,
                                            grid.send_and_receive(messages, timeout=self.timeout))
-            # A site that did not answer in time may still have trained and sent its update late (the server
-            # would then hold it): its round counts as released.
-            answered = {reply.metadata.src_node_id for reply in replies}
-            for message in messages:
-                site = self.node_sites.get(message.metadata.dst_node_id)
-                if site is not None and message.metadata.dst_node_id not in answered:
-                    record.released[site] = None
+            self._count_unanswered_as_released(record, messages, replies)
             accepted = self.screen_train(server_round, replies)
             aggregated, _ = outer.aggregate_train(server_round, accepted)
             if len(accepted) < self.min_train_nodes:
@@ -852,6 +846,17 @@ class SurvivalFedAvg(FedAvg):
             arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
         assert self.average is not None
         return self.average
+
+    def _count_unanswered_as_released(self, record: RoundRecord, messages: Iterable[Message],
+                                      replies: Iterable[Message]) -> None:
+        """Mark in ``record.released`` (as ``None``) every known site sent a training message that no reply
+        answers: a site that did not answer in time may still have trained and sent its update late (the
+        server would then hold it), so its round counts as released."""
+        answered = {reply.metadata.src_node_id for reply in replies}
+        for message in messages:
+            site = self.node_sites.get(message.metadata.dst_node_id)
+            if site is not None and message.metadata.dst_node_id not in answered:
+                record.released[site] = None
 
     def _step(self, server_round: int, arrays: ArrayRecord, aggregated: ArrayRecord) -> ArrayRecord:
         """The round's new global model: what the round released, or the server optimiser's step toward it."""

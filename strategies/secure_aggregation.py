@@ -611,14 +611,43 @@ class SecureSum:
         unmasked when fewer than ``min_included`` vectors were accepted."""
         result = SecureSumResult()
         nodes = sorted(nodes)
+        neighbours = self._ring_neighbours(nodes)
+        keys = self._public_keys(grid, nodes, setup, result, group)
+        if not self._enough(result, neighbours, set(keys), "after the key set-up"):
+            return result
+        forwarded = self._forwarded_shares(grid, keys, neighbours, result, group)
+        shared = set(forwarded)
+        if not self._enough(result, neighbours, shared, "after the key sharing"):
+            return result
+        total, included = self._masked_total(grid, forwarded, masked_content, result, group)
+        dropped = shared - included
+        if len(included) < min_included:
+            result.shortfall = (f"{len(included)} of {len(nodes)} sites' masked vectors were accepted, fewer than "
+                                f"{min_included}: more drop-outs than tolerated, so the sum is not unmasked (the "
+                                "survivors' noise would not meet epsilon)")
+            return result
+        if not self._enough(result, neighbours, included, "after the masked vectors"):
+            return result
+        shares = self._unmasking_shares(grid, neighbours, included, dropped, result, group)
+        total = self._unmasked(total, shares, keys, neighbours, included, result)
+        if total is not None:
+            result.total, result.included = total, sorted(included)
+        return result
+
+    def _ring_neighbours(self, nodes: list[int]) -> dict[int, set[int]]:
+        """Each node's ``num_shares`` neighbours (itself included) on the ring of ``nodes`` shuffled by
+        ``shuffle_seed``."""
         ring = list(nodes)
         random.Random(self.shuffle_seed).shuffle(ring)
         half = self.num_shares // 2
-        neighbours = {node: {ring[(index + offset) % len(ring)] for offset in range(-half, self.num_shares - half)}
-                      for index, node in enumerate(ring)}
-        protocol = {"modulus": self.modulus, "num_shares": self.num_shares, "threshold": self.threshold}
+        return {node: {ring[(index + offset) % len(ring)] for offset in range(-half, self.num_shares - half)}
+                for index, node in enumerate(ring)}
 
-        # stage 0: public keys
+    def _public_keys(self, grid: Grid, nodes: list[int], setup: Mapping[str, Any], result: SecureSumResult,
+                     group: str) -> dict[int, tuple[bytes, bytes]]:
+        """Stage 0: send ``setup`` and the protocol parameters; the two public keys of every site that sent
+        well-formed, non-small-order keys no other site repeats (the others are refused in ``result``)."""
+        protocol = {"modulus": self.modulus, "num_shares": self.num_shares, "threshold": self.threshold}
         replies = self._exchange(grid, SETUP, {node: RecordDict({RECORD: ConfigRecord({**setup, **protocol})})
                                                for node in nodes}, result, group)
         keys: dict[int, tuple[bytes, bytes]] = {}
@@ -634,10 +663,13 @@ class SecureSum:
         for node, others in _shared_keys(keys).items():
             self._refuse(result, SETUP, node, f"a public key that node(s) {others} sent too: one of them copied it")
             keys.pop(node)
-        if not self._enough(result, neighbours, set(keys), "after the key set-up"):
-            return result
+        return keys
 
-        # stage 1: encrypted shares
+    def _forwarded_shares(self, grid: Grid, keys: Mapping[int, tuple[bytes, bytes]],
+                          neighbours: Mapping[int, set[int]], result: SecureSumResult,
+                          group: str) -> dict[int, list[tuple[int, bytes]]]:
+        """Stage 1: send every keyed site its neighbours' public keys; per site whose reply lists neighbours and
+        one ciphertext each, the ``(source, ciphertext)`` pairs addressed to it by such sites (others refused)."""
         replies = self._exchange(grid, SHARE_KEYS, {
             node: RecordDict({RECORD: ConfigRecord({str(n): list(keys[n]) for n in sorted(neighbours[node] & set(keys))})})
             for node in keys}, result, group)
@@ -661,12 +693,15 @@ class SecureSum:
             for destination, ciphertext in zip(record["destinations"], record["ciphertexts"], strict=True):
                 if destination in shared:
                     forwarded[destination].append((node, ciphertext))
-        if not self._enough(result, neighbours, shared, "after the key sharing"):
-            return result
+        return forwarded
 
-        # stage 2: masked vectors
+    def _masked_total(self, grid: Grid, forwarded: Mapping[int, list[tuple[int, bytes]]],
+                      masked_content: Callable[[int], RecordDict], result: SecureSumResult,
+                      group: str) -> tuple[np.ndarray, set[int]]:
+        """Stage 2: send each sharing site ``masked_content(node)`` and its shares (``result.sent``); the sum
+        mod M of the accepted masked vectors (:meth:`_accepted_vectors`) and their nodes."""
         contents = {}
-        for node in sorted(shared):
+        for node in sorted(forwarded):
             content = masked_content(node)
             content[RECORD] = ConfigRecord({"sources": [s for s, _ in forwarded[node]],
                                             "ciphertexts": [c for _, c in forwarded[node]]})
@@ -677,17 +712,12 @@ class SecureSum:
         total = np.zeros(self.dimension, dtype=np.int64)
         for vector in vectors.values():
             total = np.mod(total + vector, self.modulus)
-        included = set(vectors)
-        dropped = shared - included
-        if len(included) < min_included:
-            result.shortfall = (f"{len(included)} of {len(nodes)} sites' masked vectors were accepted, fewer than "
-                                f"{min_included}: more drop-outs than tolerated, so the sum is not unmasked (the "
-                                "survivors' noise would not meet epsilon)")
-            return result
-        if not self._enough(result, neighbours, included, "after the masked vectors"):
-            return result
+        return total, set(vectors)
 
-        # stage 3: unmasking
+    def _unmasking_shares(self, grid: Grid, neighbours: Mapping[int, set[int]], included: set[int],
+                          dropped: set[int], result: SecureSumResult, group: str) -> dict[int, list[bytes]]:
+        """Stage 3: ask each included site for its shares of its neighbours' mask seeds (``included``) and secret
+        keys (``dropped``); per node of either set, the shares returned in well-formed replies (others refused)."""
         replies = self._exchange(grid, UNMASK, {
             node: RecordDict({RECORD: ConfigRecord({"survivors": sorted(neighbours[node] & included),
                                                     "dropped": sorted(neighbours[node] & dropped)})})
@@ -704,12 +734,20 @@ class SecureSum:
                 continue
             for owner, value in zip(owners, values, strict=True):
                 shares[owner].append(value)
-        for node in sorted(included | dropped):
+        return shares
+
+    def _unmasked(self, total: np.ndarray, shares: Mapping[int, list[bytes]], keys: Mapping[int, tuple[bytes, bytes]],
+                  neighbours: Mapping[int, set[int]], included: set[int],
+                  result: SecureSumResult) -> np.ndarray | None:
+        """``total`` less the included sites' self masks and the dropped sites' pairwise masks, rebuilt from
+        ``shares`` (nodes in ascending order); ``None``, with ``result.shortfall`` set, when a node has fewer
+        than ``threshold`` shares or its shares do not combine into a valid secret."""
+        for node in sorted(shares):
             if len(shares[node]) < self.threshold:
                 result.shortfall = (f"only {len(shares[node])} shares of node {node}'s "
                                     f"{'mask seed' if node in included else 'secret key'} came back, fewer than the "
                                     f"threshold {self.threshold}: the sum cannot be unmasked")
-                return result
+                return None
             try:
                 # any threshold shares determine the secret: the lowest indices, whose Lagrange basis is mostly cached
                 secret = combine_shares(sorted(shares[node], key=share_index)[:self.threshold])
@@ -724,9 +762,8 @@ class SecureSum:
                     total = np.mod(total + mask if node > other else total - mask, self.modulus)
             except ValueError as err:
                 result.shortfall = f"node {node}'s shares do not combine into a valid secret ({err}): no sum"
-                return result
-        result.total, result.included = total, sorted(included)
-        return result
+                return None
+        return total
 
     def _accepted_vectors(self, result: SecureSumResult, replies: Mapping[int, Message],
                           forwarded: Mapping[int, list[tuple[int, bytes]]]) -> dict[int, np.ndarray]:

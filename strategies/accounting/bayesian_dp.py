@@ -544,18 +544,9 @@ def gaussian_release_costs(noise_multipliers: Sequence[float], orders: Sequence[
 
 
 def calibrate_noise_for_bdp(
-    *,
-    target_epsilon_mu: float,
-    beta: float,
-    distances_pilot: Any,
-    sample_rate: float,
-    steps: int,
-    clip_norm: float,
-    gamma_step: float = DEFAULT_GAMMA_STEP,
-    orders: Sequence[int] = DEFAULT_ORDERS,
-    tolerance: float = 1e-3,
-    max_noise_multiplier: float = 1e4,
-    prior_costs: Any = None,
+    *, target_epsilon_mu: float, beta: float, distances_pilot: Any, sample_rate: float, steps: int, clip_norm: float,
+    gamma_step: float = DEFAULT_GAMMA_STEP, orders: Sequence[int] = DEFAULT_ORDERS, tolerance: float = 1e-3,
+    max_noise_multiplier: float = 1e4, prior_costs: Any = None,
 ) -> float:
     r"""Smallest σ whose projected ε_μ after ``steps`` steps meets ``target_epsilon_mu``.
 

@@ -160,10 +160,7 @@ def _check_accountant(accountant: str) -> str:
 
 
 def epsilon_from_history(
-    history: list[tuple[float, float, int]],
-    *,
-    delta: float,
-    accountant: AccountantName = "rdp",
+    history: list[tuple[float, float, int]], *, delta: float, accountant: AccountantName = "rdp",
     orders: tuple[float, ...] | list[float] | None = None,
 ) -> float:
     r"""ε spent by a composition of Poisson-subsampled Gaussian mechanisms.
@@ -217,6 +214,11 @@ def epsilon_from_history(
         return rdp_to_epsilon(alphas, rdp, delta=delta)
     if orders is not None:
         raise ValueError("orders only apply to the 'rdp' accountant")
+    return _prv_epsilon(history, delta=delta)
+
+
+def _prv_epsilon(history: Sequence[tuple[float, float, int]], *, delta: float) -> float:
+    """The upper bound of opacus' PRV accountant on ε at ``delta`` of a checked, non-empty ``history``."""
     from opacus.accountants import PRVAccountant
 
     prv = PRVAccountant()
@@ -227,14 +229,8 @@ def epsilon_from_history(
 
 
 def calibrate_noise_multiplier(
-    *,
-    target_epsilon: float,
-    target_delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: AccountantName = "rdp",
-    epsilon_tolerance: float = 0.01,
-    prior: Sequence[tuple[float, float, int]] = (),
+    *, target_epsilon: float, target_delta: float, sample_rate: float, steps: int, accountant: AccountantName = "rdp",
+    epsilon_tolerance: float = 0.01, prior: Sequence[tuple[float, float, int]] = (),
 ) -> float:
     r"""Smallest noise multiplier (to ``epsilon_tolerance``) meeting ``(ε, δ)`` after ``steps``.
 
@@ -273,15 +269,8 @@ def calibrate_noise_multiplier(
     Abadi et al., "Deep Learning with Differential Privacy", CCS 2016; Mironov, Talwar, Zhang,
     arXiv:1908.10530 (2019); opacus ``get_noise_multiplier``.
     """
-    target_epsilon = float(target_epsilon)
-    if not math.isfinite(target_epsilon) or target_epsilon <= 0.0:
-        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
-    target_delta = check_probability(target_delta, "delta")
-    sample_rate = check_sample_rate(sample_rate)
-    steps = check_count(steps, "steps")
-    _check_accountant(accountant)
-    if not epsilon_tolerance > 0.0:
-        raise ValueError(f"epsilon_tolerance must be > 0, got {epsilon_tolerance!r}")
+    target_epsilon, target_delta, sample_rate, steps = _checked_calibration(
+        target_epsilon, target_delta, sample_rate, steps, accountant=accountant, epsilon_tolerance=epsilon_tolerance)
     if accountant == "pld":
         from strategies.accounting.pld import calibrate_pld_noise_multiplier
 
@@ -295,6 +284,33 @@ def calibrate_noise_multiplier(
     if accountant == "rdp":
         return _opacus_rdp_bisection(target_epsilon=target_epsilon, target_delta=target_delta,
                                      sample_rate=sample_rate, steps=steps, epsilon_tolerance=epsilon_tolerance)
+    return _opacus_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                    sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                    epsilon_tolerance=epsilon_tolerance)
+
+
+def _checked_calibration(target_epsilon: float, target_delta: float, sample_rate: float, steps: int, *,
+                         accountant: str, epsilon_tolerance: float) -> tuple[float, float, float, int]:
+    """The checked ``(target_epsilon, target_delta, sample_rate, steps)`` of :func:`calibrate_noise_multiplier`.
+
+    Raises ValueError for an ε that is not finite and > 0, an invalid δ or sample rate, fewer than one step,
+    an unknown accountant, or ``epsilon_tolerance <= 0``; TypeError for a step count that is not an integer.
+    """
+    target_epsilon = float(target_epsilon)
+    if not math.isfinite(target_epsilon) or target_epsilon <= 0.0:
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    target_delta = check_probability(target_delta, "delta")
+    sample_rate = check_sample_rate(sample_rate)
+    steps = check_count(steps, "steps")
+    _check_accountant(accountant)
+    if not epsilon_tolerance > 0.0:
+        raise ValueError(f"epsilon_tolerance must be > 0, got {epsilon_tolerance!r}")
+    return target_epsilon, target_delta, sample_rate, steps
+
+
+def _opacus_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                             accountant: str, epsilon_tolerance: float) -> float:
+    """opacus' ``get_noise_multiplier`` for ``accountant`` (no prior), as a float."""
     from opacus.accountants.utils import get_noise_multiplier
 
     with warnings.catch_warnings():

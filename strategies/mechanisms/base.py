@@ -368,7 +368,21 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
     mechanism's secure sum.
     """
     held_out = private and record_level
-    releases = [
+    releases = _identity_releases(held_out)
+    releases += _private_setup_releases(cfg, secure_sum=secure_sum) if private_setup else _plain_setup_releases()
+    if private_setup and recalibrates(cfg):
+        releases += _recalibration_releases(cfg, secure_sum=secure_sum)
+    if cfg.model.name in ("cox_mlp", "cox_time", "coxph"):
+        releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
+                                      "over the training records", "breslow", False, "sent without noise",
+                                      ("query.breslow/metrics.*",)))
+    return releases
+
+
+def _identity_releases(held_out: bool) -> list[ReleasedValue]:
+    """Site name, test metrics and participation; ``held_out``: the evaluation is post-processing for the
+    protected unit (a record-level DP mechanism ran), so the held-out records are named unprotected."""
+    return [
         ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "every reply",
                       True, "public: not a function of any record",
                       ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
@@ -383,58 +397,70 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
         ReleasedValue("participation", "which rounds the site answered (the number of rounds is public)",
                       "every message", False, "the server sees whether and when a site replies"),
     ]
-    if private_setup:
-        accounted = (f"Gaussian releases at set-up (noise multiplier {setup_multiplier(cfg):.4g} for all of them "
-                     f"together, {cfg.privacy.adjacency}), composed by the site's accountant with its training")
-        public = " and the public data dictionary" if cfg.data.dictionary else ""
-        summed = ("; each site's vector carries its share of a distributed discrete Gaussian through SecAgg+, so the "
-                  "server unmasks only the sum over sites (strategies.mechanisms.setup_statistics, SecureSetup)"
-                  if secure_sum else "")
-        releases += [
-            ReleasedValue("schema", "column names, which of them are numeric, and the category levels of the columns "
-                          "the data dictionary does not list", "set-up", False,
-                          "the federation must agree on the columns; a category level is a record's value",
-                          ("query.setup_ranges/deployment.columns", "query.setup_ranges/deployment.numeric",
-                           "query.setup_ranges/deployment.levels")),
-            ReleasedValue("record count", "the training record count plus noise; the agreed count (FedAvg weight, "
-                          "sampling rate) is it rounded", "set-up, train", True, accounted,
-                          ("query.setup_ranges/deployment.count", "train/metrics.num-examples")),
-            ReleasedValue("feature statistics", "range histograms of the numeric columns on a public log grid and "
-                          "the moments of the clipped values, plus noise (the shared clipping and standardisation)",
-                          "set-up", True, accounted + summed + public,
-                          ("query.setup_ranges/deployment.histograms", "query.setup_moments/deployment.moments")),
-            ReleasedValue("time grid", "range histogram of the training times and the time histogram of events and "
-                          "censorings, plus noise (the shared time grid and CoxTime's time scale)", "set-up", True,
-                          accounted + summed + public,
-                          ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
-                           "query.setup_moments/deployment.censored")),
-            ReleasedValue("privacy filter", "a deployed site with its own privacy policy: its Rényi filter's order, "
-                          "the RDP it has spent on this data set, its limit (epsilon, delta) and the honest sites it "
-                          "counts on in a secure sum, so that the run's noise is planned to fit it", "set-up", True,
-                          "public: the site's own policy and the cost of what it released before (a function of "
-                          "earlier plans and of noise multipliers it already released), not of any record",
-                          ("query.setup_ranges/deployment.filter",)),
-        ]
-    else:
-        releases += [
-            ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
-                          "the federation must agree on the columns; a category level is a record's value (a level "
-                          "held by one record identifies it)", ("query.site_summary/deployment.features",)),
-            ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training "
-                          "features (the shared standardisation)", "set-up", False,
-                          "sent without noise (simulation: fitted on the pooled training parts, standing for the "
-                          "sites' summed statistics)", ("query.site_summary/deployment.features",)),
-            ReleasedValue("time grid", "time histogram of the training events and censorings, the largest training "
-                          "time, and the training times' sum and sum of squares (the shared time grid and CoxTime's "
-                          "time scale)", "set-up", False, "sent without noise",
-                          ("query.site_summary/deployment.time", "query.site_summary/deployment.max_time",
-                           "query.site_time_histogram/deployment.*")),
-            ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
-                          "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
-                          "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
-        ]
-    if private_setup and recalibrates(cfg) and secure_sum:
-        releases.append(ReleasedValue(
+
+
+def _private_setup_releases(cfg: ExperimentConfig, *, secure_sum: bool) -> list[ReleasedValue]:
+    """The set-up releases when the set-up statistics were released with DP and composed in the site's
+    accountant (``secure_sum``: the histograms and moments went through the secure sum)."""
+    accounted = (f"Gaussian releases at set-up (noise multiplier {setup_multiplier(cfg):.4g} for all of them "
+                 f"together, {cfg.privacy.adjacency}), composed by the site's accountant with its training")
+    public = " and the public data dictionary" if cfg.data.dictionary else ""
+    summed = ("; each site's vector carries its share of a distributed discrete Gaussian through SecAgg+, so the "
+              "server unmasks only the sum over sites (strategies.mechanisms.setup_statistics, SecureSetup)"
+              if secure_sum else "")
+    return [
+        ReleasedValue("schema", "column names, which of them are numeric, and the category levels of the columns "
+                      "the data dictionary does not list", "set-up", False,
+                      "the federation must agree on the columns; a category level is a record's value",
+                      ("query.setup_ranges/deployment.columns", "query.setup_ranges/deployment.numeric",
+                       "query.setup_ranges/deployment.levels")),
+        ReleasedValue("record count", "the training record count plus noise; the agreed count (FedAvg weight, "
+                      "sampling rate) is it rounded", "set-up, train", True, accounted,
+                      ("query.setup_ranges/deployment.count", "train/metrics.num-examples")),
+        ReleasedValue("feature statistics", "range histograms of the numeric columns on a public log grid and "
+                      "the moments of the clipped values, plus noise (the shared clipping and standardisation)",
+                      "set-up", True, accounted + summed + public,
+                      ("query.setup_ranges/deployment.histograms", "query.setup_moments/deployment.moments")),
+        ReleasedValue("time grid", "range histogram of the training times and the time histogram of events and "
+                      "censorings, plus noise (the shared time grid and CoxTime's time scale)", "set-up", True,
+                      accounted + summed + public,
+                      ("query.setup_ranges/deployment.time", "query.setup_moments/deployment.events",
+                       "query.setup_moments/deployment.censored")),
+        ReleasedValue("privacy filter", "a deployed site with its own privacy policy: its Rényi filter's order, "
+                      "the RDP it has spent on this data set, its limit (epsilon, delta) and the honest sites it "
+                      "counts on in a secure sum, so that the run's noise is planned to fit it", "set-up", True,
+                      "public: the site's own policy and the cost of what it released before (a function of "
+                      "earlier plans and of noise multipliers it already released), not of any record",
+                      ("query.setup_ranges/deployment.filter",)),
+    ]
+
+
+def _plain_setup_releases() -> list[ReleasedValue]:
+    """The set-up releases when the set-up statistics were sent without noise."""
+    return [
+        ReleasedValue("schema", "column names and kinds, category levels", "set-up", False,
+                      "the federation must agree on the columns; a category level is a record's value (a level "
+                      "held by one record identifies it)", ("query.site_summary/deployment.features",)),
+        ReleasedValue("feature statistics", "counts, sums, sums of squares and category counts of the training "
+                      "features (the shared standardisation)", "set-up", False,
+                      "sent without noise (simulation: fitted on the pooled training parts, standing for the "
+                      "sites' summed statistics)", ("query.site_summary/deployment.features",)),
+        ReleasedValue("time grid", "time histogram of the training events and censorings, the largest training "
+                      "time, and the training times' sum and sum of squares (the shared time grid and CoxTime's "
+                      "time scale)", "set-up", False, "sent without noise",
+                      ("query.site_summary/deployment.time", "query.site_summary/deployment.max_time",
+                       "query.site_time_histogram/deployment.*")),
+        ReleasedValue("record count", "the number of training records (num-examples, the site's FedAvg weight)",
+                      "set-up, train", False, "sent without noise; under add/remove adjacency the count itself is "
+                      "sensitive", ("train/metrics.num-examples", "query.site_summary/deployment.time")),
+    ]
+
+
+def _recalibration_releases(cfg: ExperimentConfig, *, secure_sum: bool) -> list[ReleasedValue]:
+    """The recalibration release after training (call only when the set-up is private and the run
+    recalibrates): through the secure sum with ``secure_sum``, else a Gaussian release."""
+    if secure_sum:
+        return [ReleasedValue(
             "recalibration sums", "after the last round, through the secure sum: the site's rounded sums (scale "
             "gamma) over its training records of the final model's predicted survival at the plan's horizons raised "
             "to each exponent of models.recalibration, plus its discrete Gaussian share, masked by SecAgg+ (the "
@@ -443,20 +469,14 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
             "Prop. 14) whose Renyi divergence is at most a Gaussian mechanism's at noise multiplier "
             f"{recalibration_multiplier(cfg):.4g} at every order (the sites' noise is raised until it is), the entry "
             "planned before training and composed by the site's accountant with the set-up and its training",
-            ("query.secagg_masked/masked.masked",)))
-    elif private_setup and recalibrates(cfg):
-        releases.append(ReleasedValue(
-            "recalibration sums", "after the last round: the sums over the site's training records of the final "
-            "model's predicted survival at the plan's horizons raised to each exponent of models.recalibration, "
-            "plus noise (the recalibrated curves)", "recalibration", True,
-            f"a Gaussian release (noise multiplier {recalibration_multiplier(cfg):.4g}, sensitivity the square root "
-            "of its size) planned before training and composed by the site's accountant with the set-up and its "
-            "training", ("query.recalibration/metrics.power_sums",)))
-    if cfg.model.name in ("cox_mlp", "cox_time", "coxph"):
-        releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
-                                      "over the training records", "breslow", False, "sent without noise",
-                                      ("query.breslow/metrics.*",)))
-    return releases
+            ("query.secagg_masked/masked.masked",))]
+    return [ReleasedValue(
+        "recalibration sums", "after the last round: the sums over the site's training records of the final "
+        "model's predicted survival at the plan's horizons raised to each exponent of models.recalibration, "
+        "plus noise (the recalibrated curves)", "recalibration", True,
+        f"a Gaussian release (noise multiplier {recalibration_multiplier(cfg):.4g}, sensitivity the square root "
+        "of its size) planned before training and composed by the site's accountant with the set-up and its "
+        "training", ("query.recalibration/metrics.power_sums",))]
 
 
 class Mechanism(ABC):

@@ -497,18 +497,24 @@ def clipped_sum_ghost(
         raise ValueError("clipped_sum_ghost needs a HazardMLP of Linear layers and parameter-free modules")
     inputs, deltas, losses = _ghost_backward(model, plan, x, time, event)
     norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
+    ordered = _ghost_summed(plan, inputs, scaled)
+    per_sample = GhostPerSample(model, list(plan.linear), inputs, scaled,
+                                torch.minimum(norms, norms.new_tensor(clip_norm)))
+    return ordered, norms, losses, per_sample
+
+
+def _ghost_summed(plan: _GhostPlan, inputs: list[Tensor], scaled: list[Tensor]) -> dict[str, Tensor]:
+    r"""Per parameter name of ``plan``, :math:`\sum_i \bar g_i` from the layers' inputs and clipped output gradients.
+
+    Weight :math:`(f \odot \delta)^\top A`, bias :math:`\sum_i f_i \delta_i` (``scaled`` is :math:`f \odot \delta`).
+    """
     summed: list[Tensor] = []  # plan.params order: weight, bias of each layer
     for layer, a, d in zip(plan.linear, inputs, scaled):
         if layer.weight is not None:
             summed.append(d.T @ a)
         if layer.bias is not None:
             summed.append(d.sum(0))
-    ordered = dict(zip(plan.names, summed))
-    per_sample = GhostPerSample(model, list(plan.linear), inputs, scaled,
-                                torch.minimum(norms, norms.new_tensor(clip_norm)))
-    return ordered, norms, losses, per_sample
-
-
+    return dict(zip(plan.names, summed))
 def _ghost_backward(model: HazardModel, plan: _GhostPlan, x: Tensor, time: Tensor,
                     event: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
     r"""One forward and one backward pass giving every Linear layer's inputs and output gradients.
@@ -746,23 +752,19 @@ def poisson_batches(n: int, *, sample_rate: float, steps: int, generator: torch.
         yield torch.nonzero(torch.rand(int(n), generator=generator) < sample_rate).reshape(-1)
 
 
+def _check_backend(backend: str) -> None:
+    """Raise ValueError unless ``backend`` is one of the per-sample gradient backends."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+
+
 def dp_sgd_step(
-    model: HazardModel,
-    optimizer: Adam | torch.optim.Optimizer,
-    x: Tensor,
-    time: Tensor,
-    event: Tensor,
-    *,
-    noise_multiplier: float,
-    clip_norm: float,
-    expected_batch_size: float,
-    generator: torch.Generator,
-    backend: Backend = DEFAULT_BACKEND,
-    grad_sample_module: nn.Module | None = None,
-    on_step: Callable[[PerSampleView], None] | None = None,
-    proximal: ProximalTerm | None = None,
+    model: HazardModel, optimizer: Adam | torch.optim.Optimizer, x: Tensor, time: Tensor, event: Tensor, *,
+    noise_multiplier: float, clip_norm: float, expected_batch_size: float, generator: torch.Generator,
+    backend: Backend = DEFAULT_BACKEND, grad_sample_module: nn.Module | None = None,
+    on_step: Callable[[PerSampleView], None] | None = None, proximal: ProximalTerm | None = None,
 ) -> dict[str, float]:
-    r"""One DP-SGD update of ``model.net`` on a (Poisson-sampled) batch.
+    r"""One DP-SGD update of ``model.net`` on a (Poisson-sampled) batch (Abadi et al. 2016, CCS, Alg. 1).
 
     .. math::
 
@@ -776,169 +778,179 @@ def dp_sgd_step(
     ----------
     model : HazardModel
     optimizer : models.optim.Adam or torch.optim.Optimizer
-        Over ``model.net.parameters()`` (and nothing else: the ``"ghost"`` backend overwrites
-        every one of their ``.grad`` in place instead of calling ``optimizer.zero_grad()``).
-    x : Tensor, shape (B, p), float32
-    time, event : Tensor, shape (B,)
-        The batch (``B`` may be 0).
-    noise_multiplier : float
-        :math:`\sigma \ge 0`.
-    clip_norm : float
-        :math:`C > 0`.
-    expected_batch_size : float
-        :math:`q n > 0`.
+        Over ``model.net.parameters()`` only (the ``"ghost"`` backend overwrites their ``.grad`` without ``zero_grad``).
+    x, time, event : Tensor
+        The batch, shapes (B, p) float32, (B,) and (B,) (``B`` may be 0).
+    noise_multiplier, clip_norm, expected_batch_size : float
+        :math:`\sigma \ge 0`, :math:`C > 0` and :math:`q n > 0`.
     generator : torch.Generator
         Noise source.
     backend : {"ghost", "torch_func", "opacus"}
-        Per-sample gradient implementation: ``"ghost"`` (:func:`clipped_sum_ghost`, exact for the
-        HazardMLP, fastest), ``"torch_func"`` (:func:`per_sample_gradients`) or ``"opacus"``
-        (:func:`per_sample_gradients_opacus`). All give the same update up to round-off.
+        Per-sample gradients by ``"ghost"`` (:func:`clipped_sum_ghost`, exact for the HazardMLP, fastest),
+        ``"torch_func"`` (:func:`per_sample_gradients`) or ``"opacus"`` (:func:`per_sample_gradients_opacus`).
     grad_sample_module : opacus.GradSampleModule, optional
         Reused wrapper of ``model.net`` for the opacus backend.
     on_step : callable, optional
-        Called, before the noise is added, with the batch's clipped per-sample gradients as a
-        :class:`PerSampleView` (norms, Gram matrix, gradients), from which the Bayesian
-        accountant takes its neighbour distances. Not called for an empty batch.
+        Called before the noise, for a non-empty batch, with its clipped per-sample gradients as a
+        :class:`PerSampleView` (norms, Gram matrix, gradients): the Bayesian accountant's neighbour distances.
     proximal : ProximalTerm, optional
-        FedProx's proximal term: its gradient, a function of the weights only (no record), is
-        added to the privatised gradient; post-processing, the accounting is unchanged.
+        FedProx's term, its gradient (of the weights only, no record) added to the privatised one: post-processing.
 
     Returns
     -------
     dict
         ``batch_size`` (realised), ``num_clipped`` (records with :math:`\lVert g_i\rVert > C`),
         ``loss_sum`` (sum of the per-record losses before the update; not private).
-
-    References
-    ----------
-    Abadi et al. (2016), CCS, "Deep Learning with Differential Privacy", Alg. 1.
     """
     model = _require_hazard_model(model)
     expected_batch_size = check_positive(expected_batch_size, "expected_batch_size")
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    _check_backend(backend)
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive(clip_norm, "clip_norm")
-    if backend == "ghost":  # one forward, one backward to the layer outputs, fused norms and sums
-        plan = _ghost_plan(model.net)
-        if plan is None:
-            raise ValueError("the ghost backend needs a HazardMLP of Linear layers and parameter-free modules")
-        inputs, deltas, losses = _ghost_backward(model, plan, x, time, event)
-        norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
-        if on_step is not None and x.shape[0] > 0:
-            on_step(GhostPerSample(model, list(plan.linear), inputs, scaled,
-                                   torch.minimum(norms, norms.new_tensor(clip_norm))))
-        # every parameter of the net (the optimizer's, see above) gets its .grad overwritten
-        _ghost_noisy_grads(plan, inputs, scaled, std=noise_multiplier * clip_norm, divisor=expected_batch_size,
-                           generator=generator)
+    noise = {"noise_multiplier": noise_multiplier, "clip_norm": clip_norm, "expected_batch_size": expected_batch_size,
+             "generator": generator, "on_step": on_step}
+    if backend == "ghost":
+        norms, losses = _ghost_step_grads(model, x, time, event, **noise)
     else:
-        if backend == "opacus":
-            per_record, losses = per_sample_gradients_opacus(
-                model, x, time, event, grad_sample_module=grad_sample_module
-            )
-        else:
-            per_record, losses = per_sample_gradients(
-                model.net, hazard_per_sample_loss_fn(model), x, time, event, return_loss=True
-            )
-        clipped, norms = clip_per_sample(per_record, clip_norm=clip_norm)
-        if on_step is not None and x.shape[0] > 0:
-            on_step(PerSampleView(flatten_per_sample(clipped).detach(),
-                                  torch.minimum(norms, norms.new_tensor(clip_norm)).detach()))
-        summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
-        optimizer.zero_grad(set_to_none=True)
-        for name, p in model.net.named_parameters():
-            if name in summed:
-                p.grad = (summed[name] / expected_batch_size).to(p.dtype)
+        norms, losses = _materialised_step_grads(model, optimizer, x, time, event, backend, grad_sample_module, **noise)
     if proximal is not None:
         proximal.add_gradient(model.net)
     optimizer.step()
-    return {
-        "batch_size": float(x.shape[0]),
-        "num_clipped": float((norms > clip_norm).sum()),
-        "loss_sum": float(losses.detach().sum()),
-    }
+    return {"batch_size": float(x.shape[0]), "num_clipped": float((norms > clip_norm).sum()),
+            "loss_sum": float(losses.detach().sum())}
+
+
+def _ghost_step_grads(
+    model: HazardModel, x: Tensor, time: Tensor, event: Tensor, *, noise_multiplier: float, clip_norm: float,
+    expected_batch_size: float, generator: torch.Generator, on_step: Callable[[PerSampleView], None] | None,
+) -> tuple[Tensor, Tensor]:
+    """The ``"ghost"`` backend of :func:`dp_sgd_step`: overwrite every ``.grad`` of ``model.net`` with the noisy mean.
+
+    One forward and one backward pass to the layer outputs, fused norms and sums; ``on_step`` gets the
+    clipped per-sample gradients of a non-empty batch before the noise. Returns the per-record norms
+    before clipping and the per-record losses. Raises ValueError unless the net is a HazardMLP of Linear
+    layers and parameter-free modules.
+    """
+    plan = _ghost_plan(model.net)
+    if plan is None:
+        raise ValueError("the ghost backend needs a HazardMLP of Linear layers and parameter-free modules")
+    inputs, deltas, losses = _ghost_backward(model, plan, x, time, event)
+    norms, _, scaled = _ghost_clip(plan, inputs, deltas, clip_norm)
+    if on_step is not None and x.shape[0] > 0:
+        on_step(GhostPerSample(model, list(plan.linear), inputs, scaled,
+                               torch.minimum(norms, norms.new_tensor(clip_norm))))
+    # every parameter of the net (the optimizer's, see dp_sgd_step) gets its .grad overwritten
+    _ghost_noisy_grads(plan, inputs, scaled, std=noise_multiplier * clip_norm, divisor=expected_batch_size,
+                       generator=generator)
+    return norms, losses
+
+
+def _materialised_step_grads(
+    model: HazardModel, optimizer: Adam | torch.optim.Optimizer, x: Tensor, time: Tensor, event: Tensor,
+    backend: Backend, grad_sample_module: nn.Module | None, *, noise_multiplier: float, clip_norm: float,
+    expected_batch_size: float, generator: torch.Generator, on_step: Callable[[PerSampleView], None] | None,
+) -> tuple[Tensor, Tensor]:
+    """The ``"opacus"``/``"torch_func"`` backends of :func:`dp_sgd_step`: set ``.grad`` to the noisy mean.
+
+    Materialises the per-sample gradients, clips them (``on_step`` gets them for a non-empty batch
+    before the noise), adds the noise by :func:`noisy_sum` and replaces the gradients after
+    ``optimizer.zero_grad``. Returns the per-record norms before clipping and the per-record losses.
+    """
+    if backend == "opacus":
+        per_record, losses = per_sample_gradients_opacus(
+            model, x, time, event, grad_sample_module=grad_sample_module
+        )
+    else:
+        per_record, losses = per_sample_gradients(
+            model.net, hazard_per_sample_loss_fn(model), x, time, event, return_loss=True
+        )
+    clipped, norms = clip_per_sample(per_record, clip_norm=clip_norm)
+    if on_step is not None and x.shape[0] > 0:
+        on_step(PerSampleView(flatten_per_sample(clipped).detach(),
+                              torch.minimum(norms, norms.new_tensor(clip_norm)).detach()))
+    summed = noisy_sum(clipped, noise_multiplier=noise_multiplier, clip_norm=clip_norm, generator=generator)
+    optimizer.zero_grad(set_to_none=True)
+    for name, p in model.net.named_parameters():
+        if name in summed:
+            p.grad = (summed[name] / expected_batch_size).to(p.dtype)
+    return norms, losses
 
 
 # --------------------------------------------------------------------------- local training
 
 
 def train_epochs_dp(
-    model: SurvivalModel,
-    x: np.ndarray,
-    time: np.ndarray,
-    event: np.ndarray,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    seed: int,
-    noise_multiplier: float,
-    clip_norm: float,
-    backend: Backend = DEFAULT_BACKEND,
-    on_step: Callable[[PerSampleView], None] | None = None,
-    num_records: float | None = None,
-    proximal_mu: float = 0.0,
+    model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *, epochs: int, batch_size: int,
+    lr: float, weight_decay: float = 0.0, seed: int, noise_multiplier: float, clip_norm: float,
+    backend: Backend = DEFAULT_BACKEND, on_step: Callable[[PerSampleView], None] | None = None,
+    num_records: float | None = None, proximal_mu: float = 0.0,
 ) -> dict[str, float]:
-    r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place).
+    r"""DP-SGD counterpart of :func:`models.training.train_epochs` (Adam, in place; Abadi et al. 2016, Alg. 1).
 
-    Poisson sampling with :math:`q = \min(1, B/n)` for :math:`T = \mathrm{round}(\text{epochs}/q)`
-    steps (the same number of records visited in expectation as ``epochs`` epochs of batch
-    ``B``); every step is :func:`dp_sgd_step`. The accountant must use exactly the returned
-    ``sample_rate``, ``noise_multiplier`` and ``num_steps``. Sampling and noise draw from a
-    generator seeded by ``seed`` (dropout from the global RNG seeded by ``seed`` and restored
-    afterwards): the same seed gives identical parameters.
+    Poisson sampling with :math:`q = \min(1, B/n)` for :math:`T = \mathrm{round}(\text{epochs}/q)` steps
+    (as many records visited in expectation as ``epochs`` epochs of batch ``B``), each a :func:`dp_sgd_step`.
+    The accountant must use exactly the returned ``sample_rate``, ``noise_multiplier`` and ``num_steps``.
+    Sampling and noise draw from a generator seeded by ``seed`` (dropout from the global RNG seeded by
+    ``seed`` and restored afterwards): the same seed gives identical parameters.
 
     Parameters
     ----------
     model : SurvivalModel
-        Must be a :class:`models.survival.HazardModel`; Cox kinds raise
-        :class:`DecomposabilityError` (their loss is not per-sample decomposable).
-    x : ndarray, shape (n, p)
-    time, event : ndarray, shape (n,)
-    epochs, batch_size : int
-        Expected passes over the data and expected batch size.
-    lr : float
-        Adam learning rate.
-    weight_decay : float, default 0
-        Adam's L2 weight decay (applied to the privatised gradient: post-processing).
-    seed : int
-    noise_multiplier : float
-        :math:`\sigma \ge 0`.
-    clip_norm : float
-        :math:`C > 0`.
-    backend : {"ghost", "torch_func", "opacus"}
-        See :func:`dp_sgd_step`.
-    on_step : callable, optional
-        Receives each step's clipped per-sample gradients (see :func:`dp_sgd_step`).
+        A :class:`models.survival.HazardModel`; Cox kinds raise :class:`DecomposabilityError` (their
+        loss is not per-sample decomposable).
+    x, time, event : ndarray, shapes (n, p), (n,) and (n,)
+    epochs, batch_size, seed : int
+        Expected passes over the data, expected batch size, and the seed of every draw.
+    lr, weight_decay : float
+        Adam's learning rate and L2 weight decay (default 0; applied to the privatised gradient: post-processing).
+    noise_multiplier, clip_norm : float
+        :math:`\sigma \ge 0` and :math:`C > 0`.
+    backend, on_step
+        See :func:`dp_sgd_step` (``on_step`` receives each step's clipped per-sample gradients).
     num_records : float, optional
-        The record count the schedule is computed from (default ``len(x)``): in a federation,
-        the count the site agreed at set-up, so that :math:`q`, the number of steps and the
-        divisor :math:`qn` are functions of released (or public) values only, not of the exact
-        size of the data. Poisson sampling still draws each of the ``len(x)`` records with
-        probability :math:`q`.
+        The record count the schedule is computed from (default ``len(x)``): in a federation, the count the
+        site agreed at set-up, so that :math:`q`, the number of steps and the divisor :math:`qn` depend on released
+        (or public) values only. Poisson sampling still draws each of the ``len(x)`` records with probability :math:`q`.
     proximal_mu : float, default 0
-        FedProx's :math:`\mu`, around the weights at the call (:class:`models.training.ProximalTerm`):
-        its gradient is added to each step's privatised gradient.
+        FedProx's :math:`\mu` around the weights at the call (:class:`models.training.ProximalTerm`): its
+        gradient is added to each step's privatised gradient.
 
     Returns
     -------
     dict
-        ``loss``: mean per-record loss over the last :math:`\lceil 1/q \rceil` steps (the last
-        "epoch"; computed before each update, not privatised, like ``train_epochs``'s loss);
-        ``num_steps``, ``sample_rate``, ``noise_multiplier``, ``clip_norm``;
-        ``mean_clip_fraction``: fraction of all sampled records whose gradient was clipped.
-
-    References
-    ----------
-    Abadi et al. (2016), CCS, "Deep Learning with Differential Privacy", Alg. 1;
-    Kingma & Ba (2015), ICLR (Adam).
+        ``loss``: mean per-record loss over the last :math:`\lceil 1/q \rceil` steps (the last "epoch"; computed
+        before each update, not privatised, like ``train_epochs``'s loss); ``num_steps``, ``sample_rate``,
+        ``noise_multiplier``, ``clip_norm``; ``mean_clip_fraction``: fraction of all sampled records clipped.
     """
     model = _require_hazard_model(model)
     noise_multiplier = _check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive(clip_norm, "clip_norm")
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    _check_backend(backend)
+    data = _training_tensors(model, x, time, event, epochs=epochs, batch_size=batch_size, lr=lr,
+                             weight_decay=weight_decay)
+    count = data[0].shape[0] if num_records is None else check_positive(num_records, "num_records")
+    sample_rate, steps = poisson_schedule(count, batch_size=batch_size, epochs=epochs)
+    optimizer = Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
+    proximal = ProximalTerm(model.net, proximal_mu)
+    model.net.train()
+    loss, clip_fraction = _run_dp_steps(
+        model, optimizer, data, sample_rate=sample_rate, steps=steps, expected_batch_size=sample_rate * count,
+        seed=seed, noise_multiplier=noise_multiplier, clip_norm=clip_norm, backend=backend,
+        on_step=on_step, proximal=proximal)
+    return {"loss": loss, "num_steps": steps, "sample_rate": sample_rate, "noise_multiplier": noise_multiplier,
+            "clip_norm": clip_norm, "mean_clip_fraction": clip_fraction}
+
+
+def _training_tensors(
+    model: HazardModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *, epochs: int, batch_size: int,
+    lr: float, weight_decay: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``x`` (float32), ``time`` (float64) and ``event`` (float32) as tensors, after checking them and the options.
+
+    Raises ValueError for mismatched shapes or no record, a feature count other than the model's,
+    ``epochs`` not an integer >= 0, ``batch_size`` not an integer >= 1, ``lr <= 0``, ``weight_decay < 0``,
+    or a time that is not finite or lies before the model's first cut point.
+    """
     x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))
     time_t = torch.as_tensor(np.asarray(time, dtype=np.float64))
     event_t = torch.as_tensor(np.asarray(event, dtype=np.float32))
@@ -954,17 +966,27 @@ def train_epochs_dp(
         raise ValueError(f"invalid lr={lr}, weight_decay={weight_decay}")
     if torch.any(time_t < model.cuts[0]) or not torch.all(torch.isfinite(time_t)):
         raise ValueError(f"every time must be finite and >= the first cut point {model.cuts[0]}")
+    return x_t, time_t, event_t
+
+
+def _run_dp_steps(
+    model: HazardModel, optimizer: Adam, data: tuple[Tensor, Tensor, Tensor], *, sample_rate: float, steps: int,
+    expected_batch_size: float, seed: int, noise_multiplier: float, clip_norm: float, backend: Backend,
+    on_step: Callable[[PerSampleView], None] | None, proximal: ProximalTerm,
+) -> tuple[float, float]:
+    r"""Run ``steps`` :func:`dp_sgd_step` calls on Poisson batches of ``data``.
+
+    Sampling and noise draw from one generator seeded by ``seed``; dropout from the global RNG, seeded by
+    ``seed`` inside a fork that restores it afterwards. ``"ghost"`` falls back to ``"torch_func"`` (the same
+    update) for a net that is not a chain of Linear layers. Returns the mean per-record loss of the last
+    :math:`\lceil 1/q \rceil` steps and the fraction of sampled records that were clipped (NaN when no
+    record was sampled).
+    """
+    x_t, time_t, event_t = data
+    generator = torch.Generator().manual_seed(seed)
     if backend == "ghost" and _linear_chain(model.net) is None:
         backend = "torch_func"  # same update, for nets that are not a chain of Linear layers
-    count = n if num_records is None else check_positive(num_records, "num_records")
-    sample_rate, steps = poisson_schedule(count, batch_size=batch_size, epochs=epochs)
-    expected_batch_size = sample_rate * count
     last_epoch_steps = math.ceil(1.0 / sample_rate)
-
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = Adam(model.net.parameters(), lr=lr, weight_decay=weight_decay)
-    proximal = ProximalTerm(model.net, proximal_mu)
-    model.net.train()
     gsm = None
     if backend == "opacus":
         from opacus import GradSampleModule
@@ -975,7 +997,7 @@ def train_epochs_dp(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)  # dropout draws from it (torch.manual_seed: + CUDA)
-            batches = poisson_batches(n, sample_rate=sample_rate, steps=steps, generator=generator)
+            batches = poisson_batches(x_t.shape[0], sample_rate=sample_rate, steps=steps, generator=generator)
             for step, batch in enumerate(batches):
                 stats = dp_sgd_step(
                     model, optimizer, x_t[batch], time_t[batch], event_t[batch],
@@ -991,11 +1013,4 @@ def train_epochs_dp(
     finally:
         if gsm is not None:
             gsm.cleanup()
-    return {
-        "loss": last_loss / last_count if last_count else float("nan"),
-        "num_steps": steps,
-        "sample_rate": sample_rate,
-        "noise_multiplier": noise_multiplier,
-        "clip_norm": clip_norm,
-        "mean_clip_fraction": clipped / seen if seen else float("nan"),
-    }
+    return last_loss / last_count if last_count else float("nan"), clipped / seen if seen else float("nan")

@@ -1044,14 +1044,7 @@ def shared_setup(
         public range's midpoint and half-width. ``fallbacks``: how the ranges that did not stand out were
         settled (:attr:`AgreedRanges.fallbacks`).
     """
-    means, stds = _feature_scaling(plan, ranges, summed_moments)
-    public_levels = plan.dictionary.categorical if plan.dictionary else {}
-    categories = {c: tuple(public_levels[c]) if c in public_levels else summed_ranges.levels[c]
-                  for c in plan.categorical}
-    out = ranges.left_out
-    preprocessor = Preprocessor(tuple(c for c in plan.columns if c not in out),
-                                {c: m for c, m in means.items() if c not in out}, stds, categories,
-                                {c: r for c, r in ranges.features.items() if c not in out})
+    preprocessor = _shared_preprocessor(plan, ranges, summed_ranges, summed_moments)
     notes, fallbacks = ranges.describe(len(plan.columns)), dict(ranges.fallbacks)
     if not plan.releases_time_histogram:
         d = plan.dictionary
@@ -1068,14 +1061,34 @@ def shared_setup(
         cuts = event_quantile_grid(edges, events, num_durations=num_durations, floor=floor)
     else:
         cuts = np.linspace(0.0, ranges.time_max, num_durations)
+    time_scale = _histogram_time_scale(edges, counts, time_max=ranges.time_max)
+    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes, fallbacks)
+
+
+def _shared_preprocessor(plan: SetupPlan, ranges: AgreedRanges, summed_ranges: RangeRelease,
+                         summed_moments: MomentRelease) -> Preprocessor:
+    """The shared preprocessing of :func:`shared_setup`: the columns not left out, clipped to ``ranges`` and
+    standardised (:func:`_feature_scaling`); categories from the dictionary, else the sites' summed levels."""
+    means, stds = _feature_scaling(plan, ranges, summed_moments)
+    public_levels = plan.dictionary.categorical if plan.dictionary else {}
+    categories = {c: tuple(public_levels[c]) if c in public_levels else summed_ranges.levels[c]
+                  for c in plan.categorical}
+    out = ranges.left_out
+    return Preprocessor(tuple(c for c in plan.columns if c not in out),
+                        {c: m for c, m in means.items() if c not in out}, stds, categories,
+                        {c: r for c, r in ranges.features.items() if c not in out})
+
+
+def _histogram_time_scale(edges: np.ndarray, counts: np.ndarray, *, time_max: float) -> tuple[float, float]:
+    """Mean and standard deviation of the time histogram ``counts`` (records at the intervals' midpoints); the
+    range's midpoint and half-width ``(time_max / 2, time_max / 2)`` when that deviation is not positive."""
     middles = (edges[:-1] + edges[1:]) / 2
     if counts.sum() > 0:
         mean = float(np.average(middles, weights=counts))
         std = float(np.sqrt(np.average(np.square(middles - mean), weights=counts)))
     else:
         mean = std = 0.0
-    time_scale = (mean, std) if std > 0 else (ranges.time_max / 2, ranges.time_max / 2)
-    return SharedSetup(preprocessor, cuts, time_scale, (edges[1:], *trimmed), notes, fallbacks)
+    return (mean, std) if std > 0 else (time_max / 2, time_max / 2)
 
 
 # --------------------------------------------------------------------------- through a secure sum

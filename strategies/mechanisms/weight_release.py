@@ -189,52 +189,35 @@ def _clip_per_unit(units: Sequence[torch.Tensor], clip_norms: np.ndarray) -> Non
 
 
 def release_weights(
-    net: nn.Module,
-    *,
-    method: str,
-    allocation: str,
-    epsilon: float,
-    delta: float,
-    clip_norm: float,
-    min_site_records: int,
-    exposures: int,
-    generator: torch.Generator,
-    public_state: dict[str, torch.Tensor],
-    evaluate: Callable[[nn.Module], float] | None = None,
-    iterates: torch.Tensor | None = None,
-    selected_layer: int = -1,
-    dispersion_measure: str = "var",
-    uniform_mix: float = 0.0,
+    net: nn.Module, *, method: str, allocation: str, epsilon: float, delta: float, clip_norm: float,
+    min_site_records: int, exposures: int, generator: torch.Generator, public_state: dict[str, torch.Tensor],
+    evaluate: Callable[[nn.Module], float] | None = None, iterates: torch.Tensor | None = None,
+    selected_layer: int = -1, dispersion_measure: str = "var", uniform_mix: float = 0.0,
 ) -> Release:
     r"""Clip and perturb ``net``'s weights in place for upload (NbAFL / LS-ADP / ROW-DP).
 
     Parameters
     ----------
     net : torch.nn.Module
-        The locally trained network; its parameters are replaced by the released values. It
-        must have no buffers (e.g. BatchNorm statistics), which no noise would cover.
-    method : {"nbafl", "ls_adp", "row_dp"}
-    allocation : {"paper", "exact"}
-        See the module docstring.
+        The trained network, its parameters replaced by the released values; no buffers (no noise covers them).
+    method, allocation : str
+        ``"nbafl"``, ``"ls_adp"`` or ``"row_dp"``; ``"paper"`` or ``"exact"`` (see the module docstring).
     epsilon, delta : float
         The target: the paper's average budget ε of the whole training, and δ.
     clip_norm : float
         ``C``, the L2 bound of all weights together.
-    min_site_records : int
-        ``m``, the smallest site's number of training records.
-    exposures : int
-        ``L``, the most uploads a site makes (the number of rounds when every site trains in
-        every round).
+    min_site_records, exposures : int
+        ``m``, the smallest site's number of training records, and ``L``, the most uploads a site makes
+        (the number of rounds when every site trains in every round).
     generator : torch.Generator
         Source of all noise (LS-ADP's trial perturbations included).
     public_state : dict
-        The global model the site started from (``net.state_dict()`` keys): released instead
-        of the local value for a unit whose budget is 0.
+        The global model the site started from (``net.state_dict()`` keys), released for a unit of budget 0.
     evaluate : callable, optional
         LS-ADP only: ``evaluate(net) -> float`` (the site's metric ``p``, e.g. its loss).
     iterates : torch.Tensor, optional
-        ROW-DP only: shape ``(m, size)``, the selected layer's flattened weights after each
-        local step (the last row is the final weights before clipping).
+        ROW-DP only: shape ``(m, size)``, the selected layer's flattened weights after each local step
+        (the last row is the final weights before clipping).
     selected_layer : int
         ROW-DP only: index of the selected layer (:func:`select_layer`).
     dispersion_measure : {"var", "std", "range", "iqr", "mae"}
@@ -245,77 +228,162 @@ def release_weights(
     Returns
     -------
     Release
-
-    References
-    ----------
-    Niu et al., Mathematics 2025, Algorithm 2 and §3.1–3.2 ("LS-ADP / ROW-DP",
-    doi:10.3390/math13071096); Wei et al. 2020 IEEE TIFS, Algorithm 1 (NbAFL).
+        The audit record (Niu et al. 2025, Algorithm 2, §3.1–3.2; Wei et al. 2020, Algorithm 1).
     """
     method = check_choice(method, WEIGHT_PERTURBATION, "method")
     allocation = check_choice(allocation, ALLOCATIONS, "allocation")
     dispersion_measure = check_choice(dispersion_measure, DISPERSION_MEASURES, "dispersion_measure")
+    layers, sizes = _releasable_layers(net)
+    privacy = {"delta": delta, "clip_norm": clip_norm, "min_site_records": min_site_records, "exposures": exposures}
+    uniform_noise = nbafl_uplink_noise_std(epsilon=epsilon, **privacy)
+    selected = selected_layer if method == "row_dp" else -1
+    with torch.no_grad():
+        flat, weight_norm = _clip_layers(layers, sizes, allocation=allocation, clip_norm=clip_norm)
+        budgets, importance = _weight_budgets(
+            net, layers, flat, sizes, method=method, allocation=allocation, epsilon=epsilon, clip_norm=clip_norm,
+            trial_noise=uniform_noise, generator=generator, evaluate=evaluate, iterates=iterates,
+            selected_layer=selected_layer, dispersion_measure=dispersion_measure, uniform_mix=uniform_mix)
+        stds, effective = _noise_stds(budgets, sizes, allocation=allocation, selected_layer=selected,
+                                      epsilon=epsilon, **privacy)
+        _perturb_layers(layers, flat, stds, _public_layers(net, public_state), generator)
+    return _release_record(stds, effective, weight_norm=weight_norm, epsilon=epsilon, delta=delta,
+                           exposures=exposures, importance=importance, selected_layer=selected)
+
+
+def _releasable_layers(net: nn.Module) -> tuple[list[list[nn.Parameter]], list[int]]:
+    """``net``'s parameters grouped by layer, and each layer's size; ValueError if it has buffers or no parameters."""
     if next(net.buffers(), None) is not None:
         raise ValueError("weight perturbation covers parameters only; this network has buffers (e.g. BatchNorm "
                          "running statistics), which would be released without noise")
     layers = layer_parameters(net)
     if not layers:
         raise ValueError("model has no parameters")
-    privacy = {"delta": delta, "clip_norm": clip_norm, "min_site_records": min_site_records, "exposures": exposures}
-    uniform_noise = nbafl_uplink_noise_std(epsilon=epsilon, **privacy)
-    sizes = [sum(p.numel() for p in params) for params in layers]
-    total_size = sum(sizes)
+    return layers, [sum(p.numel() for p in params) for params in layers]
 
-    with torch.no_grad():
-        flat = [torch.cat([p.detach().reshape(-1) for p in params]).double() for params in layers]
-        weight_norm = math.sqrt(sum(float(values.square().sum()) for values in flat))
-        if allocation == "paper":
-            flat, _ = clip_update(flat, clip_norm)
-        else:  # each unit to its own C_u; ROW-DP's per-weight units of the selected layer come later
-            _clip_per_unit(flat, clip_norm * np.sqrt(np.asarray(sizes, dtype=np.float64) / total_size))
+
+def _clip_layers(
+    layers: list[list[nn.Parameter]], sizes: list[int], *, allocation: str, clip_norm: float,
+) -> tuple[list[torch.Tensor], float]:
+    """Clip the layers' weights in place (call under ``torch.no_grad()``).
+
+    ``"paper"`` clips all weights together to ``clip_norm``; ``"exact"`` clips each layer to its own
+    ``C_u = C·sqrt(size_u/P)`` (ROW-DP's per-weight units of the selected layer are clipped later, by
+    :func:`_row_dp_budgets`). Returns the clipped values as flat float64 tensors, one per layer, and the
+    L2 norm of all weights before clipping.
+    """
+    flat = [torch.cat([p.detach().reshape(-1) for p in params]).double() for params in layers]
+    weight_norm = math.sqrt(sum(float(values.square().sum()) for values in flat))
+    if allocation == "paper":
+        flat, _ = clip_update(flat, clip_norm)
+    else:
+        _clip_per_unit(flat, clip_norm * np.sqrt(np.asarray(sizes, dtype=np.float64) / sum(sizes)))
+    _write_layers(layers, flat)
+    return flat, weight_norm
+
+
+def _weight_budgets(
+    net: nn.Module, layers: list[list[nn.Parameter]], flat: list[torch.Tensor], sizes: list[int], *, method: str,
+    allocation: str, epsilon: float, clip_norm: float, trial_noise: float, generator: torch.Generator,
+    evaluate: Callable[[nn.Module], float] | None, iterates: torch.Tensor | None, selected_layer: int,
+    dispersion_measure: str, uniform_mix: float,
+) -> tuple[list[np.ndarray], tuple[float, ...]]:
+    """Per-weight budgets of ``method`` by the paper's rule (mean over the units allocated over = ε).
+
+    Returns the budgets, one array per layer, and LS-ADP's layer importances (``()`` otherwise).
+    NbAFL: ε everywhere; LS-ADP: :func:`_ls_adp_budgets` (trial noise std ``trial_noise``);
+    ROW-DP: :func:`_row_dp_budgets`.
+    """
+    if method == "nbafl":
+        return [np.full(size, epsilon) for size in sizes], ()
+    if method == "ls_adp":
+        return _ls_adp_budgets(net, sizes, evaluate, noise_std=trial_noise, generator=generator,
+                               epsilon=epsilon, uniform_mix=uniform_mix)
+    return _row_dp_budgets(layers, flat, sizes, iterates, selected_layer, allocation=allocation, epsilon=epsilon,
+                           clip_norm=clip_norm, dispersion_measure=dispersion_measure, uniform_mix=uniform_mix), ()
+
+
+def _ls_adp_budgets(
+    net: nn.Module, sizes: list[int], evaluate: Callable[[nn.Module], float] | None, *, noise_std: float,
+    generator: torch.Generator, epsilon: float, uniform_mix: float,
+) -> tuple[list[np.ndarray], tuple[float, ...]]:
+    """LS-ADP's per-weight budgets (mean over all layers = ε) and the layers' importances.
+
+    Draws the trial perturbations of :func:`perturbed_layer_metrics` (std ``noise_std``) from
+    ``generator``; raises ValueError if ``evaluate`` is None.
+    """
+    if evaluate is None:
+        raise ValueError("ls_adp needs evaluate(net) -> metric")
+    baseline, perturbed, _ = perturbed_layer_metrics(net, evaluate, noise_std=noise_std, generator=generator)
+    weights = layer_sensitivity_importance(baseline, perturbed)
+    layer_budgets = ls_adp_budgets(weights, epsilon=epsilon, uniform_mix=uniform_mix)
+    importance = tuple(float(v) for v in layer_budgets / (epsilon * len(sizes)))
+    return [np.full(size, budget) for size, budget in zip(sizes, layer_budgets, strict=True)], importance
+
+
+def _row_dp_budgets(
+    layers: list[list[nn.Parameter]], flat: list[torch.Tensor], sizes: list[int], iterates: torch.Tensor | None,
+    selected_layer: int, *, allocation: str, epsilon: float, clip_norm: float, dispersion_measure: str,
+    uniform_mix: float,
+) -> list[np.ndarray]:
+    """ROW-DP's per-weight budgets (the paper's rule) from the selected layer's ``iterates``.
+
+    With ``allocation="exact"`` each weight of the selected layer is one unit, clamped to
+    ``C_u = C/sqrt(P)`` in ``flat`` and in the parameters. Raises ValueError if the iterates or
+    the index are missing or the iterates' shape is not ``(m, size)``.
+    """
+    if iterates is None or not 0 <= selected_layer < len(sizes):
+        raise ValueError("row_dp needs the selected layer's iterates and its index")
+    if iterates.ndim != 2 or iterates.shape[1] != sizes[selected_layer]:
+        raise ValueError(f"iterates must have shape (m, {sizes[selected_layer]}), got {tuple(iterates.shape)}")
+    weights = row_dp_importance(iterates, dispersion_measure)
+    budgets = row_dp_budgets(sizes, selected_layer, weights, epsilon=epsilon, uniform_mix=uniform_mix)
+    if allocation == "exact":
+        bound = clip_norm / math.sqrt(sum(sizes))
+        flat[selected_layer] = flat[selected_layer].clamp(-bound, bound)
         _write_layers(layers, flat)
+    return budgets
 
-        # Per-weight budgets by the paper's rule (mean over the units allocated over = ε).
-        importance: tuple[float, ...] = ()
-        if method == "nbafl":
-            budgets = [np.full(size, epsilon) for size in sizes]
-        elif method == "ls_adp":
-            if evaluate is None:
-                raise ValueError("ls_adp needs evaluate(net) -> metric")
-            baseline, perturbed, _ = perturbed_layer_metrics(net, evaluate, noise_std=uniform_noise,
-                                                             generator=generator)
-            weights = layer_sensitivity_importance(baseline, perturbed)
-            layer_budgets = ls_adp_budgets(weights, epsilon=epsilon, uniform_mix=uniform_mix)
-            importance = tuple(float(v) for v in layer_budgets / (epsilon * len(sizes)))
-            budgets = [np.full(size, budget) for size, budget in zip(sizes, layer_budgets, strict=True)]
-        else:
-            if iterates is None or not 0 <= selected_layer < len(sizes):
-                raise ValueError("row_dp needs the selected layer's iterates and its index")
-            if iterates.ndim != 2 or iterates.shape[1] != sizes[selected_layer]:
-                raise ValueError(f"iterates must have shape (m, {sizes[selected_layer]}), got {tuple(iterates.shape)}")
-            weights = row_dp_importance(iterates, dispersion_measure)
-            budgets = row_dp_budgets(sizes, selected_layer, weights, epsilon=epsilon, uniform_mix=uniform_mix)
-            if allocation == "exact":  # one unit per weight: each clipped to C_u = C/sqrt(P)
-                bound = clip_norm / math.sqrt(total_size)
-                flat[selected_layer] = flat[selected_layer].clamp(-bound, bound)
-                _write_layers(layers, flat)
 
-        if allocation == "paper":
-            stds = [noise_std_from_budgets(b, **privacy) for b in budgets]
-            smallest = float(min(s.min() for s in stds))
-            effective = smallest / nbafl_sensitivity(clip_norm=clip_norm, min_site_records=min_site_records)
-        else:
-            stds, effective = _exact_stds(budgets, sizes, selected_layer if method == "row_dp" else -1,
-                                          epsilon=epsilon, clip_norm=clip_norm,
-                                          min_site_records=min_site_records, delta=delta, exposures=exposures)
+def _noise_stds(
+    budgets: list[np.ndarray], sizes: list[int], *, allocation: str, selected_layer: int, epsilon: float,
+    delta: float, clip_norm: float, min_site_records: int, exposures: int,
+) -> tuple[list[np.ndarray], float]:
+    """Per-weight noise standard deviations of the budgets and the effective noise multiplier.
 
-        public = _public_layers(net, public_state)
-        released = []
-        for values, noise_std, start in zip(flat, stds, public, strict=True):
-            noise_std_t = torch.as_tensor(noise_std, dtype=torch.float64).reshape(-1)
-            finite = torch.isfinite(noise_std_t)
-            noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
-            released.append(torch.where(finite, values + noise * torch.where(finite, noise_std_t, 0.0), start))
-        _write_layers(layers, released)
+    ``"paper"``: each weight's std from its budget, and the multiplier of the smallest std over the
+    NbAFL sensitivity; ``"exact"``: :func:`_exact_stds` (``selected_layer`` -1 unless ROW-DP).
+    """
+    if allocation == "paper":
+        stds = [noise_std_from_budgets(b, delta=delta, clip_norm=clip_norm, min_site_records=min_site_records,
+                                       exposures=exposures) for b in budgets]
+        smallest = float(min(s.min() for s in stds))
+        return stds, smallest / nbafl_sensitivity(clip_norm=clip_norm, min_site_records=min_site_records)
+    return _exact_stds(budgets, sizes, selected_layer, epsilon=epsilon, clip_norm=clip_norm,
+                       min_site_records=min_site_records, delta=delta, exposures=exposures)
+
+
+def _perturb_layers(
+    layers: list[list[nn.Parameter]], flat: list[torch.Tensor], stds: list[np.ndarray],
+    public: list[torch.Tensor], generator: torch.Generator,
+) -> None:
+    """Write ``flat + N(0, std²)`` into the parameters, one draw per weight in layer order.
+
+    A weight whose std is infinite (budget 0) gets its ``public`` value instead (its noise is still drawn).
+    """
+    released = []
+    for values, noise_std, start in zip(flat, stds, public, strict=True):
+        noise_std_t = torch.as_tensor(noise_std, dtype=torch.float64).reshape(-1)
+        finite = torch.isfinite(noise_std_t)
+        noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
+        released.append(torch.where(finite, values + noise * torch.where(finite, noise_std_t, 0.0), start))
+    _write_layers(layers, released)
+
+
+def _release_record(
+    stds: list[np.ndarray], effective: float, *, weight_norm: float, epsilon: float, delta: float, exposures: int,
+    importance: tuple[float, ...], selected_layer: int,
+) -> Release:
+    """The :class:`Release` of a perturbation: noise range and the ε audits of the effective multiplier."""
     all_stds = np.concatenate([np.asarray(s, dtype=np.float64).reshape(-1) for s in stds])
     return Release(
         weight_norm=weight_norm, noise_min=float(all_stds.min()), noise_max=float(all_stds.max()),
@@ -323,8 +391,7 @@ def release_weights(
         epsilon_audited_formula=0.0 if math.isinf(effective) else gaussian_constant(delta) * exposures / effective,
         epsilon_rdp=0.0 if math.isinf(effective) else epsilon_gaussian_rounds(
             noise_multiplier=effective, rounds=exposures, delta=delta, orders=list(AUDIT_RDP_ORDERS)),
-        noise_multiplier=float(effective), importance=importance,
-        selected_layer=selected_layer if method == "row_dp" else -1,
+        noise_multiplier=float(effective), importance=importance, selected_layer=selected_layer,
     )
 
 
