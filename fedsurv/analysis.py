@@ -180,92 +180,83 @@ def _as_int(values: np.ndarray) -> np.ndarray:
 
 
 def kaplan_meier(
-    data: pd.DataFrame,
-    *,
-    time_col: Hashable,
-    event_col: Hashable,
-    site_col: Hashable | None = None,
-    group_col: Hashable | None = None,
-    grid: Sequence[float] | np.ndarray | None = None,
-    alpha: float = 0.05,
+    data: pd.DataFrame, *, time_col: Hashable, event_col: Hashable, site_col: Hashable | None = None,
+    group_col: Hashable | None = None, grid: Sequence[float] | np.ndarray | None = None, alpha: float = 0.05,
 ) -> pd.DataFrame:
     r"""Kaplan–Meier survival with Greenwood confidence bounds, from counts each site computes alone.
 
-    Each site (the records of one value of ``site_col``; all records form one site when it is
-    None) computes its counts (:func:`models.km.site_km_counts`), per group when ``group_col``
-    is given; the server adds them on the union of the sites' times
-    (:func:`models.km.combine_km_counts`) and computes the curve (:func:`models.km.kaplan_meier`).
-    The result is exactly lifelines' ``KaplanMeierFitter(alpha=alpha).fit(time, event)`` on the
-    pooled records (of each group): the survival function, the log(−log) Greenwood confidence
-    interval (``confidence_interval_``) and the event table.
+    Each site computes its counts per group (:func:`models.km.site_km_counts`), the server adds them
+    (:func:`models.km.combine_km_counts`): the result is exactly lifelines' ``KaplanMeierFitter(alpha=alpha)``
+    on the pooled records of each group (survival, log(−log) Greenwood interval, event table).
 
     Parameters
     ----------
-    data
-        One row per record.
-    time_col
-        Follow-up time: non-negative, finite numbers.
-    event_col
-        1 / ``True`` / ``"dead"`` / ``"yes"`` / ``"true"`` / ``"1"`` for an event, 0 / ``False`` /
-        ``"alive"`` / ``"no"`` / ``"false"`` / ``"0"`` for a censored record (text in any case).
-    site_col
-        The column naming each record's site (any labels, no missing values), or None.
-    group_col
-        Estimate one curve per level of this column (e.g. a treatment arm), or None for one curve.
+    data, time_col, event_col
+        One row per record; its follow-up time (non-negative, finite numbers) and event columns: 1 / ``True`` /
+        ``"dead"`` / ``"yes"`` / ``"true"`` / ``"1"`` for an event, 0 / ``False`` / ``"alive"`` / ``"no"`` /
+        ``"false"`` / ``"0"`` for a censored record (text in any case).
+    site_col, group_col
+        The column naming each record's site (any labels, no missing values; None: all records one site), and
+        the column with one curve per level (e.g. a treatment arm; None: one curve).
     grid
-        None: counts at every distinct time. Or shared, strictly increasing times at which the sites
-        count instead (an event rounds up to the next grid time, a censoring down to the previous
-        one; records censored before ``grid[0]`` are left out); it must reach the last event time.
-        A grid holding every event time gives the exact curve at those times and hides the
-        censoring times.
+        None: counts at every distinct time. Or shared, strictly increasing times at which the sites count instead
+        (an event rounds up to the next grid time, a censoring down to the previous one; records censored before
+        ``grid[0]`` are left out); it must reach the last event time. A grid holding every event time gives the
+        exact curve at those times and hides the censoring times.
     alpha
         The confidence intervals are ``1 - alpha`` intervals.
 
     Returns
     -------
     DataFrame
-        Columns ``survival, lower, upper`` (the ``1 - alpha`` confidence bounds), ``at_risk,
-        events, censored`` (pooled counts) and ``variance`` (Greenwood's variance of the survival).
-        Without ``group_col`` it is indexed by ``time``; with it, by ``(group_col, time)``, so
-        ``result.loc[level]`` is one group's curve (as a ``KaplanMeierFitter`` fitted to that
-        group), ``result.groupby(level=0)`` iterates over the groups and ``result.reset_index()``
-        is a long table. Without a grid each curve starts with a row at time 0 (survival 1, every
-        record at risk) as lifelines' does, unless a record has time 0; with a grid the rows are
-        the grid's times. ``result.attrs`` holds the column names and ``alpha``
-        (:func:`plot_kaplan_meier` labels its axes with them).
+        Columns ``survival, lower, upper`` (the ``1 - alpha`` confidence bounds), ``at_risk, events, censored``
+        (pooled counts) and ``variance`` (Greenwood's variance of the survival). Without ``group_col`` it is
+        indexed by ``time``; with it, by ``(group_col, time)``, so ``result.loc[level]`` is one group's curve (as
+        a ``KaplanMeierFitter`` fitted to that group), ``result.groupby(level=0)`` iterates over the groups and
+        ``result.reset_index()`` is a long table. Without a grid each curve starts with a row at time 0 (survival
+        1, every record at risk) as lifelines' does, unless a record has time 0; with a grid the rows are the
+        grid's times. ``result.attrs`` holds the column names and ``alpha`` (:func:`plot_kaplan_meier`'s labels).
 
     What each site releases
     -----------------------
-    In the clear, exactly (no differential privacy, no noise, no secure aggregation): for each
-    group it holds, without a grid every distinct time at which one of its records had an event or
-    was censored, with the number of records at risk, events and censorings there; with a grid
-    those three counts at each grid time. Its label set of ``group_col`` is thereby released too.
+    In the clear, exactly (no differential privacy, no noise, no secure aggregation): for each group it holds,
+    without a grid every distinct time at which one of its records had an event or was censored, with the number
+    of records at risk, events and censorings there; with a grid those three counts at each grid time. Its label
+    set of ``group_col`` is thereby released too.
 
     Raises
     ------
     TypeError
         When ``data`` is not a DataFrame.
     ValueError
-        One line naming the argument or column and the fix: a column not in ``data``; times that
-        are missing, negative or infinite (with the number of rows); event values other than the
-        accepted ones (with the values found); missing values in ``site_col`` or ``group_col``; a
-        bad ``grid`` or ``alpha``.
+        One line naming the argument or column and the fix: a column not in ``data``; times that are missing,
+        negative or infinite (with the number of rows); event values other than the accepted ones (with the values
+        found); missing values in ``site_col`` or ``group_col``; a bad ``grid`` or ``alpha``.
     """
     records = _records(data, time_col=time_col, event_col=event_col, site_col=site_col, group_col=group_col)
-    times = None if grid is None else np.asarray(grid, dtype=np.float64)
+    curves = _group_curves(records, None if grid is None else np.asarray(grid, dtype=np.float64), alpha)
+    result = curves[0] if group_col is None else _stacked(curves, records.group_labels, group_col)
+    result.attrs.update({"time_col": time_col, "event_col": event_col, "site_col": site_col,
+                         "group_col": group_col, "alpha": alpha})
+    return result
+
+
+def _group_curves(records: _Records, times: np.ndarray | None, alpha: float) -> dict[int, pd.DataFrame]:
+    """Each group's (by code) curve of :func:`kaplan_meier`: every site's counts of the group at ``times`` (None:
+    at its own distinct times), added by the server, as :func:`_curve`'s frame."""
     curves = {}
     for g in range(len(records.group_labels)):
         counts = [km.site_km_counts(records.time[mask], records.event[mask], times)
                   for _, group, mask in records.cells() if group == g]
         curves[g] = _curve(km.combine_km_counts(counts), alpha, exact=times is None)
-    if group_col is None:
-        result = curves[0]
-    else:
-        name = "group" if group_col == "time" else group_col
-        result = pd.concat({records.group_labels[g]: frame for g, frame in curves.items()}, names=[name])
-    result.attrs.update({"time_col": time_col, "event_col": event_col, "site_col": site_col,
-                         "group_col": group_col, "alpha": alpha})
-    return result
+    return curves
+
+
+def _stacked(curves: dict[int, pd.DataFrame], labels: list, group_col: Hashable) -> pd.DataFrame:
+    """The groups' ``curves`` (by code) in one frame indexed by (group label, time); the group level is named
+    ``group_col``, or ``"group"`` when that is ``"time"``."""
+    name = "group" if group_col == "time" else group_col
+    return pd.concat({labels[g]: frame for g, frame in curves.items()}, names=[name])
 
 
 def _curve(counts: km.KMCounts, alpha: float, *, exact: bool) -> pd.DataFrame:
@@ -412,32 +403,21 @@ class LogrankTestResult:
 
 
 def logrank_test(
-    data: pd.DataFrame,
-    *,
-    time_col: Hashable,
-    event_col: Hashable,
-    group_col: Hashable,
-    site_col: Hashable | None = None,
-    stratified: bool | None = None,
+    data: pd.DataFrame, *, time_col: Hashable, event_col: Hashable, group_col: Hashable,
+    site_col: Hashable | None = None, stratified: bool | None = None,
 ) -> LogrankTestResult:
     r"""Log-rank test of equal survival across the levels of ``group_col``, from per-site counts.
 
-    Two rounds. (1) Each site (the records of one value of ``site_col``; all records one site
-    when it is None) sends its distinct event times; the server sends back their union.
-    (2) At each of these times each site sends, per group, its number of records at risk and of
-    events (:func:`models.km.site_logrank_sums`; a censoring rounds down to the previous event
-    time, which leaves every at-risk set at an event time unchanged). The server computes the
-    test (:func:`models.km.logrank_test`):
+    Two rounds. (1) Each site sends its distinct event times; the server sends back their union. (2) At each of
+    these times each site sends, per group, its number of records at risk and of events
+    (:func:`models.km.site_logrank_sums`; a censoring rounds down to the previous event time, which leaves every
+    at-risk set at an event time unchanged). The server computes the test (:func:`models.km.logrank_test`):
 
-    - **stratified** (the default when ``site_col`` is given: the multi-centre analysis):
-      observed − expected events and their covariance are computed within each site and summed,
-      so a site effect on survival is not mistaken for a group effect: R's
-      ``survdiff(Surv(time, status) ~ group + strata(site))``;
-    - **pooled** (``stratified=False``, the default without ``site_col``): the counts are added
-      first, giving exactly lifelines' ``logrank_test`` (two groups) or
-      ``multivariate_logrank_test`` on the pooled records.
-
-    The statistic is chi-squared on groups − 1 degrees of freedom.
+    - **stratified** (the default when ``site_col`` is given: the multi-centre analysis): observed − expected
+      events and their covariance are computed within each site and summed, so a site effect on survival is not
+      mistaken for a group effect: R's ``survdiff(Surv(time, status) ~ group + strata(site))``;
+    - **pooled** (``stratified=False``, the default without ``site_col``): the counts are added first, giving
+      exactly lifelines' ``logrank_test`` (two groups) or ``multivariate_logrank_test`` on the pooled records.
 
     Parameters
     ----------
@@ -451,31 +431,26 @@ def logrank_test(
     Returns
     -------
     LogrankTestResult
-        ``statistic``, ``p_value``, ``degrees_of_freedom``, ``observed`` and ``expected`` (Series
-        by group), ``test_name``, and ``released`` (the manifest of every count sent).
+        ``statistic`` (chi-squared on groups − 1 ``degrees_of_freedom``), ``p_value``, ``observed`` and
+        ``expected`` (Series by group), ``test_name``, and ``released`` (the manifest of every count sent).
 
     What each site releases
     -----------------------
-    In the clear, exactly (no differential privacy, no noise, no secure aggregation): its distinct
-    event times, then at every shared event time and for each group it holds, its number of
-    records at risk and its number of events (the rows of ``released``; a site's own event times
-    are those with ``events > 0``). Its label set of ``group_col`` is thereby released too.
+    In the clear, exactly (no differential privacy, no noise, no secure aggregation): its distinct event times,
+    then at every shared event time and for each group it holds, its number of records at risk and its number of
+    events (the rows of ``released``; a site's own event times are those with ``events > 0``). Its label set of
+    ``group_col`` is thereby released too.
 
     Raises
     ------
     ValueError
-        As :func:`kaplan_meier`'s, and: ``group_col`` with a single level; no event at all;
-        ``stratified=True`` without ``site_col``; stratified with no site holding two groups.
+        As :func:`kaplan_meier`'s, and: ``group_col`` with a single level; no event at all; ``stratified=True``
+        without ``site_col``; stratified with no site holding two groups.
     """
     stratified = site_col is not None if stratified is None else stratified
     records = _logrank_records(data, time_col=time_col, event_col=event_col, site_col=site_col, group_col=group_col,
                                stratified=stratified)
-    sites = range(len(records.site_labels))
-    # Round 1: each site's distinct event times; the server's union.
-    shared = np.unique(np.concatenate([np.unique(records.time[(records.site == s) & records.event]) for s in sites]))
-    # Round 2: each site's at-risk and event counts per group at the shared times (groups coded 0..G-1).
-    sums = [km.site_logrank_sums(records.time[records.site == s], records.event[records.site == s],
-                                 records.group[records.site == s], shared) for s in sites]
+    shared, sums = _logrank_rounds(records)
     result = km.logrank_test(sums, stratified=stratified)
     labels = pd.Index([records.group_labels[code] for code in result.groups], name=group_col)
     groups = len(labels)
@@ -487,6 +462,18 @@ def logrank_test(
         stratified=stratified, test_name=name, group_col=group_col, site_col=site_col,
         sites=tuple(records.site_labels), released=_released(records, sums, shared),
     )
+
+
+def _logrank_rounds(records: _Records) -> tuple[np.ndarray, list[km.LogrankSums]]:
+    """:func:`logrank_test`'s two rounds: the union of the sites' distinct event times, and each site's at-risk and
+    event counts per group (groups coded 0..G-1) at those times (:func:`models.km.site_logrank_sums`)."""
+    sites = range(len(records.site_labels))
+    # Round 1: each site's distinct event times; the server's union.
+    shared = np.unique(np.concatenate([np.unique(records.time[(records.site == s) & records.event]) for s in sites]))
+    # Round 2: each site's at-risk and event counts per group at the shared times.
+    sums = [km.site_logrank_sums(records.time[records.site == s], records.event[records.site == s],
+                                 records.group[records.site == s], shared) for s in sites]
+    return shared, sums
 
 
 def _logrank_records(data: pd.DataFrame, *, time_col: Hashable, event_col: Hashable, site_col: Hashable | None,

@@ -42,92 +42,81 @@ ARGUMENT_KEYS = {"data.time_col": "time_col", "data.event_col": "event_col", "da
 
 
 def fit(
-    data: pd.DataFrame | str | Path,
-    *,
-    time_col: str = "time",
-    event_col: str = "event",
-    event_values: Sequence[str] = (),
-    id_col: str = "",
-    categorical_cols: Sequence[str] = (),
-    drop_cols: Sequence[str] = (),
-    site_col: str = "",
-    sites: int = 5,
-    strategy: str = "fedavg",
-    epsilon: float | None = None,
-    model: str = "auto",
-    rounds: int | None = None,
-    seed: int = 0,
-    output_dir: str | Path | None = None,
-    config: Mapping[str, Any] | None = None,
+    data: pd.DataFrame | str | Path, *, time_col: str = "time", event_col: str = "event",
+    event_values: Sequence[str] = (), id_col: str = "", categorical_cols: Sequence[str] = (),
+    drop_cols: Sequence[str] = (), site_col: str = "", sites: int = 5, strategy: str = "fedavg",
+    epsilon: float | None = None, model: str = "auto", rounds: int | None = None, seed: int = 0,
+    output_dir: str | Path | None = None, config: Mapping[str, Any] | None = None,
 ) -> SavedRun:
     """Train a survival model over a simulated federation of ``data``'s records and return it.
+
+    Each argument sets the run-config key named below (``docs/configuration.md``); ``config`` sets any other.
 
     Parameters
     ----------
     data
-        The records (a frame, or a CSV/Parquet path): one row per record, outcome columns
-        ``time_col`` and ``event_col``, every other column a feature. A frame is written, dtypes
-        kept, to ``<output_dir>/input.parquet`` (:data:`DATA_FILE`), which the simulated sites read
-        (an object column mixing numbers and text as text); a column of category dtype is
-        categorical. Its errors name it as :data:`FRAME_SOURCE`, its columns and rows (row 1: its
-        first row), and the keyword arguments below for their keys.
+        The records (a frame, or a CSV/Parquet path: ``data.path``), one per row, every column but the outcome a
+        feature. A frame is written, dtypes kept, to ``<output_dir>/input.parquet`` (:data:`DATA_FILE`) for the
+        sites: a category column is categorical, an object column mixing numbers and text is text.
     time_col, event_col, event_values, id_col, categorical_cols, drop_cols
-        ``data.time_col``, ``data.event_col`` (0/1 or booleans, or any values with ``event_values``),
-        ``data.event_values`` (the values of ``event_col`` that mark an event, e.g. ``["Dead"]``;
-        every other value is censored), ``data.id_col`` (a record-identifier column, never a feature),
-        ``data.categorical_cols`` (columns read as categories whatever they hold: codes, numbers mixed
-        with words; text columns are categorical anyway) and ``data.drop_cols``.
-    site_col
-        A column naming each record's site (a natural partition: one site per value,
-        ``federation.partition``); "" splits the records at random over ``sites`` sites.
-    sites
-        ``federation.num_sites`` of a random split.
-    strategy, epsilon
-        ``strategy.name`` (``fedavg``, ``dp_sgd``, ``distributed_dp``, ...) and its target
-        ``privacy.epsilon`` (None: no differential privacy).
-    model, rounds, seed
-        ``model.name``, ``federation.rounds`` (None: the strategy's default) and ``seed``. ``model="coxph"``
-        fits a Cox regression by Newton-Raphson on the sites' sums (strategy ``fedavg``, no ``rounds``;
-        ``docs/howto/cox-regression.md``) and returns a :class:`models.cox_run.CoxRun` (``hazard_ratios``,
-        ``summary_table()``, ``print_summary()``, ``proportional_hazard_test()``, ``plot_coefficients()``).
-    output_dir
-        The run's directory (must not hold another run); default ``outputs/api/<time>-<strategy>``.
-    config
-        Any other run-config key, e.g. ``{"train.lr": 0.003, "federation.server_optimizer": "fedadam"}``.
+        ``data.<argument>``: the outcome columns (events 0/1 or booleans, or the values in ``event_values``, e.g.
+        ``["Dead"]``, the others censored), an identifier column (never a feature), columns read as categories
+        whatever they hold (codes; text is categorical anyway), columns to drop.
+    site_col, sites
+        ``federation.partition``: a column naming each record's site (one site per value), or "" to split the
+        records at random over ``sites`` sites (``federation.num_sites``).
+    strategy, epsilon, model, rounds, seed
+        ``strategy.name`` (``fedavg``, ``dp_sgd``, ``distributed_dp``, ...), its target ``privacy.epsilon`` (None:
+        no differential privacy), ``model.name``, ``federation.rounds`` (None: the strategy's default), ``seed``;
+        ``"coxph"``: a Cox regression by Newton-Raphson (``fedavg``, no ``rounds``; docs/howto/cox-regression.md).
+    output_dir, config
+        The run's directory (must not hold another run; default ``outputs/api/<time>-<strategy>``), and any other
+        run-config key, e.g. ``{"train.lr": 0.003, "federation.server_optimizer": "fedadam"}``.
 
     Returns
     -------
     SavedRun
-        The trained model (``predict_survival``, ``score``, ``plot_calibration``, ...) and its
-        ``summary`` (test figures, privacy ledger headline).
+        The trained model (``predict_survival``, ``score``, ``plot_calibration``, ...), its ``summary`` (test figures,
+        privacy ledger headline); for ``coxph`` a :class:`models.cox_run.CoxRun` (``hazard_ratios``, ...).
 
     Raises
     ------
     flwr_app.config.ConfigError
-        For a bad or unknown key (with the nearest known ones), a key given both as an argument and in
-        ``config``, or an ``output_dir`` that holds another run.
+        For a bad or unknown key (with the nearest known ones), a key given both as an argument and in ``config``,
+        or an ``output_dir`` that holds another run.
     models.data.DataValidationError
-        For bad data or too few records for ``sites`` (naming the file, or :data:`FRAME_SOURCE`, the column and
-        the rows, and the argument). These are raised before torch, Ray or Flower is imported and before anything
-        is written (:func:`flwr_app.config.check_inputs`).
+        For bad data or too few records for ``sites``, naming the file (or :data:`FRAME_SOURCE`), the column, the
+        rows (row 1: the first) and the argument, before anything is written or torch, Ray or Flower imported.
     """
     directory = Path(output_dir) if output_dir is not None else _default_directory(strategy)
-    overrides = {
+    overrides = _with_config({
         "data.name": "csv", "data.time_col": time_col, "data.event_col": event_col,
         "data.event_values": event_values if isinstance(event_values, str) else ",".join(map(str, event_values)),
-        "data.id_col": id_col,
-        "data.categorical_cols": ",".join(categorical_cols), "data.drop_cols": ",".join(drop_cols),
-        "federation.partition": site_col or "iid", "federation.num_sites": sites, "strategy.name": strategy,
-        "privacy.epsilon": float("inf") if epsilon is None else float(epsilon), "model.name": model,
-        "federation.rounds": "auto" if rounds is None else rounds, "seed": seed, "output.dir": str(directory),
-    }
+        "data.id_col": id_col, "data.categorical_cols": ",".join(categorical_cols),
+        "data.drop_cols": ",".join(drop_cols), "federation.partition": site_col or "iid", "federation.num_sites": sites,
+        "strategy.name": strategy, "privacy.epsilon": float("inf") if epsilon is None else float(epsilon),
+        "model.name": model, "federation.rounds": "auto" if rounds is None else rounds, "seed": seed,
+        "output.dir": str(directory),
+    }, config)
+    frame = data if isinstance(data, pd.DataFrame) else None
+    path = directory.resolve() / DATA_FILE if frame is not None else Path(data).resolve()
+    return _train({**overrides, "data.path": str(path)}, frame, path, directory)
+
+
+def _with_config(overrides: dict[str, Any], config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``overrides`` (the keys :func:`fit`'s arguments set) updated with ``config``; a
+    :class:`~flwr_app.config.ConfigError` for a key given both ways."""
     both = sorted(set(overrides) & set(config or {}))
     if both:
         raise ConfigError(f"fit: {', '.join(both)} given both as an argument and in config; give it once")
     overrides.update(config or {})
-    frame = data if isinstance(data, pd.DataFrame) else None
-    path = directory.resolve() / DATA_FILE if frame is not None else Path(data).resolve()
-    overrides["data.path"] = str(path)
+    return overrides
+
+
+def _train(overrides: dict[str, Any], frame: pd.DataFrame | None, path: Path, directory: Path) -> SavedRun:
+    """:func:`fit`'s run: check the run config ``overrides`` and the data (``frame``, else the file at ``path``),
+    write ``frame`` to ``path`` in the unused ``directory``, run the simulation and load the trained run. Errors
+    about the data name :func:`fit`'s arguments (:func:`_data_message`)."""
     _, cfg = resolve(overrides)  # a bad key or value is refused before anything is read or written
     try:
         if frame is not None:

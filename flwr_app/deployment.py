@@ -467,30 +467,12 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     public = None if dictionary is None else dictionary.to_dict()  # only the server needs the file
     first, left_out = _ask(grid, RANGES, {node: {"dictionary": public} for node in nodes}, timeout)
     names = _named(first, left_out)
-    schemas = {node: (tuple(reply["columns"]), tuple(sorted(reply["numeric"]))) for node, reply in first.items()
-               if node in names}
-    reference = collections.Counter(schemas.values()).most_common(1)[0][0] if schemas else ((), ())
-    for node, schema in schemas.items():
-        if schema != reference:
-            left_out[node] = (f"site '{names[node]}': schema differs from the other sites' (columns "
-                              f"{list(schema[0])}, numeric {list(schema[1])}; most sites: {list(reference[0])}, "
-                              f"numeric {list(reference[1])})")
+    schemas, reference = _common_schema(first, names, left_out)
     _enough(cfg, [node for node in schemas if node not in left_out], nodes, left_out, report=False)
     plan = SetupPlan(reference[0], frozenset(reference[1]), **options)
     secure = task.secure_setup(cfg, len(nodes)) is not None  # the run's mechanism sums the set-up securely
-    releases: dict[int, RangeRelease] = {}
-    for node in schemas:
-        if node in left_out:
-            continue
-        try:
-            releases[node] = RangeRelease.from_dict(first[node], plan, secure=secure)
-        except (KeyError, TypeError, ValueError) as err:
-            left_out[node] = f"site '{names[node]}': set-up release refused: {err}"
-            continue
-        reason = implausible_ranges(releases[node], plan)
-        if reason:
-            del releases[node]
-            left_out[node] = f"site '{names[node]}': set-up release refused: {reason}"
+    releases = _range_releases(first, [node for node in schemas if node not in left_out], names, left_out, plan,
+                               secure=secure)
     left_out.update(_count_problems(names, {node: agreed_count(release.count) for node, release in releases.items()}))
     releases = {node: release for node, release in releases.items() if node not in left_out}
     _enough(cfg, releases, nodes, left_out)
@@ -513,6 +495,38 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration,
                                left_out_columns=shared.left_out)
 
+
+def _common_schema(first: Mapping[int, Mapping[str, Any]], names: Mapping[int, str],
+                   left_out: dict[int, str]) -> tuple[dict[int, tuple[tuple, tuple]], tuple[tuple, tuple]]:
+    """Each named site's schema (its columns, its sorted numeric columns) from its pass-1 reply in ``first``, and
+    the most common one; a site with another schema is added to ``left_out`` with the reason."""
+    schemas = {node: (tuple(reply["columns"]), tuple(sorted(reply["numeric"]))) for node, reply in first.items()
+               if node in names}
+    reference = collections.Counter(schemas.values()).most_common(1)[0][0] if schemas else ((), ())
+    for node, schema in schemas.items():
+        if schema != reference:
+            left_out[node] = (f"site '{names[node]}': schema differs from the other sites' (columns "
+                              f"{list(schema[0])}, numeric {list(schema[1])}; most sites: {list(reference[0])}, "
+                              f"numeric {list(reference[1])})")
+    return schemas, reference
+
+
+def _range_releases(first: Mapping[int, Mapping[str, Any]], nodes: list[int], names: Mapping[int, str],
+                    left_out: dict[int, str], plan: SetupPlan, *, secure: bool) -> dict[int, RangeRelease]:
+    """The pass-1 releases (:meth:`RangeRelease.from_dict`) of ``nodes`` that fit ``plan`` and are plausible
+    (:func:`implausible_ranges`); a site whose release is refused is added to ``left_out`` with the reason."""
+    releases: dict[int, RangeRelease] = {}
+    for node in nodes:
+        try:
+            releases[node] = RangeRelease.from_dict(first[node], plan, secure=secure)
+        except (KeyError, TypeError, ValueError) as err:
+            left_out[node] = f"site '{names[node]}': set-up release refused: {err}"
+            continue
+        reason = implausible_ranges(releases[node], plan)
+        if reason:
+            del releases[node]
+            left_out[node] = f"site '{names[node]}': set-up release refused: {reason}"
+    return releases
 
 def _agreed_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     """:func:`agree_ranges` and :func:`check_inputs` of pass 1's sum; a set-up the noise hides stops in one line."""

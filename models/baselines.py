@@ -242,14 +242,8 @@ def design_matrix(transform: ModalityTransform, frame: pd.DataFrame, *, source: 
 
 
 def fit_evaluate(
-    name: str,
-    table: VerticalTable,
-    modalities: Sequence[str],
-    train_ids: np.ndarray,
-    test_ids: np.ndarray,
-    *,
-    seed: int,
-    settings: BaselineSettings | None = None,
+    name: str, table: VerticalTable, modalities: Sequence[str], train_ids: np.ndarray, test_ids: np.ndarray, *,
+    seed: int, settings: BaselineSettings | None = None,
 ) -> dict[str, object]:
     """Fit baseline ``name`` on ``train_ids`` using ``modalities`` and score it on ``test_ids``.
 
@@ -286,6 +280,26 @@ def fit_evaluate(
     """
     settings = settings or BaselineSettings()
     modalities = list(modalities)
+    _check_request(name, table, modalities, train_ids, test_ids)
+    selected = table.select(modalities)
+    train, test = selected.subset(train_ids), selected.subset(test_ids)
+    started = clock.perf_counter()
+    outcome = _fit(name, selected, train_ids, test_ids, seed=seed, settings=settings)
+    metrics = evaluate_survival(outcome.times, outcome.surv, time=test.time, event=test.event, risk=outcome.risk)
+    return {
+        "model": name, "data": table.name, "modalities": "+".join(modalities), "seed": seed,
+        **{metric: metrics[metric] for metric in METRICS},
+        "n_train": len(train), "n_fit": outcome.n_fit, "n_validation": outcome.n_validation, "n_test": len(test),
+        "epochs_trained": outcome.epochs_trained, "best_epoch": outcome.best_epoch,
+        "validation_loss": outcome.validation_loss, "cox_penalizer": outcome.cox_penalizer,
+        "seconds": clock.perf_counter() - started,
+    }
+
+
+def _check_request(name: str, table: VerticalTable, modalities: list[str], train_ids: np.ndarray,
+                   test_ids: np.ndarray) -> None:
+    """:func:`fit_evaluate`'s ValueError for an unknown model, no modality, more than one modality for a unimodal
+    model, or record IDs in both ``train_ids`` and ``test_ids``."""
     if name not in MODELS:
         raise ValueError(f"unknown baseline {name!r}; options: {', '.join(MODELS)}")
     if not modalities:
@@ -299,24 +313,17 @@ def fit_evaluate(
     if overlap.size:
         raise ValueError(f"{table.name}: {overlap.size} record IDs are in both the training and the test IDs, "
                          f"e.g. {overlap[:3].tolist()}")
-    selected = table.select(modalities)
-    train, test = selected.subset(train_ids), selected.subset(test_ids)
-    started = clock.perf_counter()
+
+
+def _fit(name: str, selected: VerticalTable, train_ids: np.ndarray, test_ids: np.ndarray, *, seed: int,
+         settings: BaselineSettings) -> _Outcome:
+    """Fit baseline ``name`` on ``selected``'s ``train_ids`` (validation split among them) and predict
+    ``test_ids``: :func:`_fit_cox_ph`, :func:`_fit_unimodal` or :func:`_fit_multimodal`."""
     if name == "cox_ph":
-        outcome = _fit_cox_ph(selected, train_ids, test_ids, settings=settings)
-    elif name in UNIMODAL_MODELS:
-        outcome = _fit_unimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
-    else:
-        outcome = _fit_multimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
-    metrics = evaluate_survival(outcome.times, outcome.surv, time=test.time, event=test.event, risk=outcome.risk)
-    return {
-        "model": name, "data": table.name, "modalities": "+".join(modalities), "seed": seed,
-        **{metric: metrics[metric] for metric in METRICS},
-        "n_train": len(train), "n_fit": outcome.n_fit, "n_validation": outcome.n_validation, "n_test": len(test),
-        "epochs_trained": outcome.epochs_trained, "best_epoch": outcome.best_epoch,
-        "validation_loss": outcome.validation_loss, "cox_penalizer": outcome.cox_penalizer,
-        "seconds": clock.perf_counter() - started,
-    }
+        return _fit_cox_ph(selected, train_ids, test_ids, settings=settings)
+    if name in UNIMODAL_MODELS:
+        return _fit_unimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
+    return _fit_multimodal(name, selected, train_ids, test_ids, seed=seed, settings=settings)
 
 
 # --------------------------------------------------------------------------- internals

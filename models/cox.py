@@ -207,15 +207,17 @@ def _cell_sums(cell: np.ndarray, values: np.ndarray, m: int) -> np.ndarray:
     return np.asarray(member @ values)
 
 
+def _weighted_moments(phi: np.ndarray, x: np.ndarray) -> np.ndarray:
+    r"""Each record's :math:`(\phi_i, \phi_i x_i, \phi_i x_i x_i^\top)` as one row of length 1 + p + p²."""
+    n, p = x.shape
+    return np.concatenate(
+        [phi[:, None], phi[:, None] * x, (phi[:, None, None] * x[:, :, None] * x[:, None, :]).reshape(n, p * p)],
+        axis=1,
+    )
+
 def site_risk_set_sums(
-    x: np.ndarray,
-    time: np.ndarray,
-    event: np.ndarray,
-    beta: np.ndarray,
-    grid: np.ndarray,
-    *,
-    weights: np.ndarray | None = None,
-    log_scale: float | np.ndarray = 0.0,
+    x: np.ndarray, time: np.ndarray, event: np.ndarray, beta: np.ndarray, grid: np.ndarray, *,
+    weights: np.ndarray | None = None, log_scale: float | np.ndarray = 0.0,
 ) -> RiskSetSums:
     r"""One site's :class:`RiskSetSums` at ``beta`` on the shared ``grid``.
 
@@ -241,15 +243,12 @@ def site_risk_set_sums(
     cell = grid_index(t, e, grid)
     keep = cell >= 0
     x, e, w, cell = x[keep], e[keep], w[keep], cell[keep]
-    n, p = x.shape
+    p = x.shape[1]
     m = grid.size
     scale = np.broadcast_to(np.asarray(log_scale, dtype=np.float64), grid.shape)
     lowest = float(scale.min()) if m else 0.0
     phi = w * np.exp(x @ beta - lowest)
-    per_record = np.concatenate(
-        [phi[:, None], phi[:, None] * x, (phi[:, None, None] * x[:, :, None] * x[:, None, :]).reshape(n, p * p)],
-        axis=1,
-    )
+    per_record = _weighted_moments(phi, x)
     leaving = _cell_sums(cell, per_record, m)
     risk = np.cumsum(leaving[::-1], axis=0)[::-1]
     tied = _cell_sums(cell[e], np.concatenate([np.ones((int(e.sum()), 1)), w[e, None], w[e, None] * x[e],

@@ -66,11 +66,7 @@ def permutation_importance(
     """
     if int(n_repeats) < 1:
         raise ValueError(f"n_repeats must be at least 1, got {n_repeats!r}")
-    frame = read_frame(records) if isinstance(records, (str, Path)) else records
-    if not isinstance(frame, pd.DataFrame):
-        raise TypeError(f"records must be one DataFrame (or a CSV/Parquet path) holding every input column and the "
-                        f"outcome, got {type(records).__name__}")
-    frame = frame.rename(columns=str)
+    frame = _records_frame(records)
     inputs = _input_columns(run)
     columns = list(inputs if columns is None else columns)
     unknown = [column for column in columns if column not in inputs]
@@ -85,6 +81,22 @@ def permutation_importance(
         for r in range(int(n_repeats)):
             shuffled = frame.assign(**{column: values[rng.permutation(len(frame))]})
             drops[i, r] = base - _scores(run, shuffled, time, event)
+    return _importance_table(drops, columns, base)
+
+
+def _records_frame(records: pd.DataFrame | str | Path) -> pd.DataFrame:
+    """:func:`permutation_importance`'s records as one frame with text column names (a path read with
+    :func:`~models.data.datasets.read_frame`); a TypeError for anything else."""
+    frame = read_frame(records) if isinstance(records, (str, Path)) else records
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"records must be one DataFrame (or a CSV/Parquet path) holding every input column and the "
+                        f"outcome, got {type(records).__name__}")
+    return frame.rename(columns=str)
+
+
+def _importance_table(drops: np.ndarray, columns: list[str], base: np.ndarray) -> pd.DataFrame:
+    """:func:`permutation_importance`'s table from ``drops`` (column, repeat, (C drop, IBS drop)) and the unshuffled
+    scores ``base`` (C, IBS)."""
     table = pd.DataFrame({
         "c_index_drop_mean": drops[:, :, 0].mean(axis=1), "c_index_drop_std": drops[:, :, 0].std(axis=1),
         "ibs_rise_mean": -drops[:, :, 1].mean(axis=1), "ibs_rise_std": drops[:, :, 1].std(axis=1),

@@ -1,7 +1,19 @@
-"""Survival losses: discrete-time logistic hazard, Cox partial likelihood, CoxTime case-control, DeepHit.
+r"""Survival losses: discrete-time logistic hazard, Cox partial likelihood, CoxTime case-control, DeepHit.
 
 All functions take PyTorch tensors and are differentiable in their first argument(s).
 Shapes are checked here, at the public boundary; nothing inside re-checks them.
+
+Normalisation of :func:`cox_ph_loss`'s penalty. LS-ADP's eq. (5) prints
+:math:`\lambda \sum_j \sum_{r \in \tilde R_j} |g(\xi_r)|`, which counts record :math:`r` once
+per risk set it belongs to; that sum grows with the batch size and vanishes in a batch
+without events. Here every record of the batch counts once and the sum is divided by the
+batch size, :math:`\lambda \cdot \mathrm{mean}_{r \in B} |g_r|`, the same scale as pycox's
+``shrink`` for CoxCC/CoxTime, so ``penalty`` means the same thing for every batch size.
+Its role is to pin down the additive constant that the partial likelihood leaves free.
+
+:func:`deephit_loss`'s ``alpha`` weighs its two terms as in pycox (``DeepHitSingleLoss``), not as in Lee et al.,
+whose loss is :math:`\sum \ell_i + \beta \mathcal L_{\text{rank}}`: pycox's ``alpha`` is
+:math:`1 / (1 + \beta)` up to an overall scale.
 """
 
 from __future__ import annotations
@@ -90,15 +102,7 @@ def cox_ph_loss(log_risk: Tensor, time: Tensor, event: Tensor, *, penalty: float
     Risk sets are restricted to the batch (:math:`\tilde R_i`). Tied event times use Breslow's
     approximation: every tied event sees the full risk set :math:`\{j: T_j \ge T_i\}`.
     A batch without events gives likelihood term 0 with zero gradient (the loss is then the
-    penalty alone), never NaN.
-
-    Normalisation of the penalty. LS-ADP's eq. (5) prints
-    :math:`\lambda \sum_j \sum_{r \in \tilde R_j} |g(\xi_r)|`, which counts record :math:`r` once
-    per risk set it belongs to; that sum grows with the batch size and vanishes in a batch
-    without events. Here every record of the batch counts once and the sum is divided by the
-    batch size, :math:`\lambda \cdot \mathrm{mean}_{r \in B} |g_r|`, the same scale as pycox's
-    ``shrink`` for CoxCC/CoxTime, so ``penalty`` means the same thing for every batch size.
-    Its role is to pin down the additive constant that the partial likelihood leaves free.
+    penalty alone), never NaN. The penalty is a mean over the batch (module docstring: why).
 
     Parameters
     ----------
@@ -122,15 +126,7 @@ def cox_ph_loss(log_risk: Tensor, time: Tensor, event: Tensor, *, penalty: float
     Res. Methodol. 18:24 (DeepSurv); Kvamme, Borgan & Scheel (2019), JMLR 20(129) (batch risk
     sets); Niu et al. (2025), Mathematics (LS-ADP), eqs. (4)-(5).
     """
-    if log_risk.ndim != 1 or time.shape != log_risk.shape or event.shape != log_risk.shape:
-        raise ValueError(
-            "log_risk, time and event must be 1-D of equal length, got "
-            f"{tuple(log_risk.shape)}, {tuple(time.shape)}, {tuple(event.shape)}"
-        )
-    if log_risk.numel() == 0:
-        raise ValueError("cox_ph_loss needs a non-empty batch")
-    if penalty < 0:
-        raise ValueError(f"penalty must be >= 0, got {penalty}")
+    _check_cox_batch(log_risk, time, event, penalty)
     order = torch.argsort(time)
     time_sorted = time[order].contiguous()
     g = log_risk[order]
@@ -142,6 +138,20 @@ def cox_ph_loss(log_risk: Tensor, time: Tensor, event: Tensor, *, penalty: float
     partial = (g - log_tail[first_of_tie]) * e
     nll = -partial.sum() / e.sum().clamp(min=1.0)
     return nll + penalty * log_risk.abs().mean()
+
+
+def _check_cox_batch(log_risk: Tensor, time: Tensor, event: Tensor, penalty: float) -> None:
+    """A ValueError unless ``log_risk``, ``time`` and ``event`` are 1-D of one non-zero length and ``penalty >= 0``
+    (:func:`cox_ph_loss`)."""
+    if log_risk.ndim != 1 or time.shape != log_risk.shape or event.shape != log_risk.shape:
+        raise ValueError(
+            "log_risk, time and event must be 1-D of equal length, got "
+            f"{tuple(log_risk.shape)}, {tuple(time.shape)}, {tuple(event.shape)}"
+        )
+    if log_risk.numel() == 0:
+        raise ValueError("cox_ph_loss needs a non-empty batch")
+    if penalty < 0:
+        raise ValueError(f"penalty must be >= 0, got {penalty}")
 
 
 def cox_time_loss(g_case: Tensor, g_control: Tensor, *, penalty: float = 0.0) -> Tensor:
@@ -283,9 +293,7 @@ def deephit_loss(
         A_{ij} = \delta_i \, \mathbb 1\big[\kappa_i < \kappa_j \text{ or }
                  (\kappa_i = \kappa_j,\ \delta_j = 0)\big].
 
-    ``alpha`` weighs the two terms as in pycox (``DeepHitSingleLoss``), not as in Lee et al.,
-    whose loss is :math:`\sum \ell_i + \beta \mathcal L_{\text{rank}}`: pycox's ``alpha`` is
-    :math:`1 / (1 + \beta)` up to an overall scale. The ranking term couples every pair of the
+    ``alpha`` weighs the two terms as pycox does (module docstring). The ranking term couples every pair of the
     batch, so the loss is not a sum of per-record terms.
 
     Parameters
@@ -312,24 +320,43 @@ def deephit_loss(
     analysis with competing risks", eqs. (2)-(4); Kvamme, Borgan & Scheel (2019), JMLR 20(129)
     (pycox ``DeepHitSingleLoss``, ``nll_pmf``, ``rank_loss_deephit_single``).
     """
-    n, num_intervals = _check_discrete_labels(logits, idx_durations, events)
+    _check_deephit_batch(logits, idx_durations, events, alpha=alpha, sigma=sigma)
+    log_pmf = F.log_softmax(F.pad(logits, (0, 1)), dim=1)
+    is_event = events.to(torch.bool)
+    nll = _pmf_nll(log_pmf, idx_durations, is_event)
+    return alpha * nll + (1.0 - alpha) * _deephit_rank(log_pmf, idx_durations, is_event, sigma)
+
+
+def _check_deephit_batch(logits: Tensor, idx_durations: Tensor, events: Tensor, *, alpha: float,
+                         sigma: float) -> None:
+    """:func:`deephit_loss`'s checks: the labels of :func:`_check_discrete_labels`, a non-empty batch, ``alpha`` in
+    [0, 1] and ``sigma > 0`` (a ValueError, or a TypeError for non-int64 ``idx_durations``)."""
+    n, _ = _check_discrete_labels(logits, idx_durations, events)
     if n == 0:
         raise ValueError("deephit_loss needs a non-empty batch")
     if not 0.0 <= alpha <= 1.0 or sigma <= 0:
         raise ValueError(f"need alpha in [0, 1] and sigma > 0, got alpha={alpha}, sigma={sigma}")
-    log_pmf = F.log_softmax(F.pad(logits, (0, 1)), dim=1)
+
+
+def _pmf_nll(log_pmf: Tensor, idx_durations: Tensor, is_event: Tensor) -> Tensor:
+    r""":func:`deephit_loss`'s likelihood term :math:`\frac1n \sum_i \ell_i` from the log-PMF (n, T + 1), the
+    padded column last: :math:`-\log f_{i\kappa_i}` for an event, :math:`-\log(1 - F_i(\kappa_i))` otherwise."""
     idx = idx_durations.reshape(-1, 1)
-    is_event = events.to(torch.bool)
     log_event = log_pmf.gather(1, idx).reshape(-1)
     # log(1 - F_i(kappa_i)) = log sum_{l > kappa_i} f_il, including the padded column.
-    after = torch.arange(num_intervals + 1, device=logits.device).reshape(1, -1) > idx
+    after = torch.arange(log_pmf.shape[1], device=log_pmf.device).reshape(1, -1) > idx
     log_survival = torch.logsumexp(log_pmf.masked_fill(~after, float("-inf")), dim=1)
-    nll = -torch.where(is_event, log_event, log_survival).mean()
+    return -torch.where(is_event, log_event, log_survival).mean()
+
+
+def _deephit_rank(log_pmf: Tensor, idx_durations: Tensor, is_event: Tensor, sigma: float) -> Tensor:
+    r""":func:`deephit_loss`'s ranking term :math:`\mathcal L_{\text{rank}}` (mean over the n x n pairs) from the
+    log-PMF (n, T + 1)."""
+    idx = idx_durations.reshape(-1, 1)
     cdf = log_pmf.exp().cumsum(1)
     cdf_at_own_time = cdf.gather(1, idx)  # (n, 1): F_i(kappa_i)
     cdf_of_others = cdf[:, idx_durations].T  # (n, n): [i, j] = F_j(kappa_i)
     earlier = idx_durations.reshape(-1, 1) < idx_durations.reshape(1, -1)
     tied_with_censored = (idx_durations.reshape(-1, 1) == idx_durations.reshape(1, -1)) & ~is_event.reshape(1, -1)
-    pairs = (is_event.reshape(-1, 1) & (earlier | tied_with_censored)).to(logits.dtype)
-    rank = (pairs * torch.exp(-(cdf_at_own_time - cdf_of_others) / sigma)).mean()
-    return alpha * nll + (1.0 - alpha) * rank
+    pairs = (is_event.reshape(-1, 1) & (earlier | tied_with_censored)).to(log_pmf.dtype)
+    return (pairs * torch.exp(-(cdf_at_own_time - cdf_of_others) / sigma)).mean()

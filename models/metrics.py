@@ -35,6 +35,38 @@ Curves are right-continuous step functions: :math:`S(t) = S(\tau_j)` for
 :math:`\tau_j \le t < \tau_{j+1}` and :math:`S(t) = 1` before the first grid point
 (:func:`survival_at`).
 
+Definitions (:func:`evaluate_survival`):
+
+.. math::
+
+    C_{H} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,(\mathbb{1}[r_i > r_j]
+             + \tfrac12 \mathbb{1}[r_i = r_j])}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
+    \qquad
+    C_{td} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,
+             \mathbb{1}[\hat S_i(T_i) < \hat S_j(T_i)]}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
+
+(censorings tied with an event's time count as later), and over the evaluation grid
+:math:`t_1 < \dots < t_K`
+
+.. math::
+
+    \mathrm{IBS} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} BS(t)\,dt, \qquad
+    \mathrm{INBLL} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} NBLL(t)\,dt,
+
+    NBLL(t) = -\frac{\sum_i w_i(t)\,\big(\mathbb{1}[T_i \le t, \delta_i = 1]
+              \log(1 - \hat S_i(t)) + \mathbb{1}[T_i > t] \log \hat S_i(t)\big)}{\sum_i w_i(t)},
+
+with :math:`BS(t)` as in :func:`brier_at` (sksurv, trapezoid rule, weights
+:math:`1/\hat G(T_i)` and :math:`1/\hat G(t)`) and pycox's weights
+:math:`w_i(t) = 1/\hat G(T_i-)` for events before :math:`t`, :math:`1/\hat G(t)` for records
+still at risk, 0 otherwise, :math:`\hat S` clipped to :math:`[10^{-7}, 1 - 10^{-7}]` (Simpson's
+rule); :math:`\hat G` is the censoring Kaplan-Meier of
+``censor_time``/``censor_event`` (by default the test records themselves).
+
+References: Harrell et al. (1982), JAMA 247:2543; Antolini, Boracchi & Biganzoli (2005), Stat. Med.
+24:3927; Graf et al. (1999), Stat. Med. 18:2529 (Brier score and binomial log-likelihood
+with IPCW).
+
 Evaluation grid (:func:`default_eval_times`): 100 equally spaced points between the 5th and
 95th percentiles of the test times, keeping only points strictly below the largest test time,
 the largest censoring-record time and the first time where the censoring Kaplan-Meier
@@ -147,30 +179,8 @@ def evaluate_survival(
 ) -> dict[str, float]:
     r"""Discrimination and calibration of predicted survival curves on a test set.
 
-    .. math::
-
-        C_{H} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,(\mathbb{1}[r_i > r_j]
-                 + \tfrac12 \mathbb{1}[r_i = r_j])}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
-        \qquad
-        C_{td} = \frac{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]\,
-                 \mathbb{1}[\hat S_i(T_i) < \hat S_j(T_i)]}{\sum_{i,j} \delta_i \mathbb{1}[T_i < T_j]},
-
-    (censorings tied with an event's time count as later), and over the evaluation grid
-    :math:`t_1 < \dots < t_K`
-
-    .. math::
-
-        \mathrm{IBS} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} BS(t)\,dt, \qquad
-        \mathrm{INBLL} = \frac{1}{t_K - t_1} \int_{t_1}^{t_K} NBLL(t)\,dt,
-
-        NBLL(t) = -\frac{\sum_i w_i(t)\,\big(\mathbb{1}[T_i \le t, \delta_i = 1]
-                  \log(1 - \hat S_i(t)) + \mathbb{1}[T_i > t] \log \hat S_i(t)\big)}{\sum_i w_i(t)},
-
-    with :math:`BS(t)` as in :func:`brier_at` (sksurv, trapezoid rule, weights
-    :math:`1/\hat G(T_i)` and :math:`1/\hat G(t)`) and pycox's weights
-    :math:`w_i(t) = 1/\hat G(T_i-)` for events before :math:`t`, :math:`1/\hat G(t)` for records
-    still at risk, 0 otherwise, :math:`\hat S` clipped to :math:`[10^{-7}, 1 - 10^{-7}]` (Simpson's
-    rule); :math:`\hat G` is the censoring Kaplan-Meier of
+    Harrell's C on ``risk``, Antolini's time-dependent C, and the integrated Brier score and negative binomial
+    log-likelihood over the evaluation grid, with IPCW weights from the censoring Kaplan-Meier :math:`\hat G` of
     ``censor_time``/``censor_event`` (by default the test records themselves).
 
     Parameters
@@ -198,25 +208,13 @@ def evaluate_survival(
     -------
     dict
         ``c_index`` (Harrell), ``c_index_td`` (Antolini), ``ibs``, ``inbll``; NaN where a
-        metric is undefined on these data. Definitions: see the module docstring.
-
-    References
-    ----------
-    Harrell et al. (1982), JAMA 247:2543; Antolini, Boracchi & Biganzoli (2005), Stat. Med.
-    24:3927; Graf et al. (1999), Stat. Med. 18:2529 (Brier score and binomial log-likelihood
-    with IPCW).
+        metric is undefined on these data. Definitions and references: see the module docstring.
     """
     times, surv = _check_curves(times, surv)
     time, event = _check_outcomes(time, event, surv.shape[0])
     censor_time, censor_event = _censoring_records(time, event, censor_time, censor_event)
-    if risk is None:
-        risk = -restricted_mean_survival_time(times, surv)
-    risk = np.asarray(risk, dtype=np.float64)
-    if risk.shape != time.shape:
-        raise ValueError(f"risk must have shape {time.shape}, got {risk.shape}")
-    upper = _ipcw_upper_limit(time, censor_time, censor_event)
-    eval_times = _grid_below(time, upper, 100) if eval_times is None else np.asarray(eval_times, dtype=np.float64)
-    eval_times = eval_times[(eval_times >= time.min()) & (eval_times < upper)]
+    risk = _risk_scores(times, surv, risk, time.shape)
+    eval_times = _evaluation_grid(time, censor_time, censor_event, eval_times)
     finite = bool(np.all(np.isfinite(surv)))
     return {
         "c_index": _harrell(risk, time, event),
@@ -224,6 +222,26 @@ def evaluate_survival(
         "ibs": _ibs(times, surv, time, event, censor_time, censor_event, eval_times) if finite else _NAN,
         "inbll": _inbll(times, surv, time, event, censor_time, censor_event, eval_times) if finite else _NAN,
     }
+
+
+def _risk_scores(times: np.ndarray, surv: np.ndarray, risk: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    r""":func:`evaluate_survival`'s risk scores as float64: ``risk``, or by default :math:`-\mathrm{RMST}` of the
+    curves; a ValueError unless they have ``shape`` (the test outcomes')."""
+    if risk is None:
+        risk = -restricted_mean_survival_time(times, surv)
+    risk = np.asarray(risk, dtype=np.float64)
+    if risk.shape != shape:
+        raise ValueError(f"risk must have shape {shape}, got {risk.shape}")
+    return risk
+
+
+def _evaluation_grid(time: np.ndarray, censor_time: np.ndarray, censor_event: np.ndarray,
+                     eval_times: np.ndarray | None) -> np.ndarray:
+    """:func:`evaluate_survival`'s grid: ``eval_times`` (default :func:`default_eval_times`) without the points
+    before the first test time or at or beyond :func:`_ipcw_upper_limit`, where IPCW is undefined."""
+    upper = _ipcw_upper_limit(time, censor_time, censor_event)
+    eval_times = _grid_below(time, upper, 100) if eval_times is None else np.asarray(eval_times, dtype=np.float64)
+    return eval_times[(eval_times >= time.min()) & (eval_times < upper)]
 
 
 #: Why a metric of :func:`evaluate_survival` is undefined (NaN) on a test set: code -> explanation.

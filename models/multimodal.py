@@ -640,15 +640,8 @@ def _similarity_term(embeddings: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def bvflmsp_loss(
-    logits: Tensor,
-    time_index: Tensor,
-    event: Tensor,
-    embeddings: Tensor | Sequence[Tensor],
-    *,
-    kl: Tensor | float,
-    num_train: int,
-    similarity_weight: float = 0.05,
-    mask: Tensor | None = None,
+    logits: Tensor, time_index: Tensor, event: Tensor, embeddings: Tensor | Sequence[Tensor], *,
+    kl: Tensor | float, num_train: int, similarity_weight: float = 0.05, mask: Tensor | None = None,
 ) -> Tensor:
     r"""BVFLMSP training objective for one batch (paper eq. (4)).
 
@@ -692,18 +685,24 @@ def bvflmsp_loss(
     """
     if num_train < 1:
         raise ValueError(f"num_train must be positive, got {num_train}")
-    if not isinstance(embeddings, Tensor):
-        embeddings = torch.stack(list(embeddings), dim=1)
-    if embeddings.ndim != 3 or embeddings.shape[0] != logits.shape[0]:
-        raise ValueError(f"embeddings must have shape ({logits.shape[0]}, M, d), got {tuple(embeddings.shape)}")
-    if mask is not None and mask.shape != embeddings.shape[:2]:
-        raise ValueError(f"mask must have shape {tuple(embeddings.shape[:2])}, got {tuple(mask.shape)}")
+    embeddings = _batch_embeddings(embeddings, logits.shape[0], mask)
     nll = logistic_hazard_nll(logits, time_index, event)
     loss = nll + kl / num_train
     if similarity_weight:
         loss = loss + similarity_weight * _similarity_term(embeddings, None if mask is None else mask.to(torch.bool))
     return loss
 
+
+def _batch_embeddings(embeddings: Tensor | Sequence[Tensor], batch: int, mask: Tensor | None) -> Tensor:
+    """:func:`bvflmsp_loss`'s embeddings as one (B, M, d) tensor (a sequence of M (B, d) tensors stacked); a
+    ValueError unless B is ``batch`` and ``mask`` (if given) is (B, M)."""
+    if not isinstance(embeddings, Tensor):
+        embeddings = torch.stack(list(embeddings), dim=1)
+    if embeddings.ndim != 3 or embeddings.shape[0] != batch:
+        raise ValueError(f"embeddings must have shape ({batch}, M, d), got {tuple(embeddings.shape)}")
+    if mask is not None and mask.shape != embeddings.shape[:2]:
+        raise ValueError(f"mask must have shape {tuple(embeddings.shape[:2])}, got {tuple(mask.shape)}")
+    return embeddings
 
 def survival_band(logits: Tensor, *, level: float = 0.95) -> tuple[Tensor, Tensor, Tensor]:
     r"""Mean survival curve and pointwise equal-tailed band over ``m`` passes of hazard logits.

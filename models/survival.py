@@ -602,18 +602,10 @@ _NETS: dict[str, type[nn.Module]] = {"hazard_mlp": HazardMLP, "cox_mlp": CoxMLP,
 
 
 def build_survival_model(
-    kind: str,
-    *,
-    in_features: int,
-    cuts: np.ndarray,
-    hidden: tuple[int, ...] | None = None,
-    dropout: float | None = None,
-    activation: str | None = None,
-    penalty: float = 0.0,
-    time_scale: tuple[float, float] = (0.0, 1.0),
-    baseline_hazard: np.ndarray | None = None,
-    risk_layer: str = "interval",
-    seed: int = 0,
+    kind: str, *, in_features: int, cuts: np.ndarray, hidden: tuple[int, ...] | None = None,
+    dropout: float | None = None, activation: str | None = None, penalty: float = 0.0,
+    time_scale: tuple[float, float] = (0.0, 1.0), baseline_hazard: np.ndarray | None = None,
+    risk_layer: str = "interval", seed: int = 0,
 ) -> SurvivalModel:
     r"""Build a survival model wrapper with a freshly initialised network.
 
@@ -657,11 +649,7 @@ def build_survival_model(
     cuts = _check_cuts(cuts)
     if kind != "hazard_mlp" and risk_layer != "interval":
         raise ValueError(f"risk_layer {risk_layer!r} is for hazard_mlp; {kind} gives one log-risk already")
-    overrides = {
-        name: value
-        for name, value in (("hidden", hidden), ("dropout", dropout), ("activation", activation))
-        if value is not None
-    }
+    overrides = _net_overrides(hidden=hidden, dropout=dropout, activation=activation)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind == "hazard_mlp":
@@ -672,3 +660,8 @@ def build_survival_model(
     if kind == "cox_mlp":
         return CoxModel(net, cuts, in_features, penalty)
     return CoxTimeModel(net, cuts, in_features, penalty, time_scale)
+
+
+def _net_overrides(**settings: object) -> dict[str, object]:
+    """The network settings of :func:`build_survival_model` that are given (not None), by name."""
+    return {name: value for name, value in settings.items() if value is not None}

@@ -49,42 +49,28 @@ class ProximalTerm:
 
 
 def train_epochs(
-    model: SurvivalModel,
-    x: np.ndarray,
-    time: np.ndarray,
-    event: np.ndarray,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    seed: int,
-    on_step: Callable[[], None] | None = None,
+    model: SurvivalModel, x: np.ndarray, time: np.ndarray, event: np.ndarray, *, epochs: int, batch_size: int,
+    lr: float, weight_decay: float = 0.0, seed: int, on_step: Callable[[], None] | None = None,
     proximal_mu: float = 0.0,
 ) -> dict[str, float]:
     """Train ``model.net`` in place with Adam on shuffled mini-batches of ``model.loss``.
 
-    Each epoch visits every record once in a fresh random order (the last batch may be
-    smaller). A fresh Adam optimiser is created per call, as a federated client does each
-    round. Data become tensors once (features float32, times float64 so the hazard model
-    discretises exactly as :func:`models.survival.discretise`). Shuffling, dropout and
-    CoxTime's control sampling all draw from generators seeded by ``seed``; the global torch
-    RNG is restored afterwards, and ``torch.set_num_threads`` is left to the caller.
+    Each epoch visits every record once in a fresh random order (the last batch may be smaller). A fresh Adam
+    optimiser is created per call, as a federated client does each round. Data become tensors once (features
+    float32, times float64 so the hazard model discretises exactly as :func:`models.survival.discretise`).
+    Shuffling, dropout and CoxTime's control sampling all draw from generators seeded by ``seed``; the global
+    torch RNG is restored afterwards, and ``torch.set_num_threads`` is left to the caller.
 
     Parameters
     ----------
     model : SurvivalModel
     x : ndarray, shape (n, p)
     time, event : ndarray, shape (n,)
-    epochs, batch_size : int
-    lr : float
-        Adam learning rate.
-    weight_decay : float, default 0
-        Adam's L2 weight decay.
-    seed : int
+    epochs, batch_size, seed : int
+    lr, weight_decay : float
+        Adam's learning rate and L2 weight decay (default 0).
     on_step : callable, optional
-        Called with no arguments after every optimiser step (e.g. to record the weights'
-        iterates, as ROW-DP does).
+        Called with no arguments after every optimiser step (e.g. to record the weights' iterates, as ROW-DP does).
     proximal_mu : float, default 0
         FedProx: adds (mu/2) ||w - w_0||^2 (``w_0``: the weights at the call) to the objective
         (:class:`ProximalTerm`); the returned loss is the data loss only.
@@ -92,20 +78,14 @@ def train_epochs(
     Returns
     -------
     dict
-        ``loss``: mean of the batch losses of the last epoch, weighted by batch size;
-        ``num_steps``: optimiser steps taken.
+        ``loss``: mean of the batch losses of the last epoch, weighted by batch size; ``num_steps``: optimiser
+        steps taken.
 
     References
     ----------
     Kingma & Ba (2015), ICLR (Adam).
     """
-    x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))
-    time_t = torch.as_tensor(np.asarray(time, dtype=np.float64))
-    event_t = torch.as_tensor(np.asarray(event, dtype=np.float32))
-    n = x_t.shape[0]
-    if x_t.ndim != 2 or time_t.shape != (n,) or event_t.shape != (n,) or n == 0:
-        raise ValueError(f"need x (n, p), time (n,), event (n,) with n > 0; got {tuple(x_t.shape)}, "
-                         f"{tuple(time_t.shape)}, {tuple(event_t.shape)}")
+    tensors = _training_tensors(x, time, event)
     if epochs < 0 or batch_size < 1 or lr <= 0 or weight_decay < 0:
         raise ValueError(f"invalid epochs={epochs}, batch_size={batch_size}, lr={lr}, weight_decay={weight_decay}")
     generator = torch.Generator().manual_seed(seed)
@@ -117,16 +97,42 @@ def train_epochs(
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # dropout draws from it (torch.manual_seed: + CUDA, ~1 ms)
         for _ in range(epochs):
-            total = 0.0
-            for batch in torch.randperm(n, generator=generator).split(batch_size):
-                optimizer.zero_grad(set_to_none=True)
-                loss = model.loss(x_t[batch], time_t[batch], event_t[batch], generator=generator)
-                loss.backward()
-                proximal.add_gradient(model.net)
-                optimizer.step()
-                if on_step is not None:
-                    on_step()
-                total += loss.item() * batch.numel()
-                num_steps += 1
-            epoch_loss = total / n
+            epoch_loss, steps = _epoch(model, tensors, batch_size=batch_size, generator=generator,
+                                       optimizer=optimizer, proximal=proximal, on_step=on_step)
+            num_steps += steps
     return {"loss": epoch_loss, "num_steps": num_steps}
+
+
+def _training_tensors(x: np.ndarray, time: np.ndarray, event: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """``x`` (float32), ``time`` (float64) and ``event`` (float32) as tensors; a ValueError unless they are
+    (n, p), (n,) and (n,) with n > 0."""
+    x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    time_t = torch.as_tensor(np.asarray(time, dtype=np.float64))
+    event_t = torch.as_tensor(np.asarray(event, dtype=np.float32))
+    n = x_t.shape[0]
+    if x_t.ndim != 2 or time_t.shape != (n,) or event_t.shape != (n,) or n == 0:
+        raise ValueError(f"need x (n, p), time (n,), event (n,) with n > 0; got {tuple(x_t.shape)}, "
+                         f"{tuple(time_t.shape)}, {tuple(event_t.shape)}")
+    return x_t, time_t, event_t
+
+
+def _epoch(model: SurvivalModel, tensors: tuple[torch.Tensor, ...], *, batch_size: int,
+           generator: torch.Generator, optimizer: Adam, proximal: ProximalTerm,
+           on_step: Callable[[], None] | None) -> tuple[float, int]:
+    """One epoch of :func:`train_epochs` over ``tensors`` (features, times, events) in the order of a permutation
+    drawn from ``generator``: the mean batch loss weighted by batch size, and the optimiser steps taken."""
+    x_t, time_t, event_t = tensors
+    n = x_t.shape[0]
+    total = 0.0
+    steps = 0
+    for batch in torch.randperm(n, generator=generator).split(batch_size):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model.loss(x_t[batch], time_t[batch], event_t[batch], generator=generator)
+        loss.backward()
+        proximal.add_gradient(model.net)
+        optimizer.step()
+        if on_step is not None:
+            on_step()
+        total += loss.item() * batch.numel()
+        steps += 1
+    return total / n, steps

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -238,15 +238,8 @@ def split_labels(series: pd.Series, *, source: str, column: str) -> np.ndarray:
 
 
 def table_from_frame(
-    frame: pd.DataFrame,
-    *,
-    source: str,
-    time_col: str,
-    event_col: str,
-    feature_cols: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    roles: ColumnRoles = ColumnRoles(),
-    identifiers: bool = False,
+    frame: pd.DataFrame, *, source: str, time_col: str, event_col: str, feature_cols: Sequence[str] = (),
+    exclude: Sequence[str] = (), roles: ColumnRoles = ColumnRoles(), identifiers: bool = False,
 ) -> RawTable:
     """Validate a frame and split it into features, outcome and group columns.
 
@@ -291,14 +284,7 @@ def table_from_frame(
     feature_cols, roles = [column_named(c, columns) for c in feature_cols], roles.named_in(columns)
     outcome = (time_col, event_col)
     named = roles.keys
-    for column, key in named.items():
-        if column not in frame.columns:
-            raise DataValidationError(f"{source}: {key} names column '{column}', which the file does not have; "
-                                      f"columns present: {', '.join(frame.columns)}", public=[(MISSING_COLUMN, key)])
-        if column in feature_cols or column in outcome:
-            raise DataValidationError(f"{source}: column '{column}' is named by {key} and is also "
-                                      f"{'an outcome column' if column in outcome else 'listed in data.feature_cols'}",
-                                      public=[(ROLE_CONFLICT, key)])
+    _check_role_columns(named, list(frame.columns), feature_cols, outcome, source=source)
     exclude = (*exclude, *named)
     if not feature_cols:
         feature_cols = [c for c in frame.columns if c not in (*outcome, *exclude)]
@@ -310,6 +296,18 @@ def table_from_frame(
     return RawTable(frame[list(feature_cols)], time, event, source, frame[rest], test_mask=test_mask)
 
 
+def _check_role_columns(named: Mapping[str, str], columns: Sequence[str], feature_cols: Sequence[str],
+                        outcome: tuple[str, str], *, source: str) -> None:
+    """:func:`table_from_frame`'s DataValidationError for a column of ``named`` (column -> the key naming it) that is
+    not among ``columns``, or that is also a feature (``feature_cols``) or an ``outcome`` column."""
+    for column, key in named.items():
+        if column not in columns:
+            raise DataValidationError(f"{source}: {key} names column '{column}', which the file does not have; "
+                                      f"columns present: {', '.join(columns)}", public=[(MISSING_COLUMN, key)])
+        if column in feature_cols or column in outcome:
+            raise DataValidationError(f"{source}: column '{column}' is named by {key} and is also "
+                                      f"{'an outcome column' if column in outcome else 'listed in data.feature_cols'}",
+                                      public=[(ROLE_CONFLICT, key)])
 def _outcome(frame: pd.DataFrame, *, source: str, time_col: str, event_col: str, feature_cols: Sequence[str],
              event_values: Sequence[str], identifiers: bool) -> tuple[np.ndarray, np.ndarray]:
     """The times and events of :func:`~models.data.validate.validate_survival_frame`; with ``identifiers`` (and
@@ -471,15 +469,8 @@ def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = (),
 
 
 def load_table(
-    name: str = "flchain",
-    *,
-    path: str = "",
-    data_dir: str = "",
-    time_col: str = "",
-    event_col: str = "",
-    feature_cols: Sequence[str] = (),
-    sba_horizon_months: int = 48,
-    roles: ColumnRoles = ColumnRoles(),
+    name: str = "flchain", *, path: str = "", data_dir: str = "", time_col: str = "", event_col: str = "",
+    feature_cols: Sequence[str] = (), sba_horizon_months: int = 48, roles: ColumnRoles = ColumnRoles(),
     notes: bool = True,
 ) -> RawTable:
     """Load and validate one survival table.
@@ -530,14 +521,23 @@ def load_table(
     if name == "sim_cox":
         return load_simulated_cox(feature_cols, roles)
     if name == "csv":
-        if not path:
-            raise DataValidationError("data set 'csv' needs a path to a CSV or Parquet file")
-        table = table_from_frame(
-            read_frame(path), source=str(path), time_col=time_col or DEFAULT_OUTCOME[0],
-            event_col=event_col or DEFAULT_OUTCOME[1],
-            feature_cols=feature_cols, roles=roles, identifiers=True,
-        )  # fmt: skip
-        for note in integer_code_notes(table.features, source=table.source) if notes else ():
-            logger.warning(note)
-        return table
+        return _load_user_file(path, time_col=time_col, event_col=event_col, feature_cols=feature_cols, roles=roles,
+                               notes=notes)
     raise DataValidationError(f"unknown data set '{name}'; options: {', '.join(DATASETS)}")
+
+
+def _load_user_file(path: str, *, time_col: str, event_col: str, feature_cols: Sequence[str], roles: ColumnRoles,
+                    notes: bool) -> RawTable:
+    """:func:`load_table` for ``"csv"``: the CSV or Parquet file at ``path`` (outcome columns default
+    :data:`DEFAULT_OUTCOME`), refusing features that look like record identifiers; with ``notes``, a logged
+    warning for each feature whose values look like category codes."""
+    if not path:
+        raise DataValidationError("data set 'csv' needs a path to a CSV or Parquet file")
+    table = table_from_frame(
+        read_frame(path), source=str(path), time_col=time_col or DEFAULT_OUTCOME[0],
+        event_col=event_col or DEFAULT_OUTCOME[1],
+        feature_cols=feature_cols, roles=roles, identifiers=True,
+    )  # fmt: skip
+    for note in integer_code_notes(table.features, source=table.source) if notes else ():
+        logger.warning(note)
+    return table

@@ -32,6 +32,9 @@ SPLITS = ("train", "test", "oot")
 NO_OOT = "none"
 # Independent random streams derived from the one seed.
 SPLIT_STREAM, OOT_STREAM = 1, 2
+#: How a federation agrees on the preprocessing: site name -> its raw training (features, time, event) in, the
+#: agreed :class:`Preprocessor` out (:func:`build_federated_dataset`'s ``fit_preprocessor``).
+_PreprocessorFit = Callable[[Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]], Preprocessor]
 
 
 @dataclass(frozen=True)
@@ -241,31 +244,17 @@ def site_splits(
 
 
 def build_federated_dataset(
-    *,
-    name: str,
-    seed: int,
-    num_sites: int,
-    partition: str = "iid",
-    dirichlet_alpha: float = 0.5,
-    test_fraction: float = 0.2,
-    path: str = "",
-    data_dir: str = "",
-    time_col: str = "",
-    event_col: str = "",
-    feature_cols: Sequence[str] = (),
-    min_site_records: int = 0,
-    sba_horizon_months: int = 48,
-    oot_start: str = "",
-    fit_preprocessor: Callable[[Mapping[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]], Preprocessor] | None = None,
-    roles: ColumnRoles = ColumnRoles(),
+    *, name: str, seed: int, num_sites: int, partition: str = "iid", dirichlet_alpha: float = 0.5,
+    test_fraction: float = 0.2, path: str = "", data_dir: str = "", time_col: str = "", event_col: str = "",
+    feature_cols: Sequence[str] = (), min_site_records: int = 0, sba_horizon_months: int = 48, oot_start: str = "",
+    fit_preprocessor: _PreprocessorFit | None = None, roles: ColumnRoles = ColumnRoles(),
 ) -> FederatedDataset:
     """Load, validate, partition, split and preprocess a data set for a horizontal federation.
 
-    The in-time records are partitioned into sites; each site's records are split into training and
-    test parts, stratified by event; out-of-time records (SBA) form each site's ``oot`` part.
-    Preprocessing is fitted on the union of the sites' training parts only (equal to the secure
-    federated aggregate of per-site statistics, see :mod:`models.data.preprocess`) and applied to
-    every part. Everything is deterministic given ``seed``.
+    The in-time records are partitioned into sites; each site's records are split into training and test parts,
+    stratified by event; out-of-time records (SBA) form each site's ``oot`` part. Preprocessing is fitted on the
+    union of the sites' training parts only (equal to the secure federated aggregate of per-site statistics, see
+    :mod:`models.data.preprocess`) and applied to every part. Everything is deterministic given ``seed``.
 
     Parameters
     ----------
@@ -294,10 +283,9 @@ def build_federated_dataset(
         First date (YYYY-MM-DD) of the out-of-time part; default ``2005-01-01`` for ``sba`` and no
         out-of-time part for the others; ``"none"`` disables it.
     fit_preprocessor
-        How the federation agrees on the preprocessing: called with every site's raw training
-        features, times and events (site name -> ``(features, time, event)``), e.g. the
-        differentially private set-up of :mod:`strategies.mechanisms.setup_statistics`. Default:
-        :meth:`Preprocessor.fit` on the pooled training parts.
+        How the federation agrees on the preprocessing: called with every site's raw training features, times
+        and events (site name -> ``(features, time, event)``), e.g. the differentially private set-up of
+        :mod:`strategies.mechanisms.setup_statistics`. Default: :meth:`Preprocessor.fit` on the pooled training parts.
 
     Raises
     ------
@@ -314,11 +302,24 @@ def build_federated_dataset(
         table, name=name, seed=seed, num_sites=num_sites, partition=partition, dirichlet_alpha=dirichlet_alpha,
         test_fraction=test_fraction, min_site_records=min_site_records, oot_start=oot_start,
     )  # fmt: skip
+    return _preprocessed_sites(table, splits, oot_sites, _fitted_preprocessor(table, splits, fit_preprocessor))
+
+
+def _fitted_preprocessor(table: RawTable, splits: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                         fit_preprocessor: _PreprocessorFit | None) -> Preprocessor:
+    """The preprocessing of :func:`build_federated_dataset`, fitted on the sites' training parts of ``table``
+    only (``splits``: site -> training and test positions): ``fit_preprocessor`` called with each site's raw
+    training ``(features, time, event)``, or by default :meth:`Preprocessor.fit` on the pooled training parts."""
     if fit_preprocessor is None:
-        preprocessor = Preprocessor.fit(table.features.iloc[np.concatenate([train for train, _ in splits.values()])])
-    else:
-        preprocessor = fit_preprocessor({site: (table.features.iloc[train].reset_index(drop=True), table.time[train],
-                                                table.event[train]) for site, (train, _) in splits.items()})
+        return Preprocessor.fit(table.features.iloc[np.concatenate([train for train, _ in splits.values()])])
+    return fit_preprocessor({site: (table.features.iloc[train].reset_index(drop=True), table.time[train],
+                                    table.event[train]) for site, (train, _) in splits.items()})
+
+
+def _preprocessed_sites(table: RawTable, splits: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                        oot_sites: Mapping[str, np.ndarray] | None, preprocessor: Preprocessor) -> FederatedDataset:
+    """``table`` transformed by ``preprocessor`` and cut into each site's training, test and (with ``oot_sites``)
+    out-of-time parts at the positions of ``splits`` and ``oot_sites``."""
     arrays = SurvivalArrays(preprocessor.transform(table.features), table.time, table.event)
     return FederatedDataset(
         sites=tuple(
