@@ -19,7 +19,7 @@ import importlib
 import json
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -807,3 +807,30 @@ def secagg_unmask(message: Message, context: Context) -> Message:
     values = secagg.site_unmask(state, record["survivors"], record["dropped"])
     context.state[SECAGG_STATE] = state.to_record()
     return _secagg_reply(message, values)
+
+
+class SimulatedSites(ClientApp):
+    """:data:`app` for the virtual SuperNodes of one simulated run (Flower's ``flwr.simulation.run_simulation``).
+
+    That runtime gives every node an empty run config and node config ``partition-id`` and
+    ``num-partitions`` only. Each message goes to :data:`app` with the node's own context (its
+    state, kept between messages) but run config ``run_config`` and, added to the node config,
+    ``extra_node_config[partition-id]`` where given (a split site's ``model-dir``). Nothing else
+    changes: the handlers, their mods and the replies are :data:`app`'s.
+    """
+
+    def __init__(self, run_config: Mapping[str, Any],
+                 extra_node_config: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+        super().__init__()
+        self.run_config = dict(run_config)
+        self.extra_node_config = {int(partition): dict(config)
+                                  for partition, config in (extra_node_config or {}).items()}
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        extra = self.extra_node_config.get(int(context.node_config["partition-id"]), {})
+        run_context = Context(run_id=context.run_id, node_id=context.node_id,
+                              node_config={**context.node_config, **extra}, state=context.state,
+                              run_config=dict(self.run_config))
+        reply = app(message, run_context)
+        context.state = run_context.state
+        return reply

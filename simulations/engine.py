@@ -8,8 +8,10 @@ federation's size and whether a Ray cluster is running, :func:`choose_engine`):
 * ``ray``: Flower's simulation engine, as ``flwr run .`` (through a SuperLink) uses: the sites run
   in parallel in their own processes (Ray actors), on a cluster ``RAY_ADDRESS`` names (a sweep's,
   :func:`ray_cluster`, or the user's, of one machine or many) or on a Ray instance started for the
-  run. ``flwr.simulation.run_simulation`` would pass an empty run config, so we call the runtime
-  function it wraps (``_run_simulation``, pinned flwr 1.41) with a ``Run`` that carries the overrides.
+  run. Through Flower's public ``flwr.simulation.run_simulation``, which gives the apps an empty run
+  config: it runs a ``ServerApp`` whose main calls :data:`flwr_app.server_app.app` with the run's
+  config, and :class:`flwr_app.client_app.SimulatedSites` (:data:`flwr_app.client_app.app` with the
+  run's config and node configs).
 * ``inprocess``: :class:`~simulations.inprocess.InProcessGrid`, a Flower ``Grid`` whose nodes are ClientApp
   calls in this process, one site at a time, and from :data:`~simulations.inprocess.PARALLEL_MIN_SITES` sites on
   in one worker process per further CPU as well: no Ray start. :func:`run_inprocess` forces it
@@ -21,12 +23,11 @@ A split run's simulated sites keep their trained encoders in the run's directory
 config ``model-dir = <output dir>/sites/<modality>`` (:func:`site_node_configs`; in a deployment the
 site's admin sets it, or not), so :func:`models.split_run.load_split_run` finds the whole model there.
 
-One more difference, for speed: Flower's simulation runtime looks for new messages to the
-virtual SuperNodes every 0.1 s (``vce_api.add_messages_to_queue``), which adds 50 ms on average
-to every message round trip: two per FedAvg round, one per split-learning batch. While
-:func:`run_simulation` runs, the runtime looks every :data:`MESSAGE_PICKUP_INTERVAL_S` seconds
-instead, less often when a look takes long (:func:`_add_messages_to_queue`). Messages, their
-order and the results are the same.
+Flower's simulation runtime looks for new messages to the virtual SuperNodes every 0.1 s, which
+adds about 50 ms to every message round trip on Ray (two per FedAvg round, one per split-learning
+batch); no public setting changes it, and the in-process engine, the default up to
+:data:`~strategies.config.INPROCESS_MAX_SITES` sites, does not pay it (``docs/howto/experiments.md``,
+"Which engine").
 """
 
 from __future__ import annotations
@@ -47,68 +48,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from queue import Queue
 from typing import Any
 
+import flwr.simulation
 from flwr.app import Context, Message, RecordDict
-from flwr.common.config import get_project_config
-from flwr.common.constant import (
-    NUM_PARTITIONS_KEY,
-    PARTITION_ID_KEY,
-    RUN_ID_NUM_BYTES,
-    SUPERLINK_NODE_ID,
-    TASK_ID_NUM_BYTES,
-)
-from flwr.server.superlink.fleet.vce import vce_api
-from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-from flwr.simulation.run_simulation import _run_simulation
-from flwr.supercore.constant import NOOP_FEDERATION_ID
-from flwr.supercore.run import Run
+from flwr.clientapp import ClientApp
+from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID
+from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.supercore.telemetry import EventType
 
 from flwr_app import client_app, interrupt, runlog, server_app, task, vertical_client, vertical_task
-from flwr_app.config import PROJECT_ROOT, ConfigError, ExperimentConfig, resolve
+from flwr_app.config import ConfigError, ExperimentConfig, resolve
 from flwr_app.outputs import RunOutputs
 from models.split_run import SITES_DIR
 from simulations.inprocess import InProcessGrid, new_run_id, site_processes
 from strategies.config import AUTO, ENGINES, INPROCESS_MAX_SITES
 from strategies.mechanisms.registry import get_mechanism
-
-#: Seconds between the simulation runtime's looks for new messages to the sites (Flower's: 0.1 s).
-MESSAGE_PICKUP_INTERVAL_S = 0.005
-
-
-def _add_messages_to_queue(state: Any, queue: Queue, nodes_mapping: Mapping[int, int],
-                           f_stop: threading.Event) -> None:
-    """``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue`` with a shorter wait.
-
-    The same loop as Flower's (each node's next message from the LinkState into the queue the
-    backend's workers read), waiting :data:`MESSAGE_PICKUP_INTERVAL_S` instead of 0.1 s between
-    looks, or four times as long as the look took if that is longer: a look asks every node, and
-    with a thousand nodes looking back to back would keep the interpreter from the ServerApp and
-    the workers (the loop takes at most a fifth of it).
-    """
-    while not f_stop.is_set():
-        started = time.perf_counter()
-        for node_id in nodes_mapping.keys():
-            for message in state.get_message_ins(node_id=node_id, limit=1):
-                queue.put(message)
-        f_stop.wait(max(MESSAGE_PICKUP_INTERVAL_S, 4.0 * (time.perf_counter() - started)))
-
-
-@contextlib.contextmanager
-def _frequent_message_pickup() -> Iterator[None]:
-    """Use :func:`_add_messages_to_queue` in Flower's simulation runtime for the duration of the block.
-
-    ``tests/test_engine.py`` checks that the pinned Flower's loop is still the one replaced.
-    """
-    original = vce_api.add_messages_to_queue
-    vce_api.add_messages_to_queue = _add_messages_to_queue
-    try:
-        yield
-    finally:
-        vce_api.add_messages_to_queue = original
 
 
 def site_node_configs(cfg: ExperimentConfig, outputs: RunOutputs, num_sites: int) -> list[dict[str, Any]]:
@@ -121,33 +76,6 @@ def site_node_configs(cfg: ExperimentConfig, outputs: RunOutputs, num_sites: int
         for config, modality in zip(configs, vertical_task.load_table(cfg).modalities, strict=True):
             config[vertical_client.MODEL_DIR_KEY] = str(outputs.directory / SITES_DIR / modality)
     return configs
-
-
-@contextlib.contextmanager
-def _node_configs(configs: Sequence[Mapping[str, Any]]) -> Iterator[None]:
-    """Give Flower's simulated SuperNodes ``configs[partition-id]`` as node config for the duration of the block.
-
-    Flower's simulation runtime gives each virtual SuperNode ``partition-id`` and ``num-partitions``
-    only (``vce_api._register_node_info_stores``); the block wraps it to add the other keys of the
-    partition's entry (a split site's ``model-dir``).
-    """
-    original = vce_api._register_node_info_stores
-
-    def register(nodes_mapping: Any, *args: Any, **kwargs: Any) -> Any:
-        stores = original(nodes_mapping, *args, **kwargs)
-        for node_id, store in stores.items():
-            extra = {key: value for key, value in configs[nodes_mapping[node_id]].items()
-                     if key not in store.node_config}
-            store.node_config.update(extra)
-            for info in store.run_infos.values():  # their contexts were registered with the node config
-                info.context.node_config.update(extra)
-        return stores
-
-    vce_api._register_node_info_stores = register
-    try:
-        yield
-    finally:
-        vce_api._register_node_info_stores = original
 
 
 def _ray_environment() -> None:
@@ -464,7 +392,7 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
                 )
             with _flower_log(outputs, verbose):
                 if chosen == RAY:
-                    _run_on_ray(overrides, fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
+                    _run_on_ray(fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
                 else:
                     _run_in_process(fused, node_configs, observe=observe, processes=processes)
     summary = json.loads(outputs.summary_path.read_text(encoding="utf-8"))
@@ -491,37 +419,47 @@ def _flower_log(outputs: RunOutputs, verbose: bool) -> Iterator[None]:
         flwr_logger.setLevel(level)
 
 
-def _run_on_ray(overrides: Mapping[str, Any], fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,
-                cpus_per_site: float, verbose: bool) -> None:
-    """The Ray engine: Flower's simulation runtime with the ServerApp and ClientApp of ``pyproject.toml``."""
+def _run_on_ray(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *, cpus_per_site: float,
+                verbose: bool) -> None:
+    """The Ray engine: ``flwr.simulation.run_simulation`` with the apps of :func:`ray_apps`."""
     _ray_environment()
-    run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
-    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-    run.federation_id = NOOP_FEDERATION_ID
-    run.override_config = dict(overrides)
-    # As flwr.simulation.run_simulation does for its own Run: messages are stamped with these.
-    TaskIdentity.task_id = 1
-    TaskIdentity.run_id = run.run_id
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
-    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
-    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
-    with _frequent_message_pickup(), _node_configs(node_configs), _keep_sigterm_handler():
-        _run_simulation(
+    server, sites = ray_apps(fused, node_configs)
+    with _keep_sigterm_handler():
+        flwr.simulation.run_simulation(
+            server_app=server,
+            client_app=sites,
             num_supernodes=len(node_configs),
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            server_app_attr=components["serverapp"],
-            client_app_attr=components["clientapp"],
             backend_name="ray",
             backend_config={
                 "client_resources": {"num_cpus": cpus_per_site, "num_gpus": 0.0},
                 "init_args": {"include_dashboard": False, "log_to_driver": verbose},
             },
-            app_dir=str(PROJECT_ROOT),
-            run=run,
-            server_app_context=context,
-            is_app=True,
             verbose_logging=verbose,
         )
+
+
+def ray_apps(fused: Mapping[str, Any], node_configs: Sequence[Mapping[str, Any]]) -> tuple[ServerApp, ClientApp]:
+    """The ServerApp and ClientApp that ``flwr.simulation.run_simulation`` runs for the Ray engine.
+
+    That runtime gives the ServerApp and every virtual SuperNode an empty run config, and the
+    SuperNodes node config ``partition-id`` and ``num-partitions`` only. The ServerApp calls
+    :data:`flwr_app.server_app.app` with run config ``fused`` (the runtime's grid, run ID and
+    state); the ClientApp is :class:`flwr_app.client_app.SimulatedSites`, which adds the other keys
+    of ``node_configs[partition-id]`` (a split site's ``model-dir``) to the two Flower gives
+    (:func:`site_node_configs`' own).
+    """
+    extra = {index: keys for index, config in enumerate(node_configs)
+             if (keys := {key: value for key, value in config.items()
+                          if key not in (PARTITION_ID_KEY, NUM_PARTITIONS_KEY)})}
+    run_config = dict(fused)
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        server_app.app(grid, Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                                     state=context.state, run_config=dict(run_config)))
+
+    return server, client_app.SimulatedSites(run_config, extra)
 
 
 def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,

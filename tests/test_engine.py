@@ -1,58 +1,76 @@
-"""The simulation engine's one change to Flower's runtime: how often it looks for new messages."""
+"""The runner's engines: which one runs, the apps Flower's Ray runtime gets, the in-process grid and its workers."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
+import pickle
 import threading
 from pathlib import Path
-from queue import Queue
 
 import pytest
-from flwr.server.superlink.fleet.vce import vce_api
 
 from simulations import engine
 
 
-def test_the_replaced_flower_loop_is_still_the_pinned_one():
-    """If a Flower upgrade changes the loop, the replacement must be reviewed, not silently kept."""
-    source = inspect.getsource(vce_api.add_messages_to_queue)
-    assert "state.get_message_ins(node_id=node_id, limit=1)" in source
-    assert "queue.put(msg)" in source
-    assert "f_stop.wait(0.1)" in source
-    assert inspect.signature(vce_api.add_messages_to_queue).parameters.keys() == \
-        inspect.signature(engine._add_messages_to_queue).parameters.keys()
+def _flower_context(partition: int, num_partitions: int, node_id: int = 7):
+    """A virtual SuperNode's context as ``flwr.simulation.run_simulation`` makes it: empty run config, node config
+    ``partition-id`` and ``num-partitions`` only."""
+    from flwr.app import Context, RecordDict
+
+    return Context(run_id=5, node_id=node_id, node_config={"partition-id": partition, "num-partitions": num_partitions},
+                   state=RecordDict(), run_config={})
 
 
-def test_the_replacement_is_used_inside_the_block_only():
-    original = vce_api.add_messages_to_queue
-    with engine._frequent_message_pickup():
-        assert vce_api.add_messages_to_queue is engine._add_messages_to_queue
-    assert vce_api.add_messages_to_queue is original
+def test_the_ray_apps_give_the_real_apps_the_run_config_and_the_split_sites_their_model_dir(tmp_path, monkeypatch):
+    """Flower's public runtime passes no run config: the ServerApp and every site get the fused one, each split site
+    its own ``model-dir`` (added to Flower's node config), and a site's state lives on in Flower's context between
+    messages; the ClientApp pickles (Ray ships it with every message) and behaves the same after."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from flwr_app import client_app, server_app
+    from models.split_run import SITES_DIR
+
+    overrides = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 300,
+                 "model.name": "bayesian_multisurv", "baseline.centralized": False, "output.dir": str(tmp_path)}
+    fused, cfg, outputs = engine._prepare(overrides, "test")
+    configs = engine.site_node_configs(cfg, outputs, 3)
+    server, sites = engine.ray_apps(fused, configs)
+
+    seen = []
+    probe = ClientApp()
+
+    @probe.query("probe")
+    def handle(message, context):
+        seen.append((dict(context.run_config), dict(context.node_config)))
+        count = context.state.config_records["n"]["n"] + 1 if "n" in context.state else 1
+        context.state["n"] = ConfigRecord({"n": count})
+        return Message(content=RecordDict({"n": ConfigRecord({"n": count})}), reply_to=message)
+
+    monkeypatch.setattr(client_app, "app", probe)
+    for name, value in (("_task_id", 1), ("_run_id", 5), ("_node_id", engine.SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(engine.TaskIdentity, name, value)
+    context = _flower_context(2, 3)
+    for app in (sites, pickle.loads(pickle.dumps(sites))):
+        reply = app(Message(content=RecordDict(), dst_node_id=7, message_type="query.probe"), context)
+        assert reply.content["n"]["n"] == len(seen)
+    assert context.state.config_records["n"]["n"] == 2  # the site's state, in the context Flower keeps
+    assert context.run_config == {} and "model-dir" not in context.node_config  # Flower's own context unchanged
+    assert seen == [(fused, configs[2])] * 2
+    assert configs[2]["model-dir"] == str(tmp_path.resolve() / SITES_DIR / "c")
+
+    ran = []
+    monkeypatch.setattr(server_app, "app", lambda grid, context: ran.append((grid, context.run_config, context.run_id)))
+    server("grid", _flower_context(0, 1))
+    assert ran == [("grid", fused, 5)]
 
 
-class _State:
-    """A LinkState stand-in: two messages for node 7, one for node 9, handed out one per look."""
-
-    def __init__(self) -> None:
-        self.pending = {7: ["a", "b"], 9: ["c"]}
-
-    def get_message_ins(self, *, node_id: int, limit: int) -> list[str]:
-        assert limit == 1
-        return [self.pending[node_id].pop(0)] if self.pending[node_id] else []
-
-
-def test_the_replacement_moves_every_message_to_the_queue_in_order_and_stops():
-    queue: Queue = Queue()
-    f_stop = threading.Event()
-    thread = threading.Thread(target=engine._add_messages_to_queue, args=(_State(), queue, {7: 0, 9: 1}, f_stop))
-    thread.start()
-    received = [queue.get(timeout=5) for _ in range(3)]
-    f_stop.set()
-    thread.join(timeout=5)
-    assert not thread.is_alive()
-    assert received == ["a", "c", "b"]
+def test_a_horizontal_run_sends_the_ray_sites_no_node_config_of_its_own():
+    """Flower's two keys are all a simulated horizontal site needs: nothing is added (nor shipped with a message)."""
+    fused, _ = engine.resolve({"federation.num_sites": 4})
+    _, sites = engine.ray_apps(fused, [{"partition-id": index, "num-partitions": 4} for index in range(4)])
+    assert sites.extra_node_config == {} and sites.run_config == fused
 
 
 @pytest.mark.slow

@@ -11,8 +11,6 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY
-from flwr.server.superlink.fleet.vce import vce_api
-from flwr.supercore.run import Run
 
 from flwr_app import split_messages as wire
 from flwr_app import vertical_task
@@ -171,15 +169,10 @@ def test_the_save_messages_carry_the_token_and_the_modality_only():
         wire.decode_save_reply(RecordDict({"split.arrays": ConfigRecord({"x": 1})}))
 
 
-def test_flowers_simulated_sites_get_the_model_dir(tmp_path):
-    """run_simulation's SuperNodes (Flower's runtime) get the same node configs as run_inprocess's."""
+def test_each_simulated_site_gets_its_own_model_dir(tmp_path):
+    """The node configs both engines give the split sites (Flower's runtime through ``engine.ray_apps``: its test in
+    tests/test_engine.py)."""
     overrides = {**TINY, "output.dir": str(tmp_path)}
     fused, cfg, outputs = engine._prepare(overrides, "test")
     configs = engine.site_node_configs(cfg, outputs, 3)
     assert [config["model-dir"] for config in configs] == [str(tmp_path.resolve() / SITES_DIR / m) for m in "abc"]
-    with engine._node_configs(configs):
-        stores = vce_api._register_node_info_stores({11: 0, 12: 2, 13: 1}, Run.create_empty(run_id=5))
-    assert stores[12].node_config == configs[2] and stores[11].node_config == configs[0]
-    assert stores[13].retrieve_context(5).node_config["model-dir"] == configs[1]["model-dir"]
-    assert vce_api._register_node_info_stores is not None and "model-dir" not in vce_api._register_node_info_stores(
-        {11: 0}, Run.create_empty(run_id=5))[11].node_config  # restored after the block
