@@ -44,13 +44,13 @@ record-level DP-SGD, the maximum over sites: their records are disjoint). Per-si
 never read, let alone averaged; across seeds, ``summary.csv`` reports the largest headline epsilon
 (``epsilon_max``), not a mean.
 
-Ray. The jobs connect to one Ray cluster that the sweep starts before its first job and stops after
-its last (:func:`simulations.engine.ray_cluster`), so each job saves Ray's start and stop (about 4 s
+Ray. Jobs that run on Ray connect to one Ray cluster that the sweep starts before its first job and stops
+after its last (:func:`simulations.engine.ray_cluster`), so each job saves Ray's start and stop (about 4 s
 on 2 cores). With ``RAY_ADDRESS`` set, the jobs use that cluster instead (one of the user's, on one
 machine or many: ``ray start --head`` and ``ray start --address=...`` on each worker) and leave it
-running. ``simulation.engine = auto`` runs every job on the cluster (:func:`simulations.engine.choose_engine`);
-with ``simulation.engine=inprocess`` (not swept) the jobs run over the in-process grid and the sweep
-starts no cluster.
+running. The sweep starts its cluster only where its jobs run on Ray (``simulation.engine=ray``, or ``auto``
+with more sites than the in-process grid takes); with ``auto`` and up to that many sites the jobs run over the
+in-process grid, the faster engine there (:func:`simulations.engine.choose_engine`).
 
 Failures. A job that raises (bad configuration, data error, a crash inside the simulation) does not
 stop the sweep: the job writes ``status.json`` with the error and returns. After each job Ray is
@@ -598,13 +598,18 @@ class SweepReport(_Callback):  # type: ignore[misc]
         self._ray = contextlib.ExitStack()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        """Start the Ray cluster the jobs connect to (:func:`simulations.engine.ray_cluster`), unless every job runs
-        in process (``simulation.engine=inprocess``, not swept: a swept key keeps its default here)."""
+        """Start the Ray cluster the jobs connect to (:func:`simulations.engine.ray_cluster`) where they run on Ray:
+        ``simulation.engine=ray``, or ``auto`` with more than :data:`~strategies.config.INPROCESS_MAX_SITES` sites
+        (the base config's: a swept key keeps its default here); ``auto`` below that runs in process, which is
+        faster (``docs/howto/experiments.md``, "Which engine")."""
         from omegaconf import OmegaConf
 
-        from simulations.engine import INPROCESS, ray_cluster
+        from simulations.engine import AUTO, RAY, ray_cluster
+        from strategies.config import INPROCESS_MAX_SITES
 
-        if OmegaConf.select(config, "simulation.engine", default=None) != INPROCESS:
+        engine = OmegaConf.select(config, "simulation.engine", default=AUTO)
+        sites = OmegaConf.select(config, "federation.num_sites", default=0) or 0
+        if engine == RAY or (engine == AUTO and int(sites) > INPROCESS_MAX_SITES):
             self._ray.enter_context(ray_cluster())
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
