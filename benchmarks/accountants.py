@@ -52,7 +52,7 @@ def _calibrate(epsilon: float, rate: float, steps: int, prior, accountant: str) 
 def dp_sgd_rows() -> list[str]:
     from flwr_app import task
     from simulations.engine import resolve
-    from strategies.mechanisms.base import setup_multiplier
+    from strategies.mechanisms.setup_share import setup_multiplier
     from strategies.mechanisms.dp_sgd import poisson_schedule
 
     rows = []

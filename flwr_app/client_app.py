@@ -648,7 +648,7 @@ def _recalibration_terms(message: Message, context: Context) -> tuple[SiteData, 
 
     from models.recalibration import power_terms
     from strategies.horizontal import RECALIBRATION_HORIZONS
-    from strategies.mechanisms.base import recalibration_history, recalibration_multiplier
+    from strategies.mechanisms.setup_share import recalibration_history, recalibration_multiplier
     from strategies.mechanisms.setup_statistics import RECALIBRATION_QUANTILES
 
     site, index, server_round, cfg, model = _message(message, context, "recalibration")
@@ -678,7 +678,8 @@ def recalibration(message: Message, context: Context) -> Message:
     import numpy as np
 
     from flwr_app import task
-    from strategies.mechanisms.base import SecureSumMechanism, recalibration_multiplier
+    from strategies.mechanisms.base import SecureSumMechanism
+    from strategies.mechanisms.setup_share import recalibration_multiplier
     from strategies.mechanisms.registry import horizontal_mechanism
 
     cfg = _run_config(context)

@@ -79,7 +79,8 @@ from models.grouped_cox import RECIPES, ClipBounds, GroupedCoxDesign, NoisePlan,
 from strategies.accounting.filter import fitting_noise_multiplier
 from strategies.accounting.rdp import calibrate_noise_multiplier
 from strategies.config import ExperimentConfig
-from strategies.mechanisms.base import Manifest, ReleasedValue, SiteSetUp, common_releases
+from strategies.mechanisms.base import SiteSetUp
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, common_releases
 from strategies.mechanisms.distributed_dp import RoundPlan, counted_honest, gaussian_sum_plan
 
 __all__ = [

@@ -56,7 +56,8 @@ from models.data.preprocess import NumericStatistics
 from models.data.validate import column_differences
 from models.time_grid import time_grid_from_histograms, time_histogram
 from strategies.accounting.filter import SiteFilter
-from strategies.mechanisms.base import SiteSetUp, delta_refusal, recalibration_history
+from strategies.mechanisms.base import SiteSetUp, delta_refusal
+from strategies.mechanisms.setup_share import recalibration_history
 from strategies.mechanisms.registry import horizontal_mechanism
 from strategies.replies import error_message
 from strategies.mechanisms.setup_statistics import (

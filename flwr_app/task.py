@@ -33,9 +33,8 @@ from models.data.dictionary import DataDictionary
 from models.data.files import resolve_data_dir
 from models.survival import SurvivalModel, build_survival_model
 from models.time_grid import histogram_survival, interval_hazard, make_time_grid, time_counts
-from strategies.mechanisms.base import (
-    SecureSumMechanism,
-    SiteSetUp,
+from strategies.mechanisms.base import SecureSumMechanism, SiteSetUp
+from strategies.mechanisms.setup_share import (
     recalibrates,
     recalibration_history,
     recalibration_multiplier,

@@ -65,7 +65,8 @@ from strategies.config import (
     ExperimentConfig,
     FederationConfig,
 )
-from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp, recalibration_multiplier
+from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, SiteSetUp
+from strategies.mechanisms.setup_share import recalibration_multiplier
 from strategies.mechanisms.setup_statistics import RecalibrationPlan
 from strategies.server_optimizers import ServerOptimizer
 from strategies.replies import (

@@ -13,7 +13,7 @@ from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsi
 from strategies.accounting.filter import RenyiFilter
 from strategies.accounting.interface import Accountant
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier, epsilon_from_history
-from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
+from strategies.mechanisms.schedules import calibrate_gaussian_noise_multiplier
 
 
 def _accountants():

@@ -532,7 +532,7 @@ def test_audit_figure_left_term_calibration_under_the_papers_rule(records: int, 
     (Replaying the recorded distances of the FLCHAIN bdp run at target 1, whose ledger says 0.988,
     gives 1.33.) The audit's 1.51 is what the same projection gives for a site of 1,800 records
     (q = 0.071, T = 280)."""
-    from strategies.mechanisms.dp_sgd import poisson_schedule
+    from strategies.mechanisms.schedules import poisson_schedule
 
     beta = 1e-5
     q, steps_per_round = poisson_schedule(records, batch_size=128, epochs=1)

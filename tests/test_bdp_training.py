@@ -9,9 +9,8 @@ from models.time_grid import make_time_grid
 from strategies.accounting import bayesian_dp
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.mechanisms import bdp_training
-from strategies.mechanisms.bdp import GAMMA_STEP, MIN_RECORDS
 from strategies.mechanisms.bdp_training import train_epochs_bdp
-from strategies.mechanisms.dp_sgd import poisson_schedule
+from strategies.mechanisms.schedules import GAMMA_STEP, MIN_RECORDS, poisson_schedule
 
 
 def site(n, seed=0):

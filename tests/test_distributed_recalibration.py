@@ -14,10 +14,12 @@ from simulations.engine import resolve, run_inprocess
 from strategies.accounting.distributed_dp import ddg_rdp
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
 from strategies.config import ConfigError
-from strategies.horizontal import RECALIBRATION_HORIZONS, SurvivalFedAvg
-from strategies.mechanisms.base import recalibration_multiplier
+from strategies.horizontal import RECALIBRATION_HORIZONS
+from strategies.mechanisms.setup_share import recalibration_multiplier
 from strategies.mechanisms.distributed_dp import DistributedDP, gaussian_bound, power_sum_plan
 from strategies.mechanisms.registry import horizontal_mechanism
+from strategies.rounds.aggregation import PlainRelease
+from strategies.rounds.secure_sum import SecureSumRelease
 
 RUN = {"strategy.name": "distributed_dp", "privacy.epsilon": 1.0, "data.name": "flchain", "federation.rounds": 2,
        "federation.num_sites": 4, "baseline.centralized": False}
@@ -131,7 +133,7 @@ def test_a_recalibration_sum_the_keys_cannot_plan_is_a_named_failure_not_a_crash
 
 def test_a_distributed_dp_site_refuses_a_plain_recalibration_query(tmp_path, monkeypatch):
     """A server that asks for the sums in the clear (each site's own noise, outside the secure sum) is refused."""
-    monkeypatch.setattr(SurvivalFedAvg, "_secure_power_sums", SurvivalFedAvg._power_sums)
+    monkeypatch.setattr(SecureSumRelease, "power_sums", PlainRelease.power_sums)
     run_inprocess({**RUN, "output.dir": str(tmp_path)})
     failures = _last_line(tmp_path)["failures"]
     assert sorted(f["site"] for f in failures) == [f"site-{i}" for i in range(4)]
@@ -140,13 +142,13 @@ def test_a_distributed_dp_site_refuses_a_plain_recalibration_query(tmp_path, mon
 
 
 def test_a_site_releases_its_recalibration_sums_once(tmp_path, monkeypatch):
-    asked = SurvivalFedAvg._power_sums
+    asked = PlainRelease.power_sums
 
     def twice(self, *args):
         asked(self, *args)
         return asked(self, *args)
 
-    monkeypatch.setattr(SurvivalFedAvg, "_power_sums", twice)
+    monkeypatch.setattr(PlainRelease, "power_sums", twice)
     run_inprocess({"strategy.name": "dp_sgd", "privacy.epsilon": 1.0, "data.name": "flchain", "federation.rounds": 1,
                    "federation.num_sites": 3, "baseline.centralized": False, "output.dir": str(tmp_path)})
     failures = _last_line(tmp_path)["failures"]

@@ -21,7 +21,7 @@ from strategies.mechanisms.adaptive_dp import (
     nbafl_sensitivity,
     nbafl_uplink_noise_std,
 )
-from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
+from strategies.mechanisms.schedules import calibrate_gaussian_noise_multiplier
 from strategies.mechanisms.weight_release import layer_parameters, release_weights, select_layer
 
 # δ = 1e-5, C = 1, m = 1000, L = 5 (five rounds).

@@ -19,7 +19,7 @@ from dp_accounting.rdp import RdpAccountant
 from flwr_app import task
 from simulations.engine import resolve, run_inprocess
 from strategies.accounting.rdp import DEFAULT_RDP_ORDERS
-from strategies.mechanisms.dp_sgd import poisson_schedule
+from strategies.mechanisms.schedules import poisson_schedule
 from strategies.mechanisms.registry import get_mechanism
 
 RUN = {"federation.num_sites": 3, "federation.rounds": 2, "baseline.centralized": False, "strategy.name": "dp_sgd",

@@ -13,8 +13,9 @@ from models.predict import load_run
 from models.survival import build_survival_model
 from models.time_grid import histogram_survival
 from simulations.engine import resolve, run_inprocess
-from strategies.mechanisms.base import recalibration_history, recalibration_multiplier, recalibrates, setup_multiplier
-from strategies.mechanisms.setup_statistics import RECALIBRATION_SHARE, recalibration_plan, setup_noise_multiplier
+from strategies.mechanisms.setup_share import recalibration_history, recalibration_multiplier, recalibrates, setup_multiplier
+from strategies.accounting.setup_budget import RECALIBRATION_SHARE, setup_noise_multiplier
+from strategies.mechanisms.setup_statistics import recalibration_plan
 
 
 def test_power_sums_are_sums_of_powers_and_move_by_at_most_one_per_record():

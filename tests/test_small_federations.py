@@ -20,7 +20,7 @@ from models.data.files import resolve_data_dir
 from simulations.engine import resolve, run_inprocess
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ConfigError
-from strategies.mechanisms.base import setup_multiplier
+from strategies.mechanisms.setup_share import setup_multiplier
 from strategies.mechanisms.setup_statistics import SetupNoiseError, accountant_history
 
 #: The bundled sets, 900 records each: 24 sites of 37 or 38, 30 of them training records.

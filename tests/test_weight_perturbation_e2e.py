@@ -12,7 +12,7 @@ from flwr_app.config import ConfigError
 from simulations.engine import resolve, run_inprocess, run_simulation
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
-from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
+from strategies.mechanisms.schedules import calibrate_gaussian_noise_multiplier
 
 EPSILON = 0.8
 ROUNDS = 2

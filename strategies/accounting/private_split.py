@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from strategies.accounting.calibration import calibrate_noise
 from strategies.accounting.rdp import epsilon_from_history
+from strategies.accounting.setup_budget import setup_noise_multiplier
 
 __all__ = [
     "ENCODERS",
@@ -156,14 +157,12 @@ def setup_multiplier(plan: PrivateSplitPlan) -> float:
     A record meets the set-up once at each of the ``K`` sites; each site's releases compose to one
     Gaussian mechanism of multiplier :math:`z`, so the record's set-up RDP is
     :math:`K \alpha / (2 z^2)`. With :math:`z = z_\varepsilon \sqrt{K / s}`
-    (:func:`strategies.mechanisms.setup_statistics.setup_noise_multiplier` at share :math:`s / K`)
+    (:func:`strategies.accounting.setup_budget.setup_noise_multiplier` at share :math:`s / K`)
     that is exactly :math:`s` times the RDP of the one Gaussian mechanism spending
     :math:`(\varepsilon, \delta)` alone, at every order. 0 without noise, and at share 0 (no set-up release).
     """
     if not plan.private:
         return 0.0
-    from strategies.mechanisms.setup_statistics import setup_noise_multiplier  # scipy and pandas: where it runs
-
     return setup_noise_multiplier(epsilon=plan.epsilon, delta=plan.delta, share=plan.setup_share / plan.num_sites)
 
 

@@ -17,7 +17,8 @@ as the accountant and the budget filter; that calibration is data-dependent and 
 accounted (the ledger says so). Sites with fewer than ``MIN_RECORDS`` records fall back to
 classical DP-SGD (too few records for the estimate).
 
-This module holds the mechanism object and its constants and imports no torch; the site's
+This module holds the mechanism object and imports no torch (its constants are in
+:mod:`strategies.mechanisms.schedules`); the site's
 training loop is :mod:`strategies.mechanisms.bdp_training`, imported by
 :meth:`BayesianDP.site_round`.
 
@@ -37,34 +38,15 @@ from strategies.accounting.bayesian_dp import DEFAULT_ORDERS, classical_noise_mu
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ExperimentConfig
-from strategies.mechanisms.base import (
-    DELTA_CHECK,
-    AGGREGATION,
-    BUDGET,
-    HORIZONTAL,
-    LOCAL_TRAINING,
-    PRIVATE_SETUP,
-    SERVER_OPTIMIZER,
-    Manifest,
-    LocalUpdateMechanism,
-    ReleasedValue,
-    SiteSetUp,
-    SiteUpdate,
-    record_level_closing,
-    setup_sentence,
-    update_release,
-)
-from strategies.mechanisms.dp_sgd import poisson_schedule, require_decomposable_loss
+from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, record_level_closing, setup_sentence, update_release
+from strategies.mechanisms.dp_sgd import require_decomposable_loss
+from strategies.mechanisms.schedules import MIN_RECORDS, poisson_schedule
 
 if TYPE_CHECKING:  # the site's model type, for type checkers only
     from models.survival import SurvivalModel
 
-__all__ = ["GAMMA_STEP", "MIN_RECORDS", "PAIR_RECORDS", "PILOT_RECORDS", "BayesianDP"]
-
-MIN_RECORDS = 100
-PAIR_RECORDS = 16  # replace-one: records per step whose pairwise distances estimate the step's cost
-PILOT_RECORDS = 64
-GAMMA_STEP = 1e-12
+__all__ = ["BayesianDP"]
 
 
 # --------------------------------------------------------------------------- the mechanism object
@@ -82,10 +64,8 @@ class BayesianDP(LocalUpdateMechanism):
 
     name = "bdp"
     pooled_baseline = True
-    private_setup = True
     unit = "record"
     adjacencies = ("add-remove", "replace-one")
-    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -223,7 +203,7 @@ class BayesianDP(LocalUpdateMechanism):
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
         data_dependent = ("data-dependent: estimated from the site's own clipped-gradient distances; no accountant "
                           "bounds what its value reveals")
-        return self._manifest(cfg, [
+        return horizontal_manifest(self, cfg, [
             update_release(True, "DP-SGD update: average-case epsilon_mu (Bayesian accountant) and the worst-case "
                            f"classical epsilon of the same noise (opacus RDP, {cfg.privacy.adjacency})"),
             ReleasedValue("epsilon_mu", "the site's Bayesian epsilon so far", "train", False, data_dependent,

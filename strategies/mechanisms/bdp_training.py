@@ -31,9 +31,8 @@ from strategies.accounting.bayesian_dp import (
     step_costs,
 )
 from strategies.accounting.rdp import SiteAccountant, calibrate_noise_multiplier
-from strategies.mechanisms.bdp import GAMMA_STEP, MIN_RECORDS, PAIR_RECORDS, PILOT_RECORDS
-from strategies.mechanisms.dp_sgd import poisson_schedule
 from strategies.mechanisms.dp_sgd_training import PerSampleView, clipped_sum_ghost, train_epochs_dp
+from strategies.mechanisms.schedules import GAMMA_STEP, MIN_RECORDS, PAIR_RECORDS, PILOT_RECORDS, poisson_schedule
 
 __all__ = ["BudgetExhausted", "account_step", "pilot_distances", "train_epochs_bdp"]
 

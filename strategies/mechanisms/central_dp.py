@@ -35,19 +35,8 @@ from strategies.accounting.rdp import (
     epsilon_from_history,
 )
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import (
-    DELTA_CHECK,
-    BUDGET,
-    HORIZONTAL,
-    LOCAL_TRAINING,
-    SERVER_OPTIMIZER,
-    Manifest,
-    LocalUpdateMechanism,
-    SiteSetUp,
-    SiteUpdate,
-    uncovered_sentence,
-    update_release,
-)
+from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, uncovered_sentence, update_release
 
 if TYPE_CHECKING:  # Flower's strategy type, for type checkers only
     from flwr.serverapp.strategy import Strategy
@@ -78,7 +67,6 @@ class CentralDP(LocalUpdateMechanism):
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
     delta_population = "sites"  # site-level DP: n is the number of sites
-    honours = HORIZONTAL | LOCAL_TRAINING | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | {"model.penalty"}
     refusals = {
         "federation.aggregation": "is not offered with strategy 'central_dp', which calibrates its noise to the mean "
                                   "of the clipped updates",
@@ -148,7 +136,7 @@ class CentralDP(LocalUpdateMechanism):
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
-        return self._manifest(cfg, [
+        return horizontal_manifest(self, cfg, [
             update_release(False, "reaches the server in the clear; the server clips it and adds the noise, so the "
                            "guarantee (one site) holds against those who see the global models, not the server"),
         ])

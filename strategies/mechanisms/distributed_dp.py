@@ -48,20 +48,9 @@ from strategies.accounting.distributed_dp import DistributedAccountant, ddg_epsi
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_from_history
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import (
-    DELTA_CHECK,
-    BUDGET,
-    HORIZONTAL,
-    PRIVATE_SETUP,
-    SecureSumMechanism,
-    Manifest,
-    ReleasedValue,
-    SiteSetUp,
-    record_level_closing,
-    recalibration_multiplier,
-    recalibrates,
-    setup_sentence,
-)
+from strategies.mechanisms.base import SecureSumMechanism, SiteSetUp, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, record_level_closing, setup_sentence
+from strategies.mechanisms.setup_share import recalibrates, recalibration_multiplier
 from strategies.mechanisms.discrete_gaussian import sample_discrete_gaussian
 from strategies.mechanisms.dp_sgd import require_decomposable_loss
 
@@ -365,10 +354,7 @@ class DistributedDP(SecureSumMechanism):
     name = "distributed_dp"
     unit = "record"
     adjacencies = ("add-remove",)
-    private_setup = True
     delta_population = "union"  # one guarantee for the union of the sites' records (the noise adds up in the sum)
-    honours = (HORIZONTAL - {"resume.from"}) | BUDGET | DELTA_CHECK | PRIVATE_SETUP | {
-        "train.lr", "privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits"}
     refusals = {
         **{key: "has no effect on strategy 'distributed_dp', whose round is one full-batch gradient step at the global "
                 "model, not local training (only the non-private centralised baseline would read it)"
@@ -434,7 +420,8 @@ class DistributedDP(SecureSumMechanism):
         """The site's integer vector of the round (its rounded clipped gradient sum plus its noise share)."""
         from strategies.mechanisms.distributed_dp_training import site_contribution  # torch: only where a site trains
 
-        return site_contribution(model, data, plan, clip_norm=cfg.privacy.clip_norm, seed=seed)
+        return site_contribution(model, data, clip_norm=cfg.privacy.clip_norm, gamma=plan.gamma,
+                                 local_sigma=plan.local_sigma, dim=plan.dim, seed=seed)
 
     def server_step(self, arrays: Mapping[str, np.ndarray], total: np.ndarray, plan: RoundPlan, *, count: float,
                     lr: float, state: dict[str, Any] | None, sites: int | None = None,
@@ -564,7 +551,7 @@ class DistributedDP(SecureSumMechanism):
         keys = "one-time public keys, encrypted Shamir shares and the shares revealed in unmasking"
         no_info = ("drawn fresh from the site's random source for this round, not computed from any record: carry "
                    "no information about the records")
-        return self._manifest(cfg, [
+        return horizontal_manifest(self, cfg, [
             ReleasedValue("masked vector", "the site's rounded clipped gradient sum plus its discrete Gaussian noise "
                           "share, masked by SecAgg+ (ChaCha20 masks keyed by the full secrets: uniform mod M alone)", "secure aggregation", True,
                           "the server learns only the sum of the survivors' vectors (SecAgg+, honest-but-curious "

@@ -16,7 +16,6 @@ import torch
 
 from models.survival import HazardModel
 from strategies.mechanisms.discrete_gaussian import sample_discrete_gaussian
-from strategies.mechanisms.distributed_dp import RoundPlan
 from strategies.mechanisms.dp_sgd_training import _ghost_backward, _ghost_plan, _require_hazard_model
 
 __all__ = ["rounded_gradient_sum", "site_contribution"]
@@ -67,11 +66,15 @@ def rounded_gradient_sum(model: HazardModel, x: np.ndarray, time: np.ndarray, ev
     return torch.cat([total.reshape(-1) for total in sums]).numpy()
 
 
-def site_contribution(model: HazardModel, data, plan: RoundPlan, *, clip_norm: float, seed: int) -> np.ndarray:
-    """The site's integer vector for this round: its rounded clipped gradient sum plus :math:`N_{\\mathbb Z}(0, s^2)^d`."""
-    total = rounded_gradient_sum(model, data.x, data.time, data.event, clip_norm=clip_norm, gamma=plan.gamma,
-                                 seed=seed)
-    if total.size != plan.dim:
-        raise ValueError(f"the model has {total.size} parameters, the round's plan {plan.dim}")
-    noise = sample_discrete_gaussian(np.random.default_rng(seed), plan.local_sigma ** 2, plan.dim)
+def site_contribution(model: HazardModel, data, *, clip_norm: float, gamma: float, local_sigma: float, dim: int,
+                      seed: int) -> np.ndarray:
+    """The site's integer vector for this round: its rounded clipped gradient sum plus :math:`N_{\\mathbb Z}(0, s^2)^d`.
+
+    ``gamma``, ``local_sigma`` (s) and ``dim`` (d) are the round's public plan
+    (:class:`~strategies.mechanisms.distributed_dp.RoundPlan`); ValueError when the model has not ``dim`` parameters.
+    """
+    total = rounded_gradient_sum(model, data.x, data.time, data.event, clip_norm=clip_norm, gamma=gamma, seed=seed)
+    if total.size != dim:
+        raise ValueError(f"the model has {total.size} parameters, the round's plan {dim}")
+    noise = sample_discrete_gaussian(np.random.default_rng(seed), local_sigma ** 2, dim)
     return total + noise

@@ -38,23 +38,9 @@ from strategies.accounting.rdp import (
     epsilon_from_history,
 )
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import (
-    DELTA_CHECK,
-    AGGREGATION,
-    BUDGET,
-    HORIZONTAL,
-    LOCAL_TRAINING,
-    PRIVATE_SETUP,
-    SERVER_OPTIMIZER,
-    Manifest,
-    LocalUpdateMechanism,
-    ReleasedValue,
-    SiteSetUp,
-    SiteUpdate,
-    record_level_closing,
-    setup_sentence,
-    update_release,
-)
+from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, record_level_closing, setup_sentence, update_release
+from strategies.mechanisms.schedules import poisson_schedule
 
 if TYPE_CHECKING:  # the site's model type, for type checkers only
     from models.survival import SurvivalModel
@@ -63,26 +49,10 @@ __all__ = [
     "DPSGD",
     "calibrated_noise_multiplier",
     "clipped_epsilon",
-    "poisson_schedule",
     "remember_noise",
     "remembered_noise",
     "require_decomposable_loss",
 ]
-
-
-# --------------------------------------------------------------------------- the schedule
-
-
-def poisson_schedule(n: float, *, batch_size: int, epochs: int) -> tuple[float, int]:
-    r"""Sampling rate and number of steps of ``epochs`` epochs of DP-SGD on ``n`` records.
-
-    :math:`q = \min(1, B/n)` and :math:`T = \mathrm{round}(E/q)`, so that each record is
-    visited ``epochs`` times in expectation. The accountant must be fed exactly these values.
-    """
-    if n < 1 or batch_size < 1 or epochs < 1:
-        raise ValueError(f"n, batch_size and epochs must be >= 1, got {n}, {batch_size}, {epochs}")
-    sample_rate = min(1.0, batch_size / n)
-    return sample_rate, round(epochs / sample_rate)
 
 
 # --------------------------------------------------------------------------- the mechanism object
@@ -167,11 +137,9 @@ class DPSGD(LocalUpdateMechanism):
 
     name = "dp_sgd"
     pooled_baseline = True
-    private_setup = True
     unit = "record"
     adjacencies = ("add-remove",)
     accountants = ("pld", "prv", "rdp")
-    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK | PRIVATE_SETUP
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -273,7 +241,7 @@ class DPSGD(LocalUpdateMechanism):
         covered = self.uses_private_setup(cfg)
         why = ("functions of the site's agreed (noisy) record count and the public configuration" if covered else
                "functions of the site's record count (uncovered) and the public configuration")
-        return self._manifest(cfg, [
+        return horizontal_manifest(self, cfg, [
             update_release(True, accountant),
             ReleasedValue("declared parameters", "noise_multiplier, steps and epsilon, which the server checks", "train",
                           covered, why, tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),

@@ -54,7 +54,7 @@ from models.losses import logistic_hazard_nll
 from models.optim import Adam
 from models.survival import HazardMLP, HazardModel, SurvivalModel, _discretise_tensor
 from models.training import ProximalTerm
-from strategies.mechanisms.dp_sgd import poisson_schedule
+from strategies.mechanisms.schedules import poisson_schedule
 from strategies.validation import check_positive, check_sample_rate
 
 __all__ = [

@@ -36,9 +36,10 @@ from collections.abc import Mapping
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import BUDGET, DELTA_CHECK, Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import Mechanism
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
-from strategies.mechanisms.nbafl import calibrate_gaussian_noise_multiplier
+from strategies.mechanisms.schedules import calibrate_gaussian_noise_multiplier
 from strategies.validation import check_choice, check_count, check_positive, check_probability
 
 __all__ = [
@@ -125,9 +126,6 @@ class EmbeddingDP(Mechanism):
     vertical = True
     #: Whose count bounds privacy.delta (:func:`~strategies.mechanisms.base.delta_refusal`): the training records.
     delta_population = "records"
-    honours = BUDGET | DELTA_CHECK | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities", "split.embedding_dim",
-                        "split.encoder_layers", "split.head_layers", "split.dropout", "split.similarity_weight",
-                        "split.calibration", "split.mc_samples", "split.clean_inference", "split.risk_layer"}
     refusals = {
         "data.dictionary": "has no effect on strategy 'split', whose sites have no private set-up",
         "resume.from": "is not offered for strategy 'split': a split run keeps each site's encoder in that site's node "

@@ -1,8 +1,10 @@
 r"""Weight perturbation at a site before upload: NbAFL, LS-ADP and ROW-DP (the mechanism objects).
 
-:class:`WeightPerturbation` is the mechanism of the strategies ``nbafl``, ``ls_adp`` and
-``row_dp``: checks, accounting, ledger entry, assumptions, manifest, and the noise calibration
-(:func:`calibrate_gaussian_noise_multiplier`); this module imports no torch. What a site runs after
+:class:`WeightPerturbation` holds what the strategies ``nbafl``, ``ls_adp`` and ``row_dp`` share:
+checks, accounting, ledger entry, assumptions and manifest; each strategy is one subclass
+(:class:`NbAFL`, :class:`LSADP`, :class:`ROWDP`) that says how its importances are found. The noise
+calibration is :func:`~strategies.mechanisms.schedules.calibrate_gaussian_noise_multiplier`; this module
+imports no torch. What a site runs after
 its local training is :func:`strategies.mechanisms.weight_release.release_weights` (imported by
 :meth:`WeightPerturbation.site_round`): it clips the trained weights, computes the importances
 (LS-ADP: layer sensitivity; ROW-DP: dispersion × magnitude in one random layer), turns them into
@@ -46,67 +48,38 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from abc import abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from strategies.accounting.calibration import calibrate_noise
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
 from strategies.config import ALLOCATIONS, ConfigError, ExperimentConfig
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS, gaussian_constant
-from strategies.mechanisms.base import (
-    DELTA_CHECK,
-    AGGREGATION,
-    BUDGET,
-    HORIZONTAL,
-    LOCAL_TRAINING,
-    SERVER_OPTIMIZER,
-    Manifest,
-    LocalUpdateMechanism,
-    ReleasedValue,
-    SiteSetUp,
-    SiteUpdate,
-    record_level_closing,
-    update_release,
-)
-from strategies.validation import check_choice, check_count, check_positive, check_probability
+from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, record_level_closing, update_release
+from strategies.mechanisms.schedules import calibrate_gaussian_noise_multiplier
 
-__all__ = [
-    "ALLOCATIONS",
-    "WEIGHT_PERTURBATION",
-    "WeightPerturbation",
-    "calibrate_gaussian_noise_multiplier",
-]
-
-#: The strategies that perturb weights before upload.
-WEIGHT_PERTURBATION: tuple[str, ...] = ("nbafl", "ls_adp", "row_dp")
-
-
-def calibrate_gaussian_noise_multiplier(*, epsilon: float, delta: float, releases: int) -> float:
-    r"""Smallest ``z`` (ε within 1e-6 relative below the target) whose Gaussian RDP over ``releases`` gives ``(ε, δ)``.
-
-    :func:`~strategies.accounting.calibration.calibrate_noise` on :func:`strategies.accounting.rdp.epsilon_gaussian_rounds` (sample rate 1,
-    orders :data:`~strategies.mechanisms.adaptive_dp.AUDIT_RDP_ORDERS`), the accountant the audit
-    uses, so an ``"exact"`` release's ``epsilon_rdp`` is the target up to the tolerance (never
-    above it).
-
-    References
-    ----------
-    Mironov, "Rényi Differential Privacy", CSF 2017 (Gaussian RDP ``α/(2z²)``).
-    """
-    epsilon = check_positive(epsilon, "epsilon")
-    delta = check_probability(delta, "delta")
-    releases = check_count(releases, "releases")
-
-    def spent(z: float) -> float:
-        return epsilon_gaussian_rounds(noise_multiplier=z, rounds=releases, delta=delta, orders=list(AUDIT_RDP_ORDERS))
-
-    return calibrate_noise(spent, epsilon, tolerance=1e-6 * epsilon)
-
+__all__ = ["ALLOCATIONS", "LSADP", "NbAFL", "ROWDP", "WeightPerturbation"]
 
 # --------------------------------------------------------------------------- the mechanism objects
+
+
+def _min_records(cfg: ExperimentConfig, setup: SiteSetUp) -> int:
+    """``m``: ``privacy.min_site_records``, else the smallest record count agreed at set-up."""
+    return cfg.privacy.min_site_records or max(1, int(setup.min_count))
+
+
+def _cumulative(delta: float, noise: Sequence[float]) -> dict[str, float]:
+    """Ledger figures of releases with noise multipliers ``noise`` (one per round) at ``delta``."""
+    inverse_square_sum = sum(1.0 / z**2 for z in noise)
+    constant = gaussian_constant(delta)
+    return {"epsilon": _composed_epsilon(inverse_square_sum, delta),
+            "epsilon_audited_formula": sum(0.0 if math.isinf(z) else constant / z for z in noise),
+            "steps": float(len(noise))}
 
 
 @functools.lru_cache(maxsize=256)
@@ -115,12 +88,35 @@ def _uniform_noise_multiplier(*, epsilon: float, delta: float, exposures: int) -
     return gaussian_constant(delta) * exposures / epsilon
 
 
-class WeightPerturbation(LocalUpdateMechanism):
-    r"""NbAFL, LS-ADP or ROW-DP (strategies ``nbafl``, ``ls_adp``, ``row_dp``): perturb the weights before upload.
+@dataclass
+class ImportanceInputs:
+    """What a site gathers while it trains for its release's importances (nothing for NbAFL).
 
-    Each round a site trains as plain FedAvg does (ROW-DP also records the selected layer's
-    weights after every step), then :func:`~strategies.mechanisms.weight_release.release_weights` clips and perturbs its
-    weights.
+    ``on_step`` runs after every local step; ``evaluate`` is LS-ADP's metric of a network (the site's training
+    loss); ``iterates`` and ``selected_layer`` are ROW-DP's record of the selected layer's weights.
+    """
+
+    on_step: Callable[[], None] | None = None
+    evaluate: Callable[[Any], float] | None = None
+    iterates: list[Any] = field(default_factory=list)
+    selected_layer: int = -1
+
+    def release_arguments(self) -> dict[str, Any]:
+        """The keywords of :func:`~strategies.mechanisms.weight_release.release_weights` they give."""
+        import torch  # the site's numerics: imported only where a site trains
+
+        return {"evaluate": self.evaluate, "iterates": torch.stack(self.iterates) if self.iterates else None,
+                "selected_layer": self.selected_layer}
+
+
+class WeightPerturbation(LocalUpdateMechanism):
+    r"""What NbAFL, LS-ADP and ROW-DP share (strategies ``nbafl``, ``ls_adp``, ``row_dp``): perturb the weights
+    before upload.
+
+    Each round a site trains as plain FedAvg does, gathering what its importances need
+    (:meth:`importance_inputs`), then :func:`~strategies.mechanisms.weight_release.release_weights` clips and
+    perturbs its weights. A subclass per strategy sets :attr:`uniform_budgets` and says how its importances are
+    found (:meth:`importance_inputs`, :meth:`importance_words`).
     ``m`` of the sensitivity ``2C/m`` is ``privacy.min_site_records`` or, if 0, the smallest
     record count agreed at set-up; ``L`` (exposures) is ``federation.rounds``. The privacy spent
     so far composes each round's release, a Gaussian mechanism of noise multiplier ``z_r``
@@ -130,12 +126,16 @@ class WeightPerturbation(LocalUpdateMechanism):
 
     unit = "record"
     adjacencies = ("replace-one",)  # NbAFL's Lemma 1: the sensitivity 2C/m of replacing one record
+    #: True when every weight gets the same budget: nothing about the allocation depends on the site's data.
+    uniform_budgets: bool = False
 
-    def __init__(self, method: str) -> None:
-        self.name = check_choice(method, WEIGHT_PERTURBATION, "method")
-        own = {"nbafl": (), "ls_adp": ("privacy.uniform_mix",), "row_dp": ("privacy.uniform_mix", "privacy.dispersion")}
-        self.honours = (HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | BUDGET | DELTA_CHECK
-                        | {"model.penalty", "privacy.allocation", "privacy.min_site_records", *own[self.name]})
+    def importance_inputs(self, model: Any, data: Any, *, generator: Any, seed: int) -> ImportanceInputs:
+        """What the site gathers for its importances while it trains (called before its local training)."""
+        return ImportanceInputs()
+
+    @abstractmethod
+    def importance_words(self, cfg: ExperimentConfig) -> str:
+        """How the units' budgets are found, in words (the ledger's assumptions)."""
 
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
@@ -144,16 +144,12 @@ class WeightPerturbation(LocalUpdateMechanism):
                 f"run config: strategy '{self.name}' in a deployment needs 'privacy.min_site_records' (m in the "
                 "sensitivity 2C/m, the smallest site's number of training records)")
 
-    def min_records(self, cfg: ExperimentConfig, setup: SiteSetUp) -> int:
-        """``m``: ``privacy.min_site_records``, else the smallest record count agreed at set-up."""
-        return cfg.privacy.min_site_records or max(1, int(setup.min_count))
-
     def _public_noise(self, cfg: ExperimentConfig) -> float | None:
         """This mechanism's noise multiplier per release when it does not depend on the data, else None."""
         privacy, rounds = cfg.privacy, cfg.federation.rounds
         if privacy.allocation == "exact":
             return calibrate_gaussian_noise_multiplier(epsilon=privacy.epsilon, delta=privacy.delta, releases=rounds)
-        if self.name == "nbafl":
+        if self.uniform_budgets:
             return _uniform_noise_multiplier(epsilon=privacy.epsilon, delta=privacy.delta, exposures=rounds)
         return None
 
@@ -162,39 +158,20 @@ class WeightPerturbation(LocalUpdateMechanism):
         import torch  # the site's numerics: imported only where a site trains
 
         from models.training import train_epochs
-        from strategies.mechanisms.weight_release import layer_parameters, release_weights, select_layer
+        from strategies.mechanisms.weight_release import release_weights
 
         privacy, train = cfg.privacy, cfg.train
         public_state = {key: value.detach().clone() for key, value in model.net.state_dict().items()}
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
-        selected, iterates = -1, []
-        on_step = None
-        if self.name == "row_dp":
-            selected = select_layer(model.net, generator)
-            params = layer_parameters(model.net)[selected]
-
-            def on_step() -> None:
-                iterates.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
-
+        inputs = self.importance_inputs(model, data, generator=generator, seed=seed)
         train_epochs(model, data.x, data.time, data.event, epochs=train.local_epochs, batch_size=train.batch_size,
-                     lr=train.lr, weight_decay=train.weight_decay, seed=seed, on_step=on_step,
+                     lr=train.lr, weight_decay=train.weight_decay, seed=seed, on_step=inputs.on_step,
                      proximal_mu=train.proximal_mu)
-        site_loss = None
-        if self.name == "ls_adp":  # LS-ADP's metric p: the model's loss on the site's training part (eval mode)
-            x_t = torch.as_tensor(np.asarray(data.x, dtype=np.float32))
-            time_t = torch.as_tensor(np.asarray(data.time, dtype=np.float64))
-            event_t = torch.as_tensor(np.asarray(data.event, dtype=np.float32))
-
-            def site_loss(net: torch.nn.Module) -> float:
-                net.eval()
-                return float(model.loss(x_t, time_t, event_t, generator=torch.Generator().manual_seed(seed)))
-
         release = release_weights(
             model.net, method=self.name, allocation=privacy.allocation, epsilon=privacy.epsilon, delta=privacy.delta,
-            clip_norm=privacy.clip_norm, min_site_records=self.min_records(cfg, setup),
-            exposures=cfg.federation.rounds, generator=generator, public_state=public_state, evaluate=site_loss,
-            iterates=torch.stack(iterates) if iterates else None, selected_layer=selected,
-            dispersion_measure=privacy.dispersion, uniform_mix=privacy.uniform_mix,
+            clip_norm=privacy.clip_norm, min_site_records=_min_records(cfg, setup),
+            exposures=cfg.federation.rounds, generator=generator, public_state=public_state,
+            dispersion_measure=privacy.dispersion, uniform_mix=privacy.uniform_mix, **inputs.release_arguments(),
         )
         state = dict(state or {"inverse_square_sum": 0.0, "formula_sum": 0.0, "steps": 0})
         state["inverse_square_sum"] += 1.0 / release.noise_multiplier**2
@@ -211,20 +188,12 @@ class WeightPerturbation(LocalUpdateMechanism):
     def report_keys(self, cfg: ExperimentConfig) -> tuple[str, ...]:
         return ("epsilon", "epsilon_audited_formula", "noise_multiplier", "steps")
 
-    def _cumulative(self, cfg: ExperimentConfig, noise: Sequence[float]) -> dict[str, float]:
-        """Ledger figures of releases with noise multipliers ``noise`` (one per round)."""
-        inverse_square_sum = sum(1.0 / z**2 for z in noise)
-        constant = gaussian_constant(cfg.privacy.delta)
-        return {"epsilon": _composed_epsilon(inverse_square_sum, cfg.privacy.delta),
-                "epsilon_audited_formula": sum(0.0 if math.isinf(z) else constant / z for z in noise),
-                "steps": float(len(noise))}
-
     def expected_report(self, cfg: ExperimentConfig, *, setup: SiteSetUp,
                         previous: Sequence[Mapping[str, float] | None]) -> dict[str, float]:
         z = self._public_noise(cfg)
         if z is None:  # data-dependent noise (LS-ADP / ROW-DP paper allocation): only the count of releases
             return {"steps": float(len(previous) + 1)}
-        return {"noise_multiplier": z, **self._cumulative(cfg, [z] * (len(previous) + 1))}
+        return {"noise_multiplier": z, **_cumulative(cfg.privacy.delta, [z] * (len(previous) + 1))}
 
     def verify(self, cfg: ExperimentConfig, report: Mapping[str, float], *, setup: SiteSetUp,
                previous: Sequence[Mapping[str, float] | None]) -> str:
@@ -241,7 +210,7 @@ class WeightPerturbation(LocalUpdateMechanism):
                     "the mean budget")
         if any(item is None for item in previous):
             return ""  # an earlier report was refused: the cumulative figures cannot be recomputed
-        expected = self._cumulative(cfg, [item["noise_multiplier"] for item in previous] + [z])
+        expected = _cumulative(cfg.privacy.delta, [item["noise_multiplier"] for item in previous] + [z])
         for key in ("epsilon", "epsilon_audited_formula"):
             if not math.isclose(report[key], expected[key], rel_tol=1e-6, abs_tol=1e-12):
                 return (f"{key} = {report[key]:.6g} does not match {expected[key]:.6g}, recomputed at the server from "
@@ -259,7 +228,7 @@ class WeightPerturbation(LocalUpdateMechanism):
         else:
             noise = []
         if noise:
-            figures = self._cumulative(cfg, noise)
+            figures = _cumulative(cfg.privacy.delta, noise)
             epsilon, formula = figures["epsilon"], figures["epsilon_audited_formula"]
         else:
             epsilon = formula = None
@@ -275,13 +244,7 @@ class WeightPerturbation(LocalUpdateMechanism):
 
     def assumptions(self, cfg: ExperimentConfig) -> tuple[str, ...]:
         privacy, rounds = cfg.privacy, cfg.federation.rounds
-        importance = {
-            "nbafl": "equal budgets for every weight (NbAFL)",
-            "ls_adp": "per-layer budgets from layer sensitivity: each layer perturbed in turn with NbAFL's uniform "
-                      "noise and the change of the site's training loss measured (LS-ADP)",
-            "row_dp": f"one layer drawn at random each round; its weights' budgets from {privacy.dispersion} over the "
-                      "local iterates x final magnitude, other layers equal budgets (ROW-DP)",
-        }[self.name]
+        importance = self.importance_words(cfg)
         if privacy.allocation == "paper":
             allocation = ("allocation 'paper': one clip norm C on all weights, unit budgets averaging to "
                           "epsilon_nominal, NbAFL noise sigma = c L (2C/m) / budget per unit. The release is a "
@@ -308,7 +271,7 @@ class WeightPerturbation(LocalUpdateMechanism):
             f"L = {rounds} exposures (every site may upload in every round); downlink noise sigma_D = 0 because "
             "T <= L sqrt(N)",
             "importance scores are computed from the site's private data (its training loss, its local iterates) and "
-            "are not themselves privatised" if self.name != "nbafl" else
+            "are not themselves privatised" if not self.uniform_budgets else
             "every weight gets the same budget: nothing about the allocation depends on the data",
             "weights whose budget is 0 release the public global value they started from",
             *record_level_closing(cfg, self.manifest(cfg)),
@@ -327,7 +290,69 @@ class WeightPerturbation(LocalUpdateMechanism):
                           "train", public, "functions of the public configuration" if public else
                           "sums over the data-dependent noise multipliers", ("train/site.privacy_state",)),
         ]
-        return self._manifest(cfg, releases)
+        return horizontal_manifest(self, cfg, releases)
+
+
+class NbAFL(WeightPerturbation):
+    """NbAFL (strategy ``nbafl``, Wei et al. 2020): every weight the same budget, so the noise is public."""
+
+    name = "nbafl"
+    uniform_budgets = True
+
+    def importance_words(self, cfg: ExperimentConfig) -> str:
+        return "equal budgets for every weight (NbAFL)"
+
+
+class LSADP(WeightPerturbation):
+    """LS-ADP (strategy ``ls_adp``, Niu et al. 2025): per-layer budgets from the layers' sensitivity, measured on the
+    site's training loss."""
+
+    name = "ls_adp"
+
+    def importance_inputs(self, model: Any, data: Any, *, generator: Any, seed: int) -> ImportanceInputs:
+        """LS-ADP's metric p: the model's loss on the site's training part (eval mode)."""
+        import torch  # the site's numerics: imported only where a site trains
+
+        x_t = torch.as_tensor(np.asarray(data.x, dtype=np.float32))
+        time_t = torch.as_tensor(np.asarray(data.time, dtype=np.float64))
+        event_t = torch.as_tensor(np.asarray(data.event, dtype=np.float32))
+
+        def site_loss(net: torch.nn.Module) -> float:
+            net.eval()
+            return float(model.loss(x_t, time_t, event_t, generator=torch.Generator().manual_seed(seed)))
+
+        return ImportanceInputs(evaluate=site_loss)
+
+    def importance_words(self, cfg: ExperimentConfig) -> str:
+        return ("per-layer budgets from layer sensitivity: each layer perturbed in turn with NbAFL's uniform noise "
+                "and the change of the site's training loss measured (LS-ADP)")
+
+
+class ROWDP(WeightPerturbation):
+    """ROW-DP (strategy ``row_dp``, Niu et al. 2025): one random layer's weights get budgets from the dispersion of
+    their local iterates (``privacy.dispersion``) times their final magnitude."""
+
+    name = "row_dp"
+
+    def importance_inputs(self, model: Any, data: Any, *, generator: Any, seed: int) -> ImportanceInputs:
+        """The selected layer (drawn from ``generator``) and its weights after every local step."""
+        import torch  # the site's numerics: imported only where a site trains
+
+        from strategies.mechanisms.weight_release import layer_parameters, select_layer
+
+        selected = select_layer(model.net, generator)
+        params = layer_parameters(model.net)[selected]
+        inputs = ImportanceInputs(selected_layer=selected)
+
+        def on_step() -> None:
+            inputs.iterates.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
+
+        inputs.on_step = on_step
+        return inputs
+
+    def importance_words(self, cfg: ExperimentConfig) -> str:
+        return (f"one layer drawn at random each round; its weights' budgets from {cfg.privacy.dispersion} over the "
+                "local iterates x final magnitude, other layers equal budgets (ROW-DP)")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,18 +7,8 @@ from typing import Any
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ExperimentConfig
-from strategies.mechanisms.base import (
-    AGGREGATION,
-    HORIZONTAL,
-    LOCAL_TRAINING,
-    SERVER_OPTIMIZER,
-    LocalUpdateMechanism,
-    Manifest,
-    ReleasedValue,
-    SiteSetUp,
-    SiteUpdate,
-    update_release,
-)
+from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, update_release
 
 __all__ = ["NoPrivacy"]
 
@@ -31,7 +21,6 @@ class NoPrivacy(LocalUpdateMechanism):
     unit = "none"
     private = False
     delta_population = ""
-    honours = HORIZONTAL | LOCAL_TRAINING | AGGREGATION | SERVER_OPTIMIZER | {"model.penalty"}
     refusals = {"privacy.epsilon": "cannot be met: strategy 'fedavg' adds no noise (or choose a DP strategy)"}
 
     def site_round(self, model: Any, data: Any, cfg: ExperimentConfig, *, seed: int, state: dict[str, Any] | None,
@@ -56,7 +45,7 @@ class NoPrivacy(LocalUpdateMechanism):
         return ("FedAvg without a privacy mechanism: each site's model update reaches the server in the clear",)
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
-        return self._manifest(cfg, [
+        return horizontal_manifest(self, cfg, [
             update_release(False, "no noise: the trained weights in the clear"),
             ReleasedValue("train_loss", "the mean training loss of the site's last local epoch", "train", False,
                           "computed from the training records without noise", ("train/metrics.train_loss",)),

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.config import ConfigError, ExperimentConfig
-from strategies.mechanisms.base import BUDGET, DELTA_CHECK, PRIVATE_SETUP, Manifest, Mechanism, ReleasedValue, uncovered_sentence
+from strategies.mechanisms.base import Mechanism
+from strategies.mechanisms.manifest import Manifest, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.embedding_dp import RECORD_LEVEL
 from strategies.accounting.private_split import NoisePlan, PrivateSplitPlan, record_epsilon
 
@@ -39,9 +40,6 @@ class PrivateSplitDP(Mechanism):
     vertical = True
     #: Whose count bounds privacy.delta (:func:`~strategies.mechanisms.base.delta_refusal`): the training records.
     delta_population = "records"
-    honours = BUDGET | DELTA_CHECK | PRIVATE_SETUP | {"train.batch_size", "train.lr", "train.weight_decay", "split.modalities",
-                                        "split.embedding_dim", "split.mc_samples", "split.risk_layer", "split.encoder",
-                                        "split.release_noise", "split.fit_share"}
     refusals = {
         **{key: "belongs to strategy 'split' (BVFLMSP): strategy 'private_split' releases each record once, "
                 "calibrated by its own accountant" for key in ("split.calibration", "split.clean_inference")},

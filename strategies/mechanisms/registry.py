@@ -18,7 +18,7 @@ from strategies.mechanisms.central_dp import CentralDP
 from strategies.mechanisms.distributed_dp import DistributedDP
 from strategies.mechanisms.dp_sgd import DPSGD
 from strategies.mechanisms.embedding_dp import EmbeddingDP
-from strategies.mechanisms.nbafl import WeightPerturbation
+from strategies.mechanisms.nbafl import LSADP, ROWDP, NbAFL
 from strategies.mechanisms.none import NoPrivacy
 from strategies.mechanisms.private_split import PrivateSplitDP
 
@@ -26,8 +26,8 @@ __all__ = ["MECHANISMS", "STRATEGIES", "get_mechanism", "horizontal_mechanism"]
 
 #: ``strategy.name`` -> its mechanism.
 MECHANISMS: Mapping[str, Mechanism] = MappingProxyType({mechanism.name: mechanism for mechanism in (
-    NoPrivacy(), DPSGD(), BayesianDP(), DistributedDP(), CentralDP(), WeightPerturbation("nbafl"), WeightPerturbation("ls_adp"),
-    WeightPerturbation("row_dp"), EmbeddingDP(), PrivateSplitDP(),
+    NoPrivacy(), DPSGD(), BayesianDP(), DistributedDP(), CentralDP(), NbAFL(), LSADP(), ROWDP(), EmbeddingDP(),
+    PrivateSplitDP(),
 )})
 #: Every strategy name, in the registry's order.
 STRATEGIES: tuple[str, ...] = tuple(MECHANISMS)

@@ -132,11 +132,11 @@ below the noise, e.g. a calendar year on a range of centuries, is better given a
 
 The budget
 ----------
-The run's set-up noise multiplier is :func:`setup_noise_multiplier` of ``privacy.epsilon``,
+The run's set-up noise multiplier is :func:`~strategies.accounting.setup_budget.setup_noise_multiplier` of ``privacy.epsilon``,
 ``privacy.delta`` and ``privacy.setup_share``: the set-up spends that share of the RDP budget of a
 Gaussian mechanism spending the whole ε, so a larger ε gives finer statistics. A hazard model's
 run also plans a recalibration release after training from the same share
-(``RECALIBRATION_SHARE`` of it; :func:`strategies.mechanisms.base.setup_multiplier`). How often
+(:data:`~strategies.accounting.setup_budget.RECALIBRATION_SHARE` of it; :func:`strategies.mechanisms.setup_share.setup_multiplier`). How often
 a set-up falls back or stops over data sets, budgets and federations:
 ``python -m benchmarks.setup_failures``; how the share was chosen: ``python -m
 benchmarks.setup_share`` (validation splits through the apps).
@@ -155,7 +155,6 @@ import dataclasses
 import functools
 import math
 import operator
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,6 +167,7 @@ from models.data.dictionary import DataDictionary
 from models.data.preprocess import RELATIVE_VARIANCE_FLOOR, Preprocessor, category_keys, is_numeric_feature
 from models.recalibration import EXPONENTS
 from models.time_grid import event_quantile_grid, histogram_survival
+from strategies.accounting.setup_budget import setup_budget_refusal, setup_noise_multiplier
 from strategies.config import ConfigError
 
 __all__ = [
@@ -202,6 +202,7 @@ __all__ = [
     "release_moments",
     "release_ranges",
     "setup_budget_refusal",
+    "setup_noise_multiplier",
     "setup_releases",
     "shared_setup",
     "time_edges",
@@ -239,9 +240,6 @@ RELEASE_WEIGHTS: Mapping[str, float] = {
 #: whose summed count is the most noise standard deviations above 0, if that is at least this many
 #: (pure noise reaches it in a few per cent of histograms); below it a feature column is left out.
 SCAN_THRESHOLD = 4.0
-#: Share of ``privacy.setup_share`` that a hazard model's recalibration release takes (the set-up's
-#: releases get the rest): :func:`recalibration_plan`, :mod:`models.recalibration`.
-RECALIBRATION_SHARE = 0.3
 #: The recalibration's horizons: these quantiles of the agreed follow-up.
 RECALIBRATION_QUANTILES = (0.25, 0.5, 0.75)
 #: The recalibration is planned only where the summed noise of a power sum is at most this share of the
@@ -289,57 +287,6 @@ def time_bins(plan: SetupPlan, count: float, sites: int, *, std: float | None = 
     if std == 0:
         return TIME_BINS_MAX
     return int(np.clip(math.floor(max(count, 0.0) / (TIME_BIN_SIGNAL * std)), TIME_BINS_MIN, TIME_BINS_MAX))
-
-
-def setup_noise_multiplier(*, epsilon: float, delta: float, share: float) -> float:
-    r"""The set-up's noise multiplier :math:`z = z_\varepsilon / \sqrt{s}` for share :math:`s` of the budget.
-
-    :math:`z_\varepsilon` is the noise multiplier of the one Gaussian mechanism that spends
-    :math:`(\varepsilon, \delta)` by itself (RDP, opacus' conversion). The set-up's releases
-    compose to one Gaussian of multiplier :math:`z`, whose RDP :math:`\alpha / (2 z^2)` is
-    exactly :math:`s` times that mechanism's at every order: the share of the RDP (zCDP) budget.
-    A larger ε gives less noise and finer statistics. ``share`` 0 means an exact set-up (returns 0).
-
-    Raises
-    ------
-    ConfigError
-        In one line naming ``privacy.epsilon`` (:func:`setup_budget_refusal`), when ε is at or below
-        the smallest the RDP conversion certifies at δ: no noise would do.
-    """
-    if not 0.0 <= share < 1.0:
-        raise ValueError(f"set-up share must be in [0, 1), got {share!r}")
-    if share == 0.0:
-        return 0.0
-    if refusal := setup_budget_refusal(epsilon=epsilon, delta=delta):
-        raise ConfigError(refusal)
-    return _full_budget_multiplier(float(epsilon), float(delta)) / math.sqrt(share)
-
-
-def setup_budget_refusal(*, epsilon: float, delta: float) -> str:
-    """Why a private set-up cannot be calibrated at ``(epsilon, delta)`` (one line naming the keys), or "".
-
-    The set-up's multiplier comes from the Gaussian mechanism that spends ``(epsilon, delta)`` alone by
-    RDP (:func:`setup_noise_multiplier`); no noise reaches an ε at or below
-    :func:`strategies.accounting.rdp.epsilon_floor` of δ (:func:`strategies.accounting.rdp.floor_refusal`,
-    which the configuration check calls before anything runs).
-    """
-    from strategies.accounting.rdp import floor_refusal
-
-    return floor_refusal(epsilon=epsilon, delta=delta, what=SETUP_ACCOUNTING)
-
-
-#: What the budget refusal says calibrates the set-up (:func:`setup_budget_refusal`).
-SETUP_ACCOUNTING = "the private set-up's RDP accounting"
-
-
-@functools.lru_cache(maxsize=64)
-def _full_budget_multiplier(epsilon: float, delta: float) -> float:
-    from strategies.accounting.rdp import calibrate_noise_multiplier
-
-    with warnings.catch_warnings():  # at a large epsilon the best order is past opacus' grid: z is then a bit larger
-        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        return calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0, steps=1,
-                                          accountant="rdp")
 
 
 def _bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:

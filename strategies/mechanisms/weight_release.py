@@ -44,7 +44,7 @@ from strategies.mechanisms.adaptive_dp import (
     row_dp_budgets,
     row_dp_importance,
 )
-from strategies.mechanisms.nbafl import WEIGHT_PERTURBATION, calibrate_gaussian_noise_multiplier
+from strategies.mechanisms.schedules import WEIGHT_PERTURBATION, calibrate_gaussian_noise_multiplier
 from strategies.validation import check_choice, check_positive
 
 __all__ = [
