@@ -37,7 +37,8 @@ from models.metrics import evaluate_survival
 from models.survival import build_survival_model
 from models.time_grid import make_time_grid
 from simulations.results_file import append_jsonl
-from strategies.mechanisms.dp_sgd import calibrated_noise_multiplier, poisson_schedule
+from strategies.mechanisms.dp_sgd import calibrated_noise_multiplier
+from strategies.mechanisms.schedules import poisson_schedule
 
 DATA_SETS = ("metabric", "gbsg", "whas")
 EPSILONS = (1.0, 10.0)

@@ -71,7 +71,7 @@ from models.training import train_epochs  # noqa: E402
 from simulations.engine import resolve  # noqa: E402
 from strategies.accounting.rdp import calibrate_noise_multiplier, epsilon_from_history  # noqa: E402
 from strategies.mechanisms import setup_statistics as setup  # noqa: E402
-from strategies.mechanisms.dp_sgd import poisson_schedule  # noqa: E402
+from strategies.mechanisms.schedules import poisson_schedule  # noqa: E402
 from strategies.mechanisms.dp_sgd_training import train_epochs_dp  # noqa: E402
 
 SITES = {"flchain": 5, "metabric": 4}

@@ -673,7 +673,7 @@ def _recalibration_terms(message: Message, context: Context) -> tuple[SiteData, 
 def recalibration(message: Message, context: Context) -> Message:
     """The site's noisy recalibration release: power sums of its training records' predicted survival at the
     plan's horizons (:func:`models.recalibration.power_sums`) plus Gaussian noise whose level the site takes
-    from its own run config (:func:`~strategies.mechanisms.base.recalibration_multiplier`), never from the message.
+    from its own run config (:func:`~strategies.mechanisms.setup_share.recalibration_multiplier`), never from the message.
     A strategy with a secure sum refuses it: its sites send these sums through the secure sum only."""
     import numpy as np
 

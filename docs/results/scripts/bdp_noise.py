@@ -17,7 +17,7 @@ from simulations.engine import resolve
 from strategies.accounting.bayesian_dp import calibrate_noise_for_bdp
 from strategies.accounting.rdp import calibrate_noise_multiplier
 from strategies.mechanisms.bdp_training import pilot_distances
-from strategies.mechanisms.dp_sgd import poisson_schedule
+from strategies.mechanisms.schedules import poisson_schedule
 
 _, cfg = resolve({"data.name": "sba", "federation.partition": "region"})
 dataset = task.load_federation(cfg)
