@@ -288,7 +288,8 @@ def test_the_coordinate_median_is_numpys_to_the_bit(sites):
     stacked updates holds each update's arrays flattened in order, converted from float32 as astype does."""
     from flwr.app import Array, ArrayRecord
 
-    from strategies.horizontal import COLUMN_BLOCK, _stacked, coordinate_median
+    from strategies.rounds.robust import COLUMN_BLOCK, coordinate_median
+    from strategies.rounds.robust import stacked as _stacked
 
     rng = np.random.default_rng(sites)
     updates = rng.normal(size=(sites, 2 * COLUMN_BLOCK + 40))  # two whole blocks of columns and part of one
@@ -352,7 +353,8 @@ def test_divergence_is_non_finite_weights_or_an_exploding_norm_and_one_site_cann
     from flwr.app import Array, ArrayRecord
 
     from models.metrics import UNDEFINED_REASONS
-    from strategies.horizontal import RoundRecord, _predictions_diverged, divergence
+    from strategies.horizontal import RoundRecord, divergence
+    from strategies.rounds.evaluation import predictions_diverged as _predictions_diverged
 
     def record(*values):
         return ArrayRecord({"w": Array(np.asarray(values, dtype=np.float32))})
