@@ -1,7 +1,7 @@
 r"""The ServerApp's side of federated Cox regression (``model.name = "coxph"``): Newton-Raphson on the sites' sums.
 
-:func:`run_coxph` takes over from :func:`flwr_app.server_app.run_horizontal` once the sites are named and agree the
-preprocessing (the set-up every horizontal run makes). Then, with the messages of :mod:`flwr_app.cox_messages`
+:func:`run_coxph` takes over from :func:`flwr_app.horizontal_server.run_horizontal` once the sites are named and
+agree the preprocessing (the set-up every horizontal run makes). Then, with the messages of :mod:`flwr_app.cox_messages`
 (answered by :mod:`flwr_app.cox_client`) and the sums of :mod:`models.cox`:
 
 1. ``cox_moments``: the covariates' pooled mean and standard deviation (lifelines standardises every column with

@@ -6,9 +6,12 @@ configuration (the training IDs, the architecture, the embedding noise σ), trai
 with one round trip per batch (:func:`strategies.split.run_split_training`), predicts the test
 records with ``split.mc_samples`` stochastic passes, asks every site to keep its trained encoder
 on its own disk (``split_save``: where its node config sets ``model-dir``), and writes the run's
-outputs (its own part of the model, the fusion head, in ``model.pt``) and privacy ledger. The
-transport is :class:`FlowerSplitTransport`: Flower messages through the grid (Flower's simulation
-engine, the in-process grid of :mod:`simulations.engine`, or a deployment's SuperLink).
+outputs (its own part of the model, the fusion head, in ``model.pt``) and privacy ledger: the
+server program :func:`flwr_app.server_program.run_program` with :class:`SplitRun` plugged in
+(:func:`split_setting`, :func:`opening_line` and :func:`write_bands` are shared with
+:mod:`flwr_app.private_split_server`). The transport is :class:`FlowerSplitTransport`: Flower
+messages through the grid (Flower's simulation engine, the in-process grid of
+:mod:`simulations.engine`, or a deployment's SuperLink).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from flwr_app import interrupt, vertical_task
 from flwr_app import split_messages as wire
+from flwr_app import vertical_task
 from flwr_app.config import ExperimentConfig
 from flwr_app.outputs import RunOutputs
+from flwr_app.server_program import end_of_epoch, run_program
 from models.data.dictionary import DataDictionary
 from models.data.vertical import VerticalTable, align_modalities
 from models.metrics import evaluate_survival, restricted_mean_survival_time
@@ -38,7 +42,7 @@ from models.multimodal_training import MultimodalData, fit_transforms, modality_
 from models.plots import plot_survival_bands
 from strategies.accounting.ledger import PrivacyLedger
 from strategies.config import CENTRALIZED_LABEL, ConfigError
-from strategies.mechanisms.base import delta_refusal
+from strategies.mechanisms.base import Mechanism, delta_refusal
 from strategies.mechanisms.embedding_dp import EmbeddingDP, embedding_epsilon
 from strategies.mechanisms.registry import get_mechanism
 from strategies.accounting.private_split import PrivateSplitPlan
@@ -55,7 +59,8 @@ from strategies.split import (
     run_split_training,
 )
 
-__all__ = ["FlowerSplitTransport", "SplitTransport", "check_sites", "run_vertical"]
+__all__ = ["FlowerSplitTransport", "SplitRun", "SplitSetting", "SplitTransport", "check_sites", "opening_line",
+           "run_vertical", "split_setting", "write_bands"]
 
 
 class SplitTransport(Protocol):
@@ -305,6 +310,64 @@ def _fmt(metrics: Mapping[str, float]) -> str:
     return "  ".join(f"{key} {value:.4f}" for key, value in metrics.items() if math.isfinite(value))
 
 
+@dataclasses.dataclass
+class SplitSetting:
+    """What a split run (``split`` or ``private_split``) agreed with its sites before anything is released: the
+    table with the labels, the modalities (one site each), which records each site holds (``present``), the label
+    holder's split and time grid, and the strategy's mechanism."""
+
+    table: VerticalTable
+    modalities: tuple[str, ...]
+    present: np.ndarray
+    label_info: vertical_task.Labels
+    mechanism: Mechanism
+
+
+def split_setting(cfg: ExperimentConfig, transport: SplitTransport, table: VerticalTable | None,
+                  mechanism_type: type) -> SplitSetting:
+    """Ask the sites what they hold, check one site per modality and the alignment, and refuse a ``privacy.delta``
+    above what the label holder's training records allow (``ConfigError``), before any site releases anything.
+
+    ``table`` holds the labels (default :func:`vertical_task.load_table`); ``mechanism_type``: the class the
+    strategy's mechanism must be.
+    """
+    torch.set_num_threads(cfg.train.num_threads)
+    table = vertical_task.load_table(cfg) if table is None else table
+    modalities = vertical_task.modality_names(cfg, table)
+    held = transport.hello()
+    check_sites(held, modalities)
+    present = align_modalities(table.ids, {name: held[name] for name in modalities})
+    label_info = vertical_task.labels(cfg, table)
+    mechanism = get_mechanism(cfg.strategy)
+    assert isinstance(mechanism, mechanism_type)
+    if refusal := delta_refusal(cfg, mechanism, {"label holder": len(label_info.train_ids)}):
+        raise ConfigError(refusal)  # before any site releases anything
+    return SplitSetting(table, modalities, present, label_info, mechanism)
+
+
+def opening_line(cfg: ExperimentConfig, setting: SplitSetting, outputs: RunOutputs, method: str) -> str:
+    """A split run's first console line; ``method``: what the sites release, and how noisy."""
+    labels = setting.label_info
+    return (f"fedsurv: {cfg.strategy} | {cfg.data.name} ({len(setting.modalities)} modality sites: "
+            f"{', '.join(setting.modalities)}; {len(labels.train_ids)} training / {len(labels.test_ids)} test records, "
+            f"{int((~setting.present).sum())} missing modality entries) | {method} -> {outputs.directory}")
+
+
+def write_bands(cfg: ExperimentConfig, outputs: RunOutputs, label_info: vertical_task.Labels, logits: torch.Tensor,
+                title: str) -> dict[str, Any]:
+    """Score the test records' survival band (``logits``: passes × records × intervals), write it
+    (``survival_bands.npz``, ``survival_bands.png``); return the summary's ``test`` and ``band_width``."""
+    mean, lower, upper = survival_band(logits)
+    ids = [str(i) for i in label_info.test_ids]
+    np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(ids, dtype=str),
+                        cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
+    plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
+                        outputs.directory / "survival_bands.png", labels=ids, title=title,
+                        time_unit=cfg.data.time_unit)
+    return {"test": _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event),
+            "band_width": float((upper - lower).mean())}
+
+
 def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunOutputs, *,
                  table: VerticalTable | None = None, started: float | None = None) -> dict[str, Any]:
     """Train and evaluate the split model over ``transport``; write and return the summary.
@@ -314,58 +377,75 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
     ``data.labels_path`` only); default :func:`vertical_task.load_table`.
     """
     started = time.perf_counter() if started is None else started
-    torch.set_num_threads(cfg.train.num_threads)
-    table = vertical_task.load_table(cfg) if table is None else table
-    modalities = vertical_task.modality_names(cfg, table)
-    held = transport.hello()
-    check_sites(held, modalities)
-    present = align_modalities(table.ids, {name: held[name] for name in modalities})
-    label_info = vertical_task.labels(cfg, table)
-    mechanism = get_mechanism(cfg.strategy)
-    assert isinstance(mechanism, EmbeddingDP)
-    if refusal := delta_refusal(cfg, mechanism, {"label holder": len(label_info.train_ids)}):
-        raise ConfigError(refusal)  # before any embedding leaves a site
-    outputs.write_manifest(mechanism.manifest(cfg).as_dict())
-    noise_multiplier = mechanism.noise_multiplier(cfg, num_modalities=len(modalities),
-                                                  num_train=len(label_info.train_ids))
-    site_configs = {name: vertical_task.site_config(cfg, name, label_info, noise_multiplier) for name in modalities}
-    transport.setup(site_configs)
-    server = vertical_task.server(cfg, modalities, label_info)
-    ledger = PrivacyLedger(outputs.ledger_path)
-    print(f"fedsurv: split | {cfg.data.name} ({len(modalities)} modality sites: {', '.join(modalities)}; "
-          f"{len(label_info.train_ids)} training / {len(label_info.test_ids)} test records, "
-          f"{int((~present).sum())} missing modality entries) | {cfg.model.name} | {cfg.federation.rounds} epochs"
-          + (f" | embedding noise sigma {noise_multiplier:.4g} ({cfg.split.calibration})" if cfg.privacy.enabled
-             else " | no DP") + f" -> {outputs.directory}", flush=True)
+    setting = split_setting(cfg, transport, table, EmbeddingDP)
+    return run_program(SplitRun(cfg, transport, outputs, setting, started), cfg, outputs, started=started)
 
-    completed_epochs = 0
 
-    def on_epoch(epoch: int, info: dict[str, Any]) -> None:
-        nonlocal completed_epochs
-        completed_epochs = epoch + 1
-        for entry in mechanism.ledger_entries(cfg, epoch + 1, info["privacy"], noise_multiplier):
-            ledger.record(entry)
+class SplitRun:
+    """Strategy ``split`` as a :class:`flwr_app.server_program.RunKind`: one round trip per batch for
+    ``federation.rounds`` epochs, then ``split.mc_samples`` prediction passes over the test records."""
+
+    baseline_notice = "training the centralised twin (same network, seeds and embedding mechanism) ..."
+
+    def __init__(self, cfg: ExperimentConfig, transport: SplitTransport, outputs: RunOutputs, setting: SplitSetting,
+                 started: float) -> None:
+        self.cfg, self.transport, self.outputs, self.setting, self.started = cfg, transport, outputs, setting, started
+        self.mechanism: EmbeddingDP = setting.mechanism
+        self.ledger = PrivacyLedger(outputs.ledger_path)
+        self.completed_epochs = 0
+
+    def manifest(self) -> Any:
+        return self.mechanism.manifest(self.cfg)
+
+    def start(self) -> list[str]:
+        """Calibrate the embedding noise and send every site its configuration."""
+        cfg, setting = self.cfg, self.setting
+        self.noise_multiplier = self.mechanism.noise_multiplier(cfg, num_modalities=len(setting.modalities),
+                                                                num_train=len(setting.label_info.train_ids))
+        self.site_configs = {name: vertical_task.site_config(cfg, name, setting.label_info, self.noise_multiplier)
+                             for name in setting.modalities}
+        self.transport.setup(self.site_configs)
+        self.server = vertical_task.server(cfg, setting.modalities, setting.label_info)
+        noise = (f" | embedding noise sigma {self.noise_multiplier:.4g} ({cfg.split.calibration})"
+                 if cfg.privacy.enabled else " | no DP")
+        return [opening_line(cfg, setting, self.outputs, f"{cfg.model.name} | {cfg.federation.rounds} epochs{noise}")]
+
+    def train(self) -> None:
+        """Train, then predict the test records; a site's failure stops the run with the ledger bounding what
+        was released."""
+        cfg = self.cfg
+        try:
+            self.history = run_split_training(self.server, self.transport.exchange, epochs=cfg.federation.rounds,
+                                              batch_size=cfg.train.batch_size, on_epoch=self._on_epoch)
+            self.logits, self.reports = predict_split(self.server, self.transport.predict,
+                                                      list(self.setting.label_info.test_ids),
+                                                      passes=cfg.split.mc_samples, clean=cfg.split.clean_inference)
+        except SplitSiteError as err:
+            raise self._stopped(err) from err
+        for entry in self.mechanism.ledger_entries(cfg, cfg.federation.rounds, self.reports, self.noise_multiplier):
+            self.ledger.record(entry)
+
+    def _on_epoch(self, epoch: int, info: dict[str, Any]) -> None:
+        cfg, label_info = self.cfg, self.setting.label_info
+        self.completed_epochs = epoch + 1
+        for entry in self.mechanism.ledger_entries(cfg, epoch + 1, info["privacy"], self.noise_multiplier):
+            self.ledger.record(entry)
         positions = info["positions"].numpy()
         survival = torch.cumprod(1.0 - torch.sigmoid(info["logits"]), dim=1).numpy()
         train = _metrics(label_info, survival, time_=label_info.train_time[positions],
                          event=label_info.train_event[positions], concordance_td=False)
-        line = {"round": epoch + 1, "train": {"loss": info["loss"], **train}, "privacy": ledger.headline(),
-                "round_trips": transport.round_trips, "elapsed_s": time.perf_counter() - started}
-        outputs.append_metrics(line)
+        line = {"round": epoch + 1, "train": {"loss": info["loss"], **train}, "privacy": self.ledger.headline(),
+                "round_trips": self.transport.round_trips, "elapsed_s": time.perf_counter() - self.started}
         epsilon = line["privacy"]["epsilon"]
-        print(f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
-              f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None else ""),
-              flush=True)
-        interrupt.raise_if_requested(epoch + 1, of=cfg.federation.rounds, directory=outputs.directory,
-                                     resumable=False, unit="epoch")
+        end_of_epoch(cfg, self.outputs, line,
+                     f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
+                     f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None
+                                                                     else ""))
 
-    try:
-        history = run_split_training(server, transport.exchange, epochs=cfg.federation.rounds,
-                                     batch_size=cfg.train.batch_size, on_epoch=on_epoch)
-        logits, reports = predict_split(server, transport.predict, list(label_info.test_ids),
-                                        passes=cfg.split.mc_samples, clean=cfg.split.clean_inference)
-    except SplitSiteError as err:
-        # Every site holds a part of each record: without one the split model cannot go on.
+    def _stopped(self, err: SplitSiteError) -> SplitSiteError:
+        """Record an upper bound of what was released up to ``err`` (every site holds a part of each record:
+        without one the split model cannot go on); the error that stops the run."""
+        cfg, completed_epochs = self.cfg, self.completed_epochs
         training = completed_epochs < cfg.federation.rounds
         during = f"epoch {completed_epochs + 1} of {cfg.federation.rounds}" if training else "prediction"
         # A record is released once per epoch at each site (and a test record once per prediction pass); the
@@ -374,60 +454,60 @@ def run_vertical(cfg: ExperimentConfig, transport: SplitTransport, outputs: RunO
             completed_epochs, 0 if cfg.split.clean_inference else cfg.split.mc_samples)
         note = (f"the run stopped during {during} ({err}): this entry bounds what was released by counting "
                 f"{releases} release(s) of every record at every site")
-        for entry in mechanism.ledger_entries(cfg, min(completed_epochs + 1, cfg.federation.rounds),
-                                     _upper_bound_reports(site_configs, releases), noise_multiplier):
-            ledger.record(dataclasses.replace(entry, assumptions=entry.assumptions + (note,)))
-        raise SplitSiteError(f"{err} (during {during}). The run stops: {outputs.metrics_path.name} in "
-                             f"{outputs.directory} holds epochs 1 to {completed_epochs}, {outputs.ledger_path.name} "
-                             f"the privacy spent up to the failure (an upper bound); no model or summary was "
-                             "written") from err
-    for entry in mechanism.ledger_entries(cfg, cfg.federation.rounds, reports, noise_multiplier):
-        ledger.record(entry)
-    run_token = uuid.uuid4().hex
-    site_models = _save_site_models(transport, run_token)
-    mean, lower, upper = survival_band(logits)
-    test = _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event)
-    headline = {key: value for key, value in ledger.headline().items() if key != "site"}
-    summary: dict[str, Any] = {
-        "test": test,
-        "test_source": f"mean survival of {cfg.split.mc_samples} stochastic passes on the label holder's test split",
-        "band_width": float((upper - lower).mean()),
-        "privacy": headline,
-        "privacy_sites": {name: dict(report) for name, report in sorted(reports.items())},
-        "noise_multiplier": noise_multiplier,
-        "calibration": cfg.split.calibration if cfg.privacy.enabled else None,
-        "strategy": cfg.strategy, "data": {"name": cfg.data.name}, "model": cfg.model.name, "modalities": list(modalities),
-        "epochs": cfg.federation.rounds, "seed": cfg.seed,
-        "batches": history.batches, "round_trips": transport.round_trips,
-        "round_trips_per_batch": transport.round_trips / max(history.batches, 1),
-        "train_loss": history.epoch_loss,
-        "site_models": site_models,
-    }
-    # Tensors, strings and numbers only: models.split_run.load_split_run reads it with torch.load(weights_only=True).
-    torch.save({"fusion_head": server.fusion_head.state_dict(),
-                "cuts": torch.as_tensor(np.asarray(label_info.cuts, dtype=np.float64)), "config": cfg.as_dict(),
-                "modalities": modalities, "run_token": run_token}, outputs.model_path)
-    np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(label_info.test_ids, dtype=str),
-                        cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
-    plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
-                        outputs.directory / "survival_bands.png", labels=[str(i) for i in label_info.test_ids],
-                        title=f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes",
-                        time_unit=cfg.data.time_unit)
-    summary["wall_time_s"] = time.perf_counter() - started
-    if cfg.centralized_baseline:
-        print("training the centralised twin (same network, seeds and embedding mechanism) ...", flush=True)
-        summary["centralized"] = train_centralized_twin(cfg, table, label_info, noise_multiplier)
-    outputs.write_summary(summary)
-    print(f"final test: {_fmt(test)}  (95% band width {summary['band_width']:.4f}; "
-          f"{transport.round_trips} round trips for {history.batches} batches)", flush=True)
-    if headline["epsilon"] is not None:
-        print(f"privacy: epsilon {headline['epsilon']:.4f} at delta {headline['delta']:g} per record over all "
-              f"modalities ({headline['accountant']}; the paper's formula would claim "
-              f"{headline.get('epsilon_nominal', math.nan):.4f} per site; assumptions in ledger.jsonl)", flush=True)
-    if "centralized" in summary:
-        print(f"centralised twin ({CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}", flush=True)
-    print(f"outputs: {outputs.directory}", flush=True)
-    return summary
+        for entry in self.mechanism.ledger_entries(cfg, min(completed_epochs + 1, cfg.federation.rounds),
+                                                   _upper_bound_reports(self.site_configs, releases),
+                                                   self.noise_multiplier):
+            self.ledger.record(dataclasses.replace(entry, assumptions=entry.assumptions + (note,)))
+        outputs = self.outputs
+        return SplitSiteError(f"{err} (during {during}). The run stops: {outputs.metrics_path.name} in "
+                              f"{outputs.directory} holds epochs 1 to {completed_epochs}, {outputs.ledger_path.name} "
+                              f"the privacy spent up to the failure (an upper bound); no model or summary was "
+                              "written")
+
+    def results(self) -> dict[str, Any]:
+        """Ask the sites to keep their encoders; write the fusion head and the test records' survival bands."""
+        cfg, label_info, history = self.cfg, self.setting.label_info, self.history
+        round_trips = self.transport.round_trips
+        run_token = uuid.uuid4().hex
+        site_models = _save_site_models(self.transport, run_token)
+        # Tensors, strings and numbers only: models.split_run.load_split_run reads it with
+        # torch.load(weights_only=True).
+        torch.save({"fusion_head": self.server.fusion_head.state_dict(),
+                    "cuts": torch.as_tensor(np.asarray(label_info.cuts, dtype=np.float64)), "config": cfg.as_dict(),
+                    "modalities": self.setting.modalities, "run_token": run_token}, self.outputs.model_path)
+        bands = write_bands(cfg, self.outputs, label_info, self.logits,
+                            f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes")
+        return {
+            "test": bands["test"],
+            "test_source": f"mean survival of {cfg.split.mc_samples} stochastic passes on the label holder's test "
+                           "split",
+            "band_width": bands["band_width"],
+            "privacy": {key: value for key, value in self.ledger.headline().items() if key != "site"},
+            "privacy_sites": {name: dict(report) for name, report in sorted(self.reports.items())},
+            "noise_multiplier": self.noise_multiplier,
+            "calibration": cfg.split.calibration if cfg.privacy.enabled else None,
+            "strategy": cfg.strategy, "data": {"name": cfg.data.name}, "model": cfg.model.name,
+            "modalities": list(self.setting.modalities), "epochs": cfg.federation.rounds, "seed": cfg.seed,
+            "batches": history.batches, "round_trips": round_trips,
+            "round_trips_per_batch": round_trips / max(history.batches, 1),
+            "train_loss": history.epoch_loss,
+            "site_models": site_models,
+        }
+
+    def centralized(self) -> dict[str, Any]:
+        return train_centralized_twin(self.cfg, self.setting.table, self.setting.label_info, self.noise_multiplier)
+
+    def final_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        headline = summary["privacy"]
+        lines = [f"final test: {_fmt(summary['test'])}  (95% band width {summary['band_width']:.4f}; "
+                 f"{summary['round_trips']} round trips for {summary['batches']} batches)"]
+        if headline["epsilon"] is not None:
+            lines.append(f"privacy: epsilon {headline['epsilon']:.4f} at delta {headline['delta']:g} per record over "
+                         f"all modalities ({headline['accountant']}; the paper's formula would claim "
+                         f"{headline.get('epsilon_nominal', math.nan):.4f} per site; assumptions in ledger.jsonl)")
+        if "centralized" in summary:
+            lines.append(f"centralised twin ({CENTRALIZED_LABEL}) test: {_fmt(summary['centralized']['test'])}")
+        return lines
 
 
 def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: vertical_task.Labels,

@@ -114,34 +114,12 @@ def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) 
     _ray_environment()
     import ray
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    head, log, temp_dir, command, port = _start_head(num_cpus)
     address = f"127.0.0.1:{port}"
-    # Its own temporary directory: `ray start` records the cluster's address in <temp dir>/ray_current_cluster, and a
-    # later ray.init() without an address (a run after the block) would try to connect to the stopped cluster.
-    temp_dir = tempfile.mkdtemp(prefix="fedsurv-ray-")
-    command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
-               f"--num-cpus={num_cpus or os.cpu_count()}", "--include-dashboard=false", "--disable-usage-stats",
-               f"--temp-dir={temp_dir}"]
-    log = tempfile.TemporaryFile()  # not a pipe: an unread pipe could fill up and block the cluster
-    head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     stop = functools.partial(_stop_cluster, head, log, temp_dir)
     atexit.register(stop)  # also when the block is left by an interrupt that ends the program (a Hydra sweep's ^C)
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if head.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"'{' '.join(command)}' exited with {head.returncode}: "
-                                   f"{log.read().decode(errors='replace')[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the Ray cluster at {address} did not start within {start_timeout_s:g} s")
-                time.sleep(0.1)
+        _wait_for_head(head, log, command, port, start_timeout_s)
         ray.init(address=address, include_dashboard=False, log_to_driver=False)  # wait until it takes jobs
         ray.shutdown()
         os.environ["RAY_ADDRESS"] = address
@@ -152,6 +130,41 @@ def ray_cluster(*, num_cpus: int | None = None, start_timeout_s: float = 120.0) 
             ray.shutdown()
         stop()
         atexit.unregister(stop)
+
+
+def _start_head(num_cpus: int | None) -> tuple[subprocess.Popen, Any, str, list[str], int]:
+    """Start ``ray start --head --block`` on a free local port in its own process group; return the process, its
+    log file, its temporary directory, the command and the port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Its own temporary directory: `ray start` records the cluster's address in <temp dir>/ray_current_cluster, and a
+    # later ray.init() without an address (a run after the block) would try to connect to the stopped cluster.
+    temp_dir = tempfile.mkdtemp(prefix="fedsurv-ray-")
+    command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+               f"--num-cpus={num_cpus or os.cpu_count()}", "--include-dashboard=false", "--disable-usage-stats",
+               f"--temp-dir={temp_dir}"]
+    log = tempfile.TemporaryFile()  # not a pipe: an unread pipe could fill up and block the cluster
+    head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return head, log, temp_dir, command, port
+
+
+def _wait_for_head(head: subprocess.Popen, log: Any, command: list[str], port: int, timeout_s: float) -> None:
+    """Wait until the cluster :func:`_start_head` started accepts a connection on ``port``; ``RuntimeError`` (with
+    the end of its log) if it exits first, or if ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if head.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"'{' '.join(command)}' exited with {head.returncode}: "
+                               f"{log.read().decode(errors='replace')[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster at 127.0.0.1:{port} did not start within {timeout_s:g} s")
+            time.sleep(0.1)
 
 
 def _stop_cluster(head: subprocess.Popen, log: Any, temp_dir: str) -> None:

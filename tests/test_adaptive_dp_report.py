@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from flwr_app import task
-from flwr_app.server_app import _evaluate_global, _load_final
+from flwr_app.horizontal_server import _evaluate_global, _load_final
 from simulations.papers.adaptive_dp import PAPER, write_report
 from simulations.engine import resolve
 from simulations.hydra_config import parse_value

@@ -104,7 +104,7 @@ class _Nodes:
 
 def test_a_simulation_with_fewer_supernodes_than_sites_is_refused_naming_the_option():
     from flwr_app.config import ConfigError
-    from flwr_app.server_app import wait_for_sites
+    from flwr_app.server_program import wait_for_sites
 
     with pytest.raises(ConfigError, match='2 SuperNode.*5 sites.*--federation-config "num-supernodes=5"'):
         wait_for_sites(_Nodes(2), 5, simulated=True, settle_s=0.3, timeout_s=30)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flwr_app.config import ConfigError
-from flwr_app.server_app import RunStopped
+from flwr_app.horizontal_server import RunStopped
 from simulations.engine import run_inprocess
 from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE, SITE_KEY
 

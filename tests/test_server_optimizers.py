@@ -22,7 +22,7 @@ from flwr.serverapp import strategy as flower_strategies
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flwr_app.config import PROJECT_ROOT, ConfigError, parse_run_config
-from flwr_app.server_app import RunStopped
+from flwr_app.horizontal_server import RunStopped
 from simulations.engine import run_inprocess
 from strategies import config, server_optimizers
 from strategies.horizontal import SITE_KEY, WEIGHT_KEY

@@ -16,7 +16,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from flwr_app.config import ConfigError
-from flwr_app.server_app import RunStopped
+from flwr_app.horizontal_server import RunStopped
 from simulations.engine import resolve, run_inprocess
 from strategies.arrays import values
 from strategies.horizontal import average_weight, moved_toward
