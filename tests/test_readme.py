@@ -129,10 +129,10 @@ def _run(command: str, cwd: Path, env: dict, timeout: int) -> subprocess.Complet
     return subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _pip_environment(tmp: Path) -> tuple[Path, dict]:
-    """A new virtual environment that sees the installed dependencies (through a .pth file) but not
+def _pip_environment(tmp: Path, name: str) -> tuple[Path, dict]:
+    """A new virtual environment ``name`` that sees the installed dependencies (through a .pth file) but not
     the project: `pip install -e .` must install the project alone and download nothing else."""
-    venv = tmp / "pip-venv"
+    venv = tmp / name
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site_packages = next((venv / "lib").glob("python3*/site-packages"))
     inherited = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
@@ -159,7 +159,7 @@ def readme_run(tmp_path_factory):
             if command in NOT_RUN:
                 continue
             if command.startswith("pip install"):
-                venv, pip_env = _pip_environment(tmp)
+                venv, pip_env = _pip_environment(tmp, f"pip-venv-{len(results)}")
                 results[command] = (_run(command, checkout, pip_env, timeout=600), venv)
             else:
                 results[command] = (_run(command, checkout, env, timeout=900), None)
