@@ -13,7 +13,7 @@ import torch
 from models.optim import Adam
 from models.survival import SurvivalModel
 
-__all__ = ["ProximalTerm", "train_epochs"]
+__all__ = ["ProximalTerm", "train_epochs", "training_tensors"]
 
 
 class ProximalTerm:
@@ -85,7 +85,7 @@ def train_epochs(
     ----------
     Kingma & Ba (2015), ICLR (Adam).
     """
-    tensors = _training_tensors(x, time, event)
+    tensors = training_tensors(x, time, event)
     if epochs < 0 or batch_size < 1 or lr <= 0 or weight_decay < 0:
         raise ValueError(f"invalid epochs={epochs}, batch_size={batch_size}, lr={lr}, weight_decay={weight_decay}")
     generator = torch.Generator().manual_seed(seed)
@@ -103,7 +103,7 @@ def train_epochs(
     return {"loss": epoch_loss, "num_steps": num_steps}
 
 
-def _training_tensors(x: np.ndarray, time: np.ndarray, event: np.ndarray) -> tuple[torch.Tensor, ...]:
+def training_tensors(x: np.ndarray, time: np.ndarray, event: np.ndarray) -> tuple[torch.Tensor, ...]:
     """``x`` (float32), ``time`` (float64) and ``event`` (float32) as tensors; a ValueError unless they are
     (n, p), (n,) and (n,) with n > 0."""
     x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))

@@ -53,7 +53,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from models.losses import logistic_hazard_nll
 from models.optim import Adam
 from models.survival import HazardMLP, HazardModel, SurvivalModel, _discretise_tensor
-from models.training import ProximalTerm
+from models.training import ProximalTerm, training_tensors
 from strategies.mechanisms.schedules import poisson_schedule
 from strategies.validation import check_positive, check_sample_rate
 
@@ -951,13 +951,7 @@ def _training_tensors(
     ``epochs`` not an integer >= 0, ``batch_size`` not an integer >= 1, ``lr <= 0``, ``weight_decay < 0``,
     or a time that is not finite or lies before the model's first cut point.
     """
-    x_t = torch.as_tensor(np.asarray(x, dtype=np.float32))
-    time_t = torch.as_tensor(np.asarray(time, dtype=np.float64))
-    event_t = torch.as_tensor(np.asarray(event, dtype=np.float32))
-    n = x_t.shape[0]
-    if x_t.ndim != 2 or time_t.shape != (n,) or event_t.shape != (n,) or n == 0:
-        raise ValueError(f"need x (n, p), time (n,), event (n,) with n > 0; got {tuple(x_t.shape)}, "
-                         f"{tuple(time_t.shape)}, {tuple(event_t.shape)}")
+    x_t, time_t, event_t = training_tensors(x, time, event)
     if x_t.shape[1] != model.in_features:
         raise ValueError(f"x must have {model.in_features} features, got {x_t.shape[1]}")
     if int(epochs) != epochs or epochs < 0 or int(batch_size) != batch_size or batch_size < 1:
