@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flwr_app.outputs import RunOutputs
 from strategies.config import (
     AUTO,
     DATA_SETS,
@@ -254,8 +255,6 @@ def check_inputs(cfg: ExperimentConfig, frame: pd.DataFrame | None = None) -> No
     from models.data.partition import SCHEMES
 
     if cfg.output_dir or cfg.resume_from:
-        from flwr_app.outputs import RunOutputs
-
         RunOutputs.create(cfg)
     data, federation = cfg.data, cfg.federation
     if not STRATEGIES[cfg.strategy].vertical and data.name in DATASETS:

@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from flwr_app import site_policy, site_store, task
-from flwr_app.site_errors import DELTA_TOO_LARGE, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
+from flwr_app.site_errors import DELTA_TOO_LARGE, NO_SETUP, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
@@ -103,8 +103,6 @@ PRIVACY_STATE = "privacy.state"
 #: In the node state of a rejoined site: the sealed state the server handed back and the rounds it says it charged
 #: after it (a claim: :func:`flwr_app.site_state.restore` checks both).
 RETURNED_STATE = "deployment.returned_state"
-#: Begins the error a site raises when its node state holds no set-up (the server recognises it and sends it again).
-NO_SETUP = "[no set-up]"
 #: A site reporting more training records than this many times the sites' median is refused at set-up.
 MAX_COUNT_RATIO = 100.0
 #: A site whose largest time, or a feature's spread or mean, stands this many times outside the sites' is refused.

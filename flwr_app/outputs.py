@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flwr_app.config import ConfigError, ExperimentConfig
+from strategies.config import ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:
     import torch

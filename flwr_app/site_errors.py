@@ -14,7 +14,7 @@ vocabulary only (:func:`phrases`, :data:`KIND_PHRASES`, :data:`PUBLIC_KEYS`):
   with its key, e.g. ``the column given as data.time_col is not a valid time column``;
 * any other exception: the phrase of its kind (a privacy policy's refusal, a run config the site
   cannot use, a file it cannot read or write, ...);
-* the set-up marker :data:`flwr_app.deployment.NO_SETUP` is kept in front, so that the server
+* the set-up marker :data:`NO_SETUP` is kept in front, so that the server
   recognises a site that lost its set-up and sends it again.
 
 A simulation's sites are the operator's own process (the operator runs the server and every site):
@@ -44,8 +44,8 @@ from flwr.app import Context, Message
 
 from flwr_app.config import DEPLOYED_DATA, ExperimentConfig
 
-__all__ = ["LOG_FILE", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure", "check_column_roles", "deployed",
-           "phrases", "public_text", "sanitised_errors"]
+__all__ = ["LOG_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
+           "check_column_roles", "deployed", "phrases", "public_text", "sanitised_errors"]
 
 #: The site's log of its errors' detail, in its own directory.
 LOG_FILE = "site.log"
@@ -54,6 +54,8 @@ ROLES_DIFFER = "roles differ"
 ROLES_UNDECLARED = "roles undeclared"
 DELTA_TOO_LARGE = "delta too large"
 TEST_SHARE_TOO_LARGE = "test share too large"
+#: Begins the error a site raises when its node state holds no set-up (the server recognises it and sends it again).
+NO_SETUP = "[no set-up]"
 #: Run-config key -> the node-config key in which a site declares it (the keys that decide how it reads its file).
 ROLE_KEYS = {"data.time_col": "data-time-col", "data.event_col": "data-event-col",
              "data.feature_cols": "data-feature-cols", "data.id_col": "data-id-col",
@@ -152,9 +154,7 @@ def _phrase(failure: str, keys: Sequence[str]) -> str:
 
 def public_text(err: BaseException, site: str) -> str:
     """The reply text of ``err`` at the deployed site ``site``: its name, the public phrases of ``err`` and where the
-    detail is; :data:`~flwr_app.deployment.NO_SETUP` in front of an error that begins with it."""
-    from flwr_app.deployment import NO_SETUP
-
+    detail is; :data:`NO_SETUP` in front of an error that begins with it."""
     if str(err).startswith(NO_SETUP):
         return (f"{NO_SETUP} site '{site}': its node state holds no set-up (its SuperNode restarted, or the set-up "
                 "did not reach it)")

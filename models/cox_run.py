@@ -1,7 +1,7 @@
 """A federated Cox regression run (``model.name = "coxph"``) read back: :class:`CoxRun`.
 
 :func:`models.predict.load_run` (and :func:`fedsurv.fit`) return a :class:`CoxRun` for a ``coxph`` run: everything a
-:class:`~models.predict.SavedRun` does (``predict_survival`` with the federated Breslow baseline, ``risk_score``
+:class:`~models.saved_run.SavedRun` does (``predict_survival`` with the federated Breslow baseline, ``risk_score``
 = the linear predictor, ``score``, ...) and the regression's own figures, read from the run's ``coxph.json``
 (:mod:`flwr_app.cox_server`), in lifelines' terms:
 
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from models.cox import CoxResult, LikelihoodRatioTest
-from models.predict import SavedRun
+from models.saved_run import SavedRun
 
 __all__ = ["COXPH_JSON", "CoxRun"]
 
@@ -34,7 +34,7 @@ COXPH_JSON = "coxph.json"
 
 @dataclass(frozen=True)
 class CoxRun(SavedRun):
-    """A ``coxph`` run: a :class:`~models.predict.SavedRun` with the fitted regression's figures.
+    """A ``coxph`` run: a :class:`~models.saved_run.SavedRun` with the fitted regression's figures.
 
     Coefficients are per unit of the user's columns (a numeric column's raw unit; a categorical column's level
     against its reference level, :attr:`references`). ``fit``: the run's ``coxph.json``.

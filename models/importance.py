@@ -20,14 +20,14 @@ import numpy as np
 import pandas as pd
 
 from models.data.datasets import read_frame
+from models.data.validate import checked_outcomes
 from models.metrics import evaluate_survival
-from models.predictions import CurvePredictions, checked_outcomes
 
 __all__ = ["permutation_importance"]
 
 
 def permutation_importance(
-    run: CurvePredictions, records: pd.DataFrame | str | Path, *, n_repeats: int = 5, seed: int = 0,
+    run: Any, records: pd.DataFrame | str | Path, *, n_repeats: int = 5, seed: int = 0,
     columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """The drop in Harrell's C and the rise in the IBS when each feature column of ``records`` is shuffled.
@@ -41,7 +41,7 @@ def permutation_importance(
     Parameters
     ----------
     run
-        A trained run (:class:`models.predict.SavedRun`, :class:`models.split_run.SplitRun`).
+        A trained run (:class:`models.saved_run.SavedRun`, :class:`models.split_run.SplitRun`).
     records
         One frame (or CSV/Parquet path) of raw records with the run's input columns and the outcome
         columns ``run.outcome``.
@@ -62,7 +62,7 @@ def permutation_importance(
     ValueError
         For ``n_repeats < 1``, or a column that is not an input column of the run.
     models.data.DataValidationError
-        For records without usable outcomes (:func:`models.predictions.checked_outcomes`).
+        For records without usable outcomes (:func:`models.data.validate.checked_outcomes`).
     """
     if int(n_repeats) < 1:
         raise ValueError(f"n_repeats must be at least 1, got {n_repeats!r}")

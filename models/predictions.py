@@ -1,6 +1,6 @@
 """What every trained run offers on raw records, built on its survival curves: :class:`CurvePredictions`.
 
-A horizontal run (:class:`models.predict.SavedRun`) and a split run
+A horizontal run (:class:`models.saved_run.SavedRun`) and a split run
 (:class:`models.split_run.SplitRun`) each say how they predict survival curves and a risk score,
 and where the outcomes of labelled records are; the cumulative hazard, survival-time percentiles,
 scores, calibration and plots follow here, once for both.
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from models.data.validate import DataValidationError, event_problems
+from models.data.validate import checked_outcomes
+from models.importance import permutation_importance as _permutation_importance
 from models.metrics import evaluate_survival, kaplan_meier_curves, km_null_check, km_null_warning
 
 __all__ = ["CurvePredictions", "checked_outcomes"]
@@ -150,29 +150,5 @@ class CurvePredictions(ABC):
         """The drop in Harrell's C and the rise in the IBS on labelled ``records`` when each input column is
         shuffled: mean and std over ``n_repeats``, most important first (a frame; the computation and its
         contract: :func:`models.importance.permutation_importance`)."""
-        from models.importance import permutation_importance
+        return _permutation_importance(self, records, n_repeats=n_repeats, seed=seed)
 
-        return permutation_importance(self, records, n_repeats=n_repeats, seed=seed)
-
-
-def checked_outcomes(frame: pd.DataFrame, outcome: tuple[str, str],
-                     event_values: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """The frame's time and event columns: finite times, events 0/1 (or, with ``event_values``, the run's
-    ``data.event_values``: an event where the column holds one of them, read as in training), else one line naming
-    the columns."""
-    missing = [column for column in outcome if column not in frame.columns]
-    if missing:
-        raise DataValidationError(f"labelled records: no outcome column(s) {', '.join(map(repr, missing))}")
-    time = pd.to_numeric(frame[outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
-    if event_values:
-        event, _ = event_problems(frame[outcome[1]], source="labelled records", column=outcome[1],
-                                         event_values=event_values)
-        event = np.where(frame[outcome[1]].isna().to_numpy(), np.nan, event)
-    else:
-        event = pd.to_numeric(frame[outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
-    if bad.any():
-        raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "
-                                  f"'{outcome[0]}' or a 0/1 event in '{outcome[1]}' (first: row "
-                                  f"{frame.index[np.argmax(bad)]!r})")
-    return time, event.astype(np.int64)

@@ -23,9 +23,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from models.plots import natural_key
-from simulations.sweep import CENTRALIZED
+from simulations.sweep_table import CENTRALIZED, SETTING_COLUMNS
 
-SETTING_COLUMNS = ["variant", "data", "model", "rounds", "num_sites"]
 METRIC_LABELS = {
     "test_c_index": "test C-index (higher is better)",
     "test_c_index_td": "test time-dependent C-index",

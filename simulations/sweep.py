@@ -78,6 +78,7 @@ from typing import Any
 
 import pandas as pd
 
+from simulations.sweep_table import CENTRALIZED, SETTING_COLUMNS
 from strategies.config import CENTRALIZED_LABEL
 
 STATUS_FILE = "status.json"
@@ -87,10 +88,7 @@ SUMMARY_CSV = "summary.csv"
 FIGURE = "privacy_utility.png"
 BY_SETTING_FIGURE = "by_setting.png"
 CLAIMS_DIR = ".claims"
-CENTRALIZED = "centralized"
 TEST_METRICS = ("c_index", "c_index_td", "ibs", "inbll")
-# Columns that identify one experimental setting apart from the seed.
-SETTING_COLUMNS = ["variant", "data", "model", "rounds", "num_sites"]
 GROUP_COLUMNS = [*SETTING_COLUMNS, "strategy", "epsilon_target"]
 BASE_COLUMNS = [
     "status", "strategy", "epsilon_target", "epsilon", "epsilon_rdp", "epsilon_classical", "epsilon_nominal",

@@ -1,4 +1,4 @@
-"""BVFLMSP Table 1 baselines (models.baselines) and the table runner (simulations.papers.table1)."""
+"""BVFLMSP Table 1 baselines (simulations.papers.baselines) and the table runner (simulations.papers.table1)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from lifelines import CoxPHFitter
 from lifelines.utils import concordance_index
 
-from models.baselines import (
+from simulations.papers.baselines import (
     METRICS,
     MODELS,
     MULTIMODAL_MODELS,

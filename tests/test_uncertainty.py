@@ -1,4 +1,4 @@
-"""Tests of models.uncertainty: band widths and spreads from stochastic passes, band comparisons, masks."""
+"""Tests of simulations.papers.uncertainty_bands: band widths and spreads from stochastic passes, band comparisons, masks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.multimodal import survival_band
-from models.uncertainty import (
+from simulations.papers.uncertainty_bands import (
     band_widths,
     compare_bands,
     grid_columns,

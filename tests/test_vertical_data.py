@@ -12,7 +12,7 @@ from sksurv.linear_model import CoxPHSurvivalAnalysis
 from sksurv.metrics import concordance_index_censored
 from sksurv.util import Surv
 
-from models.baselines import design_matrix
+from simulations.papers.baselines import design_matrix
 from models.data import DataValidationError
 from models.data.vertical import (
     METABRIC_MODALITIES,

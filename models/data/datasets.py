@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from models.data import sba
 from models.data.files import data_file
+from models.data.sba import FEATURE_COLUMNS, PERIOD_COLUMN, RAW_COLUMNS, sba_records
 from models.data.validate import (
     DUPLICATE_COLUMNS,
     IDENTIFIER,
@@ -458,14 +458,14 @@ def load_sba(path: Path, horizon_months: int, feature_cols: Sequence[str] = (),
     raw = read_frame(path)
     if len(raw) == 0:
         raise DataValidationError(f"{path}: empty file (no data rows)")
-    require_columns(sba.RAW_COLUMNS, list(map(str, raw.columns)), source=str(path))
-    records = sba.sba_records(raw, horizon_months)
+    require_columns(RAW_COLUMNS, list(map(str, raw.columns)), source=str(path))
+    records = sba_records(raw, horizon_months)
     table = table_from_frame(
-        records.drop(columns=[sba.PERIOD_COLUMN]), source=str(path), time_col=OUTCOME_COLUMNS["sba"][0],
+        records.drop(columns=[PERIOD_COLUMN]), source=str(path), time_col=OUTCOME_COLUMNS["sba"][0],
         event_col=OUTCOME_COLUMNS["sba"][1],
-        feature_cols=feature_cols or [c for c in sba.FEATURE_COLUMNS if c not in roles.keys], roles=roles,
+        feature_cols=feature_cols or [c for c in FEATURE_COLUMNS if c not in roles.keys], roles=roles,
     )  # fmt: skip
-    return replace(table, period=records[sba.PERIOD_COLUMN])
+    return replace(table, period=records[PERIOD_COLUMN])
 
 
 def load_table(

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from models.data import sba
 from models.data.datasets import PARQUET_SUFFIXES, ColumnRoles, RawTable, load_table
 from models.data.partition import (
     MIN_SITE_RECORDS,
@@ -24,6 +23,7 @@ from models.data.partition import (
     stratified_split,
 )
 from models.data.preprocess import Preprocessor, category_keys
+from models.data.sba import DEFAULT_OOT_START
 from models.data.validate import DataValidationError, check_site_events
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class FederatedDataset:
 
 def out_of_time_mask(table: RawTable, name: str, oot_start: str) -> np.ndarray | None:
     """Records dated on/after ``oot_start`` (SBA default: 2005-01-01; ``"none"`` disables)."""
-    start = oot_start or (sba.DEFAULT_OOT_START if name == "sba" else "")
+    start = oot_start or (DEFAULT_OOT_START if name == "sba" else "")
     if not start or start.lower() == NO_OOT:
         return None
     if table.period is None:

@@ -448,3 +448,26 @@ def check_same_schema(frames: Mapping[str, pd.DataFrame]) -> None:
     ]
     if problems:
         raise DataValidationError("schema differs across sites:\n" + "\n".join(problems))
+
+
+def checked_outcomes(frame: pd.DataFrame, outcome: tuple[str, str],
+                     event_values: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The frame's time and event columns: finite times, events 0/1 (or, with ``event_values``, the run's
+    ``data.event_values``: an event where the column holds one of them, read as in training), else one line naming
+    the columns."""
+    missing = [column for column in outcome if column not in frame.columns]
+    if missing:
+        raise DataValidationError(f"labelled records: no outcome column(s) {', '.join(map(repr, missing))}")
+    time = pd.to_numeric(frame[outcome[0]], errors="coerce").to_numpy(dtype=np.float64)
+    if event_values:
+        event, _ = event_problems(frame[outcome[1]], source="labelled records", column=outcome[1],
+                                  event_values=event_values)
+        event = np.where(frame[outcome[1]].isna().to_numpy(), np.nan, event)
+    else:
+        event = pd.to_numeric(frame[outcome[1]], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(time) | ~np.isin(event, (0.0, 1.0))
+    if bad.any():
+        raise DataValidationError(f"labelled records: {int(bad.sum())} row(s) without a finite time in "
+                                  f"'{outcome[0]}' or a 0/1 event in '{outcome[1]}' (first: row "
+                                  f"{frame.index[np.argmax(bad)]!r})")
+    return time, event.astype(np.int64)

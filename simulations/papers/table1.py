@@ -1,6 +1,6 @@
 """BVFLMSP Table 1 on a vertical data set: every baseline on every modality and combination.
 
-Runs :func:`models.baselines.fit_evaluate` for every model on every single modality and, for the
+Runs :func:`simulations.papers.baselines.fit_evaluate` for every model on every single modality and, for the
 multimodal models only, every combination of two or more modalities, once per seed (a seed
 drives the train/test split, the validation split, the initialisation and the training). Each
 run appends one row to ``OUT/results.csv`` as soon as it finishes; a rerun skips the rows already
@@ -14,7 +14,7 @@ Usage::
     python -m simulations.papers.table1 --data metabric --seeds 0,1,2,3,4 --out DIR \\
         [--jobs 2] [--epochs 200] [--multimodal-epochs 40] [--lr 0.01] ... [--report-only]
 
-Every field of :class:`models.baselines.BaselineSettings` is an option (``--multimodal-lr``,
+Every field of :class:`simulations.papers.baselines.BaselineSettings` is an option (``--multimodal-lr``,
 ``--patience``, ``--hidden 32,32``, ``--learning-rates nnet_survival=0.001,bayesian_multisurv=0.001``, ...).
 
 References
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from models.baselines import METRICS, MODELS, UNIMODAL_MODELS, BaselineSettings, fit_evaluate
+from simulations.papers.baselines import METRICS, MODELS, UNIMODAL_MODELS, BaselineSettings, fit_evaluate
 from models.data.vertical import BUILT_IN_VERTICAL, VerticalTable, load_vertical, split_train_test
 from simulations.results_file import append_runs
 
@@ -222,7 +222,7 @@ _PARSERS = {"hidden": _int_tuple, "learning_rates": _learning_rates}
 
 def _settings_options(parser: argparse.ArgumentParser) -> None:
     """One option per field of :class:`BaselineSettings` (``--multimodal-lr``, ``--hidden 32,32``, ...)."""
-    group = parser.add_argument_group("baseline settings (models.baselines.BaselineSettings)")
+    group = parser.add_argument_group("baseline settings (simulations.papers.baselines.BaselineSettings)")
     for field in dataclasses.fields(BaselineSettings):
         default = field.default
         kind = _PARSERS.get(field.name, type(default))

@@ -4,7 +4,7 @@ For every seed: split the records (label holder's stratified split), train the c
 BayesianMultisurv on every modality, and for every modality ``k`` (a) predict with ``k`` masked
 in the presence mask ("masked at prediction") and (b) train the same architecture, from the same
 seeds, on the other modalities ("trained without"). Each model gives ``--passes`` stochastic
-passes over the test records; :mod:`models.uncertainty` turns them into 95% band widths.
+passes over the test records; :mod:`simulations.papers.uncertainty_bands` turns them into 95% band widths.
 
 Usage::
 
@@ -16,7 +16,7 @@ Writes into ``OUT/<data>/``:
 * ``runs.csv``: one row per (seed, setup, modality): test C-index and IBS of the mean curve,
   mean band width over the grid and at the early / middle / late times (25 / 50 / 75 % quantiles
   of the training event times), the noise-to-signal ratio on the logit scale
-  (:func:`models.uncertainty.noise_to_signal`), and against the same seed's full model: width
+  (:func:`simulations.papers.uncertainty_bands.noise_to_signal`), and against the same seed's full model: width
   difference, ratio and share of records whose band widened;
 * ``summary.csv`` and ``summary.json``: mean ± std over seeds of every column, the number of
   seeds whose band widened, and (JSON) the settings and the mean width at every grid time;
@@ -64,7 +64,7 @@ from models.multimodal_training import (
     train_multisurv,
 )
 from models.time_grid import make_time_grid
-from models.uncertainty import (
+from simulations.papers.uncertainty_bands import (
     compare_bands,
     mask_modality,
     noise_to_signal,
