@@ -1,7 +1,9 @@
 r"""The ServerApp's side of federated Cox regression (``model.name = "coxph"``): Newton-Raphson on the sites' sums.
 
-:func:`run_coxph` takes over from :func:`flwr_app.horizontal_server.run_horizontal` once the sites are named and
-agree the preprocessing (the set-up every horizontal run makes). Then, with the messages of :mod:`flwr_app.cox_messages`
+:class:`CoxphRun` is the run kind (:class:`flwr_app.server_program.RunKind`) that
+:func:`flwr_app.horizontal_server.run_horizontal` plugs into the one server program
+(:func:`flwr_app.server_program.run_program`) once the sites are named and agree the preprocessing (the set-up every
+horizontal run makes), in place of the FedAvg rounds. Then, with the messages of :mod:`flwr_app.cox_messages`
 (answered by :mod:`flwr_app.cox_client`) and the sums of :mod:`models.cox`:
 
 1. ``cox_moments``: the covariates' pooled mean and standard deviation (lifelines standardises every column with
@@ -34,7 +36,7 @@ public grid, from which it computes the Newton terms, the sandwich's broadcast a
 Kaplan-Meier curve as in the clear), and a site failing or dropping out of it stops the run naming that site.
 
 With ``strategy.name = dp_sgd`` / ``distributed_dp`` the fit is the private grouped-time model instead
-(:func:`run_private_coxph`: :mod:`models.grouped_cox` over messages, no predictions).
+(:class:`PrivateCoxphRun`: :mod:`models.grouped_cox` over messages, no predictions).
 
 Outputs, beside the usual ``config.json``, ``manifest.json`` (every value a site sends, none covered by any ε),
 ``ledger.jsonl``, ``metrics.jsonl`` (one line per Newton evaluation, one for the evaluation), ``model.pt`` and
@@ -46,7 +48,9 @@ columns, one row per covariate).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -109,9 +113,10 @@ from strategies.horizontal import (
     site_metrics,
     weighted_nanmean,
 )
+from strategies.mechanisms.manifest import Manifest
 from strategies.replies import error_message
 
-__all__ = ["COXPH_JSON", "COXPH_SUMMARY", "CoxSiteError", "run_coxph"]
+__all__ = ["COXPH_JSON", "COXPH_SUMMARY", "CoxSetup", "CoxSiteError", "CoxphRun", "PrivateCoxphRun", "cox_run"]
 
 #: The fit's figures (JSON) and lifelines' summary table (CSV) in the run's directory.
 COXPH_JSON = "coxph.json"
@@ -512,59 +517,101 @@ def _table(fit: CoxFit) -> dict[str, Any]:
     }
 
 
-def run_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, survival: SurvivalFedAvg,
-              model: SurvivalModel, dataset: FederatedDataset | None, spec: task.SiteSpec,
-              left_out: Mapping[int, str], notes: tuple[str, ...], started: float) -> None:
-    """Fit, evaluate and write a ``coxph`` run; ``survival`` has named the sites (its ``node_sites``) and serves the
-    Breslow and evaluation messages; ``grid`` reaches the sites that take part only. A private run (``dp_sgd``,
-    ``distributed_dp``) is :func:`run_private_coxph`'s."""
-    if cfg.strategy != "fedavg":
-        return run_private_coxph(cfg, grid, outputs, survival=survival, spec=spec, left_out=left_out, notes=notes,
-                                 started=started)
-    design = CoxDesign.from_preprocessor(spec.preprocessor)
-    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
-                   secure=cfg.cox.secure_sum, p=design.p, colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
-    manifest = coxph_manifest(cfg)
-    outputs.write_manifest(manifest.as_dict())
-    _announce(cfg, len(sites.nodes), design.p, outputs, left_out, notes)
-    fit = fit_coxph(cfg, sites, design, np.asarray(spec.cuts, dtype=np.float64), outputs, started)
-    ledger = PrivacyLedger(outputs.ledger_path)
-    ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none", adjacency="n/a",
-                                accountant="none", epsilon=None, delta=None,
-                                assumptions=(SECURE_NO_NOISE.format(seen=secure_seen(cfg)) if cfg.cox.secure_sum
-                                             else NO_PRIVACY, *notes))
-                    for _, name in sites.nodes))
-    evaluation = _evaluate_fit(cfg, grid, survival, model, design, fit, dataset)
-    fit.result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
-    write_json(outputs.directory / COXPH_JSON, _table(fit))
-    record = evaluation.record
-    outputs.append_metrics({"round": fit.newton_calls + 1, "phase": "evaluate", "global_test": evaluation.test,
-                            "sites": site_metrics(record) if record else {},
-                            "failures": record.failures if record else [],
-                            "elapsed_s": time.perf_counter() - started})
-    summary = _summary(cfg, fit, design, evaluation, spec, sites=[name for _, name in sites.nodes],
-                       privacy={**{key: value for key, value in ledger.headline().items() if key != "site"},
-                                "uncovered": [release.value for release in manifest.uncovered]},
-                       left_out=left_out, started=started)
-    outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(), baseline=survival.baseline,
-                       preprocessing=task.preprocessing(cfg, spec), exponents=None)
-    if cfg.server_evaluation and dataset is not None and not evaluation.diverged and holds_test_part(cfg.data):
-        from models.plots import plot_survival_vs_km
+class CoxphRun:
+    """A ``coxph`` run (``strategy.name = fedavg``) as a :class:`flwr_app.server_program.RunKind`: Newton-Raphson on
+    the sites' sums (:func:`fit_coxph`), then the fitted model's Breslow baseline and test figures, written with its
+    tables; its centralised baseline is the same fit in one process (:func:`_centralised`).
 
-        summary["calibration"] = task.calibration(model, dataset)
-        summary["km_null"] = km_null_check(evaluation.test.get("ibs", math.nan),
-                                           summary["calibration"]["ibs_km_null"])
-        plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}",
-                            time_unit=cfg.data.time_unit)
-    if cfg.centralized_baseline and dataset is not None:
-        summary["centralized"] = _centralised(cfg, dataset, fit, None if cfg.cox.strata == "site" else
-                                              _grid_of(fit, cfg, dataset, spec), [name for _, name in sites.nodes])
-    outputs.write_summary(summary)
-    _print(cfg, fit, evaluation.test, evaluation.test_source, summary, outputs)
+    ``survival`` has named the sites (its ``node_sites``) and serves the Breslow and evaluation messages; ``grid``
+    reaches the sites that take part only."""
+
+    baseline_notice = "fitting the same Cox model in one process on the pooled training records ..."
+
+    def __init__(self, cfg: ExperimentConfig, outputs: RunOutputs, grid: Grid, survival: SurvivalFedAvg,
+                 setup: CoxSetup, started: float) -> None:
+        self.cfg, self.outputs, self.grid, self.survival, self.setup, self.started = (cfg, outputs, grid, survival,
+                                                                                      setup, started)
+        self.design = CoxDesign.from_preprocessor(setup.spec.preprocessor)
+        self.sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s,
+                            directory=str(outputs.directory), secure=cfg.cox.secure_sum, p=self.design.p,
+                            colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
+        self.names = [name for _, name in self.sites.nodes]
+
+    def manifest(self) -> Manifest:
+        return coxph_manifest(self.cfg)
+
+    def start(self) -> list[str]:
+        return _announce(self.cfg, len(self.names), self.design.p, self.outputs, self.setup)
+
+    def train(self) -> None:
+        cfg = self.cfg
+        self.fit = fit_coxph(cfg, self.sites, self.design, np.asarray(self.setup.spec.cuts, dtype=np.float64),
+                             self.outputs, self.started)
+        self.ledger = PrivacyLedger(self.outputs.ledger_path)
+        statement = SECURE_NO_NOISE.format(seen=secure_seen(cfg)) if cfg.cox.secure_sum else NO_PRIVACY
+        self.ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none",
+                                         adjacency="n/a", accountant="none", epsilon=None, delta=None,
+                                         assumptions=(statement, *self.setup.notes)) for name in self.names))
+
+    def results(self) -> dict[str, Any]:
+        cfg, outputs, fit, model, dataset = self.cfg, self.outputs, self.fit, self.setup.model, self.setup.dataset
+        evaluation = _evaluate_fit(cfg, self.grid, self.survival, model, self.design, fit, dataset)
+        fit.result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
+        write_json(outputs.directory / COXPH_JSON, _table(fit))
+        record = evaluation.record
+        outputs.append_metrics({"round": fit.newton_calls + 1, "phase": "evaluate", "global_test": evaluation.test,
+                                "sites": site_metrics(record) if record else {},
+                                "failures": record.failures if record else [],
+                                "elapsed_s": time.perf_counter() - self.started})
+        summary = _summary(cfg, fit, self.design, evaluation, self.setup.spec, sites=self.names,
+                           privacy={**{key: value for key, value in self.ledger.headline().items() if key != "site"},
+                                    "uncovered": [release.value for release in self.manifest().uncovered]},
+                           left_out=self.setup.left_out)
+        outputs.save_model(model.net.state_dict(), model=cfg.model.name, config=cfg.as_dict(),
+                           baseline=self.survival.baseline, preprocessing=task.preprocessing(cfg, self.setup.spec),
+                           exponents=None)
+        if cfg.server_evaluation and dataset is not None and not evaluation.diverged and holds_test_part(cfg.data):
+            from models.plots import plot_survival_vs_km
+
+            summary["calibration"] = task.calibration(model, dataset)
+            summary["km_null"] = km_null_check(evaluation.test.get("ibs", math.nan),
+                                               summary["calibration"]["ibs_km_null"])
+            plot_survival_vs_km(model, dataset, outputs.plot_path, title=f"coxph on {cfg.data.name}",
+                                time_unit=cfg.data.time_unit)
+        return summary
+
+    def centralized(self) -> dict[str, Any]:
+        cfg, dataset = self.cfg, self.setup.dataset
+        grid = None if cfg.cox.strata == "site" else _grid_of(self.fit, cfg, dataset, self.setup.spec)
+        return _centralised(cfg, dataset, self.fit, grid, self.names)
+
+    def final_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        return _final_lines(self.cfg, self.fit, summary)
 
 
-def _announce(cfg: ExperimentConfig, num_sites: int, p: int, outputs: RunOutputs, left_out: Mapping[int, str],
-              notes: tuple[str, ...]) -> None:
+@dataclass(frozen=True)
+class CoxSetup:
+    """What the horizontal set-up agreed for a Cox fit: the model (a linear network on the agreed preprocessing),
+    the pooled data (a simulation's only), the preprocessing and time grid (``spec``), the nodes left out (node ID
+    -> why) and the set-up's console notes."""
+
+    model: SurvivalModel
+    dataset: FederatedDataset | None
+    spec: task.SiteSpec
+    left_out: Mapping[int, str]
+    notes: tuple[str, ...]
+
+
+def cox_run(cfg: ExperimentConfig, outputs: RunOutputs, grid: Grid, survival: SurvivalFedAvg, setup: CoxSetup,
+            started: float) -> CoxphRun | PrivateCoxphRun:
+    """The run kind of a ``coxph`` run: :class:`CoxphRun`, or :class:`PrivateCoxphRun` for ``dp_sgd`` and
+    ``distributed_dp``."""
+    if cfg.strategy == "fedavg":
+        return CoxphRun(cfg, outputs, grid, survival, setup, started)
+    return PrivateCoxphRun(cfg, outputs, grid, survival, setup, started)
+
+
+def _announce(cfg: ExperimentConfig, num_sites: int, p: int, outputs: RunOutputs, setup: CoxSetup) -> list[str]:
     """The run's first console lines: what is fitted, on what, by which sums; the set-up's notes."""
     where = f"{num_sites} sites' own files" if cfg.data.deployed else (
         f"{num_sites} sites, partition '{cfg.federation.partition}'")
@@ -573,11 +620,9 @@ def _announce(cfg: ExperimentConfig, num_sites: int, p: int, outputs: RunOutputs
                                   "the sites' exact sums")
     if cfg.strategy != "fedavg":
         how = f"private grouped-time fit on the sites' noisy sums ({cfg.strategy}, epsilon {cfg.privacy.epsilon:g})"
-    print(f"fedsurv: coxph ({strata}; {how}) | {cfg.data.name} ({where}"
-          f"{f', {len(left_out)} left out' if left_out else ''}) | {p} covariates -> {outputs.directory}",
-          flush=True)
-    for note in notes:
-        print(note, flush=True)
+    left_out = f", {len(setup.left_out)} left out" if setup.left_out else ""
+    return [f"fedsurv: coxph ({strata}; {how}) | {cfg.data.name} ({where}{left_out}) | {p} covariates -> "
+            f"{outputs.directory}", *setup.notes]
 
 
 @dataclass(frozen=True)
@@ -644,8 +689,8 @@ def _key_figures(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, test: Ma
 
 
 def _summary(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, evaluation: _Evaluation, spec: task.SiteSpec, *,
-             sites: list[str], privacy: dict[str, Any], left_out: Mapping[int, str], started: float) -> dict[str, Any]:
-    """``summary.json`` of a ``coxph`` run, but for the calibration and the in-process reference."""
+             sites: list[str], privacy: dict[str, Any], left_out: Mapping[int, str]) -> dict[str, Any]:
+    """``summary.json`` of a ``coxph`` run, but for the calibration, the in-process reference and the wall time."""
     record, sites_test = evaluation.record, evaluation.sites_test
     summary: dict[str, Any] = {
         "test": evaluation.test, "test_source": evaluation.test_source,
@@ -656,7 +701,7 @@ def _summary(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, evaluation: 
                                                       "model_inputs": list(spec.preprocessor.feature_names),
                                                       "covariates": list(design.names)}},
         "model": cfg.model.name, "coxph": _key_figures(cfg, fit, design, evaluation.test), "num_sites": len(sites),
-        "rounds": fit.newton_calls, "seed": cfg.seed, "wall_time_s": time.perf_counter() - started,
+        "rounds": fit.newton_calls, "seed": cfg.seed,
     }
     if left_out:
         summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
@@ -683,35 +728,36 @@ def _not_converged(cfg: ExperimentConfig, result: cox.CoxResult) -> str:
             "without events) or two covariates be collinear; set cox.penalizer > 0 or drop or merge them")
 
 
-def _print(cfg: ExperimentConfig, fit: CoxFit, test: Mapping[str, float], test_source: str,
-           summary: Mapping[str, Any], outputs: RunOutputs) -> None:
+def _final_lines(cfg: ExperimentConfig, fit: CoxFit, summary: Mapping[str, Any]) -> list[str]:
     """The end of the run's console output: lifelines' print_summary, the reference levels, the PH test, the test
-    figures."""
+    figures, the in-process reference's agreement and what no ε covers."""
     result = fit.result
-    print(f"Newton-Raphson: {result.steps} steps ({fit.newton_calls} queries to every site)"
-          + ("" if result.converged else f", NOT CONVERGED: {_not_converged(cfg, result)}"), flush=True)
-    result.print_summary()
+    lines = [f"Newton-Raphson: {result.steps} steps ({fit.newton_calls} queries to every site)"
+             + ("" if result.converged else f", NOT CONVERGED: {_not_converged(cfg, result)}")]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        result.print_summary()
+    lines += printed.getvalue().splitlines()
     if fit.design.references:
-        print("reference levels: " + ", ".join(f"{column}={level}" for column, level in fit.design.references.items()),
-              flush=True)
+        lines.append("reference levels: " + ", ".join(f"{column}={level}"
+                                                       for column, level in fit.design.references.items()))
     if fit.ph_test is not None:
-        print(f"proportional-hazards test (scaled Schoenfeld residuals, time transform {cfg.cox.ph_test}):", flush=True)
-        print(fit.ph_test.to_string(float_format=lambda v: f"{v:.3f}"), flush=True)
+        lines.append(f"proportional-hazards test (scaled Schoenfeld residuals, time transform {cfg.cox.ph_test}):")
+        lines += fit.ph_test.to_string(float_format=lambda v: f"{v:.3f}").splitlines()
     elif fit.ph_note:
-        print(fit.ph_note, flush=True)
-    shown = "  ".join(f"{key} {value:.4f}" for key, value in test.items()
+        lines.append(fit.ph_note)
+    shown = "  ".join(f"{key} {value:.4f}" for key, value in summary["test"].items()
                       if key in ("c_index", "c_index_td", "ibs", "inbll") and math.isfinite(value))
-    print(f"test ({test_source}): {shown}", flush=True)
+    lines.append(f"test ({summary['test_source']}): {shown}")
     if "km_null" in summary and not summary["km_null"]["below_null"]:
-        print(km_null_warning(summary["km_null"], "the pooled test split"), flush=True)
+        lines.append(km_null_warning(summary["km_null"], "the pooled test split"))
     if "centralized" in summary:
         central = summary["centralized"]
-        print(f"in-process reference on the pooled training records ({central['label']}): max |coef difference| / "
-              f"max(|coef|, se) {central['max_abs_coef_diff_over_se']:.2e}", flush=True)
+        lines.append(f"in-process reference on the pooled training records ({central['label']}): max |coef difference|"
+                     f" / max(|coef|, se) {central['max_abs_coef_diff_over_se']:.2e}")
     if summary.get("diverged"):
-        print(summary["diverged"], flush=True)
-    print(f"not covered by any epsilon: {', '.join(summary['privacy']['uncovered'])} (manifest.json)", flush=True)
-    print(f"outputs: {outputs.directory}", flush=True)
+        lines.append(summary["diverged"])
+    lines.append(f"not covered by any epsilon: {', '.join(summary['privacy']['uncovered'])} (manifest.json)")
+    return lines
 
 
 # ------------------------------------------------------------------ the private fit (dp_sgd, distributed_dp)
@@ -894,63 +940,76 @@ def _private_ledger(run: _PrivateRun, setups: Mapping[str, Any], path: Any, note
 
 
 
-def run_private_coxph(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, survival: SurvivalFedAvg,
-                      spec: task.SiteSpec, left_out: Mapping[int, str], notes: tuple[str, ...], started: float) -> None:
-    """Fit and write a private ``coxph`` run (``dp_sgd``: releases in the clear, each site's full noise;
-    ``distributed_dp``: every release through SecAgg+ as a distributed discrete Gaussian): :func:`fit_private`,
-    then ``manifest.json``, ``ledger.jsonl`` (every site, every release), :data:`COXPH_JSON`, :data:`COXPH_SUMMARY`
-    and ``summary.json`` with ``coxph.privacy``. No predictions (:data:`NO_PREDICTIONS`)."""
-    design = CoxDesign.from_preprocessor(spec.preprocessor)
-    sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
-                   secure=cfg.strategy == "distributed_dp", p=design.p, colluding=cfg.privacy.colluding_sites,
-                   seed=cfg.seed)
-    setups = {name: survival.setups[name] for _, name in sites.nodes}
-    run = _private_run(cfg, sites, spec, setups)
-    manifest = coxph_manifest(cfg, setups[sites.nodes[0][1]])
-    outputs.write_manifest(manifest.as_dict())
-    _announce(cfg, len(sites.nodes), design.p, outputs, left_out, notes)
-    fit, trace, counts = fit_private(run)
-    ledger = _private_ledger(run, setups, outputs.ledger_path, notes)
-    result = _private_result(fit, design, counts)
-    result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
-    table = {"format": 1, "names": list(result.params.index), "coef": result.params.tolist(),
-             "se": result.standard_errors.tolist(), "variance": result.variance.values.tolist(), "alpha": ALPHA,
-             "n": result.n, "events": result.events, "steps": fit.steps, "references": dict(design.references),
-             "theta": fit.theta.tolist(), "grid": run.design.grid.tolist(),
-             "thetas": [theta.tolist() for theta in trace.thetas]}
-    write_json(outputs.directory / COXPH_JSON, table)
-    outputs.append_metrics({"round": len(trace.thetas), "phase": "private fit", "coef": result.params.to_dict(),
-                            "elapsed_s": time.perf_counter() - started})
-    names = [name for _, name in sites.nodes]
-    figures = {"strata": "none", "grid_points": int(run.design.grid.size), "n": result.n, "events": result.events,
-               "covariates": design.p, "steps": fit.steps, "standard_errors": PRIVATE_INTERVALS,
-               "references": dict(design.references), "coef": result.params.to_dict(),
-               "hazard_ratio": result.hazard_ratios.to_dict(), "se": result.standard_errors.to_dict(),
-               "p": result.summary["p"].to_dict(), "privacy": _private_privacy(run, manifest)}
-    summary: dict[str, Any] = {
-        "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
-                    "uncovered": figures["privacy"]["uncovered"]},
-        "strategy": cfg.strategy, "model": cfg.model.name, "coxph": figures, "num_sites": len(names),
-        "data": {"name": cfg.data.name, "features": {"input_columns": list(spec.preprocessor.columns),
-                                                      "covariates": list(design.names)}},
-        "test": {}, "test_source": NO_PREDICTIONS, "predictions": NO_PREDICTIONS, "seed": cfg.seed,
-        "wall_time_s": time.perf_counter() - started}
-    if left_out:
-        summary["left_out"] = {f"node {node}": reason for node, reason in sorted(left_out.items())}
-    outputs.write_summary(summary)
-    _print_private(result, figures, outputs)
+class PrivateCoxphRun:
+    """A private ``coxph`` run (``dp_sgd``: releases in the clear, each site's full noise; ``distributed_dp``: every
+    release through SecAgg+ as a distributed discrete Gaussian) as a :class:`flwr_app.server_program.RunKind`:
+    :func:`fit_private`, then ``ledger.jsonl`` (every site, every release), :data:`COXPH_JSON`,
+    :data:`COXPH_SUMMARY` and ``summary.json`` with ``coxph.privacy``. No predictions (:data:`NO_PREDICTIONS`) and
+    no centralised baseline (``baseline_notice`` is empty). Constructing it plans every release
+    (:func:`_private_run`; a ``distributed_dp`` run whose sites' noise differs is refused there)."""
+
+    baseline_notice = ""
+
+    def __init__(self, cfg: ExperimentConfig, outputs: RunOutputs, grid: Grid, survival: SurvivalFedAvg,
+                 setup: CoxSetup, started: float) -> None:
+        self.cfg, self.outputs, self.setup, self.started = cfg, outputs, setup, started
+        self.design = CoxDesign.from_preprocessor(setup.spec.preprocessor)
+        sites = _Sites(grid, survival.node_sites, timeout=cfg.federation.timeout_s, directory=str(outputs.directory),
+                       secure=cfg.strategy == "distributed_dp", p=self.design.p,
+                       colluding=cfg.privacy.colluding_sites, seed=cfg.seed)
+        self.setups = {name: survival.setups[name] for _, name in sites.nodes}
+        self.run = _private_run(cfg, sites, setup.spec, self.setups)
+
+    def manifest(self) -> Manifest:
+        return coxph_manifest(self.cfg, self.setups[self.run.sites.nodes[0][1]])
+
+    def start(self) -> list[str]:
+        return _announce(self.cfg, len(self.run.sites.nodes), self.design.p, self.outputs, self.setup)
+
+    def train(self) -> None:
+        self.fit, self.trace, self.counts = fit_private(self.run)
+
+    def results(self) -> dict[str, Any]:
+        cfg, design, outputs, fit, run = self.cfg, self.design, self.outputs, self.fit, self.run
+        ledger = _private_ledger(run, self.setups, outputs.ledger_path, self.setup.notes)
+        self.result = result = _private_result(fit, design, self.counts)
+        result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
+        write_json(outputs.directory / COXPH_JSON, {
+            "format": 1, "names": list(result.params.index), "coef": result.params.tolist(),
+            "se": result.standard_errors.tolist(), "variance": result.variance.values.tolist(), "alpha": ALPHA,
+            "n": result.n, "events": result.events, "steps": fit.steps, "references": dict(design.references),
+            "theta": fit.theta.tolist(), "grid": run.design.grid.tolist(),
+            "thetas": [theta.tolist() for theta in self.trace.thetas]})
+        outputs.append_metrics({"round": len(self.trace.thetas), "phase": "private fit",
+                                "coef": result.params.to_dict(), "elapsed_s": time.perf_counter() - self.started})
+        figures = {"strata": "none", "grid_points": int(run.design.grid.size), "n": result.n, "events": result.events,
+                   "covariates": design.p, "steps": fit.steps, "standard_errors": PRIVATE_INTERVALS,
+                   "references": dict(design.references), "coef": result.params.to_dict(),
+                   "hazard_ratio": result.hazard_ratios.to_dict(), "se": result.standard_errors.to_dict(),
+                   "p": result.summary["p"].to_dict(), "privacy": _private_privacy(run, self.manifest())}
+        summary: dict[str, Any] = {
+            "privacy": {**{key: value for key, value in ledger.headline().items() if key != "site"},
+                        "uncovered": figures["privacy"]["uncovered"]},
+            "strategy": cfg.strategy, "model": cfg.model.name, "coxph": figures, "num_sites": len(self.setups),
+            "data": {"name": cfg.data.name, "features": {"input_columns": list(self.setup.spec.preprocessor.columns),
+                                                          "covariates": list(design.names)}},
+            "test": {}, "test_source": NO_PREDICTIONS, "predictions": NO_PREDICTIONS, "seed": cfg.seed}
+        if self.setup.left_out:
+            summary["left_out"] = {f"node {node}": reason for node, reason in sorted(self.setup.left_out.items())}
+        return summary
+
+    def final_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        return _private_lines(self.result, summary["coxph"])
 
 
-def _print_private(result: cox.CoxResult, figures: Mapping[str, Any], outputs: RunOutputs) -> None:
-    """The private run's console summary: the table, the budget and where the outputs are."""
+def _private_lines(result: cox.CoxResult, figures: Mapping[str, Any]) -> list[str]:
+    """The private run's closing console lines: the table, the budget, the reference levels and the caveat."""
     privacy = figures["privacy"]
-    print(f"private grouped-time Cox ({privacy['setting']}; epsilon {privacy['epsilon']:g}, delta "
-          f"{privacy['delta']:g}; {figures['steps']} steps on {figures['grid_points'] - 1} intervals): noisy n "
-          f"{result.n}, noisy events {result.events}; intervals: {PRIVATE_INTERVALS}", flush=True)
-    print(result.summary.to_string(float_format=lambda v: f"{v:.3f}"), flush=True)
+    lines = [f"private grouped-time Cox ({privacy['setting']}; epsilon {privacy['epsilon']:g}, delta "
+             f"{privacy['delta']:g}; {figures['steps']} steps on {figures['grid_points'] - 1} intervals): noisy n "
+             f"{result.n}, noisy events {result.events}; intervals: {PRIVATE_INTERVALS}",
+             *result.summary.to_string(float_format=lambda v: f"{v:.3f}").splitlines()]
     if figures["references"]:
-        print("reference levels: " + ", ".join(f"{column}={level}" for column, level in figures["references"].items()),
-              flush=True)
-    print(f"predictions: {NO_PREDICTIONS}", flush=True)
-    print(f"WARNING private coxph is {PRIVATE_CAVEAT}", flush=True)
-    print(f"outputs: {outputs.directory}", flush=True)
+        lines.append("reference levels: " + ", ".join(f"{column}={level}"
+                                                       for column, level in figures["references"].items()))
+    return [*lines, f"predictions: {NO_PREDICTIONS}", f"WARNING private coxph is {PRIVATE_CAVEAT}"]

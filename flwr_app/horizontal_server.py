@@ -2,8 +2,8 @@
 
 :func:`run_horizontal` reads top to bottom: agree the set-up with the sites, build the strategy,
 name the sites, then run the server program (:func:`flwr_app.server_program.run_program`) with
-:class:`HorizontalRun` plugged in, or, for ``model.name = "coxph"``, hand over to
-:func:`flwr_app.cox_server.run_coxph`. Message handling and bookkeeping only; the aggregation is
+:class:`HorizontalRun` plugged in, or, for ``model.name = "coxph"``, the Cox fit's run kind
+(:func:`flwr_app.cox_server.cox_run`). Message handling and bookkeeping only; the aggregation is
 :class:`strategies.horizontal.SurvivalFedAvg`, the model and metrics come from ``flwr_app.task``.
 
 In simulation the server also holds the pooled test split of the embedded data set, so it
@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_app import deployment, interrupt, task
 from flwr_app.config import ConfigError, ExperimentConfig
-from flwr_app.cox_server import run_coxph
+from flwr_app.cox_server import CoxSetup, cox_run
 from flwr_app.outputs import RunOutputs, load_checkpoint
 from flwr_app.server_program import run_program, wait_for_sites
 from models.data import FederatedDataset
@@ -78,10 +78,11 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     survival = _survival_fedavg(cfg, mechanism, agreed)
     grid, left_out = _name_sites(cfg, grid, survival, agreed)
     if cfg.model.name == COXPH:  # Newton-Raphson on the sites' sums instead of FedAvg rounds (flwr_app.cox_server)
-        return run_coxph(cfg, grid, outputs, survival=survival, model=agreed.model, dataset=agreed.dataset,
-                         spec=agreed.spec, left_out=left_out, notes=agreed.notes, started=started)
-    federation = Federation(mechanism, agreed, survival, grid, left_out, choice)
-    run_program(HorizontalRun(cfg, outputs, federation, started), cfg, outputs, started=started)
+        kind = cox_run(cfg, outputs, grid, survival, CoxSetup(agreed.model, agreed.dataset, agreed.spec, left_out,
+                                                              agreed.notes), started)
+    else:
+        kind = HorizontalRun(cfg, outputs, Federation(mechanism, agreed, survival, grid, left_out, choice), started)
+    run_program(kind, cfg, outputs, started=started)
 
 
 @dataclass

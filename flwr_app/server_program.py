@@ -7,8 +7,9 @@ centralised baseline, the summary and the final console lines. What differs is a
 :class:`flwr_app.config.ConfigError`, what cannot run, before any release the manifest does not
 describe): :class:`flwr_app.horizontal_server.HorizontalRun` (rounds of FedAvg),
 :class:`flwr_app.vertical_server.SplitRun` (split learning, one round trip per batch) and
-:class:`flwr_app.private_split_server.PrivateSplitRun` (one cached release per record). Cox
-regression (:func:`flwr_app.cox_server.run_coxph`) takes over after the horizontal set-up.
+:class:`flwr_app.private_split_server.PrivateSplitRun` (one cached release per record), and, after the
+horizontal set-up, :class:`flwr_app.cox_server.CoxphRun` (Newton-Raphson on the sites' sums) and
+:class:`flwr_app.cox_server.PrivateCoxphRun` (the private grouped-time Cox fit).
 
 Also shared: how the server waits for the federation's sites (:func:`wait_for_sites`,
 :func:`poll_replies_often`) and how an epoch of a split run ends (:func:`end_of_epoch`).
@@ -35,7 +36,8 @@ SIMULATION_PULL_INTERVAL_S = 0.005
 class RunKind(Protocol):
     """The parts of :func:`run_program` that differ between horizontal, split and private-split runs."""
 
-    #: The console line printed before the centralised baseline is trained (``baseline.centralized``).
+    #: The console line printed before the centralised baseline is trained (``baseline.centralized``); empty for a
+    #: kind that has none (a private Cox fit), whose :meth:`centralized` is then not called.
     baseline_notice: str
 
     def manifest(self) -> Manifest:
@@ -69,7 +71,7 @@ def run_program(kind: RunKind, cfg: ExperimentConfig, outputs: RunOutputs, *, st
     kind.train()
     summary = kind.results()
     summary["wall_time_s"] = time.perf_counter() - started
-    if cfg.centralized_baseline:
+    if cfg.centralized_baseline and kind.baseline_notice:
         print(kind.baseline_notice, flush=True)
         summary["centralized"] = kind.centralized()
     outputs.write_summary(summary)

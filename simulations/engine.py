@@ -15,8 +15,9 @@ federation's size and whether a Ray cluster is running, :func:`choose_engine`):
 * ``inprocess``: :class:`~simulations.inprocess.InProcessGrid`, a Flower ``Grid`` whose nodes are ClientApp
   calls in this process, one site at a time, and from :data:`~simulations.inprocess.PARALLEL_MIN_SITES` sites on
   in one worker process per further CPU as well: no Ray start. :func:`run_inprocess` forces it
-  and takes what only it offers: ``observe`` sees every message and its reply (audits of what
-  the server received), and ``node_configs`` runs a deployment's sites, each reading its own
+  and takes what only it offers: ``transform`` changes the reply the server receives (a hostile
+  site's message, injected on the wire), ``observe`` sees every message and its reply (audits of
+  what the server received), and ``node_configs`` runs a deployment's sites, each reading its own
   file. Tests check that both engines give the same run.
 
 A split run's simulated sites keep their trained encoders in the run's directory: each gets node
@@ -181,29 +182,38 @@ def _stop_cluster(head: subprocess.Popen, log: Any, temp_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def _keep_sigterm_handler() -> Iterator[None]:
-    """Keep this process's SIGTERM handler while the block runs (:func:`flwr_app.interrupt.stop_on_signals`).
+def _ray_started(*, log_to_driver: bool) -> Iterator[None]:
+    """Ray for the block: started (or joined, on the cluster ``RAY_ADDRESS`` names) by ``ray.init`` in this thread,
+    with this process's SIGINT and SIGTERM handlers (:func:`flwr_app.interrupt.stop_on_signals`) as they were
+    before it; shut down when the block ends. Flower's Ray backend then uses that Ray as it is.
 
-    ``ray.init`` (called by Flower's Ray backend in the main thread) changes it twice: the Ray
-    node it starts and ``ray.init`` itself set a Python handler that exits at once
-    (``ray._private.utils.set_sigterm_handler``), and the driver's core worker installs Abseil's
-    failure-signal handler, which prints a stack trace on SIGTERM and aborts the process three
-    seconds later. Either would end the main thread in the middle of a round while the
-    ServerApp's thread waits for replies that never come. For the block, Ray's Python handler is
-    not set and the driver's failure-signal handler is not installed (as the environment variable
-    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` does; a native crash of the driver then prints no C++
-    stack). ``tests/test_interrupt.py`` checks that the pinned Ray still uses both hooks.
+    ``ray.init`` changes what SIGTERM does to the process that calls it: the Ray node it starts and
+    ``ray.init`` itself set a Python handler that exits at once, and the driver's core worker installs
+    Abseil's failure-signal handler, which prints a stack trace on SIGTERM and ends the process. Either
+    would end the main thread in the middle of a round while the ServerApp's thread waits for replies
+    that never come. In the main thread, setting the handlers again right after ``ray.init``
+    (``signal.signal`` installs the interpreter's own C handler) undoes both; the failure-signal handler
+    of the other signals (a native crash's stack trace) stays. ``tests/test_interrupt.py`` checks that
+    a SIGTERM in the block reaches the handler and leaves the process running.
+
+    Ray's workers import this process's modules: their ``PYTHONPATH`` is this process's ``sys.path``
+    followed by its ``PYTHONPATH``, as Flower's backend sets it when it starts Ray itself.
     """
-    from ray._private import ray_constants
-    from ray._private import utils as ray_utils
+    import ray
 
-    original = ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
-    ray_utils.set_sigterm_handler = lambda handler: None
-    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False,
+             log_to_driver=log_to_driver)
     try:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in handlers.items():
+                if handler is not None:  # None: a handler not set from Python, which Python cannot set again
+                    signal.signal(signum, handler)
         yield
     finally:
-        ray_utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = original
+        if ray.is_initialized():  # Flower's backend shuts it down when the run ends; not when the run fails to start
+            ray.shutdown()
 
 
 def _is_ray_process(process: Any, ray_dir: str) -> bool:
@@ -327,6 +337,7 @@ def choose_engine(engine: str, num_sites: int) -> str:
 
 def run_simulation(overrides: Mapping[str, Any], *, engine: str | None = None, cpus_per_site: float = 1.0,
                    verbose: bool = False, observe: Callable[[Message, Message], None] | None = None,
+                   transform: Callable[[Message, Message], Message] | None = None,
                    node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Run one experiment with the ServerApp and ClientApp of ``pyproject.toml`` and return its ``summary.json``.
 
@@ -340,7 +351,7 @@ def run_simulation(overrides: Mapping[str, Any], *, engine: str | None = None, c
     * ``"inprocess"``: :class:`InProcessGrid`, the sites one at a time in this process and, from
       :data:`~simulations.inprocess.PARALLEL_MIN_SITES` sites on, in one worker process per further CPU
       (:func:`~simulations.inprocess.site_processes`; ``summary["engine"]["processes"]``).
-      ``observe`` and ``node_configs`` are for this engine only (:class:`InProcessGrid`).
+      ``observe``, ``transform`` and ``node_configs`` are for this engine only (:class:`InProcessGrid`).
 
     The number of sites is the data set's (for a natural partition the number of groups, known
     only once the data are loaded; for split learning the number of modalities), or the number
@@ -365,25 +376,30 @@ def run_simulation(overrides: Mapping[str, Any], *, engine: str | None = None, c
         When a second signal stopped it at once.
     """
     return _run(overrides, engine=engine, cpus_per_site=cpus_per_site, verbose=verbose, observe=observe,
-                node_configs=node_configs)
+                transform=transform, node_configs=node_configs)
 
 
 def run_inprocess(overrides: Mapping[str, Any], *, observe: Callable[[Message, Message], None] | None = None,
+                  transform: Callable[[Message, Message], Message] | None = None,
                   node_configs: Sequence[Mapping[str, Any]] | None = None, verbose: bool = False) -> dict[str, Any]:
     """:func:`run_simulation` over :class:`InProcessGrid` whatever ``simulation.engine`` says; return the summary.
 
     Any strategy, horizontal or split, with one node per site (split: per modality), or one per
     entry of ``node_configs`` (a deployment's sites, each reading its own file; default
     :func:`site_node_configs`: a split run's sites keep their encoders in the run's directory).
-    ``observe(message, reply)`` sees every message and its reply. Whatever the ServerApp raises
-    (a failed run, :class:`flwr_app.interrupt.StopRequested` after a requested stop) propagates.
+    ``transform(message, reply)`` returns the reply the server receives (a hostile site's, or
+    :class:`~simulations.inprocess.DropReply` for none) and ``observe(message, reply)`` sees every
+    message and that reply (:class:`InProcessGrid`; the sites then run in this process only).
+    Whatever the ServerApp raises (a failed run, :class:`flwr_app.interrupt.StopRequested` after a
+    requested stop) propagates.
     """
     return _run(overrides, engine=INPROCESS, cpus_per_site=1.0, verbose=verbose, observe=observe,
-                node_configs=node_configs)
+                transform=transform, node_configs=node_configs)
 
 
 def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: float, verbose: bool,
          observe: Callable[[Message, Message], None] | None,
+         transform: Callable[[Message, Message], Message] | None,
          node_configs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
     """The runner behind :func:`run_simulation` and :func:`run_inprocess` (which a test may replace separately)."""
     interrupt.raise_before_run()
@@ -391,11 +407,12 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
     simulated = node_configs is None
     num_sites = _num_sites(cfg) if node_configs is None else len(node_configs)
     chosen = choose_engine(engine or cfg.engine, num_sites)
-    if chosen == RAY and not (observe is None and node_configs is None):
-        raise ValueError("observe and node_configs need engine='inprocess'")
+    seams = {"observe": observe, "transform": transform}
+    if chosen == RAY and (any(seam is not None for seam in seams.values()) or node_configs is not None):
+        raise ValueError("transform, observe and node_configs need engine='inprocess'")
     if node_configs is None:
         node_configs = site_node_configs(cfg, outputs, num_sites)
-    processes = 1 if chosen == RAY or observe is not None else site_processes(num_sites)
+    processes = 1 if chosen == RAY or any(seam is not None for seam in seams.values()) else site_processes(num_sites)
     with runlog.run_log(outputs.directory), interrupt.stop_on_signals(), \
             _ray_processes_ended() if chosen == RAY else contextlib.nullcontext():
         with interrupt.at_once_allowed():
@@ -407,7 +424,7 @@ def _run(overrides: Mapping[str, Any], *, engine: str | None, cpus_per_site: flo
                 if chosen == RAY:
                     _run_on_ray(fused, node_configs, cpus_per_site=cpus_per_site, verbose=verbose)
                 else:
-                    _run_in_process(fused, node_configs, observe=observe, processes=processes)
+                    _run_in_process(fused, node_configs, seams=seams, processes=processes)
     summary = json.loads(outputs.summary_path.read_text(encoding="utf-8"))
     summary["engine"] = {"requested": engine or cfg.engine, "ran": chosen, "sites": num_sites}
     if chosen == INPROCESS:
@@ -437,16 +454,13 @@ def _run_on_ray(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]]
     """The Ray engine: ``flwr.simulation.run_simulation`` with the apps of :func:`ray_apps`."""
     _ray_environment()
     server, sites = ray_apps(fused, node_configs)
-    with _keep_sigterm_handler():
+    with _ray_started(log_to_driver=verbose):
         flwr.simulation.run_simulation(
             server_app=server,
             client_app=sites,
             num_supernodes=len(node_configs),
             backend_name="ray",
-            backend_config={
-                "client_resources": {"num_cpus": cpus_per_site, "num_gpus": 0.0},
-                "init_args": {"include_dashboard": False, "log_to_driver": verbose},
-            },
+            backend_config={"client_resources": {"num_cpus": cpus_per_site, "num_gpus": 0.0}},
             verbose_logging=verbose,
         )
 
@@ -476,12 +490,12 @@ def ray_apps(fused: Mapping[str, Any], node_configs: Sequence[Mapping[str, Any]]
 
 
 def _run_in_process(fused: dict[str, Any], node_configs: Sequence[Mapping[str, Any]], *,
-                    observe: Callable[[Message, Message], None] | None, processes: int) -> None:
-    """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid`, the sites in ``processes``
-    processes (this one and workers)."""
+                    seams: Mapping[str, Callable[[Message, Message], Any] | None], processes: int) -> None:
+    """The in-process engine: the ServerApp in this thread over :class:`InProcessGrid` (with ``seams``: its
+    ``observe`` and ``transform``), the sites in ``processes`` processes (this one and workers)."""
     run_id = new_run_id()  # one per run, as a SuperLink's: a site's ledger tells two runs apart
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
-    grid = InProcessGrid(client_app.app, fused, len(node_configs), observe=observe, node_configs=node_configs,
+    grid = InProcessGrid(client_app.app, fused, len(node_configs), **seams, node_configs=node_configs,
                          processes=processes, run_id=run_id)
     try:
         server_app.app(grid, Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},

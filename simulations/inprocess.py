@@ -34,7 +34,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from strategies.config import PARALLEL_MIN_SITES
 
-__all__ = ["PARALLEL_MIN_SITES", "InProcessGrid", "new_run_id", "site_processes"]
+__all__ = ["PARALLEL_MIN_SITES", "DropReply", "InProcessGrid", "new_run_id", "site_processes"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +53,10 @@ def site_processes(num_sites: int, *, cpus: int | None = None) -> int:
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, num_sites))
+
+
+class DropReply(Exception):
+    """Raised by an :class:`InProcessGrid`'s ``transform`` to leave a message without a reply."""
 
 
 class _Courier:
@@ -146,28 +150,38 @@ class InProcessGrid(Grid):
     never the run hanging. Each site's computation is seeded by its own index, so a run gives the same
     results in any number of processes (tests). :meth:`close` ends the thread and the workers.
 
-    ``observe(message, reply)``, when given, sees every message and the reply it got (audits that
-    need what the server received, e.g. the sites' updates or embeddings; tests of what a site was
-    sent): one process only. ``node_configs`` replaces the simulated partitions with the given node
-    configs (a deployment's ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1``
-    getting ``node_configs[i]`` (``nodes[i]`` where given). ``run_id``: the run's ID, the same in every process
+    Two seams between the sites and the server, for this process's messages only (``processes = 1``):
+    ``transform(message, reply)``, when given, returns the reply the server receives instead of the
+    one the ClientApp gave (the same or another :class:`~flwr.app.Message`: a hostile site's altered
+    update, a forged count or privacy report, a relabelled reply), or raises :class:`DropReply` to
+    leave the message without a reply, as a site that never answers; it sees error replies too. Tests
+    and audits inject an attack there, on the message the server gets, not in the server's code.
+    ``observe(message, reply)``, when given, then sees every message and the reply the server
+    receives (audits that need what the server received, e.g. the sites' updates or embeddings;
+    tests of what a site was sent). Any other exception of either fails the run (:meth:`send_and_receive`).
+
+    ``node_configs`` replaces the simulated partitions with the given node configs (a deployment's
+    ``data-path`` per site, ``data.name = "site_files"``), node ``i + 1`` getting ``node_configs[i]``
+    (``nodes[i]`` where given). ``run_id``: the run's ID, the same in every process
     (default: a new one, :func:`new_run_id`), in :attr:`run_id` and every node's context.
     """
 
     def __init__(self, app: ClientApp, run_config: Mapping[str, Any], num_nodes: int, *,
                  observe: Callable[[Message, Message], None] | None = None,
+                 transform: Callable[[Message, Message], Message] | None = None,
                  node_configs: Sequence[Mapping[str, Any]] | None = None, processes: int = 1,
                  nodes: Sequence[int] | None = None, run_id: int | None = None) -> None:
         if node_configs is None:
             node_configs = [{PARTITION_ID_KEY: index, NUM_PARTITIONS_KEY: num_nodes} for index in range(num_nodes)]
         elif len(node_configs) != num_nodes:
             raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
-        if processes > 1 and observe is not None:
-            raise ValueError("observe sees the messages of this process only: use processes = 1")
+        if processes > 1 and (observe is not None or transform is not None):
+            raise ValueError("observe and transform see the messages of this process only: use processes = 1")
         configs = dict(zip(nodes or range(1, num_nodes + 1), map(dict, node_configs), strict=True))
         shares = _shares(list(configs), max(1, min(processes, num_nodes)))
         self.app = app
         self.observe = observe
+        self.transform = transform
         self.run_id = new_run_id() if run_id is None else run_id
         self._run = Run.create_empty(run_id=self.run_id)
         self.contexts = {node: Context(run_id=self.run_id, node_id=node, node_config=configs[node],
@@ -214,12 +228,16 @@ class InProcessGrid(Grid):
             wrapped = ClientAppException(str(err))
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"),
                             reply_to=message)
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
-        if self.observe is not None:
-            try:
+        try:
+            if self.transform is not None:
+                reply = self.transform(message, reply)
+            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            if self.observe is not None:
                 self.observe(message, reply)
-            except Exception as err:  # an observer's bug must fail the run, not leave the server waiting
-                self.observer_error = err
+        except DropReply:
+            return
+        except Exception as err:  # a seam's bug must fail the run, not leave the server waiting
+            self.observer_error = err
         with self._lock:
             self.replies[message.metadata.message_id] = reply
 
@@ -276,7 +294,8 @@ class InProcessGrid(Grid):
         self.timeout = timeout
         replies = self.pull_messages(self.push_messages(messages))
         if self.observer_error is not None:
-            raise RuntimeError(f"the observer of InProcessGrid raised: {self.observer_error!r}") from self.observer_error
+            raise RuntimeError(f"the observer or transform of InProcessGrid raised: {self.observer_error!r}") \
+                from self.observer_error
         return replies
 
 

@@ -8,6 +8,7 @@ evaluation) is within 0.01 of the clean run's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -102,50 +103,55 @@ def test_a_well_formed_scaled_update_is_bounded_by_default_and_decides_the_plain
         assert abs(median["test"]["c_index"] - clean_c) < 0.02
 
 
-def test_a_split_site_whose_embeddings_are_not_finite_stops_the_run_naming_it(tmp_path, monkeypatch):
+def _split_step_replies(change):
+    """The in-process grid's ``transform`` that replaces each split-learning step reply by what ``change(modality,
+    reply, request)`` returns (a :class:`~strategies.split.SiteReply`) for the decoded reply and request."""
+    from flwr_app import split_messages as wire
+
+    def transform(message, reply):
+        if message.metadata.message_type != wire.STEP or reply.has_error():
+            return reply
+        modality, site_reply = wire.decode_reply(reply.content)
+        reply.content = wire.encode_reply(modality, change(modality, site_reply, wire.decode_request(message.content)))
+        return reply
+
+    return transform
+
+
+def test_a_split_site_whose_embeddings_are_not_finite_stops_the_run_naming_it(tmp_path):
     """Split learning needs every site for every batch: a refused reply stops the run, naming the site and why."""
-    from flwr_app import vertical_client
     from strategies.split import SplitSiteError
 
-    original = vertical_client.SplitSite.embed
-
-    def corrupt(site, ids, step):
-        embeddings, present = original(site, ids, step)
-        if site.config.modality == "b" and step >= 2:
+    def corrupt(modality, reply, request):
+        if modality == "b" and request.forward_ids is not None and request.forward_step >= 2:
+            embeddings = reply.embeddings.copy()
             embeddings[0, 0] = float("nan")
-        return embeddings, present
+            return dataclasses.replace(reply, embeddings=embeddings)
+        return reply
 
-    monkeypatch.setattr(vertical_client.SplitSite, "embed", corrupt)
     vertical = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
                 "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,
                 "split.embedding_dim": 8, "split.encoder_layers": 1, "split.head_layers": 1, "split.mc_samples": 2,
                 "federation.rounds": 2, "privacy.epsilon": 8.0, "baseline.centralized": False}
     with pytest.raises(SplitSiteError, match=r"site 'b' \(node \d+\) sent a refused train\.split_step reply: "
                                              r"embeddings are not finite"):
-        run_inprocess({**vertical, "output.dir": str(tmp_path)})
+        run_inprocess({**vertical, "output.dir": str(tmp_path)}, transform=_split_step_replies(corrupt))
 
 
-def test_a_split_site_that_under_reports_its_releases_is_refused(tmp_path, monkeypatch):
+def test_a_split_site_that_under_reports_its_releases_is_refused(tmp_path):
     """The label holder counts the releases it asked each site for: a privacy report that claims fewer is refused."""
-    from flwr_app import vertical_client
     from strategies.split import SplitSiteError
 
-    original = vertical_client.SplitSite.privacy_report
+    def under_report(modality, reply, request):
+        return dataclasses.replace(reply, privacy={**reply.privacy, "releases_max": 0.0}) if modality == "a" else reply
 
-    def under_report(site):
-        report = original(site)
-        if site.config.modality == "a":
-            report["releases_max"] = 0.0
-        return report
-
-    monkeypatch.setattr(vertical_client.SplitSite, "privacy_report", under_report)
     vertical = {"strategy.name": "split", "data.name": "synthetic_multimodal", "data.synthetic_records": 200,
                 "model.name": "bayesian_multisurv", "model.num_durations": 8, "train.batch_size": 64,
                 "split.embedding_dim": 8, "split.encoder_layers": 1, "split.head_layers": 1, "split.mc_samples": 2,
                 "federation.rounds": 2, "privacy.epsilon": 8.0, "baseline.centralized": False}
     with pytest.raises(SplitSiteError, match=r"site 'a' \(node \d+\) sent a refused train\.split_step reply: the "
                                              r"privacy report counts 0\.0 releases"):
-        run_inprocess({**vertical, "output.dir": str(tmp_path)})
+        run_inprocess({**vertical, "output.dir": str(tmp_path)}, transform=_split_step_replies(under_report))
 
 
 def test_robust_aggregators_are_refused_below_the_sites_they_need():
@@ -177,10 +183,9 @@ def test_trimmed_mean_that_trims_nothing_is_refused_before_the_set_up_and_one_th
     assert abs(trimmed["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.02
 
 
-def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_count(tmp_path, monkeypatch):
+def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_count(tmp_path):
     """A reply with 10^4 metric keys is refused by its count; no failure reason exceeds 1,000 characters."""
-    from flwr_app import task
-    from strategies.horizontal import MAX_REASON_CHARS, failure
+    from strategies.horizontal import MAX_REASON_CHARS, SITE_KEY, failure
     from strategies.replies import check_arrays
 
     assert len(failure("train", "site-0", 1, "x" * 10**6)["reason"]) <= MAX_REASON_CHARS
@@ -190,21 +195,14 @@ def test_refusal_texts_are_bounded_and_a_flood_of_metric_keys_is_refused_by_coun
     assert reason.startswith("model update has other parameters than the global model: unexpected 10000: ")
     assert len(reason) < 1000
 
-    original = task.evaluate
-
-    def flooded(model, test, **kwargs):
-        metrics = original(model, test, **kwargs)
-        if np.array_equal(test.time, site_one_times):
-            metrics.update({f"k{i}": 0.0 for i in range(10**4)})
-        return metrics
+    def flooded(message, reply):  # site-1's test metrics gain 10^4 keys
+        if message.metadata.message_type == "evaluate" and not reply.has_error() and \
+                str(reply.content[SITE_KEY]["name"]) == "site-1":
+            reply.content["metrics"].update({f"k{i}": 0.0 for i in range(10**4)})
+        return reply
 
     cfg = {**SMALL, "debug.fail_site": "", "federation.rounds": 1}
-    from simulations.engine import resolve
-
-    dataset = task.load_federation(resolve(cfg)[1])
-    site_one_times = dataset.sites[1].test.time
-    monkeypatch.setattr(task, "evaluate", flooded)
-    summary = run_inprocess({**cfg, "output.dir": str(tmp_path)})
+    summary = run_inprocess({**cfg, "output.dir": str(tmp_path)}, transform=flooded)
     (line,) = _lines(tmp_path / "metrics.jsonl")
     assert [(f["phase"], f["site"]) for f in line["failures"]] == [("evaluate", "site-1")], line["failures"]
     assert line["failures"][0]["reason"].endswith("keys; at most 64 are read")
@@ -252,6 +250,29 @@ def test_a_duplicate_relabelled_heavy_or_replayed_reply_is_refused_under_the_nod
         assert [(f["phase"], f["site"]) for f in line["failures"]] == [("train", "site-1")], line["failures"]
         assert words in line["failures"][0]["reason"]
     assert abs(summary["test"]["c_index"] - clean["fedavg"]["test"]["c_index"]) < 0.01
+
+
+def test_a_site_whose_training_replies_are_lost_is_named_each_round_and_a_broken_transform_fails_the_run(tmp_path):
+    """The grid's ``transform`` drops site-1's (node 2's) training replies: each round names site-1 alone, as a site
+    that did not answer, and the run finishes; a transform that raises anything else stops the run, naming its error."""
+    from simulations.inprocess import DropReply
+
+    def lost(message, reply):
+        if message.metadata.message_type == "train" and message.metadata.dst_node_id == 2:
+            raise DropReply
+        return reply
+
+    run = {**SMALL, "debug.fail_site": "", "federation.rounds": 2}
+    run_inprocess({**run, "output.dir": str(tmp_path / "lost")}, transform=lost)
+    for line in _lines(tmp_path / "lost" / "metrics.jsonl"):
+        assert [(f["phase"], f["site"]) for f in line["failures"]] == [("train", "site-1")], line["failures"]
+        assert line["failures"][0]["reason"].startswith("no reply within ")
+
+    def broken(message, reply):
+        raise KeyError("broken")
+
+    with pytest.raises(RuntimeError, match=r"transform of InProcessGrid raised: KeyError\('broken'\)"):
+        run_inprocess({**run, "output.dir": str(tmp_path / "broken")}, transform=broken)
 
 
 def test_the_bounded_mean_is_the_weighted_mean_until_an_update_is_far_and_then_bounds_its_pull():

@@ -70,26 +70,36 @@ def test_the_ledger_states_the_record_level_epsilon_dp_accounting_computes(dp_ru
     assert any("the sites learn the training labels" in sentence for sentence in record["assumptions"])
 
 
-def test_a_site_that_releases_a_record_twice_or_sends_garbage_is_refused(tmp_path, monkeypatch):
-    from flwr_app import vertical_client
+def _release_replies(change):
+    """The in-process grid's ``transform`` that replaces each release reply's ``(embeddings, privacy report)`` by what
+    ``change(modality, embeddings, privacy)`` returns."""
+    def transform(message, reply):
+        if message.metadata.message_type != wire.PRIVATE_RELEASE or reply.has_error():
+            return reply
+        modality, embeddings, present, privacy = wire.decode_private_release_reply(reply.content)
+        embeddings, privacy = change(modality, embeddings, privacy)
+        reply.content = wire.encode_private_release_reply(modality, embeddings, present, privacy)
+        return reply
 
-    original = vertical_client.PrivateSplitSite.privacy_report
-    monkeypatch.setattr(vertical_client.PrivateSplitSite, "privacy_report",
-                        lambda site: {"releases_max": 2.0} if site.modality == "b" else original(site))
+    return transform
+
+
+def test_a_site_that_releases_a_record_twice_or_sends_garbage_is_refused(tmp_path):
+    def twice(modality, embeddings, privacy):
+        return embeddings, ({"releases_max": 2.0} if modality == "b" else privacy)
+
     with pytest.raises(SplitSiteError, match=r"site 'b' \(node \d+\) sent a refused release reply: the privacy "
                                              r"report counts 2\.0 releases"):
-        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "twice")})
-    monkeypatch.undo()
-    release = vertical_client.PrivateSplitSite.release
+        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "twice")},
+                      transform=_release_replies(twice))
 
-    def poisoned(site, ids, rng):
-        values, present = release(site, ids, rng)
-        return (np.full_like(values, np.inf) if site.modality == "a" else values), present
+    def poisoned(modality, embeddings, privacy):
+        return (np.full_like(embeddings, np.inf) if modality == "a" else embeddings), privacy
 
-    monkeypatch.setattr(vertical_client.PrivateSplitSite, "release", poisoned)
     with pytest.raises(SplitSiteError, match=r"site 'a' \(node \d+\) sent a refused release reply: embeddings are "
                                              r"not finite"):
-        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "garbage")})
+        run_inprocess({**RUN, "baseline.centralized": False, "output.dir": str(tmp_path / "garbage")},
+                      transform=_release_replies(poisoned))
     ledger = (tmp_path / "garbage" / "ledger.jsonl").read_text()
     assert RECORD_LEVEL in ledger  # the privacy spent up to the failure is bounded in the ledger
 

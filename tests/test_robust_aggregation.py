@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from simulations import engine
 from strategies.horizontal import (
+    SITE_KEY,
     WEIGHT_KEY,
     SurvivalFedAvg,
     TooFewSitesError,
@@ -253,23 +254,18 @@ def test_krum_averages_the_best_updates_and_leaves_a_free_rider_out(stamped):
     assert record.discarded_most == ["site-1"]
 
 
-@pytest.fixture
-def free_rider(monkeypatch):
-    """site-1 returns the global model it was sent, in every round."""
-    from flwr_app import client_app
-
-    original = client_app._reply
-
-    def reply(message, content, cfg, site, server_round, kind):
-        if kind == "train" and site.name == "site-1":
-            content["arrays"] = message.content["arrays"]
-        return original(message, content, cfg, site, server_round, kind)
-
-    monkeypatch.setattr(client_app, "_reply", reply)
+def free_rider(message: Message, reply: Message) -> Message:
+    """The in-process grid's ``transform``: site-1's training reply carries the global model it was sent, in every
+    round."""
+    if message.metadata.message_type == "train" and not reply.has_error() and \
+            str(reply.content[SITE_KEY]["name"]) == "site-1":
+        reply.content["arrays"] = message.content["arrays"]
+    return reply
 
 
-def _models_sent(tmp_path, overrides: dict) -> dict[int, np.ndarray]:
-    """Run ``overrides`` in process; the global model each round's training message carried to node 1."""
+def _models_sent(tmp_path, overrides: dict, transform=None) -> dict[int, np.ndarray]:
+    """Run ``overrides`` in process (the sites' replies through ``transform``); the global model each round's training
+    message carried to node 1."""
     sent: dict[int, np.ndarray] = {}
 
     def observe(message, reply):
@@ -278,25 +274,26 @@ def _models_sent(tmp_path, overrides: dict) -> dict[int, np.ndarray]:
             sent[int(message.content["config"]["server-round"])] = np.concatenate(
                 [array.numpy().ravel() for array in arrays.values()])
 
-    engine.run_inprocess({"baseline.centralized": False, "output.dir": str(tmp_path), **overrides}, observe=observe)
+    engine.run_inprocess({"baseline.centralized": False, "output.dir": str(tmp_path), **overrides}, observe=observe,
+                         transform=transform)
     return sent
 
 
-def test_a_free_rider_does_not_freeze_krum_with_none_left_to_tolerate(tmp_path, free_rider):
+def test_a_free_rider_does_not_freeze_krum_with_none_left_to_tolerate(tmp_path):
     """3 sites, krum with max_malicious = 0, site-1 a free rider: set aside, it leaves 2 candidates, which krum with
     nothing to tolerate averages (it used to need 3 and kept the model where it was)."""
     sent = _models_sent(tmp_path, {"federation.num_sites": 3, "federation.rounds": 3, "federation.aggregation": "krum",
-                                   "federation.max_malicious": 0})
+                                   "federation.max_malicious": 0}, free_rider)
     assert sorted(sent) == [1, 2, 3]
     assert all(not np.array_equal(sent[number], sent[number - 1]) for number in (2, 3))
 
 
-def test_a_free_rider_does_not_freeze_krum_in_a_run(tmp_path, capsys, free_rider):
+def test_a_free_rider_does_not_freeze_krum_in_a_run(tmp_path, capsys):
     """5 sites, krum, site-1 returns the global model it was sent: the model changes every round, site-1 is left
     out every round and flagged (phase ``aggregate``) from round 2 on, in metrics.jsonl and on the console."""
     rounds = 4
     sent = _models_sent(tmp_path, {"federation.num_sites": 5, "federation.rounds": rounds,
-                                   "federation.aggregation": "krum"})
+                                   "federation.aggregation": "krum"}, free_rider)
     assert sorted(sent) == list(range(1, rounds + 1))
     for server_round in range(2, rounds + 1):
         assert not np.array_equal(sent[server_round], sent[server_round - 1]), server_round
