@@ -11,21 +11,21 @@ Message handling only: decode the global model, call the training / evaluation c
 
 from __future__ import annotations
 
-import collections
 import copy
-import dataclasses
 import functools
 import importlib
 import json
 import os
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app.config import ExperimentConfig, parse_run_config
+from flwr_app.config import ExperimentConfig
+from flwr_app.site_context import (PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
+                                   node_site, own_honest_sites, run_config, site_setup, spec_json, tolerated_dropouts)
 from flwr_app.site_errors import sanitised_errors
 from strategies.config import COXPH
 
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 app = ClientApp(mods=[sanitised_errors])  # a deployed site's errors tell the server no detail
 #: Node state of a site's privacy accountant (:data:`flwr_app.deployment.PRIVACY_STATE`).
 PRIVACY_STATE = "privacy.state"
-#: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
-SECAGG_STATE = "secagg.state"
-SECAGG_ROUND = "secagg.round"
 #: Node state of the site's noise calibrations (:func:`strategies.mechanisms.dp_sgd.remembered_noise`).
 NOISE_STATE = "noise.calibrations"
 
@@ -89,97 +86,10 @@ for _kind, _action, _module, _name in (
 
 
 # ------------------------------------------------------------------ what a node keeps between messages
-#
-# Context.state (a RecordDict) holds only ArrayRecord, MetricRecord and ConfigRecord values, and Flower
-# copies or serialises it around every message (the simulation engine ships it to the Ray actor and back;
-# a deployed SuperNode sends it to the ``flwr-clientapp`` process), so it can hold neither a site's
-# prepared records nor a model object. They are kept here, per process, keyed by everything they are
-# built from (the parsed run config, and a deployed site's file, its state and set-up as received): a
-# Ray actor or a long-lived ClientApp process serves many messages of a run, and a changed run config
-# or file gets a fresh entry. Nothing here is private state: the site's accountant stays in
-# Context.state, so two runs (or two sites of one process) never share it.
+# (per process, not in Context.state: :mod:`flwr_app.site_context`)
 
-#: How many prepared sites and model skeletons a process keeps (least recently used dropped first).
-PREPARED_ENTRIES = 8
-
-
-class _Prepared:
-    """A small thread-safe LRU map of what a node builds from its run config (a site's data, a model skeleton)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.entries: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
-        self.builds = 0  # entries built (tests count them)
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        with self._lock:
-            if key in self.entries:
-                self.entries.move_to_end(key)
-                return self.entries[key]
-        value = build()
-        with self._lock:
-            self.builds += 1
-            self.entries[key] = value
-            while len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self.entries.clear()
-
-
-#: Deployed sites' prepared records (a simulation's sites come from :func:`flwr_app.task.load_federation`'s cache).
-SITES = _Prepared(PREPARED_ENTRIES)
 #: Model skeletons (:class:`_Skeleton`) with their free copies.
-MODELS = _Prepared(PREPARED_ENTRIES)
-
-
-def _run_config(context: Context) -> ExperimentConfig:
-    """The node's run config, parsed (memoised by content: :func:`flwr_app.config.parse_run_config`)."""
-    return parse_run_config(context.run_config)
-
-
-def _file_key(path: str) -> tuple:
-    """A site file's identity: its path, size and modification time (a rewritten file gets a fresh entry)."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return (path, None)
-    return (path, stat.st_size, stat.st_mtime_ns)
-
-
-def _spec_json(context: Context) -> str | None:
-    from flwr_app import deployment
-
-    stored = context.state.config_records.get(deployment.SPEC_STATE)
-    return None if stored is None else str(stored["json"])
-
-
-def _site(context: Context, cfg: ExperimentConfig | None = None) -> tuple[SiteData, int]:
-    """The node's site and its index in the seeds (simulation: ``partition-id``; deployment: the node ID)."""
-    from flwr_app import task
-
-    cfg = cfg or _run_config(context)
-    if cfg.data.deployed:
-        from flwr_app import deployment
-
-        path = context.node_config.get("data-path")
-        key = (cfg, _file_key(str(path)) if path is not None else None, _spec_json(context),
-               deployment.site_name(context))
-        return SITES.get(key, lambda: deployment.deployed_site(cfg, context)), context.node_id
-    dataset = task.load_federation(cfg)
-    if "partition-id" not in context.node_config:
-        raise ValueError("node config has no 'partition-id': cannot tell which site this node is")
-    index = int(context.node_config["partition-id"])
-    if not 0 <= index < dataset.num_sites:
-        raise ValueError(
-            f"node config partition-id {index} is outside the federation's {dataset.num_sites} sites "
-            f"({dataset.source}, partition '{cfg.federation.partition}'): run with num-supernodes = "
-            f"{dataset.num_sites}"
-        )
-    return dataset.sites[index], index
+MODELS = Prepared(PREPARED_ENTRIES)
 
 
 class _Skeleton:
@@ -291,14 +201,14 @@ def _skeleton(cfg: ExperimentConfig, context: Context) -> _Skeleton:
     if cfg.data.deployed:
         from flwr_app import deployment
 
-        spec = _spec_json(context)
+        spec = spec_json(context)
         return MODELS.get((cfg, spec), lambda: _Skeleton(task.model_from_spec(cfg, deployment.stored_spec(context))))
     return MODELS.get((cfg, None), lambda: _Skeleton(task.build_model(cfg, task.load_federation(cfg))))
 
 
 def _model(context: Context, message: Message, cfg: ExperimentConfig | None = None):
     """The run config and the global model of ``message``: a copy of the run's model skeleton with its weights."""
-    cfg = cfg or _run_config(context)
+    cfg = cfg or run_config(context)
     model = _skeleton(cfg, context).take()
     _load_weights(model.net, message.content["arrays"])
     return cfg, model
@@ -434,52 +344,10 @@ def _keep_state(context: Context, cfg: ExperimentConfig, site: SiteData, server_
     return sealed
 
 
-def _setup(cfg: ExperimentConfig, context: Context, site: SiteData) -> SiteSetUp:
-    """The site's set-up: its record count as agreed with the server, and the smallest agreed count."""
-    if cfg.data.deployed:
-        from flwr_app import deployment
-
-        return deployment.stored_setup(context)
-    from flwr_app import task
-
-    return task.federation_setup(cfg).setups[site.name]
-
-
-def _charge(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int, message: str, values: str,
-            history: tuple[tuple[float, float, int], ...] | None, *,
-            details: tuple[tuple[str, Any], ...] = ()) -> None:
-    """Charge a release to the site's own privacy policy before it leaves (:mod:`flwr_app.site_policy`; a no-op
-    without one): a refusal raises, and the reply becomes an error filed under the site's name."""
-    from flwr_app import site_policy
-
-    site_policy.enforce(context.node_config, site.name, site_policy.Request(
-        cfg.strategy, context.run_id, server_round, message, values, history, delta=cfg.privacy.delta,
-        details=details))
-
-
-def _own_honest_sites(context: Context) -> tuple[float, ...]:
-    """The honest sites this site's own policy counts on in a secure sum (none without a policy): never a figure the
-    server sent."""
-    from flwr_app import site_policy
-
-    policy = site_policy.SitePolicy.from_node_config(context.node_config)
-    return () if policy is None else (float(policy.min_honest_sites),)
-
-
-def _tolerated_dropouts(cfg: ExperimentConfig, context: Context, state: Any) -> ExperimentConfig:
-    """``cfg`` as a policy site plans its secure-sum share with: the drop-outs counted are at least those its own
-    Shamir sharing tolerates (``num_shares - threshold`` of ``state``), whatever ``privacy.max_dropouts`` says (the
-    server could otherwise say 0 and have the site count one share too many)."""
-    if not _own_honest_sites(context):
-        return cfg
-    dropouts = max(cfg.privacy.max_dropouts, int(state.num_shares) - int(state.threshold))
-    return dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, max_dropouts=dropouts))
-
-
 def _secure_sum_details(cfg: ExperimentConfig, context: Context, parties: int, counted: int) -> tuple:
     """What a policy site's ledger records of a secure-sum release: the honest sites it counts on (h), the shares
     it counted, the tolerated drop-outs (D), the colluding sites (t) and the parties the server reported."""
-    own = _own_honest_sites(context)
+    own = own_honest_sites(context)
     return (("honest_sites", int(own[0]) if own else None), ("counted_shares", int(counted)),
             ("max_dropouts", cfg.privacy.max_dropouts), ("colluding_sites", cfg.privacy.colluding_sites),
             ("parties_reported", int(parties)))
@@ -490,12 +358,12 @@ def _message(message: Message, context: Context, kind: str) -> tuple[SiteData, i
     (parsed once for the whole message) and the global model; then the injected failure of a simulation test."""
     from flwr_app.faults import inject_failure
 
-    cfg = _run_config(context)
+    cfg = run_config(context)
     if cfg.model.name == COXPH and cfg.strategy != "fedavg":
         raise ValueError(f"{kind} query refused: this run fits the private Cox model (model.name = {COXPH!r}, "
                          f"strategy {cfg.strategy!r}), whose sites release only its planned noisy sums "
                          "(query.cox_dp_*)")
-    site, index = _site(context, cfg)
+    site, index = node_site(context, cfg)
     server_round = int(message.content["config"]["server-round"])
     _, model = _model(context, message, cfg)
     inject_failure(cfg, site=site.name, server_round=server_round, message=kind)
@@ -518,7 +386,9 @@ def _training_message(message: Message, context: Context) -> tuple[SiteData, int
 @app.train()
 @_gives_back
 def train(message: Message, context: Context) -> Message:
-    """One round of the run's mechanism on the site's training part, starting from the global model."""
+    """One round of the run's mechanism on the site's training part, starting from the global model; first, when the
+    message asks for it and the site's own run config plans it, the site's test metrics of that model or its Breslow
+    sums (:func:`_carried`), in records of their own."""
     from flwr_app import task
     from strategies.arrays import array_record
     from strategies.horizontal import WEIGHT_KEY
@@ -528,40 +398,87 @@ def train(message: Message, context: Context) -> Message:
     if not isinstance(mechanism, LocalUpdateMechanism):
         raise ValueError(f"strategy '{cfg.strategy}' sites answer the secure-aggregation messages, not 'train'")
     config = message.content["config"]
-    setup = _setup(cfg, context, site)
+    carried = _carried(context, site, server_round, cfg, model, config)
+    setup = site_setup(cfg, context, site)
     _recall_noise(context)
     previous = _caught_up(context, config, cfg, mechanism, model, site, setup, task.site_seed(cfg, server_round, index),
                           server_round)
     update = mechanism.site_round(model, site.train, cfg, seed=task.site_seed(cfg, server_round, index),
                                   state=previous, setup=setup)
-    _charge(context, cfg, site, server_round, "train", "model update",
+    charge(context, cfg, site, server_round, "train", "model update",
             mechanism.round_release(cfg, setup, update, previous))
     _keep_noise(context)
     # The reply carries the state sealed, so that the server's checkpoint can hand it back to a resumed run.
     privacy_state = None if update.state is None else _keep_state(context, cfg, site, server_round, update.state)
     metrics = {**update.report, WEIGHT_KEY: setup.count if update.contributes else 0.0}
     content = _content(site, metrics, array_record(model.net.state_dict()), privacy_state=privacy_state)
+    content.update(carried)
     return _reply(message, content, cfg, site, server_round, "train")
+
+
+def _carried(context: Context, site: SiteData, server_round: int, cfg: ExperimentConfig, model: Any,
+             config: ConfigRecord) -> dict[str, Any]:
+    """The records a training reply carries about the message's model, the previous round's (none when the message
+    does not ask): the site's test metrics of it (an evaluate reply's metric record and site record,
+    :func:`_evaluation_content`), or, for a model with a federated baseline, its Breslow sums (:func:`_breslow_sums`),
+    as the site of round :func:`~strategies.rounds.records.carried_round` would send them in a message of their own
+    (a test site's injected failure and tampering included). The network is left in the mode the message gave it.
+
+    The site decides from its own run config alone: a message that asks for anything else, or when that round is not
+    one its config evaluates (or the model is not the one evaluated: a running average; or not every site trains
+    each round), is refused. A site that holds out no test part sends no test metrics."""
+    from flwr_app.faults import inject_failure, tamper
+    from strategies.rounds.records import (BRESLOW_RECORD, CARRIED_BRESLOW, CARRIED_EVALUATION, EVALUATION_RECORD,
+                                           EVALUATION_SITE, SITE_KEY, carried_round)
+
+    asked = [key for key in (CARRIED_EVALUATION, CARRIED_BRESLOW) if config.get(key) is True]
+    if not asked:
+        return {}
+    wanted, previous = CARRIED_BRESLOW if model.needs_baseline else CARRIED_EVALUATION, carried_round(cfg, server_round)
+    if previous is None or asked != [wanted]:
+        raise ValueError(f"query refused: this site's run config plans {'nothing' if previous is None else wanted} "
+                         f"in round {server_round}'s training message, not {', '.join(asked)} (evaluation.every, "
+                         "federation.rounds, federation.weight_average, federation.fraction_train, model.name)")
+    mode = model.net.training
+    try:
+        if model.needs_baseline:
+            inject_failure(cfg, site=site.name, server_round=previous, message="breslow")
+            return {BRESLOW_RECORD: MetricRecord(_breslow_sums(context, cfg, site, previous, model))}
+        if not len(site.test):
+            return {}
+        inject_failure(cfg, site=site.name, server_round=previous, message="evaluate")
+        content = tamper(cfg, _evaluation_content(context, site, previous, model, ConfigRecord()), site=site.name,
+                         server_round=previous, message="evaluate")
+        return {EVALUATION_RECORD: content["metrics"], EVALUATION_SITE: content[SITE_KEY]}
+    finally:
+        model.net.train(mode)
 
 
 @app.evaluate()
 @_gives_back
 def evaluate(message: Message, context: Context) -> Message:
-    """Test metrics of the global model on the site's own held-out part (computed from it alone); the reply
-    carries no record count (the server weights the sites' metrics by their agreed counts). A site whose node
-    config sets a privacy policy keeps its metrics (:func:`_kept_local`) and replies with none. A site that holds
-    out no test part (``data.test_fraction = 0``: the server sends no evaluate message then) refuses."""
+    """Test metrics of the global model on the site's own held-out part (:func:`_evaluation_content`). A site that
+    holds out no test part (``data.test_fraction = 0``: the server sends no evaluate message then) refuses."""
+    site, _, server_round, cfg, model = _message(message, context, "evaluate")
+    if not len(site.test):
+        raise ValueError(f"site '{site.name}' holds out no test part (data.test_fraction = 0): it has no test "
+                         "metrics to evaluate")
+    return _reply(message, _evaluation_content(context, site, server_round, model, message.content["config"]), cfg,
+                  site, server_round, "evaluate")
+
+
+def _evaluation_content(context: Context, site: SiteData, server_round: int, model: Any,
+                        config: ConfigRecord) -> RecordDict:
+    """An evaluate reply's content: the site's test metrics of ``model`` (computed from its held-out part alone, with
+    the baseline hazard and recalibration exponents ``config`` carries), and why each undefined one is; no record
+    count (the server weights the sites' metrics by their agreed counts). A site whose node config sets a privacy
+    policy keeps its metrics (:func:`_kept_local`) and sends none."""
     import numpy as np
 
     from flwr_app import task
     from flwr_app.site_policy import SitePolicy
     from strategies.horizontal import BASELINE_EVENTS, BASELINE_RISK, RECALIBRATION_EXPONENTS
 
-    site, _, server_round, cfg, model = _message(message, context, "evaluate")
-    if not len(site.test):
-        raise ValueError(f"site '{site.name}' holds out no test part (data.test_fraction = 0): it has no test "
-                         "metrics to evaluate")
-    config = message.content["config"]
     if model.needs_baseline:
         if BASELINE_EVENTS not in config:
             raise ValueError("Cox model evaluation needs the federated baseline hazard in the message")
@@ -574,11 +491,10 @@ def evaluate(message: Message, context: Context) -> Message:
         metrics.update({f"oot_{key}": value for key, value in oot.items()})
         undefined.update({f"oot_{key}": code for key, code in oot_undefined.items()})
     if SitePolicy.from_node_config(context.node_config) is not None:  # a site with its own budget keeps them
-        return _reply(message, _kept_local(context, site, server_round, metrics, undefined), cfg, site, server_round,
-                      "evaluate")
+        return _kept_local(context, site, server_round, metrics, undefined)
     # No record count: the server weights a site's test metrics by the count agreed at set-up (the held-out
     # count would reveal the site's size far more exactly than the set-up's noisy count does).
-    return _reply(message, _content(site, metrics, undefined=undefined), cfg, site, server_round, "evaluate")
+    return _content(site, metrics, undefined=undefined)
 
 
 #: A policy site's own record of its test metrics (JSON Lines, in its site directory).
@@ -617,7 +533,7 @@ def _kept_local(context: Context, site: SiteData, server_round: int, metrics: di
 @app.query("site_name")
 def site_name(message: Message, context: Context) -> Message:
     """Which site this node is (asked once, at the start of a run: the server names every node)."""
-    site, _ = _site(context)
+    site, _ = node_site(context)
     return Message(content=_content(site, {}), reply_to=message)
 
 
@@ -626,10 +542,16 @@ def site_name(message: Message, context: Context) -> Message:
 def breslow(message: Message, context: Context) -> Message:
     """Sufficient statistics of the site's training part for the federated Breslow estimator."""
     site, _, server_round, cfg, model = _message(message, context, "breslow")
-    _charge(context, cfg, site, server_round, "breslow", "Breslow aggregates", None)
+    return _reply(message, _content(site, _breslow_sums(context, cfg, site, server_round, model)), cfg, site,
+                  server_round, "breslow")
+
+
+def _breslow_sums(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int,
+                  model: Any) -> dict[str, list[float]]:
+    """``model``'s Breslow sums ``(d_k, R_k)`` on the site's training part, charged to its policy first."""
+    charge(context, cfg, site, server_round, "breslow", "Breslow aggregates", None)
     event_counts, risk_sums = model.breslow_aggregates(site.train.x, site.train.time, site.train.event)
-    metrics = {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
-    return _reply(message, _content(site, metrics), cfg, site, server_round, "breslow")
+    return {"event_counts": event_counts.tolist(), "risk_sums": risk_sums.tolist()}
 
 
 #: Stream of a site's recalibration noise (beside its round's other draws from the same seed).
@@ -660,7 +582,7 @@ def _recalibration_terms(message: Message, context: Context) -> tuple[SiteData, 
     if RECALIBRATED in context.state.config_records:
         raise ValueError("recalibration query refused: this site released its recalibration sums in this run already "
                          "(the run's plan has one release)")
-    _charge(context, cfg, site, server_round, "recalibration", "recalibration sums", recalibration_history(cfg))
+    charge(context, cfg, site, server_round, "recalibration", "recalibration sums", recalibration_history(cfg))
     context.state[RECALIBRATED] = ConfigRecord({"round": server_round})
     times, surv = model.predict_survival(site.train.x)
     at = np.clip(np.searchsorted(times, horizons, side="right") - 1, 0, times.size - 1)  # right-continuous steps
@@ -682,7 +604,7 @@ def recalibration(message: Message, context: Context) -> Message:
     from strategies.mechanisms.setup_share import recalibration_multiplier
     from strategies.mechanisms.registry import horizontal_mechanism
 
-    cfg = _run_config(context)
+    cfg = run_config(context)
     if isinstance(horizontal_mechanism(cfg.strategy), SecureSumMechanism):
         raise ValueError(f"recalibration query refused: strategy '{cfg.strategy}' sends its recalibration sums "
                          "through its secure sum only")
@@ -704,16 +626,23 @@ def _secagg_reply(message: Message, values: dict) -> Message:
 
 @app.query("secagg_setup")
 def secagg_setup(message: Message, context: Context) -> Message:
-    """Stage 0: fresh key pairs; the round's public figures (sites selected, their agreed records) are kept. The
-    site refuses Shamir parameters a server lying about survivors could exploit, counting the colluding sites of its
-    own run config (``privacy.colluding_sites``)."""
+    """Stage 0 (:func:`_secagg_keys`)."""
     from strategies import secure_aggregation as secagg
 
-    record = message.content[secagg.RECORD]
-    state, keys = secagg.site_setup(context.node_id, record, colluding=_run_config(context).privacy.colluding_sites)
+    return _secagg_reply(message, _secagg_keys(message.content[secagg.RECORD], context))
+
+
+def _secagg_keys(record: ConfigRecord, context: Context) -> dict[str, bytes]:
+    """Stage 0 of a sum with the values of ``record``: fresh key pairs, which replace any state in the node state;
+    the sum's public figures (sites selected, their agreed records) are kept. The site refuses Shamir parameters a
+    server lying about survivors could exploit, counting the colluding sites of its own run config
+    (``privacy.colluding_sites``). Returns the public keys to send."""
+    from strategies import secure_aggregation as secagg
+
+    state, keys = secagg.site_setup(context.node_id, record, colluding=run_config(context).privacy.colluding_sites)
     context.state[SECAGG_STATE] = state.to_record()
     context.state[SECAGG_ROUND] = ConfigRecord({"parties": int(record["parties"]), "records": float(record["records"])})
-    return _secagg_reply(message, keys)
+    return keys
 
 
 @app.query("secagg_share_keys")
@@ -735,7 +664,8 @@ def secagg_masked(message: Message, context: Context) -> Message:
     message carries the recalibration's horizons its recalibration sums' vector (:func:`_recalibration_terms`),
     when it names a pass of the private set-up that pass's vector (:func:`flwr_app.deployment.setup_vector`, its
     parameters from the site's own run config and policy), or, when it names a Cox query (``coxph`` with
-    ``cox.secure_sum``), that query's sums in fixed point (:func:`flwr_app.cox_client.secure_vector`)."""
+    ``cox.secure_sum``), that query's sums in fixed point (:func:`flwr_app.cox_client.secure_vector`). A training
+    vector's reply also carries what the message asks about the previous round's model (:func:`_carried`)."""
     import numpy as np
 
     from flwr_app import task
@@ -751,8 +681,8 @@ def secagg_masked(message: Message, context: Context) -> Message:
     from flwr_app.deployment import SETUP_PASS, setup_vector
 
     if SETUP_PASS in message.content.config_records.get("config", ConfigRecord()):  # the private set-up's sums
-        cfg = _run_config(context)
-        secure = task.secure_setup(_tolerated_dropouts(cfg, context, state), parties, _own_honest_sites(context))
+        cfg = run_config(context)
+        secure = task.secure_setup(tolerated_dropouts(cfg, context, state), parties, own_honest_sites(context))
         return Message(content=_masked(message, context, state, setup_vector(message, context, secure, records)),
                        reply_to=message)
     if SECURE_QUERY in message.content.config_records.get("config", ConfigRecord()):  # coxph, cox.secure_sum
@@ -761,29 +691,33 @@ def secagg_masked(message: Message, context: Context) -> Message:
         return Message(content=_masked(message, context, state, secure_vector(message, context, parties)),
                        reply_to=message)
     if RECALIBRATION_HORIZONS in message.content["config"]:  # after the last round: the recalibration sums
-        cfg = _run_config(context)
+        cfg = run_config(context)
         mechanism = horizontal_mechanism(cfg.strategy)
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'recalibration'")
         site, index, server_round, cfg, terms = _recalibration_terms(message, context)
-        cfg = _tolerated_dropouts(cfg, context, state)
+        cfg = tolerated_dropouts(cfg, context, state)
         plan = mechanism.recalibration_plan(cfg, parties=parties, records=records, size=terms.shape[1],
-                                            honest_sites=_own_honest_sites(context))
+                                            honest_sites=own_honest_sites(context))
         rng = np.random.default_rng([task.site_seed(cfg, server_round, index), RECALIBRATION_STREAM])
         vector, phase = mechanism.recalibration_contribution(terms, plan, rng=rng), "recalibration"
+        carried: dict[str, Any] = {}
     else:
         site, index, server_round, cfg, model, mechanism = _training_message(message, context)
         if not isinstance(mechanism, SecureSumMechanism):
             raise ValueError(f"strategy '{cfg.strategy}' has no secure sum: its sites answer 'train'")
-        cfg = _tolerated_dropouts(cfg, context, state)
+        carried = _carried(context, site, server_round, cfg, model, message.content["config"])
+        cfg = tolerated_dropouts(cfg, context, state)
         plan = mechanism.plan(cfg, parties=parties, records=records,
-                              dim=sum(p.numel() for p in model.net.parameters()), setup=_setup(cfg, context, site),
-                              honest_sites=_own_honest_sites(context))
-        _charge(context, cfg, site, server_round, "train", "masked contribution", mechanism.site_release(cfg, plan),
+                              dim=sum(p.numel() for p in model.net.parameters()), setup=site_setup(cfg, context, site),
+                              honest_sites=own_honest_sites(context))
+        charge(context, cfg, site, server_round, "train", "masked contribution", mechanism.site_release(cfg, plan),
                 details=_secure_sum_details(cfg, context, parties, plan.honest))
         vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
         phase = "train"
-    return _reply(message, _masked(message, context, state, vector), cfg, site, server_round, phase)
+    content = _masked(message, context, state, vector)
+    content.update(carried)
+    return _reply(message, content, cfg, site, server_round, phase)
 
 
 def _masked(message: Message, context: Context, state: Any, vector: Any) -> RecordDict:
@@ -800,13 +734,19 @@ def _masked(message: Message, context: Context, state: Any, vector: Any) -> Reco
 
 @app.query("secagg_unmask")
 def secagg_unmask(message: Message, context: Context) -> Message:
-    """Stage 3: shares of the surviving neighbours' mask seeds and of the dropped neighbours' secret keys."""
+    """Stage 3: shares of the surviving neighbours' mask seeds and of the dropped neighbours' secret keys. When the
+    message also carries the next sum's stage-0 values (:data:`strategies.secure_aggregation.NEXT_RECORD`), this
+    sum's state is kept finished first, then that sum's stage 0 runs with stage 0's own checks (:func:`_secagg_keys`)
+    and its public keys go with the shares; if it refuses, the reply is that error and this sum's state stays
+    finished (no second unmask)."""
     from strategies import secure_aggregation as secagg
 
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
     record = message.content[secagg.RECORD]
     values = secagg.site_unmask(state, record["survivors"], record["dropped"])
     context.state[SECAGG_STATE] = state.to_record()
+    if secagg.NEXT_RECORD in message.content.config_records:
+        values.update(_secagg_keys(message.content.config_records[secagg.NEXT_RECORD], context))
     return _secagg_reply(message, values)
 
 

@@ -8,7 +8,7 @@ the k points of the set-up's time grid (:func:`flwr_app.cox_messages.k_point_gri
 ``cox.secure_sum`` the site answers only through the secure sum (:func:`secure_vector`, from
 :func:`flwr_app.client_app.secagg_masked`; stratified, or pooled on the server's grid of ``cox.grid = k`` points)
 and refuses a query in the clear (and without it, the reverse). Each reply is charged to the site's privacy policy
-first (:func:`flwr_app.client_app._charge`: a site with a policy refuses these exact releases).
+first (:func:`flwr_app.site_context.charge`: a site with a policy refuses these exact releases).
 
 Under ``strategy.name = dp_sgd`` / ``distributed_dp`` the site answers only the private fit's releases
 (:func:`dp_counts`, :func:`dp_score`, :func:`dp_information` in the clear, or :func:`private_vector` through the
@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 from flwr.app import ConfigRecord, Context, Message
 
-from flwr_app.client_app import _charge, _run_config, _site
 from flwr_app.cox_messages import (
     CONFIG,
     DP_COUNTS,
@@ -51,6 +50,16 @@ from flwr_app.cox_messages import (
     private_setting,
     private_sum_plan,
     to_fixed,
+)
+from flwr_app.site_context import (
+    SECAGG_ROUND,
+    SECAGG_STATE,
+    charge,
+    node_site,
+    own_honest_sites,
+    run_config,
+    site_setup,
+    tolerated_dropouts,
 )
 from flwr_app import site_policy
 from models import cox, grouped_cox
@@ -79,13 +88,13 @@ class _Request:
 def _request(message: Message, context: Context, what: str) -> _Request:
     from flwr_app.faults import inject_failure
 
-    cfg = _run_config(context)
+    cfg = run_config(context)
     if cfg.model.name != COXPH:
         raise ValueError(f"Cox query refused: this run's model.name is {cfg.model.name!r}, not {COXPH!r}")
     if cfg.strategy != "fedavg":
         raise ValueError(f"Cox query refused: strategy.name = {cfg.strategy!r} releases only the private fit's noisy "
                          "sums, never the exact ones")
-    site, _ = _site(context, cfg)
+    site, _ = node_site(context, cfg)
     config = message.content.config_records.get(CONFIG, ConfigRecord())
     step = int(config.get("step", 0))
     secure = SECURE_QUERY in config
@@ -97,7 +106,7 @@ def _request(message: Message, context: Context, what: str) -> _Request:
     inject_failure(cfg, site=site.name, server_round=step, message="cox")
     preprocessor, cuts = _own_setup(cfg, context)
     design = CoxDesign.from_preprocessor(preprocessor)
-    _charge(context, cfg, site, step, "cox", what, None)
+    charge(context, cfg, site, step, "cox", what, None)
     arrays = decode(message.content) if message.content.array_records else {}
     return _Request(cfg, site.name, design.covariates(site.train.x), np.asarray(site.train.time, dtype=np.float64),
                     np.asarray(site.train.event) > 0, arrays, step, np.asarray(cuts, dtype=np.float64))
@@ -263,22 +272,21 @@ def _private_request(message: Message, context: Context, kind: str, *, secure: b
     plan (each once, in order; no release beyond it) and θ is T + p finite numbers with every α in
     :data:`models.grouped_cox.ALPHA_RANGE`. Charged to the site's policy first (the first release with the whole
     run's plan, so that a policy site refuses a run it cannot fit up front), then marked as made."""
-    from flwr_app.client_app import _setup
     from flwr_app.faults import inject_failure
 
-    cfg = _run_config(context)
+    cfg = run_config(context)
     if cfg.model.name != COXPH or cfg.strategy not in ("dp_sgd", "distributed_dp"):
         raise ValueError(f"Cox query refused: this run (model.name {cfg.model.name!r}, strategy.name "
                          f"{cfg.strategy!r}) makes no private Cox release")
     if secure != (cfg.strategy == "distributed_dp"):
         raise ValueError(f"Cox query refused: strategy.name = {cfg.strategy!r} sends the private releases "
                          + ("only through the secure sum" if cfg.strategy == "distributed_dp" else "in the clear"))
-    site, index = _site(context, cfg)
+    site, index = node_site(context, cfg)
     config = message.content.config_records.get(CONFIG, ConfigRecord())
     step = int(config.get("step", 0))
     inject_failure(cfg, site=site.name, server_round=step, message="cox")
     preprocessor, cuts = _own_setup(cfg, context)
-    setup = _setup(cfg, context, site)
+    setup = site_setup(cfg, context, site)
     design = private_design(preprocessor, cuts, int(cfg.cox.grid))
     plan = private_plan(cfg, setup)
     releases = private_releases(plan)
@@ -404,18 +412,17 @@ def private_vector(message: Message, context: Context, parties: int) -> np.ndarr
     (``privacy-min-honest-sites``) and the drop-outs its Shamir sharing tolerates, never from a figure the server
     sends but the parties and records of the round (which can only make the sum wrap, never shrink the share below
     what the honest count allows)."""
-    from flwr_app.client_app import SECAGG_ROUND, SECAGG_STATE, _own_honest_sites, _tolerated_dropouts
     from strategies import secure_aggregation as secagg
     from strategies.mechanisms.distributed_dp import gaussian_sum_contribution
 
     kind = str(message.content.config_records[CONFIG][SECURE_QUERY])
     request = _private_request(message, context, kind, secure=True)
     state = secagg.SiteState.from_record(context.state.config_records[SECAGG_STATE])
-    cfg = _tolerated_dropouts(request.cfg, context, state)
+    cfg = tolerated_dropouts(request.cfg, context, state)
     rows = private_rows(request)
     records = float(context.state.config_records[SECAGG_ROUND]["records"])
     plan = private_sum_plan(cfg, request.plan.multiplier(request.share), parties=parties, records=records,
-                            size=rows.shape[1], honest_sites=_own_honest_sites(context))
+                            size=rows.shape[1], honest_sites=own_honest_sites(context))
     return gaussian_sum_contribution(rows, plan, clip=1.0, rng=_private_rng(request))
 
 

@@ -628,5 +628,5 @@ def private_manifest(cfg: ExperimentConfig, setup: SiteSetUp | None) -> Manifest
         releases += _secure_sum_releases()
     releases += [release for release in common_releases(cfg, private=True, record_level=True,
                                                         private_setup=cfg.privacy.setup_share > 0)
-                 if release.message not in ("evaluate", "breslow")]
+                 if release.value not in ("Breslow aggregates", "test metrics")]
     return Manifest(cfg.strategy, "record", tuple(releases))

@@ -220,6 +220,7 @@ class HorizontalRun:
                 self.fed.grid, arrays=resumed.arrays if resumed else ArrayRecord(self.model.net.state_dict()),
                 first_round=resumed.last_round + 1 if resumed else 1, last_round=self.cfg.federation.rounds,
                 end_of_round=self._end_of_round, outer=self.strategy, resumed=resumed is not None,
+                stopping=lambda: interrupt.requested() is not None,
             )
         except TooFewSitesError as err:
             raise TooFewSitesError(f"{err}. The outputs up to this round and its checkpoint are in "

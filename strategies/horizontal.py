@@ -20,8 +20,11 @@ models and an untrusted federation need:
 * per-site bookkeeping (a C-index cannot be averaged into a pooled C-index, so the per-site
   figures are kept as they are) and NaN-aware weighted means of evaluation metrics;
 * a federated Breslow baseline for Cox models: before each evaluation it asks every site for
-  the sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid, sums
-  them, and sends the baseline to the sites with the evaluation message;
+  the sufficient statistics ``(d_k, R_k)`` of its training part on the shared time grid (with the
+  next round's training message where that message carries the model, :mod:`strategies.rounds.carried`),
+  sums them, and sends the baseline to the sites with the evaluation message;
+* a round's evaluation carried by the next round's training message where the sites can evaluate
+  the model alone (:mod:`strategies.rounds.carried`): one sequential message a round;
 * an optional robust aggregator (Flower's ``FedTrimmedAvg``, ``FedMedian`` or ``MultiKrum``) in place
   of the weighted mean, with a record of whose coordinates or updates it left out each round
   (:func:`discarded_shares`, :func:`multikrum_selection`) and a flag on a site left out in most of its rounds;
@@ -39,6 +42,7 @@ said which site they are (:meth:`SurvivalFedAvg.identify_sites`) stops at once (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,14 +56,15 @@ from strategies.mechanisms.base import HorizontalMechanism, SecureSumMechanism, 
 from strategies.rounds import screening
 from strategies.rounds.aggregation import PlainRelease, TrainingRelease, UpdateAggregation
 from strategies.rounds.baseline import EvaluationExtras
+from strategies.rounds.carried import CarriedEvaluation, CarryingGrid
 from strategies.rounds.evaluation import (EvaluationScreen, ModelKeeper, average_weight, divergence, moved_toward,
                                           site_average, site_metrics, weighted_nanmean)
 from strategies.rounds.ledger import RoundBook
 from strategies.rounds.records import (BASELINE_EVENTS, BASELINE_RISK, KEPT_LOCAL_KEY, MAX_REASON_CHARS, NO_TEST_PART,
                                        PRIVACY_STATE_KEY, RECALIBRATION_EXPONENTS, RECALIBRATION_HORIZONS,
                                        RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE, SITE_KEY, SITE_NAME_QUERY,
-                                       UNDEFINED_KEY, WEIGHT_KEY, GlobalModel, RoundRecord, TooFewSitesError, failure,
-                                       holds_test_part, privacy_position)
+                                       UNDEFINED_KEY, WEIGHT_KEY, GlobalModel, RoundRecord, TooFewSitesError,
+                                       evaluated_round, failure, holds_test_part, privacy_position)
 from strategies.rounds.robust import (capped_weights, centred_clip, discard_limit, discarded_shares, make_aggregator,
                                       multikrum_selection, robust_minimum, robust_refusal, robust_trim, weighted_mean)
 from strategies.rounds.secure_sum import MAX_REFUSED_SUMS, SecureSumRelease
@@ -149,6 +154,7 @@ class SurvivalFedAvg(FedAvg):
                                        needs_baseline=needs_baseline, grid_size=grid_size, timeout=timeout, **keys)
         self.evaluation = EvaluationScreen(self.book, self.replies, cfg=cfg, setups=self.setups)
         self.keeper = ModelKeeper(self.book, cfg=cfg, drop_recalibration=self.extras.drop_recalibration)
+        self.carried = CarriedEvaluation(cfg, needs_baseline=needs_baseline)
 
     # ------------------------------------------------------------------ identity
 
@@ -175,20 +181,21 @@ class SurvivalFedAvg(FedAvg):
     def run_rounds(
         self, grid: Grid, *, arrays: ArrayRecord, first_round: int, last_round: int,
         end_of_round: Callable[[int, ArrayRecord], None], outer: Strategy | None = None,
-        resumed: bool = False,
+        resumed: bool = False, stopping: Callable[[], bool] | None = None,
     ) -> ArrayRecord:
         """Rounds ``first_round`` to ``last_round`` from the global model ``arrays``; return the final model.
 
         Each round: configure (``outer.configure_train``: ``outer`` is a wrapper such as Flower's central-DP
         strategy around this one, or this strategy), the run's training release (:attr:`release`: the replies
         screened and aggregated by ``outer``, or the sites' secure sum; then, with a server optimiser, its
-        step from the round's global model given that aggregate: post-processing of what was released), Breslow
-        query and evaluation, then ``end_of_round(round, global arrays)``. A site that fails, does not answer within
-        ``timeout`` or sends a reply the server refuses is recorded in the round's ``failures``
-        and the round goes on without it. If fewer than ``min_train_nodes`` updates were accepted,
-        the round is not aggregated (the global model stays as it was; the sites that trained have
-        still released their updates, so their spend is kept), ``end_of_round`` runs, and
-        :class:`TooFewSitesError` stops the run.
+        step from the round's global model given that aggregate: post-processing of what was released), then the
+        round's evaluation (:meth:`_evaluate_and_close`) and ``end_of_round(round, global arrays)``, or, where the
+        next round's training message asks for it (:mod:`strategies.rounds.carried`), when that message's replies
+        come, before they are read as training replies. A site that fails, does not answer within ``timeout`` or
+        sends a reply the server refuses is recorded in the round's ``failures`` and the round goes on without it.
+        If fewer than ``min_train_nodes`` updates were accepted, the round is not aggregated (the global model stays
+        as it was; the sites that trained have still released their updates, so their spend is kept),
+        ``end_of_round`` runs, and :class:`TooFewSitesError` stops the run.
 
         ``resumed`` (a run resumed from a checkpoint, whose round records are loaded): each training
         message carries its own site's last privacy state only (:data:`RESUMED_PRIVACY_STATE`), and the
@@ -198,17 +205,30 @@ class SurvivalFedAvg(FedAvg):
         evaluated, passed to ``end_of_round`` and returned is the average of the global models: post-processing of
         the released models, which costs no privacy and changes no training message. A resumed run's ``arrays`` is
         then that average, and the rounds go on from the global model restored by :meth:`load_state_dict`.
+
+        ``stopping()``: whether a stop was requested (``end_of_round`` then raises; None: never). A round that ends
+        with a stop requested, or with ``debug.stop_after_round``, is evaluated in its own message; a stop requested
+        while the next round's sites train ends the run after that round (:meth:`_close_carried`).
         """
         outer = self if outer is None else outer
+        self.carried.stopping = stopping or (lambda: False)
         arrays = self.keeper.start(arrays, first_round=first_round, resumed=resumed)
         for server_round in range(first_round, last_round + 1):
-            self.book.record(server_round)
             self.model.arrays = arrays
             messages = list(outer.configure_train(server_round, arrays, ConfigRecord(), grid))
-            released = self.release.release(grid, server_round, arrays, messages, outer, resumed=resumed)
-            if released is not None:
+            carrier = grid if self.carried.pending is None else CarryingGrid(
+                grid, functools.partial(self._close_carried, grid, outer, end_of_round), request=self.carried.request)
+            released = self.release.release(carrier, server_round, arrays, messages, outer, resumed=resumed)
+            if self.carried.pending is not None:  # the message to carry it never went out (a secure sum stopped)
+                self._close_carried(grid, outer, end_of_round, [], [], sorted(grid.get_node_ids()))
+            if self.carried.rolled_back is not None:
+                arrays = self.keeper.trained_from_rolled_back(server_round, self.carried.rolled_back)
+                self.carried.rolled_back = None
+            elif released is not None:
                 arrays = self._step(server_round, arrays, released)
-            arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round)
+            arrays = self._evaluate_and_close(grid, server_round, arrays, outer, end_of_round, last_round)
+            if (held := self.carried.held) is not None:  # the stop of the round closed in this round's message
+                raise held
         assert self.keeper.average is not None
         return self.keeper.average
 
@@ -218,46 +238,91 @@ class SurvivalFedAvg(FedAvg):
                                                                                           aggregated)
 
     def _evaluate_and_close(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy,
-                            end_of_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
-        """A round's evaluation (on the rounds :meth:`evaluates`), then ``end_of_round``; returns the model kept.
-
-        A new global model that has diverged is rolled back to the last good one before any site sees it
-        (:meth:`~strategies.rounds.evaluation.ModelKeeper.checked`); on an evaluated round, one whose predictions
-        most evaluating sites find not finite is rolled back after the evaluation, which then runs again on the
-        model kept (:meth:`~strategies.rounds.evaluation.ModelKeeper.predictions_checked`). The model evaluated and
-        passed to ``end_of_round`` is the running average with the model kept. :class:`TooFewSitesError` after
-        ``end_of_round`` if the round was not aggregated.
-        """
+                            end_of_round: Callable[[int, ArrayRecord], None], last_round: int) -> ArrayRecord:
+        """A round's evaluation (on the rounds :meth:`evaluates`) and :meth:`_close`; returns the model kept. A round
+        the next training message asks about (:meth:`CarriedEvaluation.defers`) closes when its replies come
+        (:meth:`_close_carried`). A new global model that has diverged is rolled back to the last good one before
+        any site sees it (:meth:`~strategies.rounds.evaluation.ModelKeeper.checked`). The model evaluated and passed
+        to ``end_of_round`` is the running average with the model kept."""
         record = self.book.record(server_round)
         arrays = self.keeper.checked(server_round, arrays)
         evaluated = self.keeper.averaged(server_round, arrays)
+        if not record.shortfall and self.carried.defers(server_round, last_round):
+            self.carried.pending = (server_round, arrays, evaluated)
+            return arrays
         if self.evaluates(server_round):
             self._evaluate(grid, server_round, evaluated, outer)
-        if (kept := self.keeper.predictions_checked(server_round)) is not None:
-            arrays = kept
-            evaluated = self.keeper.averaged(server_round, arrays)
-            self._evaluate(grid, server_round, evaluated, outer)
-        self.keeper.keep(server_round, arrays, evaluated)
+        return self._close(grid, server_round, arrays, evaluated, outer, end_of_round)
+
+    def _close(self, grid: Grid, server_round: int, arrays: ArrayRecord, evaluated: ArrayRecord, outer: Strategy,
+               end_of_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+        """End a round (:meth:`_settle`, then ``end_of_round(round, model evaluated)``); return the global model kept.
+        :class:`TooFewSitesError` if the round was not aggregated."""
+        arrays, evaluated = self._settle(grid, server_round, arrays, evaluated, outer)
         end_of_round(server_round, evaluated)
-        if record.shortfall:
+        if (record := self.book.record(server_round)).shortfall:
             raise TooFewSitesError(f"round {server_round}: {record.shortfall}; failures: "
                                    + "; ".join(f"{f['phase']}: {f['site']} (node {f['node']}): {f['reason']}"
                                                for f in record.failures))
         return arrays
 
-    def evaluates(self, server_round: int) -> bool:
-        """Whether ``server_round``'s model is evaluated: every ``evaluation.every``-th round, and the last."""
-        return server_round % self.cfg.evaluation_every == 0 or server_round >= self.cfg.federation.rounds
+    def _settle(self, grid: Grid, server_round: int, arrays: ArrayRecord, evaluated: ArrayRecord,
+                outer: Strategy) -> tuple[ArrayRecord, ArrayRecord]:
+        """The global model a round keeps and the model it evaluated. A model whose predictions most evaluating sites
+        find not finite is rolled back, and the evaluation runs again on the model kept
+        (:meth:`~strategies.rounds.evaluation.ModelKeeper.predictions_checked`)."""
+        if (kept := self.keeper.predictions_checked(server_round)) is not None:
+            arrays = kept
+            evaluated = self.keeper.averaged(server_round, arrays)
+            self._evaluate(grid, server_round, evaluated, outer)
+        self.keeper.keep(server_round, arrays, evaluated)
+        return arrays, evaluated
 
-    def _evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy) -> None:
+    def _close_carried(self, grid: Grid, outer: Strategy, end_of_round: Callable[[int, ArrayRecord], None],
+                       messages: list[Message], parts: list[Message], failed: list[int]) -> None:
+        """Close the round the training ``messages`` asked about: the carried ``parts`` read as evaluate replies (a
+        model with a federated baseline: as Breslow replies, :meth:`EvaluationExtras.carry`, then its evaluate
+        message); a node whose reply was not read (``failed``) asked alone; :meth:`_settle`; ``end_of_round``. A
+        roll-back is noted in :attr:`CarriedEvaluation.rolled_back`; with a stop requested, what ``end_of_round``
+        raises is held (:attr:`CarriedEvaluation.held`) until the round the sites have trained closes too."""
+        assert self.carried.pending is not None
+        server_round, arrays, evaluated = self.carried.pending
+        self.carried.pending = None
+        if self.extras.needs_baseline:  # the Breslow sums came: the evaluation follows with their baseline
+            self.extras.carry(server_round, evaluated, grid, messages, parts, failed)
+            self._evaluate(grid, server_round, evaluated, outer)
+        else:
+            self._evaluate(grid, server_round, evaluated, outer, nodes=failed,
+                           carried=self.replies.record_failures(server_round, "evaluate", messages, parts))
+        kept, evaluated = self._settle(grid, server_round, arrays, evaluated, outer)
+        self.carried.rolled_back = server_round if kept is not arrays else None
+        stopping = self.carried.stopping()
+        try:
+            end_of_round(server_round, evaluated)
+        except Exception as err:
+            if not stopping:
+                raise
+            self.carried.held = err
+
+    def evaluates(self, server_round: int) -> bool:
+        """Whether ``server_round``'s model is evaluated: every ``evaluation.every``-th round, and the last
+        (:func:`~strategies.rounds.records.evaluated_round`)."""
+        return evaluated_round(self.cfg, server_round)
+
+    def _evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, outer: Strategy, *,
+                  nodes: Iterable[int] | None = None, carried: Iterable[Message] = ()) -> None:
         """The round's Breslow baseline and recalibration (:meth:`configure_evaluate`), then the sites' test metrics
-        of ``arrays``; a run whose sites hold no test part (:func:`holds_test_part`) sends no evaluate message."""
-        messages = list(outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+        of ``arrays``, from an evaluate message to every site (or to ``nodes``) and the ``carried`` evaluate replies
+        already in; a run whose sites hold no test part (:func:`holds_test_part`) sends no evaluate message."""
+        messages = [message for message in outer.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+                    if nodes is None or message.metadata.dst_node_id in nodes]
         if not holds_test_part(self.cfg.data):
             return
-        replies = self.replies.record_failures(server_round, "evaluate", messages,
-                                               grid.send_and_receive(messages, timeout=self.timeout))
-        outer.aggregate_evaluate(server_round, replies)
+        replies = list(carried)
+        if messages:
+            replies += self.replies.record_failures(server_round, "evaluate", messages,
+                                                    grid.send_and_receive(messages, timeout=self.timeout))
+        outer.aggregate_evaluate(server_round, sorted(replies, key=lambda reply: reply.metadata.src_node_id))
 
     # ------------------------------------------------------------------ Flower's strategy steps
 

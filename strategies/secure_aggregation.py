@@ -26,6 +26,13 @@ see below). Four stages, each one round trip of query messages, as in Flower's
    pairwise masks the survivors share with dropped sites (a reconstructed secret key must be the
    one of the dropped site's public key); the pairwise masks between survivors cancel in the sum.
 
+Consecutive sums over the same sites (training rounds) can be pipelined: the unmask message may also carry the next
+sum's stage-0 values (:data:`NEXT_RECORD`), and the site, once this sum's state is finished, makes that sum's key
+pairs as at stage 0 (:func:`site_setup`'s checks, against its own run config) and returns their public keys with its
+shares (:attr:`SecureSumResult.advertised`). The next sum (``SecureSum.run(advertised=...)``) then sends stage 0 only
+to its sites that sent no keys so (dropped out, new, restarted), and checks every key as at stage 0. Each key pair
+still serves exactly one sum.
+
 Neighbours: as in Flower's workflow, the selected sites are shuffled onto a ring and each site's
 neighbours are the ``num_shares`` sites of the window around it (itself included); with
 ``num_shares = k`` every site is every site's neighbour. The ring-window graph with half-width
@@ -107,6 +114,7 @@ from strategies.config import ConfigError
 
 __all__ = [
     "MASKED",
+    "NEXT_RECORD",
     "SETUP",
     "SHARE_KEYS",
     "STAGES",
@@ -136,6 +144,8 @@ SHARE_KEYS = "query.secagg_share_keys"
 MASKED = "query.secagg_masked"
 UNMASK = "query.secagg_unmask"
 STAGES = (SETUP, SHARE_KEYS, MASKED, UNMASK)
+#: The record carrying the next sum's stage-0 values in an :data:`UNMASK` message that pipelines that sum's stage 0.
+NEXT_RECORD = "secagg.next"
 #: The record carrying the protocol's values in every message and reply.
 RECORD = "secagg"
 #: The array record of the masked vector in a :data:`MASKED` reply.
@@ -551,7 +561,9 @@ class SecureSumResult:
 
     ``total``: the sum mod M of the included sites' vectors (``None`` when the protocol failed);
     ``included``: their nodes; ``sent``: every node that was asked for its vector (it may have
-    computed and sent it); ``failures``: ``(stage, node, reason)``; ``shortfall``: why no sum.
+    computed and sent it); ``failures``: ``(stage, node, reason)``; ``shortfall``: why no sum;
+    ``advertised``: the ``(pk1, pk2)`` of the next sum, as sent (checked when that sum uses them), of every site
+    whose well-formed unmask reply answered :data:`NEXT_RECORD`.
     """
 
     total: np.ndarray | None = None
@@ -559,6 +571,7 @@ class SecureSumResult:
     sent: list[int] = field(default_factory=list)
     failures: list[tuple[str, int, str]] = field(default_factory=list)
     shortfall: str = ""
+    advertised: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
 
 class SecureSum:
@@ -605,14 +618,22 @@ class SecureSum:
         result.failures.append((stage, node, reason))
 
     def run(self, grid: Grid, nodes: Iterable[int], *, setup: Mapping[str, Any],
-            masked_content: Callable[[int], RecordDict], group: str, min_included: int = 1) -> SecureSumResult:
+            masked_content: Callable[[int], RecordDict], group: str, min_included: int = 1,
+            advertised: Mapping[int, tuple[Any, Any]] | None = None,
+            next_setup: Mapping[str, Any] | None = None) -> SecureSumResult:
         """Sum the vectors of ``nodes``; ``masked_content(node)`` is the rest of a site's stage-2 message
         (e.g. the global model), ``setup`` the public values every site gets at stage 0. The sum is not
-        unmasked when fewer than ``min_included`` vectors were accepted."""
+        unmasked when fewer than ``min_included`` vectors were accepted.
+
+        ``advertised``: the public keys that sites sent for this sum with the previous sum's unmask reply (the
+        caller's to give only under this sum's ``setup`` and parameters, :meth:`stage_zero`); stage 0 goes to the
+        other nodes, and every key is checked as at stage 0. ``next_setup``: the next sum's stage-0 values
+        (:meth:`stage_zero` of its ``SecureSum``), sent with the unmask message; the keys returned are in
+        ``result.advertised``."""
         result = SecureSumResult()
         nodes = sorted(nodes)
         neighbours = self._ring_neighbours(nodes)
-        keys = self._public_keys(grid, nodes, setup, result, group)
+        keys = self._public_keys(grid, nodes, setup, result, group, advertised or {})
         if not self._enough(result, neighbours, set(keys), "after the key set-up"):
             return result
         forwarded = self._forwarded_shares(grid, keys, neighbours, result, group)
@@ -628,7 +649,7 @@ class SecureSum:
             return result
         if not self._enough(result, neighbours, included, "after the masked vectors"):
             return result
-        shares = self._unmasking_shares(grid, neighbours, included, dropped, result, group)
+        shares = self._unmasking_shares(grid, neighbours, included, dropped, result, group, next_setup)
         total = self._unmasked(total, shares, keys, neighbours, included, result)
         if total is not None:
             result.total, result.included = total, sorted(included)
@@ -643,17 +664,23 @@ class SecureSum:
         return {node: {ring[(index + offset) % len(ring)] for offset in range(-half, self.num_shares - half)}
                 for index, node in enumerate(ring)}
 
+    def stage_zero(self, setup: Mapping[str, Any]) -> dict[str, Any]:
+        """What every site gets at stage 0: ``setup`` and the protocol parameters."""
+        return {**setup, "modulus": self.modulus, "num_shares": self.num_shares, "threshold": self.threshold}
+
     def _public_keys(self, grid: Grid, nodes: list[int], setup: Mapping[str, Any], result: SecureSumResult,
-                     group: str) -> dict[int, tuple[bytes, bytes]]:
-        """Stage 0: send ``setup`` and the protocol parameters; the two public keys of every site that sent
-        well-formed, non-small-order keys no other site repeats (the others are refused in ``result``)."""
-        protocol = {"modulus": self.modulus, "num_shares": self.num_shares, "threshold": self.threshold}
-        replies = self._exchange(grid, SETUP, {node: RecordDict({RECORD: ConfigRecord({**setup, **protocol})})
-                                               for node in nodes}, result, group)
+                     group: str, advertised: Mapping[int, tuple[Any, Any]]) -> dict[int, tuple[bytes, bytes]]:
+        """Stage 0: send :meth:`stage_zero` to the nodes not in ``advertised``; the two public keys of every site
+        that sent (at stage 0 or in ``advertised``) well-formed, non-small-order keys no other site repeats (the
+        others are refused in ``result``)."""
+        asked = [node for node in nodes if node not in advertised]
+        replies = self._exchange(grid, SETUP, {node: RecordDict({RECORD: ConfigRecord(self.stage_zero(setup))})
+                                               for node in asked}, result, group) if asked else {}
+        sent = {node: (record.get("pk1"), record.get("pk2")) for node, reply in replies.items()
+                for record in (reply.content.config_records[RECORD],)}
+        sent.update({node: advertised[node] for node in nodes if node in advertised})
         keys: dict[int, tuple[bytes, bytes]] = {}
-        for node, reply in replies.items():
-            record = reply.content.config_records[RECORD]
-            pk1, pk2 = record.get("pk1"), record.get("pk2")
+        for node, (pk1, pk2) in sorted(sent.items()):
             if not all(isinstance(key, bytes) and len(key) == KEY_BYTES for key in (pk1, pk2)):
                 self._refuse(result, SETUP, node, f"the reply must carry two public keys ({KEY_BYTES} bytes each)")
             elif _small_order(pk1) or _small_order(pk2):
@@ -715,13 +742,20 @@ class SecureSum:
         return total, set(vectors)
 
     def _unmasking_shares(self, grid: Grid, neighbours: Mapping[int, set[int]], included: set[int],
-                          dropped: set[int], result: SecureSumResult, group: str) -> dict[int, list[bytes]]:
+                          dropped: set[int], result: SecureSumResult, group: str,
+                          next_setup: Mapping[str, Any] | None) -> dict[int, list[bytes]]:
         """Stage 3: ask each included site for its shares of its neighbours' mask seeds (``included``) and secret
-        keys (``dropped``); per node of either set, the shares returned in well-formed replies (others refused)."""
-        replies = self._exchange(grid, UNMASK, {
-            node: RecordDict({RECORD: ConfigRecord({"survivors": sorted(neighbours[node] & included),
-                                                    "dropped": sorted(neighbours[node] & dropped)})})
-            for node in sorted(included)}, result, group)
+        keys (``dropped``); per node of either set, the shares returned in well-formed replies (others refused).
+        With ``next_setup`` (:data:`NEXT_RECORD`), the next sum's public keys of those replies go to
+        ``result.advertised``."""
+        def content(node: int) -> RecordDict:
+            record = RecordDict({RECORD: ConfigRecord({"survivors": sorted(neighbours[node] & included),
+                                                       "dropped": sorted(neighbours[node] & dropped)})})
+            if next_setup is not None:
+                record[NEXT_RECORD] = ConfigRecord(dict(next_setup))
+            return record
+
+        replies = self._exchange(grid, UNMASK, {node: content(node) for node in sorted(included)}, result, group)
         shares: dict[int, list[bytes]] = {node: [] for node in included | dropped}
         for node, reply in replies.items():
             record = reply.content.config_records[RECORD]
@@ -734,6 +768,8 @@ class SecureSum:
                 continue
             for owner, value in zip(owners, values, strict=True):
                 shares[owner].append(value)
+            if next_setup is not None:
+                result.advertised[node] = (record.get("pk1"), record.get("pk2"))
         return shares
 
     def _unmasked(self, total: np.ndarray, shares: Mapping[int, list[bytes]], keys: Mapping[int, tuple[bytes, bytes]],

@@ -10,9 +10,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-from flwr_app import client_app, config, deployment, task
+from flwr_app import client_app, config, deployment, site_context, task
 from flwr_app.config import parse_run_config
 from simulations.engine import resolve, run_inprocess
+from strategies.rounds.records import CARRIED_EVALUATION
 
 SMALL = {"federation.rounds": 2, "federation.num_sites": 2, "evaluation.server_side": False,
          "baseline.centralized": False}
@@ -21,10 +22,10 @@ SMALL = {"federation.rounds": 2, "federation.num_sites": 2, "evaluation.server_s
 @pytest.fixture(autouse=True)
 def _fresh_caches():
     client_app.MODELS.clear()
-    client_app.SITES.clear()
+    site_context.SITES.clear()
     yield
     client_app.MODELS.clear()
-    client_app.SITES.clear()
+    site_context.SITES.clear()
 
 
 def test_a_run_config_is_parsed_and_checked_once_per_content(monkeypatch):
@@ -120,12 +121,12 @@ def test_a_deployed_site_is_prepared_once_per_file_config_and_set_up(monkeypatch
         state = RecordDict({client_app.PRIVACY_STATE: ConfigRecord({"json": privacy})})
         return Context(run_id=1, node_id=5, node_config={"data-path": str(path)}, state=state, run_config=flat)
 
-    first, _ = client_app._site(context(run_config, '{"run": 1}'))
-    second, _ = client_app._site(context(dict(run_config), '{"run": 2}'))
+    first, _ = site_context.node_site(context(run_config, '{"run": 1}'))
+    second, _ = site_context.node_site(context(dict(run_config), '{"run": 2}'))
     assert second is first and len(built) == 1  # another run's privacy state is not part of the prepared site
     path.write_text("time,event,age\n1,1,50\n2,0,60\n")
-    assert client_app._site(context(run_config, '{"run": 1}'))[0] is not first and len(built) == 2
-    client_app._site(context({**run_config, "seed": 9}, '{"run": 1}'))
+    assert site_context.node_site(context(run_config, '{"run": 1}'))[0] is not first and len(built) == 2
+    site_context.node_site(context({**run_config, "seed": 9}, '{"run": 1}'))
     assert len(built) == 3
 
 
@@ -136,7 +137,7 @@ def test_the_privacy_state_stays_in_each_node_state():
                         state=RecordDict({client_app.PRIVACY_STATE: ConfigRecord({"json": str(state).replace("'", '"')})}))
                 for run, state in enumerate(states)]
     assert [client_app._privacy_state(c, ConfigRecord(), None, None, 1) for c in contexts] == [(s, 0) for s in states]
-    kept = repr([vars(entry) for entry in client_app.MODELS.entries.values()]) + repr(client_app.SITES.entries)
+    kept = repr([vars(entry) for entry in client_app.MODELS.entries.values()]) + repr(site_context.SITES.entries)
     assert "rounds" not in kept
 
 
@@ -146,8 +147,11 @@ def test_evaluation_every_k_rounds_sends_no_evaluation_message_between_and_evalu
     asked: list[tuple[str, int]] = []
 
     def observe(message, reply):
+        config = message.content.config_records.get("config", {})
         if message.metadata.message_type == "evaluate":
-            asked.append((message.metadata.message_type, int(message.content["config"]["server-round"])))
+            asked.append(("evaluate", int(config["server-round"])))
+        elif config.get(CARRIED_EVALUATION) is True:  # a training message that asks for the previous round's
+            asked.append(("evaluate", int(config["server-round"]) - 1))
 
     overrides = {**SMALL, "federation.rounds": 4, "evaluation.server_side": True, "seed": 2}
     every = run_inprocess({**overrides, "evaluation.every": 3, "output.dir": str(tmp_path / "every3")},

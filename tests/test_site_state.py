@@ -190,7 +190,7 @@ def test_a_policy_site_counts_at_least_the_drop_outs_its_own_sharing_tolerates()
     does not make the site count more honest shares; a site without a policy follows the run config."""
     from types import SimpleNamespace
 
-    from flwr_app import client_app
+    from flwr_app import site_context
     from flwr_app.config import parse_run_config
     from simulations.engine import resolve
 
@@ -200,5 +200,5 @@ def test_a_policy_site_counts_at_least_the_drop_outs_its_own_sharing_tolerates()
     sharing = SimpleNamespace(num_shares=5, threshold=3)
     policy = SimpleNamespace(node_config={"privacy-ledger": "/x.jsonl", "privacy-max-epsilon": 1,
                                           "privacy-min-honest-sites": 4})
-    assert client_app._tolerated_dropouts(cfg, policy, sharing).privacy.max_dropouts == 2
-    assert client_app._tolerated_dropouts(cfg, SimpleNamespace(node_config={}), sharing).privacy.max_dropouts == 0
+    assert site_context.tolerated_dropouts(cfg, policy, sharing).privacy.max_dropouts == 2
+    assert site_context.tolerated_dropouts(cfg, SimpleNamespace(node_config={}), sharing).privacy.max_dropouts == 0

@@ -20,6 +20,7 @@ from flwr_app.horizontal_server import RunStopped
 from simulations.engine import resolve, run_inprocess
 from strategies.arrays import values
 from strategies.horizontal import average_weight, moved_toward
+from strategies.rounds.records import CARRIED_EVALUATION
 
 DECAY = 0.5
 ROUNDS = 4
@@ -94,7 +95,10 @@ def _observed_run(overrides):
         kind = message.metadata.message_type
         if kind in sent and "arrays" in message.content:
             arrays = {key: values(array).copy() for key, array in message.content["arrays"].items()}
-            sent[kind].setdefault(int(message.content["config"]["server-round"]), []).append(arrays)
+            server_round = int(message.content["config"]["server-round"])
+            sent[kind].setdefault(server_round, []).append(arrays)
+            if message.content["config"].get(CARRIED_EVALUATION) is True:  # it asks for the previous round's too
+                sent["evaluate"].setdefault(server_round - 1, []).append(arrays)
 
     return run_inprocess(overrides, observe=observe), sent
 

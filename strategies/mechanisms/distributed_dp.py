@@ -548,7 +548,8 @@ class DistributedDP(SecureSumMechanism):
         )
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
-        keys = "one-time public keys, encrypted Shamir shares and the shares revealed in unmasking"
+        keys = ("one-time public keys (at the key set-up, or, for the next round's sum, with the unmask reply), "
+                "encrypted Shamir shares and the shares revealed in unmasking")
         no_info = ("drawn fresh from the site's random source for this round, not computed from any record: carry "
                    "no information about the records")
         return horizontal_manifest(self, cfg, [

@@ -173,8 +173,10 @@ def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
         releases += _recalibration_releases(cfg, secure_sum=secure_sum)
     if cfg.model.name in ("cox_mlp", "cox_time", "coxph"):
         releases.append(ReleasedValue("Breslow aggregates", "events and sums of exp(risk) at risk per grid interval "
-                                      "over the training records", "breslow", False, "sent without noise",
-                                      ("query.breslow/metrics.*",)))
+                                      "over the training records, of each evaluated round's model (with the next "
+                                      "round's training reply where that message carries the model)",
+                                      "breslow, or the next train", False, "sent without noise",
+                                      ("query.breslow/metrics.*", "train/breslow.*", "query.secagg_masked/breslow.*")))
     return releases
 
 
@@ -184,15 +186,22 @@ def _identity_releases(held_out: bool) -> list[ReleasedValue]:
     return [
         ReleasedValue("site name", "the site's name (node config site-name, or its simulated partition)", "every reply",
                       True, "public: not a function of any record",
-                      ("*/site.name", "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
+                      ("*/site.name", "train/evaluation_site.name", "query.secagg_masked/evaluation_site.name",
+                       "query.site_summary/deployment.site", "query.setup_ranges/deployment.site")),
         ReleasedValue("test metrics", "c_index, c_index_td, ibs, inbll (oot_* where an out-of-time set exists) of the "
                       "global model on the site's held-out records and, for each undefined metric, a code saying why "
                       "(e.g. no events); no record count (the server weights them by the count agreed at set-up); a deployed "
-                      "site with a privacy policy sends none, only a mark that it kept them", "evaluate", held_out,
+                      "site with a privacy policy sends none, only a mark that it kept them; where the next round's "
+                      "training message carries the round's model (strategies.rounds.records.carried_round), they "
+                      "travel with its reply (distributed_dp: the masked stage's), in records of their own, and only "
+                      "in the rounds the site's own run config evaluates", "evaluate, or the next train", held_out,
                       "a function of the released global model and the site's held-out records only (censoring "
                       "weights from the held-out records too): post-processing for the training records; the "
                       "held-out records are not protected" if held_out else
-                      "computed from the site's held-out records without noise", ("evaluate/metrics.*", "evaluate/site.undefined", "evaluate/site.kept_local")),
+                      "computed from the site's held-out records without noise",
+                      ("evaluate/metrics.*", "evaluate/site.undefined", "evaluate/site.kept_local",
+                       *(f"{kind}/{key}" for kind in ("train", "query.secagg_masked")
+                         for key in ("evaluation.*", "evaluation_site.undefined", "evaluation_site.kept_local")))),
         ReleasedValue("participation", "which rounds the site answered (the number of rounds is public)",
                       "every message", False, "the server sees whether and when a site replies"),
     ]

@@ -11,7 +11,8 @@
   :class:`~strategies.rounds.secure_sum.SecureSumRelease` (only the sites' sum unmasked);
 * Breslow/recalibration (:mod:`~strategies.rounds.baseline`): what the evaluation message carries;
 * evaluation (:mod:`~strategies.rounds.evaluation`): the sites' test metrics screened and pooled, and the model kept
-  (a diverged model rolled back, the running average);
+  (a diverged model rolled back, the running average); where the next round's training message carries the round's
+  model, it asks for those metrics (or a Cox-type model's Breslow sums) too (:mod:`~strategies.rounds.carried`);
 * ledger (:mod:`~strategies.rounds.ledger`): the round records, who released what, each site's privacy position.
 
 :mod:`~strategies.rounds.records` holds the message keys, the round record and the readers of a reply;

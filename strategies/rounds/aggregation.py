@@ -72,12 +72,13 @@ class PlainRelease(TrainingRelease):
                 *, resumed: bool) -> ArrayRecord | None:
         """Fewer than ``min_train_nodes`` accepted updates: not aggregated, and the round's shortfall says so. A
         resumed run's message carries its own site's privacy position only
-        (:meth:`~strategies.rounds.ledger.RoundBook.with_own_state`)."""
-        record = self.book.record(server_round)
+        (:meth:`~strategies.rounds.ledger.RoundBook.with_own_state`). The round's record is made once the replies
+        are in (a ``grid`` that closes the previous round on their arrival closes it first)."""
         if resumed:
             messages = [self.book.with_own_state(message, **self.keys) for message in messages]
-        replies = self.replies.record_failures(server_round, "train", messages,
-                                               grid.send_and_receive(messages, timeout=self.timeout))
+        received = grid.send_and_receive(messages, timeout=self.timeout)
+        record = self.book.record(server_round)
+        replies = self.replies.record_failures(server_round, "train", messages, received)
         self.book.count_unanswered_as_released(record, messages, replies)
         accepted = self.screen.screen(server_round, replies)
         aggregated, _ = outer.aggregate_train(server_round, accepted)

@@ -1,15 +1,16 @@
 """The Breslow/recalibration phase: what an evaluation message carries besides the model.
 
 Before each evaluation of a Cox-type model, :class:`EvaluationExtras` asks every site for the sufficient statistics
-``(d_k, R_k)`` of its training part on the shared time grid and sums them (the federated Breslow baseline); after
-the last round of a private set-up's hazard model, it collects the sites' noisy recalibration power sums once
-(through the run's :class:`~strategies.rounds.aggregation.TrainingRelease`, as its sites release them) and fits
-the recalibration exponents. Both go out in the evaluation config.
+``(d_k, R_k)`` of its training part on the shared time grid and sums them (the federated Breslow baseline), or
+sums those the next round's training replies carried (:meth:`EvaluationExtras.carry`,
+:mod:`strategies.rounds.carried`); after the last round of a private set-up's hazard model, it collects the sites'
+noisy recalibration power sums once (through the run's :class:`~strategies.rounds.aggregation.TrainingRelease`, as
+its sites release them) and fits the recalibration exponents. Both go out in the evaluation config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from logging import WARNING
 
 import numpy as np
@@ -33,8 +34,8 @@ class EvaluationExtras:
     its public plan and the model's cuts; ``exponents``: its result, one per cut, None until then or without one).
 
     Contract (:meth:`attach`): adds the baseline and the exponents to an evaluation config; asks for the Breslow
-    aggregates on every call and for the recalibration sums once a run, on the last round (each site releases its
-    recalibration sums once).
+    aggregates on every call (unless :meth:`carry` summed those of the round's model) and for the recalibration sums
+    once a run, on the last round (each site releases its recalibration sums once).
     """
 
     def __init__(self, replies: ReplyScreen, release: TrainingRelease, *, cfg: ExperimentConfig,
@@ -48,11 +49,13 @@ class EvaluationExtras:
         self.recalibration: tuple[RecalibrationPlan, np.ndarray] | None = None
         self.exponents: np.ndarray | None = None
         self._recalibrated = False
+        self._carried: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}  # round -> baseline from carried sums
 
     def attach(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> None:
         """Collect what ``server_round``'s evaluation of ``arrays`` needs and add it to ``config``."""
         if self.needs_baseline:
-            self.baseline = self._collect_breslow(server_round, arrays, grid)
+            self.baseline = (self._carried.pop(server_round) if server_round in self._carried else
+                             self._summed(server_round, self._query(server_round, arrays, grid, grid.get_node_ids())))
             if self.baseline is not None:
                 config[BASELINE_EVENTS] = self.baseline[0].tolist()
                 config[BASELINE_RISK] = self.baseline[1].tolist()
@@ -69,20 +72,34 @@ class EvaluationExtras:
             return True
         return False
 
-    def _collect_breslow(self, server_round: int, arrays: ArrayRecord,
-                         grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
-        """Sum the accepted sites' ``(d_k, R_k)`` for the model in ``arrays``."""
+    def carry(self, server_round: int, arrays: ArrayRecord, grid: Grid, messages: list[Message],
+              parts: list[Message], failed: Iterable[int]) -> None:
+        """Sum the Breslow sums of ``server_round``'s model ``arrays`` that training ``messages``' replies carried
+        (``parts``; the nodes ``failed``, whose reply was not read, asked in a Breslow query of their own); the
+        round's next :meth:`attach` uses the sum (once: an evaluation after a roll-back asks again)."""
+        replies = self.replies.record_failures(server_round, "breslow", messages, parts)
+        if failed := list(failed):
+            replies += self._query(server_round, arrays, grid, failed)
+        self._carried[server_round] = self._summed(server_round,
+                                                   sorted(replies, key=lambda reply: reply.metadata.src_node_id))
+
+    def _query(self, server_round: int, arrays: ArrayRecord, grid: Grid, nodes: Iterable[int]) -> list[Message]:
+        """Ask ``nodes`` for the Breslow sums of the model in ``arrays``; the usable replies, by node."""
         messages = [
             Message(content=RecordDict({self.array_key: arrays,
                                         self.config_key: ConfigRecord({"server-round": server_round})}),
                     dst_node_id=node_id, message_type=BRESLOW_QUERY)
-            for node_id in grid.get_node_ids()
+            for node_id in nodes
         ]
-        replies = grid.send_and_receive(messages, timeout=self.timeout)
+        return self.replies.record_failures(server_round, "breslow", messages,
+                                            grid.send_and_receive(messages, timeout=self.timeout))
+
+    def _summed(self, server_round: int, replies: Iterable[Message]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Sum the accepted sites' ``(d_k, R_k)`` in ``replies`` (in their order; None when no site's was accepted)."""
         event_counts: np.ndarray | None = None
         risk_sums: np.ndarray | None = None
         accepted = self.replies.accepted_metrics(
-            server_round, "breslow", self.replies.record_failures(server_round, "breslow", messages, replies),
+            server_round, "breslow", replies,
             lambda site, metrics: check_breslow(metrics.get("event_counts"), metrics.get("risk_sums"),
                                                 grid_size=self.grid_size, max_records=self.setups[site].count))
         for _, _, _, metrics in accepted:

@@ -263,6 +263,19 @@ class ModelKeeper:
             self.last_good = (server_round, arrays)
         self.average, self.iterate = evaluated, arrays
 
+    def trained_from_rolled_back(self, server_round: int, carried_round: int) -> ArrayRecord:
+        """Record that ``server_round``'s updates were trained from ``carried_round``'s model, which was rolled back
+        after its evaluation came with them: they are not aggregated (released all the same: their spend stands),
+        and the round keeps the last good model, which it returns."""
+        self.book.record(server_round).rolled_back = {
+            "to_round": self.last_good[0], "sites": [],
+            "reason": (f"its updates were trained from round {carried_round}'s model, rolled back after its "
+                       "evaluation: not aggregated")}
+        log(WARNING, "Round %s: trained from round %s's rolled-back model; the global model stays round %s's",
+            server_round, carried_round, self.last_good[0])
+        assert self.last_good[1] is not None
+        return self.last_good[1]
+
     def roll_back(self, server_round: int, reason: str) -> ArrayRecord:
         """Record that ``server_round``'s model diverged and return the last good model, which the round keeps.
 

@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from strategies.arrays import values
-from strategies.config import DataConfig
+from strategies.config import DataConfig, ExperimentConfig
 
 SITE_KEY = "site"
 #: What a run whose sites hold out no test part (:func:`holds_test_part`) reports in place of test figures.
@@ -46,6 +46,18 @@ RESUMED_PRIVACY_STATE = "resume.privacy_state"
 #: In a resumed run's train config, beside :data:`RESUMED_PRIVACY_STATE`: the rounds the server has charged the site
 #: since that state (released without an accepted reply), which the site charges to its accountant before training.
 RESUMED_CATCH_UP = "resume.catch_up"
+#: In a training config: ``True`` when the message also asks the site for its test metrics of the model the message
+#: carries, the previous round's (:func:`carried_round` says which round a site evaluates so, from its own config).
+CARRIED_EVALUATION = "evaluate.carried"
+#: In a training reply: the test metrics of that model (an evaluate reply's metric record), and their site record
+#: (an evaluate reply's: the site's name, why a metric is undefined, whether it kept its metrics).
+EVALUATION_RECORD = "evaluation"
+EVALUATION_SITE = "evaluation_site"
+#: In a training config of a model with a federated baseline: ``True`` when the message also asks the site for the
+#: Breslow sums of the model the message carries (in place of :data:`CARRIED_EVALUATION`); in the training reply,
+#: the record that carries them (a Breslow reply's metric record).
+CARRIED_BRESLOW = "breslow.carried"
+BRESLOW_RECORD = "breslow"
 #: Query asking a node which site it is (the server names every node once, at the start of a run).
 SITE_NAME_QUERY = "query.site_name"
 #: The most a site's privacy state may weigh (it is kept in every checkpoint).
@@ -117,6 +129,30 @@ class RoundRecord:
 def holds_test_part(data: DataConfig) -> bool:
     """Whether the run's sites hold out test parts: ``data.split_col`` labels them, or ``data.test_fraction`` > 0."""
     return bool(data.split_col) or data.test_fraction > 0
+
+
+def evaluated_round(cfg: ExperimentConfig, server_round: int) -> bool:
+    """Whether ``server_round``'s model is evaluated: every ``evaluation.every``-th round, and the last."""
+    return server_round % cfg.evaluation_every == 0 or server_round >= cfg.federation.rounds
+
+
+def carried_round(cfg: ExperimentConfig, server_round: int) -> int | None:
+    """The round whose model a training message of ``server_round`` also asks about under ``cfg``, or None: for the
+    site's test metrics of it (:data:`CARRIED_EVALUATION`), or, for a model with a federated baseline, for its
+    Breslow sums (:data:`CARRIED_BRESLOW`; its evaluation, which needs the sum of every site's, follows in an
+    evaluate message).
+
+    The previous round's, when it is an evaluated round (:func:`evaluated_round`) before the last, the sites hold test
+    parts, and that model is the one the training message carries: every site is sent every training message
+    (``federation.fraction_train = 1``) and the run evaluates its global model (``federation.weight_average = none``,
+    not a running average). A site computes it from its own run config, the server from the run's: the server cannot
+    ask a site about more rounds than its config evaluates.
+    """
+    previous = server_round - 1
+    if (cfg.federation.weight_average != "none" or cfg.federation.fraction_train != 1.0
+            or not holds_test_part(cfg.data) or previous < 1 or previous >= cfg.federation.rounds):
+        return None
+    return previous if evaluated_round(cfg, previous) else None
 
 
 def records_of(content: RecordDict, kind: type) -> list:

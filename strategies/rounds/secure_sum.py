@@ -42,6 +42,14 @@ class SecureSumRelease(TrainingRelease):
     (:func:`refuse_secure_sum`: phase ``secagg_sum``, site ``unattributable``): the global model and the
     server's optimiser state stay as they were, the spend counts, and the run goes on; it stops when
     :data:`MAX_REFUSED_SUMS` consecutive rounds' sums were refused.
+
+    Consecutive training rounds are pipelined (:meth:`_pipelines`): round ``r``'s unmask message also carries round
+    ``r + 1``'s stage-0 values, planned for the same sites (every site is selected each round), so a round after the
+    first costs three sequential messages (share keys; masked vector, with the carried evaluation; unmask with the
+    next round's keys). Round ``r + 1`` uses those keys only when its own stage-0 values and sites are exactly those
+    planned (else every site gets a fresh stage 0); a site that sent none (dropped out, new) gets a stage-0 message
+    of its own. Any other secure sum in between discards them. The keys are not checkpointed: a resumed run starts
+    with a fresh stage 0.
     """
 
     def __init__(self, book: RoundBook, replies: ReplyScreen, *, mechanism: SecureSumMechanism,
@@ -49,12 +57,14 @@ class SecureSumRelease(TrainingRelease):
         self.book, self.replies = book, replies
         self.mechanism, self.cfg, self.setups, self.timeout = mechanism, cfg, setups, timeout
         self.server_state: dict[str, Any] | None = None
+        #: The next training round's planned stage-0 values and sites, and the keys the sites sent for it.
+        self.advertised: tuple[tuple[dict[str, Any], list[int]], dict[int, tuple[Any, Any]]] | None = None
 
     def release(self, grid: Grid, server_round: int, arrays: ArrayRecord, messages: list[Message], outer: Strategy,
                 *, resumed: bool) -> ArrayRecord | None:
         """The new global model from the sum of the vectors of the sites ``messages`` select (each message's
-        content, as configured, goes out with the masked vector)."""
-        record = self.book.record(server_round)
+        content, as configured, goes out with the masked vector). The round's record is made once the sum is in (a
+        ``grid`` that closes the previous round with the masked stage's replies closes it first)."""
         contents = {m.metadata.dst_node_id: m.content for m in messages
                     if m.metadata.dst_node_id in self.book.node_sites}
         nodes = sorted(contents)
@@ -65,7 +75,9 @@ class SecureSumRelease(TrainingRelease):
         plan = self.mechanism.plan(self.cfg, parties=len(nodes), records=records, dim=dim,
                                    setup=self.setups[sites[nodes[0]]], honest_sites=self._honest_sites(sites.values()))
         result = self._secure_sum(grid, server_round, nodes, modulus=plan.modulus, dim=dim, records=records,
-                                  content=lambda node: RecordDict(dict(contents[node].items())))
+                                  content=lambda node: RecordDict(dict(contents[node].items())),
+                                  pipelined=self._pipelines(server_round))
+        record = self.book.record(server_round)
         for node in result.sent:
             record.released[sites[node]] = plan.report()
         if result.total is None:
@@ -126,19 +138,35 @@ class SecureSumRelease(TrainingRelease):
         return [setup.filter.honest_sites for site in sites
                 if (setup := self.setups.get(site)) is not None and setup.filter is not None]
 
+    def _pipelines(self, server_round: int) -> bool:
+        """Whether ``server_round``'s unmask message carries the next training round's stage 0: a next round comes
+        (not the last, not ``debug.stop_after_round``) and selects every site (``federation.fraction_train = 1``),
+        so its planned sites are this round's."""
+        return (server_round < int(self.cfg.federation.rounds) and server_round != self.cfg.debug.stop_after_round
+                and self.cfg.federation.fraction_train == 1.0)
+
     def _secure_sum(self, grid: Grid, server_round: int, nodes: list[int], *, modulus: int, dim: int, records: float,
-                    content: Callable[[int], RecordDict], phase: str | None = None) -> Any:
+                    content: Callable[[int], RecordDict], phase: str | None = None, pipelined: bool = False) -> Any:
         """One run of SecAgg+ (:class:`strategies.secure_aggregation.SecureSum`) over ``nodes``, whose agreed records
         are ``records``; its failures recorded under the stage's name, or under ``phase`` naming the stage. The
-        sum is not unmasked when more than ``privacy.max_dropouts`` sites dropped out."""
+        sum is not unmasked when more than ``privacy.max_dropouts`` sites dropped out. The keys the previous sum's
+        unmask replies carried (:attr:`advertised`) serve when this sum's stage-0 values and sites are those
+        planned; ``pipelined``: this sum's unmask message carries the stage 0 of the next sum, planned as this one."""
         privacy = self.cfg.privacy
         num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
                                                     colluding=privacy.colluding_sites)
         secure = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dim,
                            timeout=self.timeout, shuffle_seed=self.cfg.seed * 100_003 + server_round)
-        result = secure.run(grid, nodes, setup={"parties": len(nodes), "records": float(records)},
-                            masked_content=content, group=f"{server_round}{'-' + phase if phase else ''}",
-                            min_included=len(nodes) - privacy.max_dropouts)
+        setup = {"parties": len(nodes), "records": float(records)}
+        planned = (secure.stage_zero(setup), list(nodes))
+        advertised, self.advertised = self.advertised, None
+        result = secure.run(grid, nodes, setup=setup, masked_content=content,
+                            group=f"{server_round}{'-' + phase if phase else ''}",
+                            min_included=len(nodes) - privacy.max_dropouts,
+                            advertised=advertised[1] if advertised is not None and advertised[0] == planned else None,
+                            next_setup=planned[0] if pipelined else None)
+        if pipelined and result.advertised:
+            self.advertised = (planned, result.advertised)
         for stage, node, reason in result.failures:
             stage = stage.removeprefix("query.")
             self.book.fail(server_round, phase or stage, node, f"{stage}: {reason}" if phase else reason)
