@@ -3,7 +3,8 @@
 The schema is the dataclasses of :mod:`strategies.config` (every key's default, choices or bounds
 and help text). From it this module generates ``pyproject.toml``'s ``[tool.flwr.app.config]``
 table (what ``flwr run --run-config`` overrides), Hydra's ``conf/`` tree (one file per group
-option) and ``docs/configuration.md``; ``python -m flwr_app.config --write`` rewrites them and a
+option) and ``docs/configuration.md`` (and, from the privacy mechanisms' declarations,
+``docs/privacy-reference.md``); ``python -m flwr_app.config --write`` rewrites them and a
 test fails when one differs (``--check`` lists those that do).
 
 :func:`parse_run_config` is what the ServerApp, the ClientApp and the simulations call: the
@@ -558,9 +559,13 @@ def _mechanism_keys_section() -> list[str]:
 
 
 def generated_files(root: Path = PROJECT_ROOT) -> dict[Path, str]:
-    """Every generated file's path and the text the schema gives it (``pyproject.toml`` with its table replaced)."""
+    """Every generated file's path and the text the schema gives it (``pyproject.toml`` with its table replaced), and
+    the privacy reference the mechanisms' declarations give (:func:`~strategies.mechanisms.reference.reference_page`)."""
+    from strategies.mechanisms.reference import REFERENCE_PAGE, reference_page  # the mechanisms' declarations
+
     files = {root / "conf" / path: text for path, text in hydra_files().items()}
     files[root / "docs" / "configuration.md"] = configuration_page()
+    files[root / REFERENCE_PAGE] = reference_page()
     pyproject = root / "pyproject.toml"
     files[pyproject] = _with_table(pyproject.read_text(encoding="utf-8"))
     return files
@@ -625,7 +630,8 @@ def check_run_config(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write or check the files generated from the configuration schema "
-                                                 "(pyproject.toml's run-config table, conf/, docs/configuration.md).")
+                                                 "(pyproject.toml's run-config table, conf/, docs/configuration.md, "
+                                                 "docs/privacy-reference.md).")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite the generated files")
     action.add_argument("--check", action="store_true", help="list the files that differ; exit 1 if any")

@@ -67,7 +67,7 @@ def _links(page: Path) -> list[Path]:
 
 
 def test_readme_and_docs_links_resolve():
-    pages = [README] + [DOCS / name for name in ("tutorial.md", "guide.md", "privacy-methods.md", "deployment.md",
+    pages = [README] + [DOCS / name for name in ("tutorial.md", "privacy-methods.md", "deployment.md",
                                                    "architecture.md")] + sorted((DOCS / "howto").glob("*.md"))
     missing = {link for page in pages for link in _links(page) if not link.exists()}
     assert not missing, f"links to missing files: {sorted(str(p) for p in missing)}"

@@ -1,20 +1,20 @@
-"""Every comparison table and figure, regenerated from saved runs: ``python -m simulations.papers.report``.
+"""The results page from the latest saved run of each reproduction: ``python -m simulations.papers.report``.
 
 Nothing is trained or rerun. Each experiment command saved its runs under ``docs/results/``: one
-``results.csv`` per grid (a row per run with every metric and every ε) and one JSON object per
-benchmark. This command
+folder per run (``results.csv``, a row per run with every metric and every ε, and ``meta.json``,
+the commit of the code that produced it and what the run is), the tradeoff plans as JSON lines (a
+``commit`` in every row) and one JSON object per benchmark. Older runs are not kept (git keeps
+them); a variant of a run is a folder named by what differs. This command
 
-1. rewrites each grid's own ``table.md`` and figure from its ``results.csv``, with the module that
-   ran the grid (its ``--report-only`` path): the adaptive-DP reproduction
+1. rewrites each run's own ``table.md`` and figure from its ``results.csv``, with the module that
+   ran it (its ``--report-only`` path): the adaptive-DP reproduction
    (:mod:`simulations.papers.adaptive_dp`), FSL-BDP's Table 3 and Figure 10
    (:mod:`simulations.papers.fsl_bdp`), BVFLMSP's Tables 1 and 2 (:mod:`simulations.papers.table1`,
    :mod:`simulations.papers.bvflmsp`) and the membership-inference audits
    (:mod:`simulations.papers.membership`);
-2. writes ``docs/results.md``: per paper, our figures beside the paper's, the audited ε beside the
-   nominal one, the figures, the benchmark figures against their targets, and where each grid and
-   its commands are documented;
-3. writes ``docs/privacy.md`` from the mechanisms themselves: each one's assumptions and release
-   manifest (every value a site sends, covered or not).
+2. writes ``docs/results.md``: per reproduction, the commit its run states, our figures beside the
+   paper's, the audited ε beside the nominal one, the figures, the benchmark figures against their
+   targets, and the page that documents its setup, commands and reading.
 
 The uncertainty figures of BVFLMSP need per-record curves that are not saved; their summary table
 is rebuilt from the saved ``summary.csv`` and the figures are linked as they were drawn.
@@ -29,62 +29,53 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from flwr_app.config import PROJECT_ROOT, ConfigError
 from simulations.papers import adaptive_dp, bvflmsp, fsl_bdp, membership, table1
-from strategies.mechanisms.base import SecureSumMechanism
-from strategies.mechanisms.registry import MECHANISMS, get_mechanism
 
 _SIM_COX_ARGS = ["--epsilons", "0.6,0.7,0.8,0.9,1.0", "--metrics", "inbll,ibs,c_index"]
 _FLCHAIN_ARGS = ["--epsilons", "3,4,5,7", "--metrics", "c_index,ibs,inbll", "--methods",
                  "no DP,NbAFL,ROW-DP(Std),ROW-DP(Var),ROW-DP(Range),ROW-DP(MAE),ROW-DP(IQR),LS-ADP,NbAFL exact,LS-ADP exact"]
-#: The adaptive-DP grids (folder: title, the arguments their commands ran with; docs/results/adaptive_dp.md, "Commands").
-ADAPTIVE_DP_GRIDS: dict[str, tuple[str, list[str]]] = {
-    "flchain_62d9d39": ("flchain, the code of commit 62d9d39", _FLCHAIN_ARGS),
-    "sim_cox_cf9d528": ("sim_cox, the code of commit cf9d528", _SIM_COX_ARGS),
-    "sim_cox": ("sim_cox (commits 20086e3 and 59e12dd, the defaults of their time)", _SIM_COX_ARGS),
-    "flchain": ("flchain (commit 26dd4a2, the defaults of its time)", _FLCHAIN_ARGS),
-}
-FSL_BDP_GRIDS: dict[str, str] = {
-    "regions_529c944": "SBA loans, 4 census regions as sites, the defaults of commit 529c944 (5 seeds without DP, 3 "
-                       "with)",
-    "regions": "SBA loans, 4 census regions as sites (5 seeds; commit d452edc, the defaults of its time)",
-    "states_3161f8e": "SBA loans, 40 states as sites, the defaults of commit 3161f8e (5 seeds without DP, 3 with)",
-    "states": "SBA loans, 40 states as sites (5 seeds; commit d452edc, the defaults of its time)",
-}
+#: The adaptive-DP runs (docs/results/adaptive_dp/<folder>): folder -> the arguments their commands ran with
+#: (docs/results/adaptive_dp.md, "Commands").
+ADAPTIVE_DP_GRIDS: dict[str, list[str]] = {"sim_cox": _SIM_COX_ARGS, "flchain": _FLCHAIN_ARGS}
+#: FSL-BDP's runs (docs/results/fsl_bdp_sba/<folder>).
+FSL_BDP_GRIDS: tuple[str, ...] = ("regions", "states")
 TABLE1_DATA: tuple[str, ...] = ("metabric", "breast_cancer", "synthetic_multimodal")
-#: Table 1's folders (docs/results/bvflmsp/<folder>/<data>): folder -> the code that produced its rows.
-TABLE1_GRIDS: dict[str, str] = {
-    "table1_054062b": "the code of commit 054062b (BayesianMultisurv: seeds 0 and 1 only)",
-    "table1": "commits ca7f039 and fb158fa (before the encoders without batch norm, bc677bf, and the IBS/INBLL "
-              "censoring convention, 1664c29)",
-}
-#: Table 2's grids (docs/results/bvflmsp/<folder>): folder -> title naming the code that produced its rows.
-TABLE2_GRIDS: dict[str, str] = {
-    "table2_ba9875a": "table2_ba9875a: the code of commit ba9875a (seed 0)",
-    "table2": "table2: commits 8ecba34 and 210b245 (the rows saved there; before bc677bf and 1664c29)",
-    "table2_clean_inference": "table2_clean_inference: commit 8ecba34, the defaults of its time",
-    "table2_embedding16": "table2_embedding16: commit 8ecba34, the defaults of its time",
-    "table2_embedding16_large_epsilon": "table2_embedding16_large_epsilon: commit 8ecba34, the defaults of its time",
-}
-MEMBERSHIP_GRIDS: dict[str, str] = {
-    "flchain_b96d482": "flchain, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
-    "metabric_overfit_b96d482": "metabric built to over-fit, the code of commit b96d482 (distributed_dp's rows: a6e296a)",
-}
+#: BVFLMSP Table 2 and its variants (docs/results/bvflmsp/<folder>), each named by what differs.
+TABLE2_GRIDS: tuple[str, ...] = ("table2", "table2_private_split", "table2_clean_inference", "table2_embedding16",
+                                 "table2_embedding16_large_epsilon", "no_dp/split")
+#: The membership-inference audits (docs/results/membership/<folder>).
+MEMBERSHIP_GRIDS: tuple[str, ...] = ("flchain", "metabric_overfit")
 UNCERTAINTY_DATA: tuple[str, ...] = ("metabric", "synthetic_multimodal")
-#: The uncertainty runs' folders (docs/results/bvflmsp/<folder>/<data>): folder -> the code that produced them.
-UNCERTAINTY_GRIDS: dict[str, str] = {
-    "uncertainty_054062b": "the code of commit 054062b",
-    "uncertainty": "the code of commit 62850f5 (saved at 35cf494; before the encoders without batch norm, bc677bf)",
-}
+#: Each run folder's metadata: the commit of the code that produced it and what it is.
+META = "meta.json"
+
+
+def run_meta(folder: Path) -> dict[str, str]:
+    """A run folder's ``meta.json``: ``commit`` (the code that produced its rows), ``description``, ``note``
+    (optional)."""
+    path = folder / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; every run folder states its commit there "
+                          '({"commit": "<hash>", "description": "<what the run is>"})') from None
+    if not meta.get("commit") or not meta.get("description"):
+        raise ConfigError(f"{path}: needs 'commit' and 'description'")
+    return meta
+
+
+def run_line(folder: Path) -> str:
+    """The sentence naming a run's commit (and its note), read from its ``meta.json``."""
+    meta = run_meta(folder)
+    return f"Run with the code of commit {meta['commit']}" + (f" ({meta['note']})" if meta.get("note") else "") + "."
 
 
 def _quietly(main: Callable[[list[str]], object], argv: list[str]) -> None:
@@ -93,14 +84,17 @@ def _quietly(main: Callable[[list[str]], object], argv: list[str]) -> None:
         main(argv)
 
 
-def _grid_blocks(out: Path, main: Callable[[list[str]], object], folders: dict[str, Path],
+def _grid_blocks(out: Path, main: Callable[[list[str]], object], folders: Sequence[Path],
                  argv: dict[str, list[str]] | None = None) -> list[str]:
-    """Each grid's ``table.md`` and ``figure.png`` rewritten by ``main --report-only``; the table and figure as report blocks."""
+    """Each run's ``table.md`` and ``figure.png`` rewritten by ``main --report-only``; its description, commit,
+    table and figure as report blocks."""
     blocks: list[str] = []
-    for name, folder in folders.items():
-        _quietly(main, ["--out", str(folder), "--report-only", *(argv or {}).get(name, [])])
-        blocks += [f"### {name}", "", _demote((folder / "table.md").read_text(encoding="utf-8")), "",
-                   f"![{name}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
+    for folder in folders:
+        _quietly(main, ["--out", str(folder), "--report-only", *(argv or {}).get(folder.name, [])])
+        title = run_meta(folder)["description"]
+        blocks += [f"### {title}", "", run_line(folder), "",
+                   _demote((folder / "table.md").read_text(encoding="utf-8")), "",
+                   f"![{title}]({(folder / 'figure.png').relative_to(out.parent)})", ""]
     return blocks
 
 
@@ -160,9 +154,8 @@ def flchain_sweep(results: Path, out: Path) -> str:
 
 def adaptive_dp_section(results: Path, out: Path) -> str:
     """LS-ADP / ROW-DP / NbAFL (the adaptive-DP Cox-MLP paper): tables with the paper's numbers in brackets."""
-    blocks = _grid_blocks(out, adaptive_dp.main,
-                          {title: results / "adaptive_dp" / grid for grid, (title, _) in ADAPTIVE_DP_GRIDS.items()},
-                          {title: argv for title, argv in ADAPTIVE_DP_GRIDS.values()})
+    blocks = _grid_blocks(out, adaptive_dp.main, [results / "adaptive_dp" / grid for grid in ADAPTIVE_DP_GRIDS],
+                          ADAPTIVE_DP_GRIDS)
     blocks.append(f"Setup, commands and reading: {_link(results / 'adaptive_dp.md', out)}.")
     return "\n".join(blocks)
 
@@ -182,12 +175,13 @@ PAPER_FSL_BDP_SBA: dict[str, tuple[str, str, str, str]] = {
 def fsl_bdp_section(results: Path, out: Path) -> str:
     """FSL-BDP on the SBA loans: Table 3 with the paper's SBA rows beside ours; per-site wins; Figure 10."""
     blocks = []
-    for grid, title in FSL_BDP_GRIDS.items():
+    for grid in FSL_BDP_GRIDS:
         folder = results / "fsl_bdp_sba" / grid
+        title = run_meta(folder)["description"]
         fsl_bdp.write_saved(folder, title)
         table = pd.read_csv(folder / "table3.csv", float_precision="round_trip")
         targets = sorted(table["epsilon_target"].unique())
-        blocks += [f"### {title}", "",
+        blocks += [f"### {title}", "", run_line(folder), "",
                    "Test C-index, ours (mean ± std over seeds) at each target ε, beside the paper's SBA row (its "
                    "table gives no ε). The ε columns of the full table are the runs' headline ε (largest over "
                    "sites and seeds; ε_μ for BDP, with the classical ε of the same noise beside it).", "",
@@ -210,11 +204,12 @@ def fsl_bdp_section(results: Path, out: Path) -> str:
 
 def bvflmsp_table1_section(results: Path, out: Path) -> str:
     """BVFLMSP Table 1: centralised baselines on three data sets, the paper's TCGA C-indices beside them."""
-    blocks = []
-    for (grid, code), data in itertools.product(TABLE1_GRIDS.items(), TABLE1_DATA):
-        folder = results / "bvflmsp" / grid / data
+    run = results / "bvflmsp" / "table1"
+    blocks = [f"{run_meta(run)['description'].capitalize()}. {run_line(run)}", ""]
+    for data in TABLE1_DATA:
+        folder = run / data
         _quietly(table1.main, ["--data", data, "--out", str(folder), "--report-only"])
-        blocks += [f"### {data}, {code}", "", (folder / "table.md").read_text(encoding="utf-8"), ""]
+        blocks += [f"### {data}", "", (folder / "table.md").read_text(encoding="utf-8"), ""]
     blocks += ["### The paper's Table 1 (TCGA, C-index; a different data set, for reference)", "",
                "| Model | " + " | ".join(table1.PAPER_TABLE1_COLUMNS) + " |",
                "| --- |" + " --- |" * len(table1.PAPER_TABLE1_COLUMNS)]
@@ -226,7 +221,7 @@ def bvflmsp_table1_section(results: Path, out: Path) -> str:
 
 def bvflmsp_table2_section(results: Path, out: Path) -> str:
     """BVFLMSP Table 2: split learning under embedding DP; record-level RDP ε beside the paper's ε claim."""
-    blocks = _grid_blocks(out, bvflmsp.main, {title: results / "bvflmsp" / grid for grid, title in TABLE2_GRIDS.items()})
+    blocks = _grid_blocks(out, bvflmsp.main, [results / "bvflmsp" / grid for grid in TABLE2_GRIDS])
     blocks.append(f"Setup, commands, the diagnostics and reading: {_link(results / 'bvflmsp.md', out)}.")
     return "\n".join(blocks)
 
@@ -235,11 +230,12 @@ def uncertainty_section(results: Path, out: Path) -> str:
     """BVFLMSP uncertainty bands: mean 95 % band width per setup (from the saved summaries)."""
     blocks = ["Mean width of the 95 % band of the survival curve over test records (mean ± std over seeds), "
               "with all modalities, with one modality masked at prediction, and retrained without it; "
-              "\"wider\" counts the seeds on which the band is wider than with all modalities.", ""]
-    for (grid, code), data in itertools.product(UNCERTAINTY_GRIDS.items(), UNCERTAINTY_DATA):
-        folder = results / "bvflmsp" / grid / data
+              "\"wider\" counts the seeds on which the band is wider than with all modalities. "
+              + run_line(results / "bvflmsp" / "uncertainty"), ""]
+    for data in UNCERTAINTY_DATA:
+        folder = results / "bvflmsp" / "uncertainty" / data
         summary = pd.read_csv(folder / "summary.csv", float_precision="round_trip")
-        blocks += [f"### {data}, {code}", "", "| setup | modality | band width | C-index | difference | wider |",
+        blocks += [f"### {data}", "", "| setup | modality | band width | C-index | difference | wider |",
                    "| --- | --- | --- | --- | --- | --- |"]
         for _, row in summary.iterrows():
             modality = row["modality"] if isinstance(row["modality"], str) else "–"
@@ -255,8 +251,7 @@ def uncertainty_section(results: Path, out: Path) -> str:
 
 def membership_section(results: Path, out: Path) -> str:
     """Membership-inference audit: attack AUC per strategy and ε beside the DP ceiling of the release."""
-    blocks = _grid_blocks(out, membership.main,
-                          {title: results / "membership" / grid for grid, title in MEMBERSHIP_GRIDS.items()})
+    blocks = _grid_blocks(out, membership.main, [results / "membership" / grid for grid in MEMBERSHIP_GRIDS])
     blocks.append(f"Threat model, commands and reading: {_link(results / 'membership.md', out)}.")
     return "\n".join(blocks)
 
@@ -382,9 +377,9 @@ def tradeoffs_section(results: Path, out: Path) -> str:
     everything = tradeoffs.load_rows(folder, "main", "old_recipe", "distributed", "states", "site_size",
                                      "central_dp_sites")
     return "\n".join([
-        "Measured on 2026-11-24 with the code of commits f964595 and bfdfc0e (where these rows were saved): before "
-        "the private set-up took a share of ε, before the Kaplan–Meier start and the private recalibration, and "
-        "with distributed_dp's earlier recipe (clip 1, lr 0.02). The current defaults are in the section above.",
+        run_line(folder) + " Before the private set-up took a share of ε, before the Kaplan–Meier start and the "
+        "private recalibration, and with distributed_dp's earlier recipe (clip 1, lr 0.02). The current defaults are "
+        "in the section above.",
         "",
         "Test C-index and integrated Brier score (IBS) of the final global model (pooled test split), 20 rounds "
         "(distributed_dp: 60), hazard MLP, mean ± std over 5 seeds, with the defaults (the DP recipes) of then; ε "
@@ -413,141 +408,18 @@ SECTIONS: tuple[tuple[str, Callable[[Path, Path], str]], ...] = (
 def write(results: Path, out: Path) -> str:
     """Regenerate every grid's tables and figures under ``results`` and write the report to ``out``."""
     parts = ["# fedsurv results", "",
-             "Generated by `python -m simulations.papers.report` from the runs saved under `docs/results/`; do not edit "
-             "by hand. Every ε is the one the run's privacy ledger reports (the audited ε of the mechanism that "
-             "ran), next to the target or the paper's nominal figure; no ε is averaged over sites.", ""]
+             "Generated by `python -m simulations.papers.report` from the latest run of each reproduction saved under "
+             "`docs/results/`; do not edit by hand. Each section names the commit of the code that produced its run "
+             "(the run folder's `meta.json`, or each row's `commit`). Every ε is the one the run's privacy ledger "
+             "reports (the audited ε of the mechanism that ran), next to the target or the paper's nominal figure; no "
+             "ε is averaged over sites. The setup, commands and reading of each reproduction are on the page its "
+             "section links to.", ""]
     parts += [f"- [{title}](#{_anchor(title)})" for title, _ in SECTIONS] + [""]
     for title, section in SECTIONS:
         parts += [f"## {title}", "", section(results, out).rstrip(), ""]
     text = "\n".join(parts)
     out.write_text(text, encoding="utf-8")
     return text
-
-
-#: Options that change what a mechanism's sites send, shown under each mechanism of the privacy page.
-PRIVACY_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("a Cox model (model.name = cox_mlp or cox_time)", {"model.name": "cox_mlp"}),
-    ("privacy.allocation = exact", {"privacy.allocation": "exact"}),
-    ("split.clean_inference = true", {"split.clean_inference": True}),
-)
-
-
-def _privacy_config(strategy: str, **overrides: Any) -> Any:
-    """The run configuration the privacy page documents for ``strategy`` (its defaults, epsilon 1)."""
-    from simulations.engine import resolve
-
-    base: dict[str, Any] = {"strategy.name": strategy}
-    if get_mechanism(strategy).vertical:
-        base |= {"data.name": "metabric", "model.name": "bayesian_multisurv"}
-    base["privacy.epsilon"] = "inf" if not get_mechanism(strategy).private and not get_mechanism(strategy).vertical else 1.0
-    return resolve({**base, **overrides})[1]
-
-
-def privacy_page() -> str:
-    """``docs/privacy.md``: for every mechanism, its assumptions and its release manifest.
-
-    Generated from the mechanisms themselves (:mod:`strategies.mechanisms`), the objects that also
-    write every run's ledger and ``manifest.json``, so the page cannot drift from what runs.
-    """
-    parts = ["# What each privacy mechanism protects, and what every site sends", "",
-             "Generated by `python -m simulations.papers.report` from the mechanisms' own release manifests and "
-             "assumptions (the objects that write every run's `ledger.jsonl` and `manifest.json`); do not edit by "
-             "hand. *Covered* means the value is a function of the mechanism's noisy output or of public inputs "
-             "only; every other value a site sends is listed as not covered, with the reason. Each run writes the "
-             "manifest of its own configuration to `manifest.json`; below is each mechanism at its defaults "
-             "(`privacy.epsilon = 1`).", ""]
-    parts += _accounting_section()
-    for name, mechanism in MECHANISMS.items():
-        cfg = _privacy_config(name)
-        manifest = mechanism.manifest(cfg)
-        parts += [f"## `{name}`", "",
-                  f"Unit protected: **{manifest.unit}**; adjacency: {', '.join(mechanism.adjacencies)}.", "",
-                  "What the ledger's figures assume:", ""]
-        parts += [f"- {sentence}" for sentence in mechanism.assumptions(cfg)]
-        parts += ["", manifest.as_markdown(), ""]
-        if isinstance(mechanism, SecureSumMechanism):
-            parts += [SECURE_SUM_TEXT, ""]
-        for label, overrides in PRIVACY_VARIANTS:
-            try:
-                variant = mechanism.manifest(_privacy_config(name, **overrides))
-            except ConfigError:
-                continue  # the option does not apply to this mechanism
-            before = {release.value: release.covered for release in manifest.releases}
-            changed = [f"{release.value} ({'covered' if release.covered else 'not covered'})"
-                       for release in variant.releases if before.get(release.value) != release.covered]
-            if changed:
-                parts += [f"With {label}: {'; '.join(changed)}.", ""]
-    return "\n".join(parts).rstrip() + "\n"
-
-
-#: What the server of a secure-sum mechanism can and cannot attribute (``docs/privacy.md``, after its manifest); the
-#: figures are from ``tests/test_distributed_dp.py``'s runs and the issue-25 check (4 FLCHAIN sites, 3 rounds, eps 1).
-SECURE_SUM_TEXT = (
-    "**What secure aggregation cannot attribute.** The server sees only the unmasked sum of the included sites' "
-    "vectors: it can judge the sum, never say whose vector made it wrong. It refuses a sum whose centred L2 norm "
-    "exceeds n_max·Δ + √m·s·√(d + 2√(dx) + 2x), or any of whose coordinates exceeds n_max(γC + 1/2) + "
-    "√m·s·√(2 ln(2d/p)) (m included sites, each adding N_Z(0, s²) per coordinate; n_max = their agreed records "
-    "+ m/2 + σ_c√m√(2x), σ_c the set-up count's noise; p = 10⁻⁹/3, x = ln(1/p)): an honest round exceeds either "
-    "with probability at most 10⁻⁹ (the discrete Gaussian is sub-Gaussian, so the chi-square tail of Laurent & "
-    "Massart holds for the noise sum; the data part is the triangle bound, every record's gradient at the clip norm "
-    "in one direction; `RoundPlan.sum_bound`). The check is on the centred sum, the very integers the step divides, "
-    "so a vector that wraps around the modulus cannot hide: a sum pushed across M/2 reads as a large centred value. "
-    "A refused sum is a failure of phase `secagg_sum` under the site name `unattributable` that names the stage "
-    "(the sum check, after the masked-vector collection and the unmasking), the sites in the sum and the drop-outs "
-    "before it; the round keeps the global model and the server's optimiser state, every site asked still counts "
-    "the round in its spend (it released its vector), and the run goes on; a sum refused in 3 consecutive rounds "
-    "stops the run with that error. What the protocol can check is still named by site: a masked vector of the "
-    "wrong shape, type or range is refused under its site at the masked-vector stage (a drop-out), and a site "
-    "that does not answer is named at its stage; more drop-outs than `privacy.max_dropouts` stop the round.\n\n"
-    "What the check cannot see: a contribution that keeps the sum within the honest worst case. With noise "
-    "dominating, that is far above an actual honest sum: at ε = 1 on 4 FLCHAIN sites the bound is 8.4·10¹³ and an "
-    "honest sum about 1.35·10¹³ (the data part about 1.3·10¹²), so one site's vector scaled by up to about ±12 "
-    "before masking passes. ×−5 is not detected and lowered the pooled test C-index from 0.746 to 0.347 over 3 "
-    "rounds, with no failure filed; ×10³ before masking, and an all-zero, replayed or mod-M/2 masked vector, are "
-    "refused in every round they are sent. Keeping such contributions out needs each site to prove its vector's "
-    "bound inside the protocol (zero-knowledge norm proofs, e.g. EIFFeL, Roy Chowdhury et al. 2022; RoFL, Lycklama "
-    "et al. 2023), which this project does not implement."
-)
-
-#: The accounting section of ``docs/privacy.md`` (before the table generated from the mechanisms' ``accountants``).
-ACCOUNTING_TEXT = (
-    "Each mechanism's ε comes from one accountant, named in every ledger entry (`accountant`). Where a tight "
-    "accountant is sound for the mechanism, `privacy.accountant = auto` (the default) picks it, the noise is "
-    "calibrated with it (so the same ε buys less noise) and the ledger gives, beside that headline, the Rényi-DP "
-    "figure of the same releases (`epsilon_rdp`, opacus' RDP and its conversion at δ). `pld` is dp-accounting's "
-    "`PLDAccountant` (pessimistic connect-the-dots privacy loss distributions on a grid of 1e-4, tails counted in δ: "
-    "an upper bound within about 1e-3 of the exact ε); `prv` is opacus' PRV accountant (an upper bound from its error "
-    "bound); `rdp` converts Rényi DP to (ε, δ), which loses about 10 % of ε at these budgets "
-    "(`python -m benchmarks.accountants`).",
-    "A deployed site can hold its own budget (node config `privacy-ledger`, `privacy-max-epsilon`, …; "
-    "docs/deployment.md, \"A site's own privacy budget\"): its SuperNode charges every set-up pass, training round "
-    "and recalibration of dp_sgd or distributed_dp to a Rényi filter of one fixed order, computed from the noise it "
-    "adds itself and never from the server's plan, writes each to its tamper-evident ledger before it leaves, and "
-    "refuses, before anything is released, what the filter cannot hold (a run whose plan exceeds what is left, a "
-    "strategy it does not accept or cannot charge: bdp, whose noise and stopping time depend on the site's records, "
-    "among them). RDP of one order adds up over releases chosen adaptively, which is what a filter needs "
-    "(Feldman & Zrnic 2021). The site tells the server where its filter stands with its first set-up release, and the "
-    "server plans that site's noise to fit it (the larger of what the run's accountant and the filter need); the "
-    "ledger gives the tight figure for the plan actually run and, for such a site, its filter figure "
-    "(`epsilon_filter`), which is higher. A distributed_dp site with a policy sizes its noise share, and charges it, "
-    "on the honest sites its own policy counts on (`privacy-min-honest-sites`), never on the participant count the "
-    "server reports. What a dishonest server can and cannot make a site spend or tell, and each remaining limit: "
-    "docs/deployment.md, \"What a dishonest server can and cannot do\". "
-    "distributed_dp keeps RDP: the sum of the sites' discrete Gaussians is not a Gaussian, and the bound it has "
-    "(Kairouz, Liu & Steinke 2021, Proposition 14) is a Rényi bound; a PLD of the continuous Gaussian would not bound "
-    "it. bdp's headline is the Bayesian accountant's ε_μ (data-dependent, average case), which no PLD replaces; its "
-    "`epsilon_classical` stays RDP. The weight-perturbation and split strategies have their own Rényi or formula "
-    "accountants.",
-)
-
-
-def _accounting_section() -> list[str]:
-    """The accounting section: the prose and which ``privacy.accountant`` each mechanism offers."""
-    parts = ["## Accounting", "", *[line for text in ACCOUNTING_TEXT for line in (text, "")],
-             "| strategy | `privacy.accountant` offered (`auto` first) |", "| --- | --- |"]
-    parts += [f"| `{name}` | {', '.join(mechanism.accountants) if mechanism.private else 'none (no guarantee)'} |"
-              for name, mechanism in MECHANISMS.items()]
-    return parts + [""]
 
 
 def _anchor(title: str) -> str:
@@ -561,12 +433,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=PROJECT_ROOT / "docs" / "results",
                         help="folder of the saved runs (default: docs/results)")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "results.md")
-    parser.add_argument("--privacy-out", type=Path, default=PROJECT_ROOT / "docs" / "privacy.md",
-                        help="where the mechanisms' privacy page goes (default: docs/privacy.md)")
     args = parser.parse_args(argv)
     write(args.results.resolve(), args.out.resolve())
-    args.privacy_out.write_text(privacy_page(), encoding="utf-8")
-    print(f"wrote {args.out} and {args.privacy_out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

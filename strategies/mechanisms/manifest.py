@@ -152,7 +152,7 @@ def uncovered_sentence(manifest: Manifest) -> str:
     names = [release.value for release in manifest.uncovered]
     if not names:
         return "every value a site sends is covered (release manifest)"
-    return "not covered by epsilon (release manifest in privacy.md): " + ", ".join(names)
+    return "not covered by epsilon (release manifest in docs/privacy-reference.md): " + ", ".join(names)
 
 
 def common_releases(cfg: ExperimentConfig, *, private: bool, record_level: bool,
