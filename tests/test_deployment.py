@@ -3,8 +3,9 @@
 The deploy scripts make the certificates and keys; a SuperLink runs with TLS and
 ``--enable-supernode-auth``; three registered SuperNodes each read their own file. A horizontal
 ``dp_sgd`` run (one SuperNode killed after its first round) and a vertical ``split`` run go through
-``flwr run``, and a SuperNode whose key was never registered is refused. Every process is started in
-its own process group and stopped by it.
+``flwr run``, and a SuperNode whose key was never registered is refused. The SuperNodes run with
+``--isolation process`` beside fedsurv's warm executor (``python -m flwr_app.executor``), as a site
+does. Every process is started in its own process group and stopped by it.
 """
 
 import json
@@ -26,14 +27,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    with loopback(tmp_path_factory.mktemp("deployment"), keys=(*SITES, "intruder")) as deploy:
+    with loopback(tmp_path_factory.mktemp("deployment"), keys=(*SITES, "intruder"), executor="warm") as deploy:
         yield deploy
 
 
 def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed_mid_run(deployment):
     """An unregistered SuperNode is refused; two dp_sgd runs with the same seed release different noisy updates
     (deployed noise comes from each site's OS entropy); a dp_sgd run whose third site is SIGKILLed after round 1
-    finishes with the other two, and the ledger holds the killed site's spend up to its last completed round."""
+    finishes with the other two, and the ledger holds the killed site's spend up to its last accepted round, and any
+    round it was asked after it left, counted as released."""
     intruder = deployment.start_supernode("intruder", "data-path='/nonexistent.csv'", key="intruder")
     assert intruder.wait(timeout=120) != 0
     deployment.stop("intruder")
@@ -83,11 +85,15 @@ def test_unregistered_node_refused_and_dp_sgd_run_finishes_without_a_site_killed
     assert set(lines[-1]["sites"]) == set(summary["sites"]) == set(SITES) - {killed}
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     assert {entry["mechanism"] for entry in ledger} == {"dp_sgd"}
+    unanswered = {site: sorted(entry["round"] for entry in ledger if entry["site"] == site and any(
+        "no accepted reply" in text for text in entry["assumptions"])) for site in SITES}
     spent = {site: sorted(entry["round"] for entry in ledger if entry["site"] == site) for site in SITES}
-    last = max(spent[killed])
-    assert spent[killed] == list(range(1, last + 1)) and last < rounds
+    accepted = {site: [number for number in spent[site] if number not in unanswered[site]] for site in SITES}
+    last = max(accepted[killed])
+    assert accepted[killed] == list(range(1, last + 1)) and last < rounds
+    assert all(number > last for number in unanswered[killed])  # asked after it left: counted as released
     for site in SITES[:-1]:
-        assert spent[site] == list(range(1, rounds + 1))
+        assert accepted[site] == spent[site] == list(range(1, rounds + 1))
     killed_epsilon = max(entry["epsilon"] for entry in ledger if entry["site"] == killed)
     assert summary["privacy"]["epsilon"] >= killed_epsilon  # the headline is the worst site's, never an average
     for site in SITES[:-1]:
@@ -127,7 +133,8 @@ def _supernode_status(deployment: Deployment, node_id: int) -> str:
 
 
 def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_trains(deployment):
-    """kill -9 one SuperNode during round 2 of a dp_sgd run, restart it with the same key once the SuperLink has it
+    """kill -9 one SuperNode once round 1 of a dp_sgd run has ended (in round 2, or just after it answered round 2's
+    message), restart it with the same key once the SuperLink has it
     offline (before, Flower refuses to activate it: exit 305): it keeps its node ID, gets the agreed set-up again,
     trains in a later round, the run finishes, and its absence is filed once, under its site's name, with the time
     the server saw it."""
@@ -142,7 +149,9 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     dictionary.write_text(json.dumps({"numeric": {"flc.grp": [1, 10], "sample.yr": [1995, 2003]},
                                       "categorical": {"mgus": ["no", "yes"], "sex": ["F", "M"]}}))
     out = deployment.root / "rejoin"
-    rounds = 4
+    # Enough rounds to outlast the SuperLink's offline detection (up to 2 x 30 s) and the restart: a warm site's round
+    # takes little more than the SuperNode's 3 s idle sleep.
+    rounds = 30
     run_id = deployment.submit(
         "data.name='site_files' data.time_col='futime' data.event_col='death' strategy.name='dp_sgd' "
         f"privacy.epsilon=5 federation.num_sites=3 federation.min_sites=2 train.batch_size=64 "
@@ -158,6 +167,9 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     online = [int(node["node-id"]) for node in listed["nodes"] if node["status"] == "online"]
     os.killpg(deployment.processes.pop(killed).pid, signal.SIGKILL)  # kill -9: SuperNode and its ClientApps
     killed_at = time.monotonic()
+    # The round under way: the site may already have answered its message (a warm site takes about a second), and
+    # then its absence falls in the next round.
+    killed_in = metrics.read_text().count("\n") + 1
     # The SuperLink marks it offline once it misses its heartbeats (up to 2 x 30 s); its node ID is the one its
     # registered key was given, so the restarted SuperNode is the same node.
     while all(_supernode_status(deployment, node) == "online" for node in online):
@@ -173,17 +185,17 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     filed = [(line["round"], failure) for line in lines for failure in line["failures"]]
     assert len(filed) == 1, filed  # once: not also as unanswered, never as an unnamed site
     (round_filed, failure), = filed
-    assert failure["site"] == killed and round_filed == 2 and failure["phase"] == "train"
+    assert failure["site"] == killed and round_filed in (killed_in, killed_in + 1) and failure["phase"] == "train"
     assert "went offline" in failure["reason"] and "seen after" in failure["reason"]
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     trained = sorted(entry["round"] for entry in ledger if entry["site"] == killed
                      and not any("no accepted reply" in text for text in entry["assumptions"]))
-    assert trained[0] == 1 and trained[-1] == rounds and 2 not in trained  # accepted again after it rejoined
+    assert trained[0] == 1 and trained[-1] == rounds and round_filed not in trained  # accepted after it rejoined
     assert set(lines[-1]["sites"]) == set(SITES)
     log = (out / "run.log").read_text()
     assert f"site '{killed}'" in log and "rejoined: the agreed set-up sent again" in log
     (out / "rejoin_log.txt").write_text(
-        f"kill -9 {killed} during round 2; `flwr supernode list` had it offline after {offline_after:.0f} s; "
+        f"kill -9 {killed} during round {killed_in}; `flwr supernode list` had it offline after {offline_after:.0f} s; "
         "restarted with its key\n"
         + "".join(text + "\n" for text in log.splitlines() if killed in text or text.startswith("round"))
         + "".join(json.dumps({"round": line["round"], "failures": line["failures"], "sites": sorted(line["sites"])})

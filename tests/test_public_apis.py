@@ -1,8 +1,8 @@
-"""The product uses Flower, PyTorch and Opacus through their public names only, and changes nothing in them.
+"""The product uses Flower, PyTorch, Opacus and Ray through their public names only, and changes nothing in them.
 
 An AST scan of every module of the product packages (not the tests, not the benchmarks) refuses
 
-* a private name (``_x``, not ``__x__``) of ``flwr``, ``torch`` or ``opacus``: imported
+* a private name (``_x``, not ``__x__``) of ``flwr``, ``torch``, ``opacus`` or ``ray``: imported
   (``from flwr.simulation.run_simulation import _run_simulation``, ``import torch._dynamo``), in a
   dotted module path (``from torch.optim._functional import adam``), or reached as an attribute of a
   name imported from them (``vce_api._register_node_info_stores``, ``torch._dynamo``,
@@ -14,6 +14,9 @@ One assignment is allowed: ``TaskIdentity.task_id``/``run_id``/``node_id`` of
 ``flwr.supercore.task_identity``, the identity that Flower's runtimes (``run_serverapp``,
 ``run_clientapp``, ``run_simulation``) set through those properties' setters for the messages a
 process creates, and that the in-process engine, a runtime of its own, sets for the same reason.
+
+One module, ``flwr_app/flower_entry.py``, and no other imports the undocumented Flower entry points
+that the warm ClientApp executor needs (Flower's Runtime API client and ``run_clientapp``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("fedsurv", "flwr_app", "models", "strategies", "simulations")
-PACKAGES = ("flwr", "torch", "opacus")
+PACKAGES = ("flwr", "torch", "opacus", "ray")
 ALLOWED_ASSIGNMENTS = {f"flwr.supercore.task_identity.TaskIdentity.{key}" for key in ("task_id", "run_id", "node_id")}
+#: The one module allowed the undocumented Flower entry points of the warm ClientApp executor (Flower's Runtime API
+#: client and its ``run_clientapp``); it names the Flower versions it was tested with (``tests/test_executor.py``).
+FLOWER_ENTRY_MODULE = "flwr_app/flower_entry.py"
+FLOWER_ENTRY_POINTS = ("flwr.supernode", "flwr.supercore.runtime", "flwr.supercore.superexec",
+                       "flwr.supercore.interceptors", "flwr.supercore.retry", "flwr.supercore.tls", "flwr.proto")
 
 
 def _private(name: str) -> bool:
@@ -119,6 +127,16 @@ def test_no_product_module_uses_a_private_name_of_flower_torch_or_opacus_or_assi
     found = {str(path.relative_to(ROOT)): lines for path, source in sources.items()
              if any(package in source for package in PACKAGES) and (lines := violations(source))}
     assert found == {}
+
+
+def test_only_the_flower_entry_module_imports_the_executors_undocumented_flower_entry_points():
+    files = sorted(path for package in PRODUCT for path in (ROOT / package).rglob("*.py"))
+    found = {}
+    for path in files:
+        bound = _bindings(ast.parse(path.read_text(encoding="utf-8"))).values()
+        if uses := sorted(name for name in bound if name.startswith(FLOWER_ENTRY_POINTS)):
+            found[str(path.relative_to(ROOT))] = uses
+    assert set(found) == {FLOWER_ENTRY_MODULE}, found
 
 
 def test_the_scan_finds_private_names_and_assignments_into_the_packages():
