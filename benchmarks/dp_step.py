@@ -19,7 +19,7 @@ Usage::
 
     python benchmarks/dp_step.py [--repeats 200] [--batch-size 128] [--features 19]
 
-Targets (issues): ratio_dp_over_plain <= 1.4 (issue 28; 3 before); ratio_bdp_over_dp <= 1.3 (BDP
+Targets: ratio_dp_over_plain <= 1.4; ratio_bdp_over_dp <= 1.3 (BDP
 with the default add-remove adjacency; ``ratio_bdp_replace_one_over_dp`` is the FSL-BDP replace-one variant).
 """
 

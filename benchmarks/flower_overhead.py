@@ -19,7 +19,7 @@ Usage::
 
     python benchmarks/flower_overhead.py [--rounds 50] [--sites 5] [key=value ...]
 
-Target (issue 28): default engine / bare loop ≤ 1.5 on a 50-round FLCHAIN run with 5 sites.
+Target: default engine / bare loop ≤ 1.5 on a 50-round FLCHAIN run with 5 sites.
 """
 
 from __future__ import annotations

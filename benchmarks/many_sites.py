@@ -16,7 +16,7 @@ each) through Flower's simulation engine, for ``--rounds`` rounds. Reported per 
   Ray costs a round against the default engine.
   (``benchmarks/flower_overhead.py`` measures the whole Flower path against a bare loop.)
 
-Prints one JSON object. Targets (issue 28): 1000 sites, one round of the default engine (``simulation.engine =
+Prints one JSON object. Targets: 1000 sites, one round of the default engine (``simulation.engine =
 auto``: in process up to 1000 sites) ≤ 8 s and ≤ 3 GB on 2 cores.
 
 Usage::

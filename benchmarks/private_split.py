@@ -1,4 +1,4 @@
-"""Private vertical learning with one release per record: the options of issue 18 measured, and the ceiling.
+"""Private vertical learning with one release per record: its options measured, and the ceiling.
 
 ``python -m benchmarks.private_split select [--out grid.jsonl]``
     Chooses ``privacy.clip_norm``, ``split.fit_share`` and the head's ``split.risk_layer``

@@ -11,7 +11,7 @@ hazard MLP and the same per-round evaluation; the set-up is exact in both (``pri
   gradient sum, sent through the four SecAgg+ stages, unmasked, one server step);
 * ``protocol_s``: the part of a secure round spent in the protocol itself (the four stages without the
   sites' gradient and noise computation);
-* ``ratio = secure_round_s / plain_round_s`` (target, issue 28: at most 2 at 40 sites).
+* ``ratio = secure_round_s / plain_round_s`` (target: at most 2 at 40 sites).
 
 The plain and the secure run are made ``--pairs`` times in turn (the same runs each time: only the machine's
 timing differs); each figure is the median over the pairs, and ``pair_ratios`` lists every pair's ratio, so
