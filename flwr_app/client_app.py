@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_app.config import ExperimentConfig
+from flwr_app.config import ExperimentConfig, PrivacyConfig
 from flwr_app.site_context import (PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
                                    node_site, own_honest_sites, run_config, site_setup, spec_json, tolerated_dropouts)
 from flwr_app.site_errors import sanitised_errors
@@ -284,11 +284,12 @@ def _keep_noise(context: Context) -> None:
         context.state[NOISE_STATE] = ConfigRecord({"json": text})
 
 
-def _privacy_state(context: Context, config: ConfigRecord, cfg: ExperimentConfig, site: SiteData,
-                   server_round: int) -> tuple[dict | None, int]:
+def _privacy_state(context: Context, config: ConfigRecord, site: SiteData, server_round: int, *, deployed: bool,
+                   rounds: int) -> tuple[dict | None, int]:
     """The site's privacy state and the rounds it still has to charge: its node state's (nothing to charge), else
-    :func:`flwr_app.site_state.restore` of its own copy or of the sealed state the server handed back (a restarted
-    deployed site: in the set-up sent again; a resumed run, whose node states start empty: in the train config)."""
+    :func:`flwr_app.site_state.restore` (``deployed``: ``data.deployed``; at most ``rounds``: ``federation.rounds``)
+    of its own copy or of the sealed state the server handed back (a restarted deployed site: in the set-up sent
+    again; a resumed run, whose node states start empty: in the train config)."""
     from flwr_app import site_state
     from flwr_app.deployment import RETURNED_STATE
     from strategies.horizontal import RESUMED_CATCH_UP, RESUMED_PRIVACY_STATE
@@ -301,9 +302,9 @@ def _privacy_state(context: Context, config: ConfigRecord, cfg: ExperimentConfig
         handed_back, catch_up = returned.get("json"), int(returned["catch_up"])
     else:
         handed_back, catch_up = config.get(RESUMED_PRIVACY_STATE), int(config.get(RESUMED_CATCH_UP, 0))
-    return site_state.restore(context.node_config, deployed=cfg.data.deployed, site=site.name, run=context.run_id,
+    return site_state.restore(context.node_config, deployed=deployed, site=site.name, run=context.run_id,
                               server_round=server_round, handed_back=None if handed_back is None else str(handed_back),
-                              catch_up=catch_up, max_rounds=cfg.federation.rounds)
+                              catch_up=catch_up, max_rounds=rounds)
 
 
 def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, mechanism: LocalUpdateMechanism,
@@ -318,7 +319,8 @@ def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, me
     """
     from flwr_app.deployment import RETURNED_STATE
 
-    state, rounds = _privacy_state(context, config, cfg, site, server_round)
+    state, rounds = _privacy_state(context, config, site, server_round, deployed=cfg.data.deployed,
+                                   rounds=cfg.federation.rounds)
     for _ in range(rounds):
         update = mechanism.site_round(copy.deepcopy(model), site.train, cfg, seed=seed, state=state, setup=setup)
         if update.state is None:  # a mechanism without a privacy state has nothing to catch up
@@ -331,25 +333,26 @@ def _caught_up(context: Context, config: ConfigRecord, cfg: ExperimentConfig, me
     return state
 
 
-def _keep_state(context: Context, cfg: ExperimentConfig, site: SiteData, server_round: int, state: dict) -> str:
-    """Keep the site's new privacy state (node state; a deployed site's own directory too, before the reply leaves)
-    and return it sealed for the reply (:func:`flwr_app.site_state.seal`)."""
+def _keep_state(context: Context, deployed: bool, site: SiteData, server_round: int, state: dict) -> str:
+    """Keep the site's new privacy state (node state; a ``deployed`` site's own directory too, before the reply
+    leaves) and return it sealed for the reply (:func:`flwr_app.site_state.seal`)."""
     from flwr_app import site_state
 
     context.state[PRIVACY_STATE] = ConfigRecord({"json": json.dumps(state)})
-    sealed = site_state.seal(state, key=site_state.state_key(context.node_config, cfg.data.deployed), site=site.name,
+    sealed = site_state.seal(state, key=site_state.state_key(context.node_config, deployed), site=site.name,
                              run=context.run_id, server_round=server_round)
-    if cfg.data.deployed:
+    if deployed:
         site_state.save_own(context.node_config, sealed, context.run_id)
     return sealed
 
 
-def _secure_sum_details(cfg: ExperimentConfig, context: Context, parties: int, counted: int) -> tuple:
+def _secure_sum_details(privacy: PrivacyConfig, context: Context, parties: int, counted: int) -> tuple:
     """What a policy site's ledger records of a secure-sum release: the honest sites it counts on (h), the shares
-    it counted, the tolerated drop-outs (D), the colluding sites (t) and the parties the server reported."""
+    it counted, the tolerated drop-outs (D, ``privacy.max_dropouts``), the colluding sites (t,
+    ``privacy.colluding_sites``) and the parties the server reported."""
     own = own_honest_sites(context)
     return (("honest_sites", int(own[0]) if own else None), ("counted_shares", int(counted)),
-            ("max_dropouts", cfg.privacy.max_dropouts), ("colluding_sites", cfg.privacy.colluding_sites),
+            ("max_dropouts", privacy.max_dropouts), ("colluding_sites", privacy.colluding_sites),
             ("parties_reported", int(parties)))
 
 
@@ -409,7 +412,8 @@ def train(message: Message, context: Context) -> Message:
             mechanism.round_release(cfg, setup, update, previous))
     _keep_noise(context)
     # The reply carries the state sealed, so that the server's checkpoint can hand it back to a resumed run.
-    privacy_state = None if update.state is None else _keep_state(context, cfg, site, server_round, update.state)
+    privacy_state = (None if update.state is None
+                     else _keep_state(context, cfg.data.deployed, site, server_round, update.state))
     metrics = {**update.report, WEIGHT_KEY: setup.count if update.contributes else 0.0}
     content = _content(site, metrics, array_record(model.net.state_dict()), privacy_state=privacy_state)
     content.update(carried)
@@ -712,7 +716,7 @@ def secagg_masked(message: Message, context: Context) -> Message:
                               dim=sum(p.numel() for p in model.net.parameters()), setup=site_setup(cfg, context, site),
                               honest_sites=own_honest_sites(context))
         charge(context, cfg, site, server_round, "train", "masked contribution", mechanism.site_release(cfg, plan),
-                details=_secure_sum_details(cfg, context, parties, plan.honest))
+                details=_secure_sum_details(cfg.privacy, context, parties, plan.honest))
         vector = mechanism.contribution(model, site.train, cfg, plan, seed=task.site_seed(cfg, server_round, index))
         phase = "train"
     content = _masked(message, context, state, vector)

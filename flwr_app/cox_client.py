@@ -310,8 +310,9 @@ def _private_request(message: Message, context: Context, kind: str, *, secure: b
     context.state[PRIVATE_STATE] = ConfigRecord({"made": position + 1})
     x = CoxDesign.from_preprocessor(preprocessor).covariates(site.train.x)
     records = private_records(design, x, site.train.time, site.train.event)
-    return _Private(cfg, site.name, index, records, design, RECIPES[private_setting(cfg)].clip_bounds(design), plan,
-                    kind, step, releases[position][2], position, theta)
+    bounds = RECIPES[private_setting(cfg.strategy)].clip_bounds(design)
+    return _Private(cfg, site.name, index, records, design, bounds, plan, kind, step, releases[position][2], position,
+                    theta)
 
 
 def _own_setup(cfg: ExperimentConfig, context: Context) -> tuple[Any, np.ndarray]:

@@ -78,7 +78,7 @@ from models import grouped_cox as gc
 from models.grouped_cox import RECIPES, ClipBounds, GroupedCoxDesign, NoisePlan, SiteRecords, prepare_site
 from strategies.accounting.filter import fitting_noise_multiplier
 from strategies.accounting.rdp import calibrate_noise_multiplier
-from strategies.config import ExperimentConfig
+from strategies.config import CoxConfig, ExperimentConfig
 from strategies.mechanisms.base import SiteSetUp
 from strategies.mechanisms.manifest import Manifest, ReleasedValue, common_releases
 from strategies.mechanisms.distributed_dp import RoundPlan, counted_honest, gaussian_sum_plan
@@ -440,7 +440,7 @@ def coxph_manifest(cfg: ExperimentConfig, setup: SiteSetUp | None = None) -> Man
                                     "(sent by the server)" if cox.ph_test == "rank" else ""),
             (f"{SCHOENFELD}/{ARRAYS}.*",)))
     if cox.secure_sum:
-        releases = [_secure_release(release, secure_seen(cfg)) for release in releases] + _secure_sum_releases()
+        releases = [_secure_release(release, secure_seen(cfg.cox)) for release in releases] + _secure_sum_releases()
     releases += common_releases(cfg, private=False, record_level=False)
     return Manifest("fedavg", "none", tuple(releases))
 
@@ -450,14 +450,14 @@ SECURE_BOOKKEEPING = ("which sites completed each stage of every secure sum and 
                       "disputed a neighbour's share (SecAgg+'s per-site bookkeeping); a drop-out stops the fit")
 
 
-def secure_seen(cfg: ExperimentConfig) -> str:
-    """What the server sees of the sites' Cox values with ``cox.secure_sum`` (beside :data:`SECURE_BOOKKEEPING`):
-    the sums over sites only, with ``cox.strata = none`` per cell of the public grid (``cox.grid = k``: points of
-    the set-up's time grid, which every party holds before the fit) and, per Newton evaluation, the number of
-    sites out of range (:data:`OUT_OF_RANGE`); nothing per site."""
-    if cfg.cox.strata == "none":
+def secure_seen(cox: CoxConfig) -> str:
+    """What the server sees of the sites' Cox values with ``cox.secure_sum`` (beside :data:`SECURE_BOOKKEEPING`), for
+    the run's ``cox`` group: the sums over sites only, with ``cox.strata = none`` per cell of the public grid
+    (``cox.grid = k``: points of the set-up's time grid, which every party holds before the fit) and, per Newton
+    evaluation, the number of sites out of range (:data:`OUT_OF_RANGE`); nothing per site."""
+    if cox.strata == "none":
         return (f"only the sum over sites of each query's values (the risk-set sums per cell of the public grid, "
-                f"cox.grid = {cfg.cox.grid} points of the set-up's time grid, each cell's scaled by the public "
+                f"cox.grid = {cox.grid} points of the set-up's time grid, each cell's scaled by the public "
                 "factor exp(-c_k) the server sends), never one site's own values or event counts; and, for each "
                 "Newton evaluation, how many sites' risk sums were beyond the fixed point's range at that beta and "
                 "scale (a count, not which sites: such a site sends uniform random numbers instead of its values, "
@@ -503,11 +503,11 @@ DP_QUERIES = (DP_COUNTS, DP_SCORE, DP_INFORMATION)
 UNRANGED_SDS = 3.0
 
 
-def private_setting(cfg: ExperimentConfig) -> str:
-    """The :class:`models.grouped_cox.NoisePlan` setting of a private ``coxph`` run: ``sum`` (``distributed_dp``: one
-    Gaussian on the sum, the sites' discrete shares summed through SecAgg+) or ``per_site`` (``dp_sgd``: every site
-    adds the full noise in the clear)."""
-    return "sum" if cfg.strategy == "distributed_dp" else "per_site"
+def private_setting(strategy: str) -> str:
+    """The :class:`models.grouped_cox.NoisePlan` setting of a private ``coxph`` run of ``strategy``: ``sum``
+    (``distributed_dp``: one Gaussian on the sum, the sites' discrete shares summed through SecAgg+) or ``per_site``
+    (``dp_sgd``: every site adds the full noise in the clear)."""
+    return "sum" if strategy == "distributed_dp" else "per_site"
 
 
 def private_design(preprocessor: Preprocessor, cuts: np.ndarray, points: int) -> GroupedCoxDesign:
@@ -566,7 +566,8 @@ def private_plan(cfg: ExperimentConfig, setup: SiteSetUp, *, sites: int = 1) -> 
     """The site's :class:`models.grouped_cox.NoisePlan`: the recipe of :func:`private_setting` at
     :func:`private_total`. ``sites`` is read by the server's variances only (a site's own noise never depends on
     it: ``per_site`` adds the full noise, ``sum`` sizes its share by :func:`private_sum_plan`)."""
-    return RECIPES[private_setting(cfg)].plan(private_total(cfg, setup), setting=private_setting(cfg), sites=sites)
+    setting = private_setting(cfg.strategy)
+    return RECIPES[setting].plan(private_total(cfg, setup), setting=setting, sites=sites)
 
 
 def private_releases(plan: NoisePlan) -> tuple[tuple[str, int, float], ...]:
@@ -603,7 +604,7 @@ def private_manifest(cfg: ExperimentConfig, setup: SiteSetUp | None) -> Manifest
     Gaussian mechanism of multiplier ``z/sqrt(share)`` (the site's :func:`private_total` at ``setup``; without one the
     shares alone) on the record-level, add/remove-one sensitivity 1 of its normalised sums; the set-up's releases;
     no Breslow aggregates and no test metrics (the private fit makes no predictions)."""
-    setting = private_setting(cfg)
+    setting = private_setting(cfg.strategy)
     plan = None if setup is None else private_plan(cfg, setup)
     how = ("the site's discrete Gaussian share, masked by SecAgg+: the server sees only the sum over sites "
            f"(distributed discrete Gaussian summed modulo 2^{cfg.privacy.modulus_bits}, charged as the Gaussian of "

@@ -104,7 +104,7 @@ from models.data import FederatedDataset
 from models.metrics import km_null_check, km_null_warning
 from models.survival import SurvivalModel
 from strategies.accounting.ledger import LedgerEntry, PrivacyLedger
-from strategies.config import CENTRALIZED_LABEL
+from strategies.config import CENTRALIZED_LABEL, CoxConfig, DataConfig
 from strategies.horizontal import (
     NO_TEST_PART,
     SurvivalFedAvg,
@@ -362,10 +362,10 @@ class CoxFit:
     out_of_range: tuple[tuple[int, int], ...] = ()
 
 
-def _pooled_grid(cfg: ExperimentConfig, sites: _Sites, cuts: np.ndarray) -> np.ndarray:
-    """The risk-set sums' grid: every site's distinct event times (``cox.grid = events``) or the k set-up cuts of
-    :func:`~flwr_app.cox_messages.k_point_grid` (``cox.grid = k``: the only grid a site answers on)."""
-    if cfg.cox.grid == "events":
+def _pooled_grid(grid: str, sites: _Sites, cuts: np.ndarray) -> np.ndarray:
+    """The risk-set sums' grid for the run's ``cox.grid``: every site's distinct event times (``events``) or the k
+    set-up cuts of :func:`~flwr_app.cox_messages.k_point_grid` (``k``: the only grid a site answers on)."""
+    if grid == "events":
         replies = sites.ask(EVENT_TIMES, "the event times", {})
         for name, reply in replies.items():
             times = reply.get("times")
@@ -373,7 +373,7 @@ def _pooled_grid(cfg: ExperimentConfig, sites: _Sites, cuts: np.ndarray) -> np.n
                 node = next(node for node, site in sites.nodes if site == name)
                 raise sites.stop("the event times", name, node, "sent a malformed reply: 'times' must be finite times")
         return np.unique(np.concatenate([reply["times"] for reply in replies.values()]))
-    return k_point_grid(cuts, int(cfg.cox.grid))
+    return k_point_grid(cuts, int(grid))
 
 
 def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.ndarray, outputs: RunOutputs,
@@ -390,7 +390,7 @@ def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.
         raise ConfigError(f"coxph: covariate(s) {', '.join(constant)} take a single value over every site's training "
                           "records (no effect can be estimated): drop the column(s) with data.drop_cols")
     strata = cfg.cox.strata
-    grid = _pooled_grid(cfg, sites, cuts) if strata == "none" else None
+    grid = _pooled_grid(cfg.cox.grid, sites, cuts) if strata == "none" else None
     newton_sums = _Newton(sites, design, std, strata, grid, outputs, started)
     if sites.secure and grid is not None:  # at beta = 0: S0 <= n and every (S2)jj <= the covariate's sum of squares
         newton_sums.log_scale = secure_log_scale(np.full(grid.size, max(float(moments.n), np.max(moments.total_sq))),
@@ -412,32 +412,33 @@ def fit_coxph(cfg: ExperimentConfig, sites: _Sites, design: CoxDesign, cuts: np.
     ph_test, ph_note = None, ""
     if cfg.cox.ph_test != "none":
         try:
-            ph_test = _ph_test(cfg, sites, newton_sums, newton.beta, result, design)
+            ph_test = _ph_test(cfg.cox, sites, newton_sums, newton.beta, result, design)
         except ValueError as err:  # fewer than two events, or every transformed event time equal
             ph_note = f"no proportional-hazards test: {err}"
     return CoxFit(result, beta, design, ph_test, ph_note, None if grid is None else int(grid.size), newton_sums.calls,
                   tuple(newton_sums.out_of_range))
 
 
-def _ph_test(cfg: ExperimentConfig, sites: _Sites, newton: _Newton, beta_z: np.ndarray, result: cox.CoxResult,
+def _ph_test(settings: CoxConfig, sites: _Sites, newton: _Newton, beta_z: np.ndarray, result: cox.CoxResult,
              design: CoxDesign) -> pd.DataFrame:
     """The sites' :class:`models.cox.SchoenfeldSums` at the final β, summed, tested per covariate (encoded units: the
-    statistic does not depend on the columns' scale)."""
+    statistic does not depend on the columns' scale) with the time transform ``settings.ph_test``, per stratum when
+    ``settings.strata = site``."""
     beta = beta_z / newton.std
     p = design.p
     arrays: dict[str, np.ndarray] = {"beta": beta}
     per_site: dict[str, dict[str, np.ndarray]] = {}
-    if cfg.cox.strata == "site":
+    if settings.strata == "site":
         # lifelines' ranks run over the strata in the order of their labels; only rank needs the offsets (and
         # cox.secure_sum, which hides each site's events, refuses it)
         offset = 0
-        for _, name in sites.nodes if cfg.cox.ph_test == "rank" else ():
+        for _, name in sites.nodes if settings.ph_test == "rank" else ():
             per_site[name] = {"rank_offset": np.array([offset])}
             offset += newton.site_events.get(name, 0)
     else:
         total = newton.total_at(beta_z)
         arrays.update(grid=newton.grid, event_means=cox.efron_event_means(total))
-        if cfg.cox.ph_test == "km":
+        if settings.ph_test == "km":
             zero = newton.total_at(np.zeros_like(beta_z))  # at beta = 0 the risk sums count the records at risk
             with np.errstate(divide="ignore", invalid="ignore"):
                 arrays["km"] = np.cumprod(np.where(zero.risk > 0, 1.0 - zero.events / zero.risk, 1.0))
@@ -548,14 +549,15 @@ class CoxphRun:
         self.fit = fit_coxph(cfg, self.sites, self.design, np.asarray(self.setup.spec.cuts, dtype=np.float64),
                              self.outputs, self.started)
         self.ledger = PrivacyLedger(self.outputs.ledger_path)
-        statement = SECURE_NO_NOISE.format(seen=secure_seen(cfg)) if cfg.cox.secure_sum else NO_PRIVACY
+        statement = SECURE_NO_NOISE.format(seen=secure_seen(cfg.cox)) if cfg.cox.secure_sum else NO_PRIVACY
         self.ledger.record(*(LedgerEntry(round=EVALUATION_ROUND, site=name, mechanism="none", unit="none",
                                          adjacency="n/a", accountant="none", epsilon=None, delta=None,
                                          assumptions=(statement, *self.setup.notes)) for name in self.names))
 
     def results(self) -> dict[str, Any]:
         cfg, outputs, fit, model, dataset = self.cfg, self.outputs, self.fit, self.setup.model, self.setup.dataset
-        evaluation = _evaluate_fit(cfg, self.grid, self.survival, model, self.design, fit, dataset)
+        evaluation = _evaluate_fit(cfg.data, cfg.server_evaluation, self.grid, self.survival, model, self.design, fit,
+                                   dataset)
         fit.result.summary.to_csv(outputs.directory / COXPH_SUMMARY)
         write_json(outputs.directory / COXPH_JSON, _table(fit))
         record = evaluation.record
@@ -582,7 +584,7 @@ class CoxphRun:
 
     def centralized(self) -> dict[str, Any]:
         cfg, dataset = self.cfg, self.setup.dataset
-        grid = None if cfg.cox.strata == "site" else _grid_of(self.fit, cfg, dataset, self.setup.spec)
+        grid = None if cfg.cox.strata == "site" else _grid_of(cfg.cox.grid, dataset, self.setup.spec)
         return _centralised(cfg, dataset, self.fit, grid, self.names)
 
     def final_lines(self, summary: Mapping[str, Any]) -> list[str]:
@@ -637,10 +639,12 @@ class _Evaluation:
     diverged: str
 
 
-def _evaluate_fit(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg, model: SurvivalModel,
-                  design: CoxDesign, fit: CoxFit, dataset: FederatedDataset | None) -> _Evaluation:
-    """The fitted β in ``model``, its federated Breslow baseline and the sites' test metrics (one evaluation round),
-    and, in a simulation with server-side evaluation, its figures on the pooled test split."""
+def _evaluate_fit(data: DataConfig, server_evaluation: bool, grid: Grid, survival: SurvivalFedAvg,
+                  model: SurvivalModel, design: CoxDesign, fit: CoxFit, dataset: FederatedDataset | None
+                  ) -> _Evaluation:
+    """The fitted β in ``model``, its federated Breslow baseline and the sites' test metrics (one evaluation round,
+    when ``data`` gives the sites a test part), and, in a simulation (``dataset``) with ``server_evaluation``, its
+    figures on the pooled test split."""
     arrays = _set_weights(model, design, fit.beta)
     survival._evaluate(grid, EVALUATION_ROUND, arrays, survival)  # the Breslow baseline, then the sites' test metrics
     record = survival.rounds.get(EVALUATION_ROUND)
@@ -653,9 +657,9 @@ def _evaluate_fit(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg, m
     else:
         diverged = "no baseline hazard: no site's Breslow aggregates came back"
     sites_test = dict(sorted(record.evaluate_sites.items())) if record else {}
-    if not holds_test_part(cfg.data):  # no evaluate message went out (SurvivalFedAvg._evaluate)
+    if not holds_test_part(data):  # no evaluate message went out (SurvivalFedAvg._evaluate)
         return _Evaluation({}, NO_TEST_PART, record, sites_test, diverged)
-    if cfg.server_evaluation and dataset is not None and not diverged:
+    if server_evaluation and dataset is not None and not diverged:
         return _Evaluation(task.evaluate(model, dataset.pooled("test")),
                            "the fitted model on the pooled test split (server-side, simulation)", record, sites_test,
                            diverged)
@@ -684,7 +688,7 @@ def _key_figures(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, test: Ma
     if cfg.cox.secure_sum and cfg.cox.strata == "none":  # (Newton evaluation, sites out of the fixed point's range)
         figures["out_of_range"] = [list(entry) for entry in fit.out_of_range]
     if not result.converged:
-        figures["not_converged"] = _not_converged(cfg, result)
+        figures["not_converged"] = _not_converged(cfg.cox.max_steps, result)
     return figures
 
 
@@ -712,18 +716,18 @@ def _summary(cfg: ExperimentConfig, fit: CoxFit, design: CoxDesign, evaluation: 
     return summary
 
 
-def _grid_of(fit: CoxFit, cfg: ExperimentConfig, dataset: FederatedDataset, spec: task.SiteSpec) -> np.ndarray:
-    """The pooled grid the federated fit used (for the in-process reference)."""
-    if cfg.cox.grid == "events":
+def _grid_of(grid: str, dataset: FederatedDataset, spec: task.SiteSpec) -> np.ndarray:
+    """The pooled grid a federated fit with ``cox.grid = grid`` used (for the in-process reference)."""
+    if grid == "events":
         train = dataset.pooled("train")
         return np.unique(train.time[train.event > 0])
-    return k_point_grid(spec.cuts, int(cfg.cox.grid))
+    return k_point_grid(spec.cuts, int(grid))
 
 
-def _not_converged(cfg: ExperimentConfig, result: cox.CoxResult) -> str:
-    """Why Newton-Raphson stopped before converging, and what to do."""
-    if result.steps >= cfg.cox.max_steps:
-        return f"cox.max_steps = {cfg.cox.max_steps} steps were not enough (raise it, or set cox.penalizer > 0)"
+def _not_converged(max_steps: int, result: cox.CoxResult) -> str:
+    """Why Newton-Raphson stopped before converging within ``cox.max_steps = max_steps``, and what to do."""
+    if result.steps >= max_steps:
+        return f"cox.max_steps = {max_steps} steps were not enough (raise it, or set cox.penalizer > 0)"
     return ("step halving found no higher likelihood: a covariate may separate the events (e.g. a category level "
             "without events) or two covariates be collinear; set cox.penalizer > 0 or drop or merge them")
 
@@ -733,7 +737,7 @@ def _final_lines(cfg: ExperimentConfig, fit: CoxFit, summary: Mapping[str, Any])
     figures, the in-process reference's agreement and what no ε covers."""
     result = fit.result
     lines = [f"Newton-Raphson: {result.steps} steps ({fit.newton_calls} queries to every site)"
-             + ("" if result.converged else f", NOT CONVERGED: {_not_converged(cfg, result)}")]
+             + ("" if result.converged else f", NOT CONVERGED: {_not_converged(cfg.cox.max_steps, result)}")]
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         result.print_summary()
     lines += printed.getvalue().splitlines()
@@ -804,10 +808,10 @@ def _private_run(cfg: ExperimentConfig, sites: _Sites, spec: task.SiteSpec, setu
     totals = {name: plan.total for name, plan in plans.items()}
     plan = plans[names[0]]
     design = private_design(spec.preprocessor, np.asarray(spec.cuts, dtype=np.float64), int(cfg.cox.grid))
-    bounds = gc.RECIPES[private_setting(cfg)].clip_bounds(design)
+    bounds = gc.RECIPES[private_setting(cfg.strategy)].clip_bounds(design)
     factor = math.sqrt(np.mean([(total / plan.total) ** 2 for total in totals.values()]))
     sums: dict[tuple[str, int], tuple[Any, float]] = {}
-    if private_setting(cfg) == "sum":
+    if private_setting(cfg.strategy) == "sum":
         if max(totals.values()) - min(totals.values()) > 1e-9 * plan.total:
             raise ConfigError(f"coxph with strategy 'distributed_dp': the sites' noise multipliers differ ({totals}: "
                               "their set-up releases or privacy filters differ), so their secure-sum shares would not "
@@ -895,7 +899,8 @@ def _private_privacy(run: _PrivateRun, manifest: Any) -> dict[str, Any]:
     method."""
     plan = run.plan
     figures: dict[str, Any] = {
-        "setting": private_setting(run.cfg), "epsilon": run.cfg.privacy.epsilon, "delta": run.cfg.privacy.delta,
+        "setting": private_setting(run.cfg.strategy), "epsilon": run.cfg.privacy.epsilon,
+        "delta": run.cfg.privacy.delta,
         "accountant": run.cfg.privacy.accountant, "setup_share": run.cfg.privacy.setup_share,
         "total_multiplier": {name: total for name, total in run.totals.items()},
         "releases": [{"message": kind, "step": step, "share": share, "multiplier": plan.multiplier(share)}

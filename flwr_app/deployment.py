@@ -48,7 +48,7 @@ from flwr.supercore.run import Run
 
 from flwr_app import site_policy, site_store, task
 from flwr_app.site_errors import DELTA_TOO_LARGE, NO_SETUP, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
-from flwr_app.config import DEPLOYED_DATA, ExperimentConfig, parse_run_config
+from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig, PrivacyConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
 from models.data.federated import preprocessed_site, raw_rows, record_identities, split_site_table
@@ -429,17 +429,18 @@ def _named(summaries: Mapping[int, Mapping[str, Any]], left_out: dict[int, str])
     return names
 
 
-def _enough(cfg: ExperimentConfig, kept: Iterable[int], nodes: list[int], left_out: Mapping[int, str], *,
+def _enough(min_sites: int, kept: Iterable[int], nodes: list[int], left_out: Mapping[int, str], *,
             report: bool = True) -> None:
-    """Print why each site was left out (``report``); raise when fewer than ``federation.min_sites`` are kept."""
+    """Print why each site was left out (``report``); raise when fewer than ``min_sites`` (``federation.min_sites``)
+    are kept."""
     if report:
         for node, reason in sorted(left_out.items()):
             print(f"site at node {node} left out: {reason}", flush=True)
     kept = list(kept)
-    if len(kept) < cfg.federation.min_sites:
+    if len(kept) < min_sites:
         reasons = "\n".join(f"node {node}: {reason}" for node, reason in sorted(left_out.items()))
         raise RuntimeError(f"only {len(kept)} of {len(nodes)} sites can take part, fewer than "
-                           f"federation.min_sites = {cfg.federation.min_sites}:\n{reasons}")
+                           f"federation.min_sites = {min_sites}:\n{reasons}")
 
 
 def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:
@@ -467,14 +468,14 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     first, left_out = _ask(grid, RANGES, {node: {"dictionary": public} for node in nodes}, timeout)
     names = _named(first, left_out)
     schemas, reference = _common_schema(first, names, left_out)
-    _enough(cfg, [node for node in schemas if node not in left_out], nodes, left_out, report=False)
+    _enough(cfg.federation.min_sites, [node for node in schemas if node not in left_out], nodes, left_out, report=False)
     plan = SetupPlan(reference[0], frozenset(reference[1]), **options)
     secure = task.secure_setup(cfg, len(nodes)) is not None  # the run's mechanism sums the set-up securely
     releases = _range_releases(first, [node for node in schemas if node not in left_out], names, left_out, plan,
                                secure=secure)
     left_out.update(_count_problems(names, {node: agreed_count(release.count) for node, release in releases.items()}))
     releases = {node: release for node, release in releases.items() if node not in left_out}
-    _enough(cfg, releases, nodes, left_out)
+    _enough(cfg.federation.min_sites, releases, nodes, left_out)
     if secure:
         honest = tuple(float(f.honest_sites) for node in releases if (f := _announced(first[node])) is not None)
         shared, kept = _secure_setup_sums(grid, cfg, plan, releases, names, public, timeout=timeout,
@@ -482,9 +483,9 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
         for node in set(releases) - set(kept):
             left_out[node] = f"site '{names[node]}': its vector is not in the set-up's first secure sum"
         releases = kept
-        _enough(cfg, releases, nodes, left_out)
+        _enough(cfg.federation.min_sites, releases, nodes, left_out)
     else:
-        shared = _plain_setup_sums(grid, cfg, plan, releases, names, public, timeout=timeout)
+        shared = _plain_setup_sums(grid, cfg.model.num_durations, plan, releases, names, public, timeout=timeout)
     spec = task.SiteSpec(shared.preprocessor, shared.cuts, shared.time_scale)
     counts = {node: agreed_count(release.count) for node, release in releases.items()}
     recalibration = task.plan_recalibration(cfg, shared, counts)
@@ -537,10 +538,10 @@ def _agreed_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
     return ranges
 
 
-def _plain_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, releases: Mapping[int, RangeRelease],
+def _plain_setup_sums(grid: Grid, num_durations: int, plan: SetupPlan, releases: Mapping[int, RangeRelease],
                       names: Mapping[int, str], public: Mapping[str, Any] | None, *, timeout: float) -> SharedSetup:
-    """The shared set-up from the sites' own noisy releases: pass 1's (``releases``) summed here, then pass 2
-    (``setup_moments``) asked of every one of them."""
+    """The shared set-up (its time grid of ``num_durations`` intervals) from the sites' own noisy releases: pass 1's
+    (``releases``) summed here, then pass 2 (``setup_moments``) asked of every one of them."""
     summed = functools.reduce(operator.add, releases.values())
     ranges = _agreed_ranges(plan, summed)
     second, failed = _ask(grid, MOMENTS, {node: {"ranges": ranges.to_dict(), "dictionary": public}
@@ -555,7 +556,7 @@ def _plain_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, releas
         raise RuntimeError(f"sites failed in the second pass of the set-up (every site of the first pass is needed: "
                            f"its ranges count in the clip ranges): {failed}")
     return shared_setup(plan, ranges, summed, functools.reduce(operator.add, moments.values()),
-                        num_durations=cfg.model.num_durations)
+                        num_durations=num_durations)
 
 
 def _secure_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, releases: Mapping[int, RangeRelease],
@@ -568,7 +569,8 @@ def _secure_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, relea
     summed noise the server derives from is the one their shares give."""
     records = sum(agreed_count(release.count) for release in releases.values())
     secure = task.secure_setup(cfg, len(releases), honest_sites)
-    total, included = _setup_sum(grid, cfg, plan, sorted(releases), 1, records, public, None, timeout=timeout)
+    total, included = _setup_sum(grid, cfg.privacy, plan, sorted(releases), 1, records, public, None, seed=cfg.seed,
+                                  timeout=timeout)
     kept = {node: releases[node] for node in included}
     levels = {c: tuple(sorted(set().union(*(r.levels[c] for r in kept.values())))) for c in plan.private_levels}
     try:
@@ -579,7 +581,8 @@ def _secure_setup_sums(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, relea
     ranges = _agreed_ranges(plan, summed)
     secure = task.secure_setup(cfg, len(kept), honest_sites)
     records = sum(agreed_count(release.count) for release in kept.values())
-    total, included = _setup_sum(grid, cfg, plan, sorted(kept), 2, records, public, ranges, timeout=timeout)
+    total, included = _setup_sum(grid, cfg.privacy, plan, sorted(kept), 2, records, public, ranges, seed=cfg.seed,
+                                  timeout=timeout)
     if set(included) != set(kept):
         raise RuntimeError(f"sites failed in the second secure sum of the set-up (every site of the first is needed: "
                            f"its values count in the clip ranges): {sorted(names[n] for n in set(kept) - set(included))}")
@@ -595,15 +598,15 @@ SETUP_PASS = "setup.pass"
 SETUP_PUBLIC = "setup.public"
 
 
-def _setup_sum(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, nodes: list[int], setup_pass: int, records: float,
-               public: Mapping[str, Any] | None, ranges: AgreedRanges | None, *,
+def _setup_sum(grid: Grid, privacy: PrivacyConfig, plan: SetupPlan, nodes: list[int], setup_pass: int, records: float,
+               public: Mapping[str, Any] | None, ranges: AgreedRanges | None, *, seed: int,
                timeout: float) -> tuple[np.ndarray, list[int]]:
     """One SecAgg+ sum (:class:`strategies.secure_aggregation.SecureSum`) of the sites' pass-``setup_pass`` vectors
-    (:func:`setup_vector`); the centred sum and the nodes in it (no sum, and every node, where the pass has no
-    private value). ``RuntimeError`` in one line when it fails."""
+    (:func:`setup_vector`), with the drop-outs, colluders and modulus of ``privacy`` and the node order shuffled from
+    the run's ``seed``; the centred sum and the nodes in it (no sum, and every node, where the pass has no private
+    value). ``RuntimeError`` in one line when it fails."""
     from strategies.secure_aggregation import SecureSum, centred, protocol_parameters
 
-    privacy = cfg.privacy
     num_shares, threshold = protocol_parameters(len(nodes), max_dropouts=privacy.max_dropouts,
                                                 colluding=privacy.colluding_sites)
     dim = sum(size for _, size in secure_segments(plan, setup_pass, ranges))
@@ -612,7 +615,7 @@ def _setup_sum(grid: Grid, cfg: ExperimentConfig, plan: SetupPlan, nodes: list[i
     modulus = 2 ** privacy.modulus_bits
     payload = json.dumps({"dictionary": public, "ranges": None if ranges is None else ranges.to_dict()})
     result = SecureSum(modulus=modulus, num_shares=num_shares, threshold=threshold, dimension=dim, timeout=timeout,
-                       shuffle_seed=cfg.seed * 100_003 + setup_pass).run(
+                       shuffle_seed=seed * 100_003 + setup_pass).run(
         grid, nodes, setup={"parties": len(nodes), "records": float(records)},
         masked_content=lambda node: RecordDict({"config": ConfigRecord({SETUP_PASS: setup_pass,
                                                                         SETUP_PUBLIC: payload})}),
@@ -707,7 +710,7 @@ def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSe
                                     {node: float(summaries[node]["max_time"]) for node in summaries}))
     summaries = {node: summary for node, summary in summaries.items() if node not in left_out}
     statistics = {node: statistics[node] for node in summaries}
-    _enough(cfg, summaries, nodes, left_out)
+    _enough(cfg.federation.min_sites, summaries, nodes, left_out)
     features = functools.reduce(operator.add, statistics.values())
     times = sum((NumericStatistics(*summary["time"]) for summary in summaries.values()), start=NumericStatistics())
     max_time = max(float(summary["max_time"]) for summary in summaries.values())
@@ -745,26 +748,28 @@ def max_test_share(node_config: Mapping[str, Any]) -> float:
     return value
 
 
-def check_test_share(cfg: ExperimentConfig, context: Context) -> None:
-    """Refuse a run whose ``data.test_fraction`` exceeds the site's :func:`max_test_share` (before the file is read):
+def check_test_share(test_fraction: float, context: Context) -> None:
+    """Refuse a run whose ``data.test_fraction`` (``test_fraction``) exceeds the site's :func:`max_test_share` (before
+    the file is read):
     the test part's metrics leave the site without noise, so the site caps how many of its records they cover
     (:class:`~flwr_app.site_errors.SiteError` naming ``data.test_fraction``)."""
     limit = max_test_share(context.node_config)
-    if cfg.data.test_fraction > limit:
-        raise SiteError(f"site '{site_name(context)}' refuses data.test_fraction = {cfg.data.test_fraction:g}: more "
+    if test_fraction > limit:
+        raise SiteError(f"site '{site_name(context)}' refuses data.test_fraction = {test_fraction:g}: more "
                         f"than its node config {MAX_TEST_SHARE} = {limit:g} (the share of its records it holds out "
                         f"for test metrics); run with data.test_fraction <= {limit:g}",
                         public=[(TEST_SHARE_TOO_LARGE, "data.test_fraction")])
 
 
-def _site_split(cfg: ExperimentConfig, context: Context, table: RawTable) -> tuple[np.ndarray, np.ndarray]:
-    """The site's keyed split of ``table`` (:func:`~models.data.federated.split_site_table`): each record's identity
-    (``data.id_col``, else its row) hashed under the site's own split key (:func:`flwr_app.site_store.derived_key`)."""
+def _site_split(data: DataConfig, context: Context, table: RawTable) -> tuple[np.ndarray, np.ndarray]:
+    """The site's keyed split of ``table`` (:func:`~models.data.federated.split_site_table`) holding out
+    ``data.test_fraction``: each record's identity (``data.id_col``, else its row) hashed under the site's own split
+    key (:func:`flwr_app.site_store.derived_key`)."""
     path = str(context.node_config["data-path"])
-    identities = record_identities(raw_rows(path), id_col=cfg.data.id_col, source=table.source)
+    identities = record_identities(raw_rows(path), id_col=data.id_col, source=table.source)
     key = site_store.derived_key(site_store.site_dir(context.node_config), "split")
     return split_site_table(table, identities, name=site_name(context), key=key,
-                            test_fraction=cfg.data.test_fraction)
+                            test_fraction=data.test_fraction)
 
 
 def _site_table(cfg: ExperimentConfig, context: Context, *, notes: bool = True
@@ -774,9 +779,9 @@ def _site_table(cfg: ExperimentConfig, context: Context, *, notes: bool = True
     if "data-path" not in context.node_config:
         raise ValueError(f"node config has no 'data-path': in a deployment (data.name = {DEPLOYED_DATA!r}) every "
                          "SuperNode names its data file, e.g. --node-config \"data-path='/data/site.csv'\"")
-    check_test_share(cfg, context)
+    check_test_share(cfg.data.test_fraction, context)
     table = task.load_site_table(cfg, str(context.node_config["data-path"]), notes=notes)
-    train, test = _site_split(cfg, context, table)
+    train, test = _site_split(cfg.data, context, table)
     return table, train, test
 
 

@@ -23,7 +23,7 @@ import threading
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from strategies.config import HOSTILE_MODES, ExperimentConfig
+from strategies.config import HOSTILE_MODES, DebugConfig, ExperimentConfig
 from strategies.secure_aggregation import MASKED_ARRAY
 
 __all__ = ["HOSTILE_MODES", "InjectedFailure", "inject_failure", "tamper"]
@@ -36,8 +36,9 @@ class InjectedFailure(RuntimeError):
     """The failure ``debug.*`` asked for."""
 
 
-def _misbehaves(cfg: ExperimentConfig, site: str, server_round: int) -> bool:
-    return bool(cfg.debug.fail_site) and site == cfg.debug.fail_site and server_round >= cfg.debug.fail_round
+def _misbehaves(debug: DebugConfig, site: str, server_round: int) -> bool:
+    """Whether ``site`` is ``debug.fail_site`` and ``server_round`` is ``debug.fail_round`` or later."""
+    return bool(debug.fail_site) and site == debug.fail_site and server_round >= debug.fail_round
 
 
 def inject_failure(cfg: ExperimentConfig, *, site: str, server_round: int, message: str) -> None:
@@ -57,7 +58,7 @@ def inject_failure(cfg: ExperimentConfig, *, site: str, server_round: int, messa
     debug = cfg.debug
     if debug.fail_mode not in ("raise", "hang") or message != debug.fail_message:
         return
-    if not _misbehaves(cfg, site, server_round):
+    if not _misbehaves(debug, site, server_round):
         return
     if debug.fail_mode == "hang":
         threading.Event().wait()  # never set: this site never answers
@@ -79,7 +80,7 @@ def tamper(cfg: ExperimentConfig, content: RecordDict, *, site: str, server_roun
     that the server's sum check must refuse without naming a site).
     """
     mode = cfg.debug.fail_mode
-    if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg, site, server_round):
+    if _TAMPERED_MESSAGE.get(mode) != message or not _misbehaves(cfg.debug, site, server_round):
         return content
     if MASKED_ARRAY in content.array_records and mode in ("nan_weights", "wrong_shape", "poisoned_update"):
         # a secure-aggregation reply: a non-integer vector, one coordinate short, or (poisoned_update) the masked

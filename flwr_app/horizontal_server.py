@@ -76,7 +76,7 @@ def run_horizontal(cfg: ExperimentConfig, grid: Grid, outputs: RunOutputs, *, st
     if refusal := delta_refusal(cfg, mechanism, counts):
         raise ConfigError(refusal)
     survival = _survival_fedavg(cfg, mechanism, agreed)
-    grid, left_out = _name_sites(cfg, grid, survival, agreed)
+    grid, left_out = _name_sites(cfg.federation.timeout_s, grid, survival, agreed)
     if cfg.model.name == COXPH:  # Newton-Raphson on the sites' sums instead of FedAvg rounds (flwr_app.cox_server)
         kind = cox_run(cfg, outputs, grid, survival, CoxSetup(agreed.model, agreed.dataset, agreed.spec, left_out,
                                                               agreed.notes), started)
@@ -147,10 +147,11 @@ def _survival_fedavg(cfg: ExperimentConfig, mechanism: HorizontalMechanism, agre
     return survival
 
 
-def _name_sites(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg,
+def _name_sites(timeout_s: float, grid: Grid, survival: SurvivalFedAvg,
                 agreed: _Agreed) -> tuple[Grid, dict[int, str]]:
-    """Tell ``survival`` which node is which site; return the grid that reaches the sites taking part only, and
-    the nodes left out (node ID -> why). In a simulation every node says once which site it is, and a node that
+    """Tell ``survival`` which node is which site; return the grid that reaches the sites taking part only (in a
+    deployment, waiting ``timeout_s`` (``federation.timeout_s``) for a rejoining site), and the nodes left out (node
+    ID -> why). In a simulation every node says once which site it is, and a node that
     cannot is left out (too few named: the run stops before any further message)."""
     left_out = agreed.left_out
     if agreed.node_sites:
@@ -159,7 +160,7 @@ def _name_sites(cfg: ExperimentConfig, grid: Grid, survival: SurvivalFedAvg,
         left_out = survival.identify_sites(grid)
         survival.require_named(left_out)
     if agreed.deployed is not None:  # the sites left out get no further message; a restarted site gets the set-up
-        grid = deployment.RejoiningSites(grid, agreed.deployed, survival.node_sites, timeout=cfg.federation.timeout_s,
+        grid = deployment.RejoiningSites(grid, agreed.deployed, survival.node_sites, timeout=timeout_s,
                                          history=lambda site: privacy_position(survival.rounds, site))
     elif left_out:
         grid = deployment.ParticipatingSites(grid, survival.node_sites)  # the sites left out get no further message

@@ -110,7 +110,7 @@ class PrivateSplitRun:
 
     def start(self) -> list[str]:
         plan, noise = self.plan, self.noise
-        return [opening_line(self.cfg, self.setting, self.outputs,
+        return [opening_line(self.cfg.strategy, self.cfg.data.name, self.setting, self.outputs,
                              f"encoder {plan.encoder}, {plan.release_noise} release"
                              + (f" (scale {noise.release_scale:.4g}), epsilon {noise.epsilon:.4g} per record"
                                 if plan.private else ", no DP") + f" | head: {self.cfg.federation.rounds} epochs")]
@@ -155,9 +155,9 @@ class PrivateSplitRun:
 
     def _on_epoch(self, epoch: int, loss: float) -> None:
         rounds = self.cfg.federation.rounds
-        end_of_epoch(self.cfg, self.outputs, {"round": epoch + 1, "train": {"loss": loss},
-                                              "privacy": self.ledger.headline(),
-                                              "elapsed_s": time.perf_counter() - self.started},
+        end_of_epoch(rounds, self.outputs, {"round": epoch + 1, "train": {"loss": loss},
+                                            "privacy": self.ledger.headline(),
+                                            "elapsed_s": time.perf_counter() - self.started},
                      f"epoch {epoch + 1:3d}/{rounds}  loss per record {loss:.4f} (on the cached releases: no new "
                      "release)" if epoch == 0 or (epoch + 1) % 10 == 0 or epoch + 1 == rounds else None)
 
@@ -166,7 +166,7 @@ class PrivateSplitRun:
         cfg, plan, noise, label_info = self.cfg, self.plan, self.noise, self.setting.label_info
         torch.save({"head": self.head.state_dict(), "cuts": label_info.cuts, "config": cfg.as_dict(),
                     "modalities": self.modalities, "widths": self.widths}, self.outputs.model_path)
-        bands = write_bands(cfg, self.outputs, label_info, self.logits,
+        bands = write_bands(cfg.data.time_unit, self.outputs, label_info, self.logits,
                             f"private_split on {cfg.data.name}: 95% band over {cfg.split.mc_samples} samples")
         return {
             "test": bands["test"],
@@ -212,7 +212,7 @@ def centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_info: ve
     modalities = tuple(table.modalities)
     sites = PrivateSplitSites(plan, noise,
                               {name: (table.modalities[name], table.categorical.get(name, ())) for name in modalities},
-                              noise_seed=vertical_task.simulation_noise_seed(cfg), dictionary=dictionary)
+                              noise_seed=vertical_task.simulation_noise_seed(cfg.seed), dictionary=dictionary)
     residuals = _residuals(plan, label_info)
     train_ids = [str(i) for i in label_info.train_ids]
     sites.fit(train_ids, None if residuals is None else dict(zip(train_ids, residuals.tolist())))

@@ -45,7 +45,8 @@ def main(grid: Grid, context: Context) -> None:
     started = time.perf_counter()
     if mechanism.vertical:
         table = vertical_task.load_table(cfg)
-        wait_for_sites(grid, len(vertical_task.modality_names(cfg, table)), simulated=False)  # its sites may deploy
+        modalities = vertical_task.modality_names(cfg.data.deployed, cfg.split.modalities, table)
+        wait_for_sites(grid, len(modalities), simulated=False)  # its sites may deploy
         run = run_private_split if isinstance(mechanism, PrivateSplitDP) else run_vertical
         run(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table, started=started)
         return

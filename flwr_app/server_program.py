@@ -81,13 +81,13 @@ def run_program(kind: RunKind, cfg: ExperimentConfig, outputs: RunOutputs, *, st
     return summary
 
 
-def end_of_epoch(cfg: ExperimentConfig, outputs: RunOutputs, line: Mapping[str, Any], console: str | None) -> None:
-    """End an epoch of a split run: append its ``metrics.jsonl`` ``line``, print ``console`` (if any), and stop
-    the run there if an interrupt was requested (a split run cannot be resumed)."""
+def end_of_epoch(rounds: int, outputs: RunOutputs, line: Mapping[str, Any], console: str | None) -> None:
+    """End an epoch of a split run of ``rounds`` epochs: append its ``metrics.jsonl`` ``line``, print ``console`` (if
+    any), and stop the run there if an interrupt was requested (a split run cannot be resumed)."""
     outputs.append_metrics(line)
     if console is not None:
         print(console, flush=True)
-    interrupt.raise_if_requested(line["round"], of=cfg.federation.rounds, directory=outputs.directory,
+    interrupt.raise_if_requested(line["round"], of=rounds, directory=outputs.directory,
                                  resumable=False, unit="epoch")
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from flwr.app import Context, Message
 
-from flwr_app.config import DEPLOYED_DATA, ExperimentConfig
+from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig
 
 __all__ = ["LOG_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
            "check_column_roles", "deployed", "phrases", "public_text", "sanitised_errors"]
@@ -213,9 +213,9 @@ def sanitised_errors(message: Message, context: Context, call_next: Callable[[Me
 # ------------------------------------------------------------------ a policy site's own column roles
 
 
-def _run_roles(cfg: ExperimentConfig) -> dict[str, object]:
-    """The run config's column roles, as compared (outcome defaults filled in; unordered lists as sets)."""
-    data = cfg.data
+def _run_roles(data: DataConfig) -> dict[str, object]:
+    """The column roles of the run config's ``data`` group, as compared (outcome defaults filled in; unordered lists as
+    sets)."""
     return {"data.time_col": data.time_col or "time", "data.event_col": data.event_col or "event",
             "data.feature_cols": tuple(data.feature_cols), "data.id_col": data.id_col,
             "data.drop_cols": frozenset(data.drop_cols), "data.split_col": data.split_col,
@@ -258,7 +258,7 @@ def check_column_roles(cfg: ExperimentConfig, context: Context) -> None:
                             public=[(ROLES_UNDECLARED, key) for key in missing])
     elif not declared:
         return
-    run, own = _run_roles(cfg), _node_roles(node_config)
+    run, own = _run_roles(cfg.data), _node_roles(node_config)
     differ = [key for key in ROLE_KEYS if run[key] != own[key]]
     if differ:
         detail = "; ".join(f"{key} = {run[key]!r}, node config {ROLE_KEYS[key]} = {own[key]!r}" for key in differ)

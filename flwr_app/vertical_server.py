@@ -333,7 +333,7 @@ def split_setting(cfg: ExperimentConfig, transport: SplitTransport, table: Verti
     """
     torch.set_num_threads(cfg.train.num_threads)
     table = vertical_task.load_table(cfg) if table is None else table
-    modalities = vertical_task.modality_names(cfg, table)
+    modalities = vertical_task.modality_names(cfg.data.deployed, cfg.split.modalities, table)
     held = transport.hello()
     check_sites(held, modalities)
     present = align_modalities(table.ids, {name: held[name] for name in modalities})
@@ -345,25 +345,27 @@ def split_setting(cfg: ExperimentConfig, transport: SplitTransport, table: Verti
     return SplitSetting(table, modalities, present, label_info, mechanism)
 
 
-def opening_line(cfg: ExperimentConfig, setting: SplitSetting, outputs: RunOutputs, method: str) -> str:
-    """A split run's first console line; ``method``: what the sites release, and how noisy."""
+def opening_line(strategy: str, data_name: str, setting: SplitSetting, outputs: RunOutputs, method: str) -> str:
+    """A split run's first console line (the run's ``strategy`` on data set ``data_name``); ``method``: what the sites
+    release, and how noisy."""
     labels = setting.label_info
-    return (f"fedsurv: {cfg.strategy} | {cfg.data.name} ({len(setting.modalities)} modality sites: "
+    return (f"fedsurv: {strategy} | {data_name} ({len(setting.modalities)} modality sites: "
             f"{', '.join(setting.modalities)}; {len(labels.train_ids)} training / {len(labels.test_ids)} test records, "
             f"{int((~setting.present).sum())} missing modality entries) | {method} -> {outputs.directory}")
 
 
-def write_bands(cfg: ExperimentConfig, outputs: RunOutputs, label_info: vertical_task.Labels, logits: torch.Tensor,
+def write_bands(time_unit: str, outputs: RunOutputs, label_info: vertical_task.Labels, logits: torch.Tensor,
                 title: str) -> dict[str, Any]:
     """Score the test records' survival band (``logits``: passes × records × intervals), write it
-    (``survival_bands.npz``, ``survival_bands.png``); return the summary's ``test`` and ``band_width``."""
+    (``survival_bands.npz``, ``survival_bands.png`` with times in ``time_unit``); return the summary's ``test`` and
+    ``band_width``."""
     mean, lower, upper = survival_band(logits)
     ids = [str(i) for i in label_info.test_ids]
     np.savez_compressed(outputs.directory / "survival_bands.npz", ids=np.asarray(ids, dtype=str),
                         cuts=label_info.cuts, mean=mean.numpy(), lower=lower.numpy(), upper=upper.numpy())
     plot_survival_bands(label_info.cuts, mean.numpy(), lower.numpy(), upper.numpy(),
                         outputs.directory / "survival_bands.png", labels=ids, title=title,
-                        time_unit=cfg.data.time_unit)
+                        time_unit=time_unit)
     return {"test": _metrics(label_info, mean.numpy(), time_=label_info.test_time, event=label_info.test_event),
             "band_width": float((upper - lower).mean())}
 
@@ -408,7 +410,8 @@ class SplitRun:
         self.server = vertical_task.server(cfg, setting.modalities, setting.label_info)
         noise = (f" | embedding noise sigma {self.noise_multiplier:.4g} ({cfg.split.calibration})"
                  if cfg.privacy.enabled else " | no DP")
-        return [opening_line(cfg, setting, self.outputs, f"{cfg.model.name} | {cfg.federation.rounds} epochs{noise}")]
+        return [opening_line(cfg.strategy, cfg.data.name, setting, self.outputs,
+                             f"{cfg.model.name} | {cfg.federation.rounds} epochs{noise}")]
 
     def train(self) -> None:
         """Train, then predict the test records; a site's failure stops the run with the ledger bounding what
@@ -437,7 +440,7 @@ class SplitRun:
         line = {"round": epoch + 1, "train": {"loss": info["loss"], **train}, "privacy": self.ledger.headline(),
                 "round_trips": self.transport.round_trips, "elapsed_s": time.perf_counter() - self.started}
         epsilon = line["privacy"]["epsilon"]
-        end_of_epoch(cfg, self.outputs, line,
+        end_of_epoch(cfg.federation.rounds, self.outputs, line,
                      f"epoch {epoch + 1:3d}/{cfg.federation.rounds}  loss {info['loss']:.4f}  training (as seen while "
                      f"training): c_index {train['c_index']:.4f}" + (f"  epsilon {epsilon:.3f}" if epsilon is not None
                                                                      else ""))
@@ -475,7 +478,7 @@ class SplitRun:
         torch.save({"fusion_head": self.server.fusion_head.state_dict(),
                     "cuts": torch.as_tensor(np.asarray(label_info.cuts, dtype=np.float64)), "config": cfg.as_dict(),
                     "modalities": self.setting.modalities, "run_token": run_token}, self.outputs.model_path)
-        bands = write_bands(cfg, self.outputs, label_info, self.logits,
+        bands = write_bands(cfg.data.time_unit, self.outputs, label_info, self.logits,
                             f"split {cfg.model.name} on {cfg.data.name}: 95% band over {cfg.split.mc_samples} passes")
         return {
             "test": bands["test"],
@@ -526,8 +529,9 @@ def train_centralized_twin(cfg: ExperimentConfig, table: VerticalTable, label_in
                             num_durations=len(label_info.cuts), encoder_layers=cfg.split.encoder_layers,
                             head_layers=cfg.split.head_layers, dropout=cfg.split.dropout,
                             risk_layer=cfg.split.risk_layer)
-    hook = (embedding_hook(noise_base_seed=vertical_task.simulation_noise_seed(cfg), clip_norm=cfg.privacy.clip_norm,
-                           noise_multiplier=noise_multiplier) if cfg.privacy.enabled else None)
+    hook = (embedding_hook(noise_base_seed=vertical_task.simulation_noise_seed(cfg.seed),
+                           clip_norm=cfg.privacy.clip_norm, noise_multiplier=noise_multiplier)
+            if cfg.privacy.enabled else None)
     train_multisurv(model, data, epochs=cfg.federation.rounds, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                     weight_decay=cfg.train.weight_decay, seed=cfg.seed, similarity_weight=cfg.split.similarity_weight,
                     hook=hook)

@@ -63,7 +63,7 @@ def vertical_files(cfg: ExperimentConfig) -> VerticalFiles | None:
     if cfg.data.name != VERTICAL_FILES:
         return None
     return VerticalFiles(labels=cfg.data.labels_path, modalities=tuple(cfg.data.modality_files.items()),
-                         id_column=record_id_column(cfg), time_col=cfg.data.time_col or "time",
+                         id_column=record_id_column(cfg.data.id_col), time_col=cfg.data.time_col or "time",
                          event_col=cfg.data.event_col or "event", categorical=cfg.data.categorical_cols,
                          drop_cols=cfg.data.drop_cols)
 
@@ -100,7 +100,7 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
         raise ConfigError("run config: data.split_col is for horizontal runs; split learning splits the label "
                           "holder's record IDs at random (data.test_fraction)")
     if cfg.data.deployed:
-        return read_labels_file(cfg.data.labels_path, id_column=record_id_column(cfg),
+        return read_labels_file(cfg.data.labels_path, id_column=record_id_column(cfg.data.id_col),
                                 time_col=cfg.data.time_col or "time", event_col=cfg.data.event_col or "event")
     files = vertical_files(cfg)
     if files is None and (cfg.data.id_col or cfg.data.drop_cols):
@@ -111,14 +111,15 @@ def load_table(cfg: ExperimentConfig) -> VerticalTable:
                   files, stamps)
 
 
-def record_id_column(cfg: ExperimentConfig) -> str:
-    """The join key of a vertical deployment's files: ``data.id_col``, default ``id``."""
-    return cfg.data.id_col or "id"
+def record_id_column(id_col: str) -> str:
+    """The join key of a vertical deployment's files: ``id_col`` (``data.id_col``), default ``id``."""
+    return id_col or "id"
 
 
-def modality_names(cfg: ExperimentConfig, table: VerticalTable) -> tuple[str, ...]:
-    """The run's modalities, one site each: the table's (simulation) or ``split.modalities`` (deployment)."""
-    return cfg.split.modalities if cfg.data.deployed else tuple(table.modalities)
+def modality_names(deployed: bool, modalities: tuple[str, ...], table: VerticalTable) -> tuple[str, ...]:
+    """The run's modalities, one site each: the table's in a simulation, ``modalities`` (``split.modalities``) in a
+    deployment (``deployed``: ``data.deployed``)."""
+    return modalities if deployed else tuple(table.modalities)
 
 
 @dataclass(frozen=True)
@@ -195,14 +196,14 @@ def simulated_site(cfg: ExperimentConfig, partition_id: int) -> SiteData:
     modality = modalities[partition_id]
     return SiteData(modality=modality, features=table.modalities[modality],
                     categorical=table.categorical.get(modality, ()),
-                    noise_base_seed=simulation_noise_seed(cfg),
+                    noise_base_seed=simulation_noise_seed(cfg.seed),
                     source=table.sources.get(modality, f"{cfg.data.name} modality {modality!r}"))
 
 
-def simulation_noise_seed(cfg: ExperimentConfig) -> int:
-    """The simulated sites' noise seed (from the run seed; :func:`strategies.split.noise_seed` adds the
+def simulation_noise_seed(seed: int) -> int:
+    """The simulated sites' noise seed, from the run's ``seed`` (:func:`strategies.split.noise_seed` adds the
     modality and step). Known to anyone who knows the run seed: simulation only."""
-    return part_seed(cfg.seed, "noise")
+    return part_seed(seed, "noise")
 
 
 def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, object]) -> SiteData:
@@ -225,7 +226,7 @@ def site_from_node_config(cfg: ExperimentConfig, node_config: Mapping[str, objec
     if missing:
         raise ValueError(f"node config lacks {missing}: a vertical site needs 'modality' and 'data-path'")
     path = str(node_config["data-path"])
-    features = read_modality_file(path, id_column=record_id_column(cfg), drop_cols=cfg.data.drop_cols)
+    features = read_modality_file(path, id_column=record_id_column(cfg.data.id_col), drop_cols=cfg.data.drop_cols)
     categorical = tuple(part.strip() for part in str(node_config.get("categorical", "")).split(",") if part.strip())
     return SiteData(modality=str(node_config["modality"]), features=features, categorical=categorical,
                     noise_base_seed=secrets.randbits(63), source=path)

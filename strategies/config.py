@@ -965,10 +965,10 @@ def parse_flat(flat: Mapping[str, Any]) -> ExperimentConfig:
     cfg = ExperimentConfig(**top, **{group: hints[group](**items) for group, items in groups.items()})
     _check_pairing(cfg)
     _check_dependent_keys(cfg)
-    _check_server_optimizer(cfg)
+    _check_server_optimizer(cfg.federation)
     _check_weight_average(cfg)
     _check_faults(cfg)
-    _check_vertical_files(cfg)
+    _check_vertical_files(cfg.data, cfg.split.modalities)
     _check_event_values(cfg)
     if cfg.data.deployed:
         _check_deployment(cfg)
@@ -1171,10 +1171,10 @@ def _check_pairing(cfg: ExperimentConfig) -> None:
                           "unless the columns are called 'time' and 'event')")
 
 
-def _check_server_optimizer(cfg: ExperimentConfig) -> None:
-    """The server optimiser's learning rate and momentum only where it has them (which strategies take a server
-    optimiser or FedProx's term at all is each mechanism's declaration, ``Mechanism.honours``)."""
-    federation = cfg.federation
+def _check_server_optimizer(federation: FederationConfig) -> None:
+    """The ``federation`` group's server optimiser learning rate and momentum only where it has them (which
+    strategies take a server optimiser or FedProx's term at all is each mechanism's declaration,
+    ``Mechanism.honours``)."""
     option = SERVER_OPTIMIZERS[federation.server_optimizer]
     for key, value, parameter in (("server_lr", federation.server_lr, option.lr),
                                   ("server_momentum", federation.server_momentum, option.momentum)):
@@ -1223,10 +1223,10 @@ def _check_faults(cfg: ExperimentConfig) -> None:
                           f"'debug.fail_message' = {debug.fail_message!r} never happens there (use 'train')")
 
 
-def _check_vertical_files(cfg: ExperimentConfig) -> None:
-    """``vertical_files`` names a labels file and its modality files; the keys of those files belong to it (and
-    ``data.labels_path`` to a vertical deployment)."""
-    data = cfg.data
+def _check_vertical_files(data: DataConfig, modalities: tuple[str, ...]) -> None:
+    """``vertical_files`` names a labels file and its modality files, among which every one of ``modalities``
+    (``split.modalities``); the keys of those files belong to it (and ``data.labels_path`` to a vertical
+    deployment)."""
     if data.name != VERTICAL_FILES:
         stray = [key for key, value in (("data.modality_paths", data.modality_paths),
                                         ("data.labels_path", "" if data.deployed else data.labels_path)) if value]
@@ -1249,7 +1249,7 @@ def _check_vertical_files(cfg: ExperimentConfig) -> None:
     if repeated:
         raise ConfigError(f"run config: 'data.modality_paths' names modality {repeated} more than once: one file per "
                           "modality (name them modality=path)")
-    unknown = [name for name in cfg.split.modalities if name not in names]
+    unknown = [name for name in modalities if name not in names]
     if unknown:
         raise ConfigError(f"run config: 'split.modalities' names {unknown}, which 'data.modality_paths' does not "
                           f"({', '.join(names)})")

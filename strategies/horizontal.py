@@ -169,7 +169,8 @@ class SurvivalFedAvg(FedAvg):
         round needs (``min_train_nodes``, at least ``federation.min_sites``): :class:`TooFewSitesError`
         (:func:`screening.require_named`). Otherwise Flower's sampling would wait for ever for sites that are not
         there."""
-        screening.require_named(len(self.node_sites), left_out, needed=self.min_train_nodes, cfg=self.cfg,
+        screening.require_named(len(self.node_sites), left_out, needed=self.min_train_nodes,
+                                min_sites=self.cfg.federation.min_sites, strategy=self.cfg.strategy,
                                 timeout=self.timeout)
 
     def site_reports(self, site: str, last_round: int) -> list[dict[str, float] | None]:

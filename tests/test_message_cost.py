@@ -136,7 +136,8 @@ def test_the_privacy_state_stays_in_each_node_state():
     contexts = [Context(run_id=run, node_id=1, node_config={}, run_config={},
                         state=RecordDict({client_app.PRIVACY_STATE: ConfigRecord({"json": str(state).replace("'", '"')})}))
                 for run, state in enumerate(states)]
-    assert [client_app._privacy_state(c, ConfigRecord(), None, None, 1) for c in contexts] == [(s, 0) for s in states]
+    assert [client_app._privacy_state(c, ConfigRecord(), None, 1, deployed=False, rounds=1)
+            for c in contexts] == [(s, 0) for s in states]
     kept = repr([vars(entry) for entry in client_app.MODELS.entries.values()]) + repr(site_context.SITES.entries)
     assert "rounds" not in kept
 

@@ -123,7 +123,7 @@ def reconstruction_audit(cfg: Any, received: ReleasedEmbeddings, *, fraction: fl
     auxiliary = np.zeros(len(train_ids), dtype=bool)
     auxiliary[order[: int(round(fraction * len(train_ids)))]] = True
     result = {}
-    for name in vertical_task.modality_names(cfg, table):
+    for name in vertical_task.modality_names(cfg.data.deployed, cfg.split.modalities, table):
         released, held = received.rows(name, train_ids)
         features = inputs[name].numpy()
         attack = reconstruction_attack(released[auxiliary & held], features[auxiliary & held],

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from strategies.accounting.ledger import LedgerEntry
 from strategies.accounting.rdp import epsilon_gaussian_rounds
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import ConfigError, ExperimentConfig, PrivacyConfig
 from strategies.mechanisms.base import Mechanism
 from strategies.mechanisms.manifest import Manifest, ReleasedValue, uncovered_sentence
 from strategies.mechanisms.adaptive_dp import AUDIT_RDP_ORDERS
@@ -165,8 +165,9 @@ class EmbeddingDP(Mechanism):
                                          epochs=num_modalities * self.planned_releases(cfg),
                                          adjacency=privacy.adjacency)
 
-    def record_epsilon(self, cfg: ExperimentConfig, reports: Mapping[str, Mapping[str, float]]) -> float:
-        """Record-level ε over every site: the RDP composition of all sites' releases of one record.
+    def record_epsilon(self, privacy: PrivacyConfig, reports: Mapping[str, Mapping[str, float]]) -> float:
+        """Record-level ε over every site at ``privacy.delta`` and ``privacy.adjacency``: the RDP composition of all
+        sites' releases of one record.
 
         A record's features are split over the sites, so its guarantee composes the sites' Gaussian
         releases (no parallel composition across modalities): with ``R_k`` releases of noise
@@ -175,7 +176,7 @@ class EmbeddingDP(Mechanism):
         released equally often). 0 when nothing was released, ``inf`` when something was released
         without noise.
         """
-        sensitivity = EMBEDDING_ADJACENCIES[cfg.privacy.adjacency]
+        sensitivity = EMBEDDING_ADJACENCIES[privacy.adjacency]
         inverse_square = 0.0
         for report in reports.values():
             releases, sigma = report["releases_max"], report["noise_multiplier"]
@@ -186,7 +187,7 @@ class EmbeddingDP(Mechanism):
             inverse_square += releases * (sensitivity / sigma) ** 2
         if inverse_square == 0:
             return 0.0
-        return epsilon_gaussian_rounds(noise_multiplier=inverse_square ** -0.5, rounds=1, delta=cfg.privacy.delta,
+        return epsilon_gaussian_rounds(noise_multiplier=inverse_square ** -0.5, rounds=1, delta=privacy.delta,
                                        orders=list(AUDIT_RDP_ORDERS))
 
     def ledger_entries(self, cfg: ExperimentConfig, epoch: int, reports: Mapping[str, Mapping[str, float]],
@@ -208,7 +209,7 @@ class EmbeddingDP(Mechanism):
 
         entries = [entry(site, report["epsilon"], report["epsilon_paper"], int(report["releases_max"]))
                    for site, report in sorted(reports.items())]
-        entries.append(entry(RECORD_LEVEL, self.record_epsilon(cfg, reports),
+        entries.append(entry(RECORD_LEVEL, self.record_epsilon(cfg.privacy, reports),
                              max(report["epsilon_paper"] for report in reports.values()),
                              int(sum(report["releases_max"] for report in reports.values()))))
         return entries

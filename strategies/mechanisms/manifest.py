@@ -103,9 +103,10 @@ class Manifest:
         return "\n".join(rows)
 
 
-def noise_source(cfg: ExperimentConfig) -> str:
-    """The ledger's statement of where a site's noise comes from (deployment: OS entropy; simulation: the seed)."""
-    if cfg.data.deployed:
+def noise_source(deployed: bool) -> str:
+    """The ledger's statement of where a site's noise comes from (``deployed``, i.e. ``data.deployed``: OS entropy;
+    simulation: the seed)."""
+    if deployed:
         return ("deployment: every noise draw comes from generators seeded per round with 63 bits of the site's "
                 "operating-system entropy (secrets), never from anything the server sends: nobody can reproduce it")
     return ("simulation: noise seeded from the run's seed, the round and the site; not private against anyone who "
@@ -117,7 +118,7 @@ def record_level_closing(cfg: ExperimentConfig, manifest: Manifest) -> tuple[str
     return ("covers the site's training records; the held-out records its test metrics are computed on are not "
             "protected; sites hold disjoint records: the run's guarantee is the maximum epsilon over sites (parallel "
             "composition)",
-            noise_source(cfg),
+            noise_source(cfg.data.deployed),
             uncovered_sentence(manifest))
 
 

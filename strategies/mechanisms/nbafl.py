@@ -68,9 +68,9 @@ __all__ = ["ALLOCATIONS", "LSADP", "NbAFL", "ROWDP", "WeightPerturbation"]
 # --------------------------------------------------------------------------- the mechanism objects
 
 
-def _min_records(cfg: ExperimentConfig, setup: SiteSetUp) -> int:
-    """``m``: ``privacy.min_site_records``, else the smallest record count agreed at set-up."""
-    return cfg.privacy.min_site_records or max(1, int(setup.min_count))
+def _min_records(min_site_records: int, setup: SiteSetUp) -> int:
+    """``m``: ``min_site_records`` (``privacy.min_site_records``), else the smallest record count agreed at set-up."""
+    return min_site_records or max(1, int(setup.min_count))
 
 
 def _cumulative(delta: float, noise: Sequence[float]) -> dict[str, float]:
@@ -169,7 +169,7 @@ class WeightPerturbation(LocalUpdateMechanism):
                      proximal_mu=train.proximal_mu)
         release = release_weights(
             model.net, method=self.name, allocation=privacy.allocation, epsilon=privacy.epsilon, delta=privacy.delta,
-            clip_norm=privacy.clip_norm, min_site_records=_min_records(cfg, setup),
+            clip_norm=privacy.clip_norm, min_site_records=_min_records(privacy.min_site_records, setup),
             exposures=cfg.federation.rounds, generator=generator, public_state=public_state,
             dispersion_measure=privacy.dispersion, uniform_mix=privacy.uniform_mix, **inputs.release_arguments(),
         )

@@ -124,7 +124,7 @@ class PrivateSplitDP(Mechanism):
         return (
             "unit: one record's features at every site together; adjacency replace-one; the server picks the IDs "
             "and knows which records were released, so no amplification is credited",
-            self._setup_sentence(cfg) + self._public(cfg),
+            self._setup_sentence(cfg.privacy.setup_share) + self._public(cfg.data.dictionary),
             encoder + "; computed and kept at the site, covered the same way",
             f"each record's embedding leaves each site once ({release}); the site caches it and answers any later "
             "request for the record with the same values; the label holder trains on the cached releases for as "
@@ -144,23 +144,25 @@ class PrivateSplitDP(Mechanism):
         )
 
     @staticmethod
-    def _setup_sentence(cfg: ExperimentConfig) -> str:
-        """How the sites' preprocessing is fitted: noisy sums of their training records, or (share 0) the dictionary."""
-        if cfg.privacy.setup_share == 0:
+    def _setup_sentence(setup_share: float) -> str:
+        """How the sites' preprocessing is fitted with ``privacy.setup_share = setup_share``: noisy sums of their
+        training records, or (share 0) the dictionary."""
+        if setup_share == 0:
             return ("each site takes its preprocessing from data.dictionary and releases no set-up statistic "
                     "(privacy.setup_share = 0: nothing is charged for it; a site with a numeric column the dictionary "
                     "does not list stops before it releases anything)")
         return ("each site fits its preprocessing from noisy sums of its training records (the set-up mechanism of the "
                 f"horizontal strategies at one site, replace-one; every site's set-up together spends privacy.setup_share "
-                f"= {cfg.privacy.setup_share:g} of the RDP budget of epsilon) and keeps it: the statistics never leave the "
+                f"= {setup_share:g} of the RDP budget of epsilon) and keeps it: the statistics never leave the "
                 "site, and a record's influence on them, hence on every other record's release, is covered")
 
     @staticmethod
-    def _public(cfg: ExperimentConfig) -> str:
-        """What the run's data dictionary makes public at the sites (the horizontal set-up's wording)."""
-        if not cfg.data.dictionary:
+    def _public(dictionary: str) -> str:
+        """What the run's data dictionary (``data.dictionary``, the file ``dictionary``) makes public at the sites (the
+        horizontal set-up's wording)."""
+        if not dictionary:
             return ""
-        return (f"; public at no cost: the ranges and levels listed in {cfg.data.dictionary} for a site's columns (the "
+        return (f"; public at no cost: the ranges and levels listed in {dictionary} for a site's columns (the "
                 "label holder sends the dictionary to every site; its time section concerns no site)")
 
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
@@ -190,7 +192,7 @@ class PrivateSplitDP(Mechanism):
                           ("train.private_split_setup/private_split.site.notes",)),
             ReleasedValue("categorical levels", "the levels the site's preprocessing one-hot encodes", "none (kept at "
                           "the site)", False, "schema: the set-up releases levels as they are; they shape the "
-                          "embeddings' columns" + self._public(cfg)),
+                          "embeddings' columns" + self._public(cfg.data.dictionary)),
         ]
         return Manifest(self.name, self.unit if private else "none", tuple(releases))
 

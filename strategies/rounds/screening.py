@@ -59,16 +59,15 @@ def identify_sites(book: RoundBook, grid: Grid, *, setups: Mapping[str, SiteSetU
     return left_out
 
 
-def require_named(named: int, left_out: Mapping[int, str], *, needed: int, cfg: ExperimentConfig,
+def require_named(named: int, left_out: Mapping[int, str], *, needed: int, min_sites: int, strategy: str,
                   timeout: float) -> None:
     """:class:`~strategies.rounds.records.TooFewSitesError` when ``named`` sites are fewer than the ``needed`` a
-    round needs (``min_train_nodes``, at least ``federation.min_sites``): one line naming every node left out and
-    why (a node that did not answer: within ``federation.timeout_s``)."""
+    round of ``strategy`` needs (``min_train_nodes``, at least ``min_sites``: ``federation.min_sites``): one line
+    naming every node left out and why (a node that did not answer: within ``timeout``, ``federation.timeout_s``)."""
     if named >= needed:
         return
-    minimum = cfg.federation.min_sites
-    rule = f"federation.min_sites = {minimum}" + (f"; strategy '{cfg.strategy}' needs {needed}"
-                                                  if needed != minimum else "")
+    rule = f"federation.min_sites = {min_sites}" + (f"; strategy '{strategy}' needs {needed}"
+                                                    if needed != min_sites else "")
     raise TooFewSitesError(
         f"{named} of {named + len(left_out)} nodes said which site they are within federation.timeout_s = "
         f"{timeout:g} s, fewer than the {needed} sites a round needs ({rule}); the run stops before any "
