@@ -48,6 +48,7 @@ def main(grid: Grid, context: Context) -> None:
         modalities = vertical_task.modality_names(cfg.data.deployed, cfg.split.modalities, table)
         wait_for_sites(grid, len(modalities), simulated=False)  # its sites may deploy
         run = run_private_split if isinstance(mechanism, PrivateSplitDP) else run_vertical
-        run(cfg, FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s), outputs, table=table, started=started)
+        transport = FlowerSplitTransport(grid, timeout=cfg.federation.timeout_s, deployed=cfg.data.deployed)
+        run(cfg, transport, outputs, table=table, started=started)
         return
     run_horizontal(cfg, grid, outputs, started=started)

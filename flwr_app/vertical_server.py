@@ -29,6 +29,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+from flwr_app import deployment
 from flwr_app import split_messages as wire
 from flwr_app import vertical_task
 from flwr_app.config import ExperimentConfig
@@ -92,11 +93,15 @@ class FlowerSplitTransport:
     finite, a malformed presence mask: :func:`strategies.replies.check_embeddings`) stops the run
     with :class:`strategies.split.SplitSiteError` naming its modality, node and reason
     (:func:`run_vertical` adds the epoch): every site holds a part of each record.
+
+    ``deployed``: the grid reaches real SuperNodes, whose replies are looked for every 0.1 s
+    (:func:`flwr_app.deployment.exchange`; Flower's deployed grid looks every 3 s, once per batch round trip).
     """
 
-    def __init__(self, grid: Grid, *, timeout: float | None = 600.0) -> None:
+    def __init__(self, grid: Grid, *, timeout: float | None = 600.0, deployed: bool = False) -> None:
         self.grid = grid
         self.timeout = timeout
+        self.deployed = deployed
         self.nodes: dict[str, int] = {}
         self.round_trips = 0
         self.dim = 0
@@ -108,7 +113,8 @@ class FlowerSplitTransport:
     def _send(self, message_type: str, contents: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         messages = [Message(content=content, dst_node_id=node, message_type=message_type)
                     for node, content in contents.items()]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        replies = (deployment.exchange(self.grid, messages, timeout=self.timeout) if self.deployed
+                   else list(self.grid.send_and_receive(messages, timeout=self.timeout)))
         names = {node: name for name, node in self.nodes.items()}
         received: dict[int, RecordDict] = {}
         for reply in replies:
