@@ -12,8 +12,9 @@ value) and reports, for each executor of ``--executors`` (:data:`EXECUTORS`: Flo
 
 * ``round_s``: the median wall time of a round but the first and the last (the first also pays the
   set-up, the last the final recalibration query), from the run's ``metrics.jsonl``;
-* ``messages_per_round``: the messages a site answers one after the other in a round (the message
-  types it got about once a round, from its log), and ``message_round_trip_s``, ``round_s`` over them;
+* ``messages_per_site``: how many messages of each type site-1 answered in the run (the set-up's, the rounds'
+  and the last round's together; the sequential messages of a round are counted exactly in process by
+  ``tests/test_message_count.py``);
 * ``phases``: per message type, the median of each phase of :data:`PHASES` over the three sites'
   messages but each site's first of a type it gets every round, from the marks Flower's DEBUG log puts in each
   SuperNode's log (:data:`MARKS`): runtime start (the executor's look for work and a new process, or
@@ -328,14 +329,11 @@ def measure(strategy: str, rounds: int, *, poll: float | None, every: int = 1, k
         times, evaluated, health = _rounds(out / "metrics.jsonl")
         phases = phase_medians([deployment.log(site) for site in SITES])
         counts = collections.Counter(message["type"] for message in message_marks(deployment.log(SITES[0])))
-    # A round's sequential messages: the types a site gets about once a round (the set-up's come once a run).
-    per_round = sum(count for count in counts.values() if count >= rounds - 1) / rounds
     default_poll = 1.0 if executor != "warm" else DEFAULT_POLL_S
     return {"executor": executor, "strategy": strategy, "rounds": rounds, "records": len(flchain),
             "executor_poll_s": poll or default_poll, "evaluation_every": every, "run_s": run_s,
             "round_s_after_first": times, "evaluated": evaluated, "round_s": statistics.median(times),
-            "messages_per_site": dict(counts), "messages_per_round": per_round,
-            "message_round_trip_s": statistics.median(times) / per_round, "phases": phases, **health}
+            "messages_per_site": dict(counts), "phases": phases, **health}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

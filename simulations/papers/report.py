@@ -335,11 +335,11 @@ def benchmarks_section(results: Path, out: Path) -> str:
         for row in loop["rows"]:
             round_target = targets["distributed_dp_round_s" if row["strategy"] == "distributed_dp"
                                   else "fedavg_dp_sgd_round_s"]
-            own = row["phases"]["train"]["own_s"]
+            carrier = "query.secagg_masked" if row["strategy"] == "distributed_dp" else "train"
+            own = row["phases"][carrier]["own_s"]  # the message that carries the model and the site's training
             executor = "the warm executor" if row["executor"] == "warm" else "Flower's executor"
             lines.append(f"| loopback deployment (TLS, SuperNode auth, 3 SuperNodes on this machine), {row['strategy']}, "
-                         f"{executor} | {row['round_s']:.1f} s a round ({row['messages_per_round']:g} sequential "
-                         f"message{'' if row['messages_per_round'] == 1 else 's'}), a site's own time per training message {own:.2f} s | – | – | ≤ {round_target:g} s "
+                         f"{executor} | {row['round_s']:.1f} s a round, a site's own time per training message {own:.2f} s | – | – | ≤ {round_target:g} s "
                          f"a round, ≤ {targets['site_own_s_per_message']:g} s a message |")
     if sweep := load("epsilon_sweep"):
         lines.append(f"| ε sweep, {sweep['runs']} runs on FLCHAIN | {sweep['flower_total_s']} s | in process "
