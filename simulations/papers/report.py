@@ -339,7 +339,7 @@ def benchmarks_section(results: Path, out: Path) -> str:
             own = row["phases"][carrier]["own_s"]  # the message that carries the model and the site's training
             executor = "the warm executor" if row["executor"] == "warm" else "Flower's executor"
             lines.append(f"| loopback deployment (TLS, SuperNode auth, 3 SuperNodes on this machine), {row['strategy']}, "
-                         f"{executor} | {row['round_s']:.1f} s a round, a site's own time per training message {own:.2f} s | – | – | ≤ {round_target:g} s "
+                         f"{executor}, {row.get('machine', 'loaded')} machine | {row['round_s']:.1f} s a round, a site's own time per training message {own:.2f} s | – | – | ≤ {round_target:g} s "
                          f"a round, ≤ {targets['site_own_s_per_message']:g} s a message |")
     if sweep := load("epsilon_sweep"):
         lines.append(f"| ε sweep, {sweep['runs']} runs on FLCHAIN | {sweep['flower_total_s']} s | in process "
