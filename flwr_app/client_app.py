@@ -26,7 +26,7 @@ from flwr.clientapp import ClientApp
 from flwr_app.config import ExperimentConfig, PrivacyConfig
 from flwr_app.site_context import (PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
                                    node_site, own_honest_sites, run_config, site_setup, spec_json, tolerated_dropouts)
-from flwr_app.site_errors import sanitised_errors
+from flwr_app.site_errors import recorded_messages, sanitised_errors
 from strategies.config import COXPH
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 # then pays only for what its message needs (a training message never imports the metrics, the secure
 # aggregation's cryptography or the split-learning code).
 
-app = ClientApp(mods=[sanitised_errors])  # a deployed site's errors tell the server no detail
+# A deployed site records every message it handles at home, and its errors tell the server no detail.
+app = ClientApp(mods=[recorded_messages, sanitised_errors])
 #: Node state of a site's privacy accountant (:data:`flwr_app.deployment.PRIVACY_STATE`).
 PRIVACY_STATE = "privacy.state"
 #: Node state of the site's noise calibrations (:func:`strategies.mechanisms.dp_sgd.remembered_noise`).

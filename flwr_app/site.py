@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr_app import site_policy, site_store
-from flwr_app.site_errors import LOG_FILE, REQUIRED_ROLE_KEYS, ROLE_KEYS
+from flwr_app.site_errors import LOG_FILE, MESSAGES_FILE, REQUIRED_ROLE_KEYS, ROLE_KEYS
 
 __all__ = ["POLICY_KEYS", "SiteCheckFailed", "SitePlan", "check_site", "executor_command", "main", "read_policy",
            "supernode_command"]
@@ -539,9 +539,12 @@ def _log_last(path: Path) -> tuple[str, str] | None:
 
 
 def last_message(site_dir: Path, records: Sequence[Mapping[str, Any]]) -> str:
-    """The latest message the site recorded: a charged release or refusal (its ledger), test metrics kept
-    (:data:`EVALUATION_FILE`) or an error (its log)."""
+    """The latest message the site recorded: one it handled (:data:`~flwr_app.site_errors.MESSAGES_FILE`), a charged
+    release or refusal (its ledger), test metrics kept (:data:`EVALUATION_FILE`) or an error (its log)."""
     found = []
+    if (handled := _jsonl_last(site_dir / MESSAGES_FILE)) is not None:
+        found.append((handled["time"], f"run {handled['run']} round {handled['round']} {handled['type']}: "
+                                       f"{handled['outcome']} [{site_dir / MESSAGES_FILE}]"))
     lines = [line for line in records if line.get("kind") in ("release", "refusal")]
     if lines:
         line = lines[-1]

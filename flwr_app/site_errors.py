@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,11 +45,13 @@ from flwr.app import Context, Message
 
 from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig
 
-__all__ = ["LOG_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
+__all__ = ["LOG_FILE", "MESSAGES_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
            "check_column_roles", "deployed", "phrases", "public_text", "sanitised_errors"]
 
 #: The site's log of its errors' detail, in its own directory.
 LOG_FILE = "site.log"
+#: The site's record of every message it handled (JSON Lines: time, run, type, round, outcome), in its own directory.
+MESSAGES_FILE = "messages.jsonl"
 #: Classes of failure of :class:`SiteError` (beside the data classes of :mod:`models.data.validate`).
 ROLES_DIFFER = "roles differ"
 ROLES_UNDECLARED = "roles undeclared"
@@ -208,6 +211,42 @@ def sanitised_errors(message: Message, context: Context, call_next: Callable[[Me
         public = public_text(err, site)
         _log_detail(context, site, message, err, public)
         raise SiteFailure(public) from None
+
+
+def recorded_messages(message: Message, context: Context,
+                      call_next: Callable[[Message, Context], Message]) -> Message:
+    """ClientApp mod: a deployed site (:func:`deployed`) appends one line per message it handles to
+    :data:`MESSAGES_FILE` in its own directory (UTC time, run, message type, ``server-round`` where the message
+    carries one, and ``replied`` or the error the server was told); nothing of it is sent. A simulated site records
+    nothing. The record never stops the message: a file that cannot be written is reported on stderr."""
+    if not deployed(context):
+        return call_next(message, context)
+    config = message.content.config_records.get("config")
+    entry = {"run": context.run_id, "type": message.metadata.message_type,
+             "round": config.get("server-round") if config is not None else None}
+    try:
+        reply = call_next(message, context)
+        entry["outcome"] = "error: " + reply.error.reason if reply.has_error() else "replied"
+        return reply
+    except Exception as err:
+        entry["outcome"] = f"error: {err}"
+        raise
+    finally:
+        _append_record(context, entry)
+
+
+def _append_record(context: Context, entry: dict[str, Any]) -> None:
+    from flwr_app import site_store
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    try:
+        path = site_store.site_dir(context.node_config) / MESSAGES_FILE
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"time": stamp, **entry}) + "\n")
+        path.chmod(0o600)
+    except (OSError, ValueError) as failure:
+        print(f"node {context.node_id}: its message record could not be written ({failure!r})", file=sys.stderr,
+              flush=True)
 
 
 # ------------------------------------------------------------------ a policy site's own column roles

@@ -317,3 +317,29 @@ def test_a_ledger_of_another_data_file_or_order_stops_the_start(material, tmp_pa
     assert site.main(_args(material, state_dir=str(state), policy=str(tmp_path / "order.toml"))) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "privacy-rdp-order = 7" in line and "ledger.jsonl" in line
+
+
+def test_a_deployed_site_records_every_message_it_handles_and_status_shows_the_last(tmp_path):
+    """Each message a deployed site handles is one line of its own messages.jsonl (type, round, outcome), in the
+    order the server sent them; ``last_message`` reads the record."""
+    from models.data.datasets import load_flchain
+    from simulations.engine import run_inprocess
+
+    table = load_flchain()
+    frame = table.features.assign(futime=table.time, death=table.event)
+    configs = []
+    for index, part in enumerate(np.array_split(np.random.default_rng(0).permutation(len(frame))[:600], 3)):
+        path = tmp_path / f"site-{index}.csv"
+        frame.iloc[part].reset_index(drop=True).to_csv(path, index=False)
+        configs.append({"data-path": str(path), "site-name": f"site-{index}", "site-dir": str(tmp_path / f"dir-{index}")})
+    sent = []
+    run_inprocess({"data.name": "site_files", "data.time_col": "futime", "data.event_col": "death",
+                   "federation.num_sites": 3, "federation.rounds": 2, "train.local_epochs": 1,
+                   "evaluation.server_side": False, "baseline.centralized": False, "output.dir": str(tmp_path / "run")},
+                  node_configs=configs,
+                  observe=lambda message, reply: sent.append(message) if message.metadata.dst_node_id == 1 else None)
+    record = [json.loads(line) for line in (tmp_path / "dir-0" / "messages.jsonl").read_text().splitlines()]
+    assert [line["type"] for line in record] == [message.metadata.message_type for message in sent]
+    assert {line["outcome"] for line in record} == {"replied"}
+    assert [line["round"] for line in record if line["type"] == "train"] == [1, 2]
+    assert f"{record[-1]['type']}: replied" in site.last_message(tmp_path / "dir-0", [])
