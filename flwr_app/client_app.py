@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from flwr_app.config import ExperimentConfig, PrivacyConfig
-from flwr_app.site_context import (PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
+from flwr_app.site_context import (CARRIED_SETUP, PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
                                    node_site, own_honest_sites, run_config, site_setup, spec_json, tolerated_dropouts)
 from flwr_app.site_errors import recorded_messages, sanitised_errors
 from strategies.config import COXPH
@@ -39,8 +39,21 @@ if TYPE_CHECKING:
 # then pays only for what its message needs (a training message never imports the metrics, the secure
 # aggregation's cryptography or the split-learning code).
 
+
+
+def carried_setup(message: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """ClientApp mod: a message that carries the deployment's agreed set-up (:data:`CARRIED_SETUP`, put there by
+    :class:`flwr_app.deployment.RejoiningSites`) has it kept in the node state
+    (:func:`flwr_app.deployment.store_setup`) before its handler runs (which reads only its own records)."""
+    if message.has_content() and CARRIED_SETUP in message.content.config_records:
+        from flwr_app import deployment
+
+        deployment.store_setup(json.loads(str(message.content.config_records[CARRIED_SETUP]["json"])), context)
+    return call_next(message, context)
+
+
 # A deployed site records every message it handles at home, and its errors tell the server no detail.
-app = ClientApp(mods=[recorded_messages, sanitised_errors])
+app = ClientApp(mods=[recorded_messages, sanitised_errors, carried_setup])
 #: Node state of a site's privacy accountant (:data:`flwr_app.deployment.PRIVACY_STATE`).
 PRIVACY_STATE = "privacy.state"
 #: Node state of the site's noise calibrations (:func:`strategies.mechanisms.dp_sgd.remembered_noise`).
@@ -73,7 +86,6 @@ for _kind, _action, _module, _name in (
         ("query", "site_time_histogram", "flwr_app.deployment", "histogram"),
         ("query", "setup_ranges", "flwr_app.deployment", "setup_ranges"),
         ("query", "setup_moments", "flwr_app.deployment", "setup_moments"),
-        ("train", "site_setup", "flwr_app.deployment", "setup"),
         ("query", "setup_site_name", "flwr_app.deployment", "identity"),
         ("query", "cox_moments", "flwr_app.cox_client", "moments"),
         ("query", "cox_event_times", "flwr_app.cox_client", "event_times"),

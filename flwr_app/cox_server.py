@@ -63,7 +63,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
-from flwr_app import deployment, task
+from flwr_app import task
 from flwr_app.config import ConfigError, ExperimentConfig
 from flwr_app.cox_messages import (
     AFTER_FIT,
@@ -169,7 +169,7 @@ class _Sites:
             return {SUM_OVER_SITES: self.secure_sum(message_type, what, arrays, step=step)}
         messages = [Message(content=encode({**arrays, **(per_site or {}).get(name, {})}, {"step": step}),
                             dst_node_id=node, message_type=message_type) for node, name in self.nodes]
-        replies = deployment.exchange(self.grid, messages, timeout=self.timeout)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))  # a deployment's grid carries the agreed set-up
         sent = {message.metadata.message_id: message.metadata.dst_node_id for message in messages
                 if message.metadata.message_id}
         answered: dict[str, dict[str, np.ndarray]] = {}

@@ -2,7 +2,8 @@
 
 A deployed SuperNode names its file in its node config (``data-path='/data/site.csv'``, optional
 ``site-name='hospital-a'``). The server holds no records, so before the first round it agrees the
-shared parts of the model with the sites in three messages:
+shared parts of the model with the sites in two messages, and sends the result with each site's first message
+of the run:
 
 1. ``site_summary``: each site splits its file into training and test parts (by a hash of each
    record under the site's own key, :func:`~models.data.federated.split_site_table`; a run asking
@@ -12,8 +13,10 @@ shared parts of the model with the sites in three messages:
    count, sum and sum of squares of its training times and its largest training time;
 2. ``site_time_histogram``: each site counts its training events and censorings in
    ``TIME_HISTOGRAM_BINS`` equal intervals up to the largest time of any site;
-3. ``site_setup``: the server sends every site the :class:`flwr_app.task.SiteSpec` built from the
-   sums (the preprocessing, the time grid, the time scale), which the site keeps in its node state.
+3. the agreed set-up: the :class:`flwr_app.task.SiteSpec` built from the sums (the preprocessing, the
+   time grid, the time scale) and the site's agreed count travel in the site's first message of round 1
+   (:data:`~flwr_app.site_context.CARRIED_SETUP`, :class:`RejoiningSites`); the site keeps them in its node
+   state before it handles that message (:func:`store_setup`).
 
 The summed statistics are exactly those of the pooled training parts, so the preprocessing equals
 the simulation's (up to summation order) and the time grid is the simulation's rounded to the
@@ -21,7 +24,7 @@ histogram's resolution. Nothing else leaves a site before training; the statisti
 without noise (the privacy ledger says so). Evaluation is federated: each site reports the global
 model's metrics on its own test part (a site with a privacy policy keeps them at the site).
 
-A SuperNode that restarts (its node state is empty) gets the agreed set-up again before its next
+A SuperNode that restarts (its node state is empty) gets the agreed set-up again with its next
 message (:class:`RejoiningSites`): the same values every site received, its last privacy state as the
 site sealed it and the rounds the server has charged it since (claims the site checks against its own
 copy: :mod:`flwr_app.site_state`); nothing new leaves any site.
@@ -47,6 +50,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from flwr_app import site_policy, site_store, task
+from flwr_app.site_context import CARRIED_SETUP
 from flwr_app.site_errors import DELTA_TOO_LARGE, NO_SETUP, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
 from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig, PrivacyConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
@@ -90,7 +94,6 @@ SUMMARY = "query.site_summary"
 RANGES = "query.setup_ranges"
 MOMENTS = "query.setup_moments"
 HISTOGRAM = "query.site_time_histogram"
-SETUP = "train.site_setup"
 PAYLOAD = "deployment"
 SPEC_STATE = "deployment.spec"
 SETUP_STATE = "deployment.setup"
@@ -271,19 +274,23 @@ class ParticipatingSites(Grid):
 
 
 class RejoiningSites(ParticipatingSites):
-    """A deployment's grid: the sites that passed the set-up, and a site whose SuperNode restarted or came back late
-    gets the agreed set-up again before its next message.
+    """A deployment's grid: the sites that passed the set-up; each gets the agreed set-up with its first message, and
+    again with its next message after its SuperNode restarted or came back late.
+
+    The agreed set-up (:func:`_setup_content`: the preprocessing, time grid, agreed counts and set-up history; the
+    same values every site received, nothing new from any site) travels in the message itself, under
+    :data:`~flwr_app.site_context.CARRIED_SETUP`: the site keeps it before it handles the message
+    (:func:`flwr_app.client_app.carried_setup`), so the set-up costs no sequential message of its own. It goes with
+    every message to a node until the node answers one without error.
 
     A SuperNode killed and restarted keeps its node ID (Flower binds it to the registered key) but
-    its node state is empty: it would fail every later message (``NO_SETUP``). This grid sends
-    such a node, before the next message to it, the set-up message every site received
-    (:data:`SETUP`: the same preprocessing, time grid, agreed counts and set-up history; nothing new
-    leaves any site), with its own last privacy state as the server holds it and the rounds the
-    server has charged it since (``history``, :func:`privacy_position`; the site charges them to
-    its accountant before it trains again, so its budget never restarts). A node is sent it again
+    its node state is empty: it would fail every later message (``NO_SETUP``). Such a node gets the set-up
+    again, with its own last privacy state as the server holds it and the rounds the server has charged it since
+    (``history``, :func:`privacy_position`; the site charges them to its accountant before it trains again, so its
+    budget never restarts), with its next message
 
     * when the SuperLink says it was activated again since the set-up (``last_activated_at``), or
-    * when it answers a message with the ``NO_SETUP`` error (then before its next message);
+    * when it answers a message with the ``NO_SETUP`` error;
 
     a node ID that was not at the set-up is asked only which site it is (:data:`IDENTITY`) and takes
     that site's place if it is a site of the set-up whose node is no longer connected (one node per
@@ -302,7 +309,8 @@ class RejoiningSites(ParticipatingSites):
         self._history = history or (lambda site: (None, 0))
         self._timeout = timeout
         self._activated = self._activations()
-        self._pending: set[int] = set()
+        self._pending: set[int] = set(setup.sites)  # nodes whose next message carries the set-up
+        self._rejoining: set[int] = set()  # of those, the nodes that had it before
         self._refused: dict[int, str] = dict(setup.left_out)  # a site left out at set-up is never asked again
 
     def _activations(self) -> dict[int, str]:
@@ -318,8 +326,8 @@ class RejoiningSites(ParticipatingSites):
         for node, activated in self._activations().items():
             if node in self._node_sites and node in self._activated and activated != self._activated[node]:
                 print(f"site '{self._node_sites[node]}' (node {node}) connected again (activated {activated}): "
-                      "the agreed set-up goes to it before its next message", flush=True)
-                self._pending.add(node)
+                      "the agreed set-up goes with its next message", flush=True)
+                self._rejoin(node)
             self._activated[node] = activated
         newcomers = sorted(connected - set(self._node_sites) - set(self._refused))
         if newcomers:
@@ -346,38 +354,47 @@ class RejoiningSites(ParticipatingSites):
                 if holder is not None:
                     del self._node_sites[holder]
                 self._node_sites[node] = name
-                self._pending.add(node)
+                self._rejoin(node)
                 print(f"site '{name}' is back as node {node}" + (f" (was node {holder})" if holder is not None else "")
-                      + ": the agreed set-up goes to it before its next message", flush=True)
+                      + ": the agreed set-up goes with its next message", flush=True)
                 continue
             print(f"node {node} joined after the set-up and is sent no message: {self._refused[node]}", flush=True)
 
-    def _send_setup_again(self, nodes: Iterable[int]) -> None:
-        """The agreed set-up (as every site received it) to ``nodes``, with each site's own privacy position."""
-        setup = self._setup
-        contents = {}
-        for node in sorted(nodes):
-            site = self._node_sites[node]
-            agreed = setup.setups[site]
-            state, catch_up = self._history(site)
-            contents[node] = {**_setup_content(setup.spec, agreed), "privacy_state": state, "catch_up": catch_up}
-        answered, failed = _ask(self._grid, SETUP, contents, self._timeout)
-        for node in answered:
-            self._pending.discard(node)
-            state, catch_up = contents[node]["privacy_state"], contents[node]["catch_up"]
-            print(f"site '{self._node_sites[node]}' (node {node}) rejoined: the agreed set-up sent again"
-                  + (", with its last privacy state" if state is not None else "")
-                  + (f" and {catch_up} round(s) charged since" if catch_up else ""), flush=True)
-        for node, reason in failed.items():
-            print(f"site '{self._node_sites[node]}' (node {node}): the set-up could not be sent again: {reason}",
+    def _rejoin(self, node: int) -> None:
+        self._pending.add(node)
+        self._rejoining.add(node)
+
+    def _carry_setup(self, message: Message) -> None:
+        """Put the agreed set-up (as every site received it, with the site's own privacy position) into ``message``,
+        a copy of its content (a strategy may send one content to many nodes)."""
+        node = message.metadata.dst_node_id
+        site = self._node_sites[node]
+        state, catch_up = self._history(site) if node in self._rejoining else (None, 0)
+        content = {**_setup_content(self._setup.spec, self._setup.setups[site]), "privacy_state": state,
+                   "catch_up": catch_up}
+        message.content = RecordDict({**message.content, CARRIED_SETUP: ConfigRecord({"json": json.dumps(content)})})
+
+    def _settle(self, node: int) -> None:
+        """``node`` answered a message that carried the set-up without error: it holds it, no later message carries it."""
+        self._pending.discard(node)
+        if node in self._rejoining:
+            self._rejoining.discard(node)
+            print(f"site '{self._node_sites[node]}' (node {node}) rejoined: it holds the agreed set-up again",
                   flush=True)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)
-        targets = {message.metadata.dst_node_id for message in messages}
-        if self._pending & targets:
-            self._send_setup_again(self._pending & targets)
-        return exchange(self._grid, messages, timeout=timeout, on_reply=self._explain)
+        carrying = {message.metadata.dst_node_id for message in messages} & self._pending
+        for message in messages:
+            if message.metadata.dst_node_id in carrying:
+                self._carry_setup(message)
+
+        def on_reply(reply: Message, node: int | None, elapsed: float) -> None:
+            self._explain(reply, node, elapsed)
+            if node in carrying and not reply.has_error():
+                self._settle(node)
+
+        return exchange(self._grid, messages, timeout=timeout, on_reply=on_reply)
 
     def _explain(self, reply: Message, node: int | None, elapsed: float) -> None:
         """Give the SuperLink's offline error its detection time; note a node that has lost its set-up."""
@@ -388,10 +405,10 @@ class RejoiningSites(ParticipatingSites):
                 f"no reply: node {node} went offline (no heartbeat within the SuperLink's patience; seen after "
                 f"{elapsed:.0f} s)"))
         elif NO_SETUP in reply.error.reason and node in self._node_sites:
-            self._pending.add(node)
+            self._rejoin(node)
             reply.error = Error(code=reply.error.code, reason=(
                 "its node state holds no set-up (its SuperNode restarted): the agreed set-up goes to it again "
-                "before its next message"))
+                "with its next message"))
 
 
 def prepare_sites(grid: Grid, cfg: ExperimentConfig, *, timeout: float = 600.0) -> SiteSetup:
@@ -452,8 +469,9 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
        ranges;
     2. ``setup_moments``: each site sends its noisy time histogram and clipped moments on those
        ranges;
-    3. ``site_setup``: the server sends every site the preprocessing, the grid, its agreed count,
-       the smallest count and the accountant history of the set-up releases.
+    3. the agreed set-up: the preprocessing, the grid, the site's agreed count, the smallest count and the
+       accountant history of the set-up releases, which go with each site's first message of round 1
+       (:class:`RejoiningSites`).
 
     With a mechanism that has a secure sum (``distributed_dp``), pass 1 carries the schema, the noisy
     count and the levels only, and each pass's histograms and moments go through SecAgg+ with the
@@ -490,8 +508,8 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
     counts = {node: agreed_count(release.count) for node, release in releases.items()}
     recalibration = task.plan_recalibration(cfg, shared, counts)
     filters = {node: announced for node in counts if (announced := _announced(first[node])) is not None}
-    agreed = _send_setup(grid, cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
-                         timeout=timeout, filters=filters)
+    agreed = _agreed_setup(cfg, spec, counts, names, left_out, task.setup_history(cfg, plan, recalibration),
+                           filters=filters)
     return dataclasses.replace(agreed, notes=shared.notes, recalibration=recalibration,
                                left_out_columns=shared.left_out)
 
@@ -665,22 +683,20 @@ def _announced(reply: Mapping[str, Any]) -> SiteFilter | None:
     return announced if valid else None
 
 
-def _send_setup(grid: Grid, cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float],
-                names: Mapping[int, str], left_out: dict[int, str], prior: tuple[tuple[float, float, int], ...], *,
-                timeout: float, filters: Mapping[int, SiteFilter] | None = None) -> SiteSetup:
-    """Send every kept site the shared set-up, its agreed count and the filter it announced (``filters``); the
-    outcome of :func:`prepare_sites`. With ``model.name = "auto"`` the spec carries the widths chosen from the agreed
-    counts (:func:`flwr_app.task.with_model_choice`)."""
+def _agreed_setup(cfg: ExperimentConfig, spec: task.SiteSpec, counts: Mapping[int, float], names: Mapping[int, str],
+                  left_out: dict[int, str], prior: tuple[tuple[float, float, int], ...], *,
+                  filters: Mapping[int, SiteFilter] | None = None) -> SiteSetup:
+    """The outcome of :func:`prepare_sites`: every kept site's shared set-up, agreed count and the filter it announced
+    (``filters``), which :class:`RejoiningSites` sends with each site's first message. With ``model.name = "auto"``
+    the spec carries the widths chosen from the agreed counts (:func:`flwr_app.task.with_model_choice`)."""
     spec = task.with_model_choice(cfg, spec, counts)
     smallest, filters = min(counts.values()), filters or {}
     setups = {names[node]: SiteSetUp(count=count, min_count=smallest, prior=prior, filter=filters.get(node))
               for node, count in counts.items()}
-    _, failed = _ask(grid, SETUP, {node: _setup_content(spec, setups[names[node]]) for node in counts}, timeout)
-    if failed:
-        raise RuntimeError(f"sites failed to store the shared preprocessing: {failed}")
     print(f"{len(counts)} sites ({', '.join(sorted(names[node] for node in counts))}): "
           f"about {int(sum(counts.values()))} training records, {len(spec.preprocessor.feature_names)} encoded "
-          f"features, {len(spec.cuts)} time-grid points" + (" (private set-up)" if prior else ""), flush=True)
+          f"features, {len(spec.cuts)} time-grid points" + (" (private set-up)" if prior else "")
+          + "; each site gets the agreed set-up with its first message", flush=True)
     return SiteSetup(spec, {node: names[node] for node in counts}, left_out, setups)
 
 
@@ -697,7 +713,7 @@ def _plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None) -> d
 
 
 def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSetup:
-    """The set-up from exact sums (``site_summary``, ``site_time_histogram``, ``site_setup``): no noise."""
+    """The set-up from exact sums (``site_summary``, ``site_time_histogram``): no noise."""
     nodes = sorted(grid.get_node_ids())
     summaries, left_out = _ask(grid, SUMMARY, {node: {} for node in nodes}, timeout)
     names = _named(summaries, left_out)
@@ -726,7 +742,7 @@ def _exact_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> SiteSe
     )
     spec = task.SiteSpec(Preprocessor.from_statistics(features), cuts, (times.mean, times.std))
     counts = {node: float(summary["time"][0]) for node, summary in summaries.items()}
-    return _send_setup(grid, cfg, spec, counts, names, left_out, (), timeout=timeout)
+    return _agreed_setup(cfg, spec, counts, names, left_out, ())
 
 
 def site_name(context: Context) -> str:
@@ -827,7 +843,7 @@ def stored_spec(context: Context) -> task.SiteSpec:
     """The shared preprocessing and time grid this site received at set-up."""
     if SPEC_STATE not in context.state.config_records:
         raise ValueError(f"{NO_SETUP} this site has no shared preprocessing in its node state: the server's set-up "
-                         f"({SETUP}) did not reach it (or its SuperNode restarted)")
+                         "did not reach it (or its SuperNode restarted)")
     return task.SiteSpec.from_json(str(context.state.config_records[SPEC_STATE]["json"]))
 
 
@@ -912,16 +928,16 @@ def histogram(message: Message, context: Context) -> Message:
     return Message(content=_payload({"events": events.tolist(), "censored": censored.tolist()}), reply_to=message)
 
 
-def setup(message: Message, context: Context) -> Message:
-    """Keep the server's shared preprocessing, time grid and the agreed record counts in the node state.
+def store_setup(request: Mapping[str, Any], context: Context) -> None:
+    """Keep the server's shared preprocessing, time grid and the agreed record counts (``request``, a set-up carried by
+    a message: :class:`RejoiningSites`) in the node state.
 
-    A set-up sent again to a restarted SuperNode (:class:`RejoiningSites`) also carries the site's last
-    privacy state as the server holds it (sealed by the site) and ``catch_up``, the rounds the server says it
-    charged the site since: kept, where the node state holds no privacy state, as a claim that the site checks
-    before it next trains (:func:`flwr_app.site_state.restore`: its own copy wins; a state it did not seal is
-    refused; ``catch_up`` is bounded by the rounds since the sealed state).
+    A set-up sent again to a restarted SuperNode also carries the site's last privacy state as the server holds it
+    (sealed by the site) and ``catch_up``, the rounds the server says it charged the site since: kept, where the node
+    state holds no privacy state, as a claim that the site checks before it next trains
+    (:func:`flwr_app.site_state.restore`: its own copy wins; a state it did not seal is refused; ``catch_up`` is
+    bounded by the rounds since the sealed state).
     """
-    request = _read(message)
     context.state[SPEC_STATE] = ConfigRecord({"json": str(request["spec"])})
     context.state[SETUP_STATE] = ConfigRecord({"count": float(request["count"]),
                                                "min_count": float(request["min_count"]),
@@ -933,7 +949,6 @@ def setup(message: Message, context: Context) -> Message:
         if handed_back is not None:
             returned["json"] = str(handed_back)
         context.state[RETURNED_STATE] = returned
-    return Message(content=_payload({}), reply_to=message)
 
 
 def identity(message: Message, context: Context) -> Message:

@@ -193,7 +193,7 @@ def test_a_supernode_killed_in_round_2_and_restarted_with_its_key_rejoins_and_tr
     assert trained[0] == 1 and trained[-1] == rounds and round_filed not in trained  # accepted after it rejoined
     assert set(lines[-1]["sites"]) == set(SITES)
     log = (out / "run.log").read_text()
-    assert f"site '{killed}'" in log and "rejoined: the agreed set-up sent again" in log
+    assert f"site '{killed}'" in log and "rejoined: it holds the agreed set-up again" in log
     (out / "rejoin_log.txt").write_text(
         f"kill -9 {killed} during round {killed_in}; `flwr supernode list` had it offline after {offline_after:.0f} s; "
         "restarted with its key\n"

@@ -1,5 +1,6 @@
-"""A deployed site whose SuperNode restarts (empty node state) gets the agreed set-up again and trains
-(:class:`flwr_app.deployment.RejoiningSites`, with a grid whose nodes run the site-side handlers directly)."""
+"""A deployed site gets the agreed set-up with its first message, and again with its next message when its SuperNode
+restarts (empty node state), and trains (:class:`flwr_app.deployment.RejoiningSites`, with a grid whose nodes run the
+site-side mod and handlers directly)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from flwr.common.constant import ErrorCode
 
 from flwr_app import client_app, deployment, task
 from flwr_app.deployment import RejoiningSites, SiteSetup
+from flwr_app.site_context import CARRIED_SETUP
 from strategies.horizontal import privacy_position
 from models.data import FeatureStatistics, Preprocessor
 from strategies.horizontal import RoundRecord
@@ -44,21 +46,18 @@ def _setup() -> SiteSetup:
 
 
 class NodeGrid:
-    """Nodes that answer with the deployment's site-side handlers; ``TRAIN`` needs the set-up in the node state."""
+    """Nodes that answer through the site's set-up mod (:func:`flwr_app.client_app.carried_setup`) and the deployment's
+    site-side handlers; ``TRAIN`` needs the set-up in the node state. ``messaged``: (node, message type, whether the
+    message carried the set-up)."""
 
     def __init__(self, setup: SiteSetup) -> None:
         self.nodes = {node: SimpleNamespace(state=RecordDict(), node_config={"site-name": site}, node_id=node)
                       for node, site in setup.sites.items()}
         self.online = set(self.nodes)
         self.activated = {node: "t0" for node in self.nodes}
-        self.messaged: list[tuple[int, str]] = []
+        self.messaged: list[tuple[int, str, bool]] = []
         self.pushed: dict[str, Message] = {}
-        for node, site in setup.sites.items():  # the set-up every site received
-            agreed = setup.setups[site]
-            self._answer(Message(content=deployment._payload({
-                "spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
-                "prior": [list(entry) for entry in agreed.prior]}), dst_node_id=node, message_type=deployment.SETUP))
-        self.messaged.clear()
+        self.failing: set[int] = set()  # nodes whose handler fails (after the mod kept the set-up)
 
     def restart(self, node: int, *, activated: str = "t1", site: str | None = None) -> None:
         """The node's SuperNode restarts: its node state is empty (``site``: under that site's name)."""
@@ -75,18 +74,21 @@ class NodeGrid:
 
     def _answer(self, message: Message) -> Message:
         node, kind = message.metadata.dst_node_id, message.metadata.message_type
-        self.messaged.append((node, kind))
+        self.messaged.append((node, kind, CARRIED_SETUP in message.content))
         context = self.nodes[node]
         try:
-            if kind == deployment.SETUP:
-                return deployment.setup(message, context)
-            if kind == deployment.IDENTITY:
-                return deployment.identity(message, context)
-            deployment.stored_spec(context)
-            deployment.stored_setup(context)
-            return Message(content=RecordDict({"c": ConfigRecord({"ok": 1})}), reply_to=message)
+            return client_app.carried_setup(message, context, self._handle)
         except ValueError as err:
             return Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err)), reply_to=message)
+
+    def _handle(self, message: Message, context) -> Message:
+        if message.metadata.dst_node_id in self.failing:
+            raise ValueError("the site's disk is full")
+        if message.metadata.message_type == deployment.IDENTITY:
+            return deployment.identity(message, context)
+        deployment.stored_spec(context)
+        deployment.stored_setup(context)
+        return Message(content=RecordDict({"c": ConfigRecord({"ok": 1})}), reply_to=message)
 
     def push_messages(self, messages):
         ids = []
@@ -119,7 +121,36 @@ def _round(grid: RejoiningSites) -> dict[int, Message]:
     return {sent[reply.metadata.reply_to_message_id]: reply for reply in replies}
 
 
-def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_before_its_next_message():
+def test_each_site_gets_the_setup_with_its_first_message_only():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5)
+    assert all(not reply.has_error() for reply in _round(grid).values())
+    assert sorted(nodes.messaged) == [(1, TRAIN, True), (2, TRAIN, True)]  # no message of its own
+    for node, site in setup.sites.items():
+        assert deployment.stored_setup(nodes.nodes[node]) == setup.setups[site]
+        assert deployment.stored_spec(nodes.nodes[node]).to_json() == setup.spec.to_json()
+        assert deployment.RETURNED_STATE not in nodes.nodes[node].state.config_records
+    nodes.messaged.clear()
+    _round(grid)
+    assert sorted(nodes.messaged) == [(1, TRAIN, False), (2, TRAIN, False)]
+
+
+def test_a_site_whose_first_message_fails_gets_the_setup_again_with_its_next():
+    setup = _setup()
+    nodes = NodeGrid(setup)
+    grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5)
+    nodes.failing.add(2)  # its first message fails
+    replies = _round(grid)
+    assert replies[2].has_error() and not replies[1].has_error()
+    nodes.failing.clear()
+    nodes.messaged.clear()
+    replies = _round(grid)
+    assert sorted(nodes.messaged) == [(1, TRAIN, False), (2, TRAIN, True)]
+    assert not any(reply.has_error() for reply in replies.values())
+
+
+def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_with_its_next_message():
     setup = _setup()
     nodes = NodeGrid(setup)
     node_sites = dict(setup.sites)
@@ -132,8 +163,7 @@ def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_
     nodes.messaged.clear()
     replies = _round(grid)
     assert all(not reply.has_error() for reply in replies.values()) and set(replies) == {1, 2}
-    assert nodes.messaged[0] == (2, deployment.SETUP)  # the set-up first, to node 2 only
-    assert sorted(nodes.messaged[1:]) == [(1, TRAIN), (2, TRAIN)]
+    assert sorted(nodes.messaged) == [(1, TRAIN, False), (2, TRAIN, True)]  # the set-up to node 2 only
     state = nodes.nodes[2].state.config_records
     assert deployment.stored_setup(nodes.nodes[2]) == setup.setups["site-b"]
     assert deployment.stored_spec(nodes.nodes[2]).to_json() == setup.spec.to_json()
@@ -142,20 +172,21 @@ def test_a_restarted_node_gets_the_agreed_setup_again_with_its_privacy_position_
     assert deployment.PRIVACY_STATE not in state  # a claim the site checks before it trains, not its state
     nodes.messaged.clear()
     _round(grid)
-    assert sorted(nodes.messaged) == [(1, TRAIN), (2, TRAIN)]  # sent once
+    assert sorted(nodes.messaged) == [(1, TRAIN, False), (2, TRAIN, False)]  # sent once
 
 
-def test_a_node_that_says_it_has_no_setup_gets_it_before_its_next_message():
+def test_a_node_that_says_it_has_no_setup_gets_it_with_its_next_message():
     setup = _setup()
     nodes = NodeGrid(setup)
     grid = RejoiningSites(nodes, setup, dict(setup.sites), timeout=5)
+    _round(grid)
     nodes.restart(2, activated="t0")  # the SuperLink does not say it was activated again
     replies = _round(grid)
     assert replies[2].has_error() and "holds no set-up" in replies[2].error.reason
     assert "no set-up" in replies[2].error.reason and not replies[1].has_error()
     nodes.messaged.clear()
     replies = _round(grid)
-    assert nodes.messaged[0] == (2, deployment.SETUP) and sorted(nodes.messaged[1:]) == [(1, TRAIN), (2, TRAIN)]
+    assert sorted(nodes.messaged) == [(1, TRAIN, False), (2, TRAIN, True)]
     assert not any(reply.has_error() for reply in replies.values())
 
 
@@ -185,9 +216,9 @@ def test_a_new_node_takes_a_site_only_when_that_sites_node_is_gone():
     nodes.restart(5, site="site-b")  # site-b's key registered again: a new node ID, the old node gone
     nodes.messaged.clear()
     assert grid.get_node_ids() == [1, 5] and node_sites == {1: "site-a", 5: "site-b"}
-    assert nodes.messaged == [(5, deployment.IDENTITY)]  # 7, 8 and 9 are asked nothing again
+    assert nodes.messaged == [(5, deployment.IDENTITY, False)]  # 7, 8 and 9 are asked nothing again
     assert not any(reply.has_error() for reply in _round(grid).values())
-    assert (5, deployment.SETUP) in nodes.messaged and all(node not in (7, 8, 9) for node, _ in nodes.messaged)
+    assert (5, TRAIN, True) in nodes.messaged and all(node not in (7, 8, 9) for node, _, _ in nodes.messaged)
 
 
 def test_privacy_position_counts_the_rounds_charged_after_the_last_state():
@@ -202,11 +233,8 @@ def test_a_handed_back_state_never_replaces_the_sites_own():
     setup = _setup()
     context = SimpleNamespace(state=RecordDict({deployment.PRIVACY_STATE: ConfigRecord({"json": '{"own": 1}'})}))
     agreed = setup.setups["site-a"]
-    message = Message(content=deployment._payload({
-        "spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count, "prior": [],
-        "privacy_state": '{"server": 1}', "catch_up": 2}), dst_node_id=1, message_type=deployment.SETUP)
-    message.metadata.__dict__["_message_id"] = message.object_id
-    deployment.setup(message, context)
+    deployment.store_setup({"spec": setup.spec.to_json(), "count": agreed.count, "min_count": agreed.min_count,
+                            "prior": [], "privacy_state": '{"server": 1}', "catch_up": 2}, context)
     assert context.state.config_records[deployment.PRIVACY_STATE]["json"] == '{"own": 1}'
     assert deployment.RETURNED_STATE not in context.state.config_records
 

@@ -16,6 +16,7 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from flwr_app import client_app
+from flwr_app.site_context import CARRIED_SETUP
 from models.data.datasets import load_flchain
 from simulations.engine import resolve, run_inprocess
 
@@ -59,6 +60,11 @@ def _site_files(tmp_path: Path) -> list[dict[str, str]]:
     return configs
 
 
+#: The set-up's messages to a site before round 1: exact sums (fedavg), or the private set-up's two passes (dp_sgd).
+SETUP_QUERIES = {"fedavg": ["query.site_summary", "query.site_time_histogram"],
+                 "dp_sgd": ["query.setup_ranges", "query.setup_moments"]}
+
+
 @pytest.mark.parametrize(("strategy", "needed"), [
     ("fedavg", []),
     # its first round: the site calibrates σ and reports its ε with the run's accountant (PLD: dp_accounting, which
@@ -75,6 +81,9 @@ def test_a_deployed_sites_train_message_in_a_new_process_imports_only_what_it_ne
     run_inprocess(overrides, node_configs=configs,
                   observe=lambda message, reply: sent.append(message) if message.metadata.dst_node_id == 1 else None)
     train = next(index for index, message in enumerate(sent) if message.metadata.message_type == "train")
+    # The set-up is two sequential messages; what it agreed travels with the site's first message of round 1 only.
+    assert [message.metadata.message_type for message in sent[:train]] == SETUP_QUERIES[strategy]
+    assert CARRIED_SETUP in sent[train].content and not any(CARRIED_SETUP in m.content for m in sent[train + 1:])
     # Site 1's node state before its training message: its earlier messages (the set-up) handled again, in order.
     context = Context(run_id=sent[train].metadata.run_id, node_id=1, node_config=configs[0], state=RecordDict(),
                       run_config=resolve(overrides)[0])
