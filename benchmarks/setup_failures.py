@@ -6,14 +6,18 @@ CSV file (``data.name=csv``), under ``dp_sgd`` and ``distributed_dp`` at each ``
 simulation does (:func:`flwr_app.task.federation_setup`: both passes of noisy releases at every
 site, agreed at the server; ``distributed_dp``'s through its secure sum, with ``privacy.max_dropouts = 0`` for 2
 sites) and counts the runs whose set-up stops (an error) and the ranges it
-settled by a fallback (scan, or a column left out). ``--degraded`` does the same for each data set
-with half of the values of two numeric columns missing at random and one log-normal heavy-tailed
-column added (``dp_sgd``, the first ε). Training cannot change the set-up, so none is run.
+settled by a fallback (scan, or a column left out). The small-federation rows do the same for
+``--small-sites`` sites (24; 0: none) sharing 900 records of WHAS and of GBSG (about 30 training records a site, as
+``tests/test_small_federations.py`` builds them), with no data dictionary and with the follow-up (``time.max``)
+alone public; ``dp_sgd`` at ``privacy.setup_sum = auto`` (:meth:`strategies.mechanisms.dp_sgd.DPSGD.setup_sum`; each
+row says what it resolved to). ``--degraded`` does the same for each data set with half of the values of two numeric
+columns missing at random and one log-normal heavy-tailed column added (``dp_sgd``, the first ε). Training cannot
+change the set-up, so none is run.
 
 Prints one JSON object (``--out`` also writes it)::
 
     python -m benchmarks.setup_failures [--data flchain,metabric,...] [--epsilons 1,10] [--sites 2,5,10]
-        [--seeds 10] [--degraded] [--out docs/results/benchmarks/setup_failures.json]
+        [--small-sites 24] [--seeds 10] [--degraded] [--out docs/results/benchmarks/setup_failures.json]
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from flwr_app.task import federation_setup
 from models.data import load_table
 from models.data.files import resolve_data_dir
 from simulations.engine import resolve
+from strategies.mechanisms.dp_sgd import DPSGD
 
 DATA = ("flchain", "metabric", "gbsg", "whas", "sba", "sim_cox")
 MECHANISMS = ("dp_sgd", "distributed_dp")
+#: The small federations' data sets, their records and their public follow-up (``time.max``), as the tests build them.
+SMALL_FOLLOW_UP = {"whas": 2400.0, "gbsg": 90.0}
+SMALL_RECORDS = 900
 
 
 def table_csv(name: str, folder: Path, *, degrade: bool = False, seed: int = 0) -> Path:
@@ -53,6 +61,39 @@ def table_csv(name: str, folder: Path, *, degrade: bool = False, seed: int = 0) 
     path = folder / f"{name}{'_degraded' if degrade else ''}.csv"
     frame.to_csv(path, index=False)
     return path
+
+
+def small_sources(folder: Path) -> dict[str, dict]:
+    """The small federations' sources: ``"<data>, no dictionary"`` and ``"<data>, time.max"`` -> their run-config
+    overrides (``SMALL_RECORDS`` records of the bundled CSV, ``random_state = 0``)."""
+    sources = {}
+    for name, follow_up in SMALL_FOLLOW_UP.items():
+        frame = pd.read_csv(resolve_data_dir("") / f"{name}.csv").drop(columns="split")
+        path = folder / f"{name}_small.csv"
+        frame.sample(n=SMALL_RECORDS, random_state=0).to_csv(path, index=False)
+        dictionary = folder / f"{name}_small_time.json"
+        dictionary.write_text(json.dumps({"time": {"max": follow_up}}))
+        data = {"data.name": "csv", "data.path": str(path), "data.time_col": "duration", "data.event_col": "event"}
+        sources[f"{name}, no dictionary"] = data
+        sources[f"{name}, time.max"] = {**data, "data.dictionary": str(dictionary)}
+    return sources
+
+
+def small_rows(sources: dict[str, dict], epsilons: list[float], sites: int, seeds: int) -> list[dict]:
+    """One row per small source, mechanism and ε: the set-up outcomes of ``sites`` sites over ``seeds`` seeds, and
+    (``dp_sgd``) what ``privacy.setup_sum = auto`` resolved to."""
+    rows = []
+    for source, data in sources.items():
+        for mechanism in MECHANISMS:
+            for epsilon in epsilons:
+                overrides = {**data, "strategy.name": mechanism, "privacy.epsilon": epsilon,
+                             "federation.num_sites": sites}
+                summed = (DPSGD().setup_sum(resolve(overrides)[1]) if mechanism == "dp_sgd" else "secure")
+                rows.append({"data": source.split(",")[0], "source": f"{SMALL_RECORDS} records, {source}",
+                             "strategy": mechanism, "epsilon": epsilon, "sites": sites, "setup_sum": summed,
+                             **count(overrides, seeds)})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
 
 
 def secure_sum_options(mechanism: str, sites: int) -> dict:
@@ -80,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", default=",".join(DATA))
     parser.add_argument("--epsilons", default="1,10")
     parser.add_argument("--sites", default="2,5,10")
+    parser.add_argument("--small-sites", type=int, default=24)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--degraded", action="store_true")
     parser.add_argument("--out", default="")
@@ -103,7 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
                                    "sites": sites, **count(overrides, args.seeds)}
                             rows.append(row)
                             print(json.dumps(row), file=sys.stderr, flush=True)
+        small = ([] if args.degraded or not args.small_sites else
+                 small_rows(small_sources(Path(folder)), epsilons, args.small_sites, args.seeds))
+    rows += small
     result = {"rows": rows, "failures": sum(r["failures"] for r in rows), "runs": sum(r["runs"] for r in rows),
+              "small_failures": {m: sum(r["failures"] for r in small if r["strategy"] == m) for m in MECHANISMS},
               "seconds": round(time.time() - started, 1)}
     text = json.dumps(result, indent=1)
     if args.out:

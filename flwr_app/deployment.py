@@ -473,7 +473,8 @@ def _private_setup(grid: Grid, cfg: ExperimentConfig, *, timeout: float) -> Site
        accountant history of the set-up releases, which go with each site's first message of round 1
        (:class:`RejoiningSites`).
 
-    With a mechanism that has a secure sum (``distributed_dp``), pass 1 carries the schema, the noisy
+    With a secure set-up sum (``distributed_dp``, or ``dp_sgd`` whose ``privacy.setup_sum`` resolves to ``secure``:
+    :func:`flwr_app.task.secure_setup`), pass 1 carries the schema, the noisy
     count and the levels only, and each pass's histograms and moments go through SecAgg+ with the
     distributed discrete Gaussian instead (:func:`_secure_setup_sums`): the server sees their sums only,
     with one Gaussian's noise. Every noise draw happens at the sites (their OS entropy); the server only

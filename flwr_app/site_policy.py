@@ -17,8 +17,9 @@ Node config keys (``flower-supernode --node-config "..."``)::
     privacy-min-noise=0.5                        # the smallest noise multiplier of any release (default 0)
     privacy-rdp-order=18                         # the filter's whole order (default: chosen from the budget
                                                  # when the file is created; fixed for its lifetime)
-    privacy-min-honest-sites=3                   # distributed_dp: the honest sites (itself included) whose
-                                                 # noise shares the site counts on (default 1: its own alone)
+    privacy-min-honest-sites=3                   # distributed_dp, dp_sgd's secure set-up sum: the honest sites
+                                                 # (itself included) whose noise shares the site counts on
+                                                 # (default 1: its own alone)
 
 ``bdp`` is refused at a site with a policy (:data:`UNCHARGEABLE`). The run's ``privacy.delta`` may not exceed the
 policy's δ, and the filter converts at the policy's δ whatever the run says.

@@ -34,6 +34,7 @@ from models.data.files import resolve_data_dir
 from models.survival import SurvivalModel, build_survival_model
 from models.time_grid import histogram_survival, interval_hazard, make_time_grid, time_counts
 from strategies.mechanisms.base import SecureSumMechanism, SiteSetUp
+from strategies.mechanisms.dp_sgd import DPSGD
 from strategies.mechanisms.setup_share import (
     recalibrates,
     recalibration_history,
@@ -130,11 +131,16 @@ def setup_plan_options(cfg: ExperimentConfig, dictionary: DataDictionary | None)
 
 
 def secure_setup(cfg: ExperimentConfig, parties: int, honest_sites: tuple[float, ...] = ()) -> SecureSetup | None:
-    """How the set-up's releases go through the run's secure sum (a mechanism with one: ``distributed_dp``), over
+    """How the set-up's releases go through a secure sum (a mechanism with one, ``distributed_dp``; ``dp_sgd`` where
+    its ``privacy.setup_sum`` resolves to ``secure``: :meth:`~strategies.mechanisms.dp_sgd.DPSGD.setup_sum`), over
     ``parties`` sites tolerating ``privacy.max_dropouts`` drop-outs and ``privacy.colluding_sites``; ``honest_sites``:
     the ``privacy-min-honest-sites`` of a site's own policy (:func:`~strategies.mechanisms.distributed_dp.counted_honest`).
-    None without a secure sum (each site adds its own noise)."""
-    if not isinstance(horizontal_mechanism(cfg.strategy), SecureSumMechanism):
+    None without a secure sum (each site adds its own noise). Whether there is one is a function of the run config
+    alone (never of ``parties``, which a deployed site learns from the server), so the server and every site decide
+    it alike."""
+    mechanism = horizontal_mechanism(cfg.strategy)
+    if not (isinstance(mechanism, SecureSumMechanism)
+            or (isinstance(mechanism, DPSGD) and mechanism.setup_sum(cfg) == "secure")):
         return None
     from strategies.mechanisms.distributed_dp import counted_honest
 

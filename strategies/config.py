@@ -566,13 +566,23 @@ class PrivacyConfig:
                                        "nothing charged, every numeric column's range public in data.dictionary "
                                        "(needed)",
                                  bounds=Bounds(0.0, 1.0, low_closed=True), auto=_recipe_auto("privacy.setup_share"))
-    max_dropouts: int = setting(1, "distributed_dp: sites that may drop out of a round's secure aggregation; the "
-                                   "others' noise still meets epsilon (more drop-outs: the round is not unmasked)",
+    setup_sum: str = setting(AUTO, "dp_sgd: how the private set-up's histograms and moments reach the server: "
+                                   "per_site (each site adds its own full noise; the server sees every site's "
+                                   "release) or secure (through SecAgg+ with distributed discrete Gaussian noise, as "
+                                   "distributed_dp's: the server sees only the sum, whose guarantee then needs the "
+                                   "honest sites of privacy.max_dropouts and privacy.colluding_sites); auto = secure "
+                                   "where the per-site noise summed over federation.num_sites sites would hide the "
+                                   "ranges (strategies.mechanisms.dp_sgd.setup_sum), per_site otherwise",
+                             choices=(AUTO, "per_site", "secure"))
+    max_dropouts: int = setting(1, "distributed_dp (and dp_sgd's secure set-up sum): sites that may drop out of a "
+                                   "round's secure aggregation; the others' noise still meets epsilon (more "
+                                   "drop-outs: the round is not unmasked)",
                                 bounds=NON_NEGATIVE)
-    colluding_sites: int = setting(0, "distributed_dp: sites that may collude with the server (their own noise is "
-                                      "not counted)", bounds=NON_NEGATIVE)
-    modulus_bits: int = setting(48, "distributed_dp: secure aggregation works modulo 2^bits; the quantisation scale "
-                                    "is the largest that keeps wrap-around below 1e-9 per round",
+    colluding_sites: int = setting(0, "distributed_dp (and dp_sgd's secure set-up sum): sites that may collude with "
+                                      "the server (their own noise is not counted)", bounds=NON_NEGATIVE)
+    modulus_bits: int = setting(48, "distributed_dp (and dp_sgd's secure set-up sum): secure aggregation works modulo "
+                                    "2^bits; the quantisation scale is the largest that keeps wrap-around below 1e-9 "
+                                    "per round",
                                 bounds=Bounds(16.0, 62.0, low_closed=True, high_closed=True))
 
     @property

@@ -22,8 +22,10 @@ noise, the training loop) are :mod:`strategies.mechanisms.dp_sgd_training`, impo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,15 +39,24 @@ from strategies.accounting.rdp import (
     calibrate_noise_multiplier,
     epsilon_from_history,
 )
-from strategies.config import ConfigError, ExperimentConfig
+from strategies.config import AUTO, ConfigError, ExperimentConfig, defaults
 from strategies.mechanisms.base import LocalUpdateMechanism, SiteSetUp, SiteUpdate, horizontal_manifest
-from strategies.mechanisms.manifest import Manifest, ReleasedValue, record_level_closing, setup_sentence, update_release
+from strategies.mechanisms.manifest import (
+    Manifest,
+    ReleasedValue,
+    common_releases,
+    record_level_closing,
+    setup_sentence,
+    update_release,
+)
 from strategies.mechanisms.schedules import poisson_schedule
+from strategies.mechanisms.setup_share import setup_multiplier
 
 if TYPE_CHECKING:  # the site's model type, for type checkers only
     from models.survival import SurvivalModel
 
 __all__ = [
+    "AUTO_SECURE_SETUP_NOISE",
     "DPSGD",
     "calibrated_noise_multiplier",
     "clipped_epsilon",
@@ -56,6 +67,18 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- the mechanism object
+
+
+#: ``privacy.setup_sum = auto`` sends a dp_sgd run's private set-up through the secure sum where the per-site
+#: plan's summed set-up noise, :math:`\sqrt K z` (the noise standard deviation of one record count spending the
+#: set-up's whole noise multiplier :math:`z` at each of the ``federation.num_sites`` = :math:`K` sites, summed over
+#: them), exceeds this many records. On 900 bundled records over :math:`K` sites at ε = 1 (WHAS, GBSG; seeds 0-2)
+#: the per-site set-up ran on every seed at :math:`\sqrt K z \le 25` (6 and 8 sites) and, without a data
+#: dictionary, stopped on 1 to 3 of 3 seeds from 31 on (12, 16, 24 sites); at ε = 2 it ran at 24 sites (23).
+#: Public: a function of the run config alone.
+AUTO_SECURE_SETUP_NOISE = 30.0
+#: The secure sum's keys, read by dp_sgd only when its set-up goes through it (``privacy.setup_sum``).
+SECURE_SUM_KEYS = ("privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits")
 
 
 def require_decomposable_loss(strategy: str, cfg: ExperimentConfig) -> None:
@@ -144,6 +167,48 @@ class DPSGD(LocalUpdateMechanism):
     def check(self, cfg: ExperimentConfig) -> None:
         super().check(cfg)
         require_decomposable_loss(self.name, cfg)
+        self.check_setup_sum(cfg)
+
+    def setup_sum(self, cfg: ExperimentConfig) -> str:
+        r"""How the run's private set-up reaches the server: ``"secure"`` (its histograms and moments through SecAgg+
+        with the distributed discrete Gaussian: :class:`~strategies.mechanisms.setup_statistics.SecureSetup`) or
+        ``"per_site"`` (each site's own noisy releases). ``privacy.setup_sum``, with ``auto`` resolved from public
+        quantities of the run config only, the same at the server and every site: ``"secure"`` where
+        ``federation.num_sites`` :math:`K` admits a secure sum (:math:`K > 2D + t`, ``privacy.max_dropouts`` and
+        ``privacy.colluding_sites``) and the per-site plan's summed noise :math:`\sqrt K z` exceeds
+        :data:`AUTO_SECURE_SETUP_NOISE` (:math:`z`: the set-up's noise multiplier, 0 without a private set-up)."""
+        if cfg.privacy.setup_sum != AUTO:
+            return cfg.privacy.setup_sum
+        sites, privacy = cfg.federation.num_sites, cfg.privacy
+        admits = sites > 2 * privacy.max_dropouts + privacy.colluding_sites
+        noisy = math.sqrt(sites) * setup_multiplier(cfg) > AUTO_SECURE_SETUP_NOISE
+        return "secure" if admits and noisy and self.uses_private_setup(cfg) else "per_site"
+
+    def check_setup_sum(self, cfg: ExperimentConfig) -> None:
+        """Refuse, in one line naming the keys: ``privacy.setup_sum`` set where the run has no private set-up; a
+        secure set-up sum that ``federation.num_sites`` cannot run with ``privacy.max_dropouts`` and
+        ``privacy.colluding_sites`` (SecAgg+ needs ``k > 2 max_dropouts + colluding_sites``); the secure sum's keys
+        away from their defaults where the set-up is summed per site (they would be ignored)."""
+        privacy, default = cfg.privacy, defaults()
+        if privacy.setup_sum != AUTO and not (privacy.enabled and self.uses_private_setup(cfg)):
+            raise ConfigError(f"run config: privacy.setup_sum = {privacy.setup_sum!r} chooses how the private set-up "
+                              "is summed, but this run has none (privacy.epsilon = inf or privacy.setup_share = 0): "
+                              f"leave it at {AUTO!r}")
+        if self.setup_sum(cfg) == "per_site":
+            for key in SECURE_SUM_KEYS:
+                value = getattr(privacy, key.split(".")[1])
+                if value != default[key]:
+                    raise ConfigError(f"run config: {key} = {value} is read by strategy 'dp_sgd' only for its secure "
+                                      f"set-up sum, and privacy.setup_sum = {privacy.setup_sum!r} sums the set-up per "
+                                      f"site here: leave it at {default[key]} or set privacy.setup_sum = 'secure'")
+            return
+        k, d, t = cfg.federation.num_sites, privacy.max_dropouts, privacy.colluding_sites
+        if k <= 2 * d + t:  # strategies.secure_aggregation.protocol_parameters' rule (no Flower)
+            raise ConfigError(f"run config: privacy.setup_sum = 'secure' with federation.num_sites = {k} cannot "
+                              f"tolerate privacy.max_dropouts = {d} and privacy.colluding_sites = {t}: secure "
+                              "aggregation needs k > 2 * max_dropouts + colluding_sites (a server naming different "
+                              "survivors to different sites could unmask a site); lower them, add sites, or set "
+                              "privacy.setup_sum = 'per_site'")
 
     def schedule(self, cfg: ExperimentConfig, setup: SiteSetUp) -> tuple[float, int, float]:
         """``(q, steps per round, σ)`` of a site with set-up ``setup``.
@@ -227,6 +292,7 @@ class DPSGD(LocalUpdateMechanism):
             "Poisson sampling of each record with probability sample_rate = q = batch_size/n at every step; n is the "
             "site's record count agreed at set-up",
             setup_sentence(cfg, self.uses_private_setup(cfg)),
+            *self._setup_sum_sentence(cfg),
             f"epsilon computed by the server ({ACCOUNTANT_NAMES[cfg.privacy.accountant]}, Poisson-subsampled Gaussian, "
             "add/remove-one adjacency) over every step of every round the site released an update, from the agreed "
             "count and the run configuration; the figures a site reports are checked against it; epsilon_rdp: "
@@ -236,12 +302,40 @@ class DPSGD(LocalUpdateMechanism):
             *record_level_closing(cfg, self.manifest(cfg)),
         )
 
+    def sums_setup_securely(self, cfg: ExperimentConfig) -> bool:
+        """Whether the run has a private set-up and sends it through the secure sum (:meth:`setup_sum`)."""
+        return self.uses_private_setup(cfg) and self.setup_sum(cfg) == "secure"
+
+    def _setup_sum_sentence(self, cfg: ExperimentConfig) -> tuple[str, ...]:
+        """The ledger's statement of how the private set-up reached the server (``privacy.setup_sum``); none without
+        a private set-up."""
+        if not self.uses_private_setup(cfg):
+            return ()
+        if not self.sums_setup_securely(cfg):
+            return (f"set-up summed per site (privacy.setup_sum = {cfg.privacy.setup_sum}): the server sees every "
+                    "site's own set-up releases, each with the site's full noise, so their guarantee assumes nothing "
+                    "of the other sites; privacy.setup_sum = secure (auto: where sqrt(federation.num_sites) x the "
+                    f"set-up's noise multiplier exceeds {AUTO_SECURE_SETUP_NOISE:g}) sends the histograms and moments "
+                    "through SecAgg+ instead (the server then sees only their sum), whose bound then holds only "
+                    "while k - D - t of the k summed sites are honest survivors (privacy.max_dropouts, "
+                    "privacy.colluding_sites) and secure aggregation holds",)
+        d, t = cfg.privacy.max_dropouts, cfg.privacy.colluding_sites
+        return (f"set-up summed securely (privacy.setup_sum = {cfg.privacy.setup_sum}): the set-up's range "
+                "histograms, time histogram and clipped moments go through SecAgg+ (modulo "
+                f"2^{cfg.privacy.modulus_bits}), each site adding a discrete Gaussian share, so the server sees only "
+                "their sum over the k sites; each of these releases is charged as the Gaussian entry above, which "
+                f"bounds its RDP only while k - D - t of the k sites are honest survivors (D = {d} tolerated "
+                f"drop-outs, t = {t} sites colluding with the server; Kairouz, Liu & Steinke 2021, Prop. 14) and "
+                "secure aggregation holds (honest-but-curious server, as for distributed_dp); the record count stays "
+                "the site's own release with its full noise, and training is the site's own DP-SGD, assuming "
+                "nothing of the other sites",)
+
     def manifest(self, cfg: ExperimentConfig) -> Manifest:
         accountant = f"DP-SGD, {ACCOUNTANT_NAMES[cfg.privacy.accountant]} accountant (add/remove one record)"
         covered = self.uses_private_setup(cfg)
         why = ("functions of the site's agreed (noisy) record count and the public configuration" if covered else
                "functions of the site's record count (uncovered) and the public configuration")
-        return horizontal_manifest(self, cfg, [
+        manifest = horizontal_manifest(self, cfg, [
             update_release(True, accountant),
             ReleasedValue("declared parameters", "noise_multiplier, steps and epsilon, which the server checks", "train",
                           covered, why, tuple(f"train/metrics.{key}" for key in self.report_keys(cfg))),
@@ -249,3 +343,36 @@ class DPSGD(LocalUpdateMechanism):
                           "kept in the server's checkpoint for resumption", "train", covered, why,
                           ("train/site.privacy_state",)),
         ])
+        return self._secure_setup_manifest(cfg, manifest) if self.sums_setup_securely(cfg) else manifest
+
+    def _secure_setup_manifest(self, cfg: ExperimentConfig, manifest: Manifest) -> Manifest:
+        """``manifest`` with the set-up's histograms and moments through the secure sum (``privacy.setup_sum``) and
+        what the site sends in its two SecAgg+ sums."""
+        d, t = cfg.privacy.max_dropouts, cfg.privacy.colluding_sites
+        trust = (f"; covered only while k - D - t of the k summed sites are honest survivors (D = {d}, t = {t}: "
+                 "privacy.max_dropouts, privacy.colluding_sites) and secure aggregation holds against an "
+                 "honest-but-curious server: unlike training, this guarantee rests on the other sites "
+                 "(privacy.setup_sum = secure)")
+        summed = {release.value: dataclasses.replace(release, reason=release.reason + trust)
+                  for release in common_releases(cfg, private=True, record_level=True, private_setup=True,
+                                                 secure_sum=True)
+                  if release.value in ("feature statistics", "time grid")}
+        no_info = ("drawn fresh from the site's random source for this sum, not computed from any record: carry no "
+                   "information about the records")
+        secagg = [
+            ReleasedValue("masked set-up vectors", "in each of the set-up's two secure sums, the site's rounded range "
+                          "histograms (pass 1) or time histogram and clipped moments (pass 2) plus its discrete "
+                          "Gaussian share, masked by SecAgg+ (ChaCha20 masks keyed by the full secrets: uniform mod M "
+                          "alone)", "set-up", True, "the server learns only the sum of the survivors' vectors" + trust,
+                          ("query.secagg_masked/masked.masked",)),
+            ReleasedValue("secure-aggregation keys", "one-time public keys, encrypted Shamir shares and the shares "
+                          "revealed in unmasking, of the set-up's two secure sums", "set-up", True, no_info,
+                          ("query.secagg_setup/secagg.*", "query.secagg_share_keys/secagg.*",
+                           "query.secagg_unmask/secagg.*")),
+            ReleasedValue("disputed neighbours", "the neighbours whose encrypted share the site could not use in a "
+                          "set-up sum", "set-up", True, "a fact about the other sites' messages, not computed from "
+                          "any record: carries no information about the records",
+                          ("query.secagg_masked/secagg.disputed",)),
+        ]
+        releases = tuple(summed.get(release.value, release) for release in manifest.releases)
+        return dataclasses.replace(manifest, releases=releases + tuple(secagg))

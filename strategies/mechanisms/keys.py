@@ -64,7 +64,8 @@ _SPLIT_TRAINING = BUDGET | DELTA_CHECK | {"train.batch_size", "train.lr", "train
 #: ``strategy.name`` -> the keys its mechanism honours, in the registry's order.
 HONOURS: Mapping[str, frozenset[str]] = MappingProxyType({
     "fedavg": _FEDAVG | {"model.penalty"},
-    "dp_sgd": _DP_SGD,
+    "dp_sgd": _DP_SGD | {"privacy.setup_sum", "privacy.max_dropouts", "privacy.colluding_sites",
+                         "privacy.modulus_bits"},  # the last three: its secure set-up sum (dp_sgd.DPSGD.check)
     "bdp": _DP_SGD,
     "distributed_dp": (HORIZONTAL - {"resume.from"}) | BUDGET | DELTA_CHECK | PRIVATE_SETUP | {
         "train.lr", "privacy.max_dropouts", "privacy.colluding_sites", "privacy.modulus_bits"},

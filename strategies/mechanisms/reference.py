@@ -30,6 +30,7 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("a Cox model (model.name = cox_mlp or cox_time)", {"model.name": "cox_mlp"}),
     ("privacy.allocation = exact", {"privacy.allocation": "exact"}),
     ("split.clean_inference = true", {"split.clean_inference": True}),
+    ("privacy.setup_sum = secure", {"privacy.setup_sum": "secure"}),
 )
 
 

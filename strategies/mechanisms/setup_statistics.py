@@ -105,9 +105,10 @@ Each site adds its own full noise (the server sees every site's release), so a s
 :math:`K` sites carries :math:`\sqrt K` times the noise of one. The noise is drawn from the
 ``numpy.random.Generator`` the caller passes (from OS entropy in a deployment).
 
-Through a secure sum (strategy ``distributed_dp``: :class:`SecureSetup`)
------------------------------------------------------------------------
-Where the run's mechanism has a secure sum, every release but the record count
+Through a secure sum (:class:`SecureSetup`: ``distributed_dp``; ``dp_sgd`` with ``privacy.setup_sum = secure``)
+--------------------------------------------------------------------------------------------------------------
+Where the run's mechanism has a secure sum, or a ``dp_sgd`` run chooses one for its set-up
+(:meth:`strategies.mechanisms.dp_sgd.DPSGD.setup_sum`, from the run config alone), every release but the record count
 (:data:`SECURE_RELEASES`) goes through SecAgg+ with the distributed discrete Gaussian instead: each
 site sends, masked, the sum over its records of their rounded scaled vectors (a one-hot bin per
 histogram; :math:`(v, v^2, 1)` per column) plus its discrete Gaussian share
@@ -123,6 +124,12 @@ the server weighs and bounds every later secure sum of the run by the agreed cou
 included in it. Each sum's unmasked total is refused, in one line, when it is beyond what honest
 sites can produce (:meth:`~strategies.mechanisms.distributed_dp.RoundPlan.refusal`);
 :func:`implausible_ranges` needs a site's own release and does not apply.
+
+The trust this takes: a summed release's bound holds for a site while :math:`k - D - t` of the :math:`k` summed
+sites are honest survivors and SecAgg+ holds (honest-but-curious server); per site, a release's bound holds
+whatever the other sites do. For ``distributed_dp`` that is the assumption its training makes already; for
+``dp_sgd`` it is the one place its guarantee rests on the other sites (its training noise is the site's own), so
+a dp_sgd run says which it chose in its ledger and manifest.
 
 Denoising (post-processing): the summed time histogram's counts become non-negative by isotonic
 regression of their cumulative sums (anchored at 0), which removes negative counts without the
@@ -887,7 +894,8 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
             raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
                 "set-up statistics: the training times' range histogram does not stand out of the noise: give the "
                 f"follow-up range in data.dictionary (time: {{max: ...}}{columns}; no privacy cost), raise "
-                f"privacy.setup_share or privacy.epsilon, or use fewer, larger sites (std {time_std:.3g} per bin, "
+                f"privacy.setup_share or privacy.epsilon{_secure_hint(summed)}, or use fewer, larger sites (std "
+                f"{time_std:.3g} per bin, "
                 f"summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records)")
         time_max = float(edges[central + found[1] + 1])
     elif plan.releases_time_histogram:
@@ -897,6 +905,11 @@ def agree_ranges(plan: SetupPlan, summed: RangeRelease) -> AgreedRanges:
         bins = time_bins(plan, summed.count, summed.sites, std=None if summed.noise is None else summed.noise[
             "time_histogram"])
     return AgreedRanges({c: features[c] for c in plan.columns if c in plan.numeric}, time_max, fallbacks, bins)
+
+
+def _secure_hint(summed: RangeRelease) -> str:
+    """The key that sums a per-site set-up securely, for a message about its noise ("" where it was summed so)."""
+    return ", sum it securely (dp_sgd: privacy.setup_sum = secure)" if summed.noise is None else ""
 
 
 def check_inputs(plan: SetupPlan, ranges: AgreedRanges, summed: RangeRelease) -> None:
@@ -915,8 +928,9 @@ def check_inputs(plan: SetupPlan, ranges: AgreedRanges, summed: RangeRelease) ->
     raise SetupNoiseError(  # the keys first: a console line shows its first 300 characters
         f"set-up statistics: no column's range stood out of the noise, so all {len(plan.columns)} columns would be "
         "left out and the model would have no input: give their ranges in data.dictionary (numeric: {column: [lo, "
-        "hi]}; no privacy cost), raise privacy.setup_share or privacy.epsilon, or use fewer, larger sites (std "
-        f"{std:.3g} per bin, summed over {summed.sites} sites, about {max(summed.count, 0):.0f} records)")
+        f"hi]}}; no privacy cost), raise privacy.setup_share or privacy.epsilon{_secure_hint(summed)}, or use fewer, "
+        f"larger sites (std {std:.3g} per bin, summed over {summed.sites} sites, about {max(summed.count, 0):.0f} "
+        "records)")
 
 
 def _feature_scaling(
@@ -1042,9 +1056,10 @@ def _histogram_time_scale(edges: np.ndarray, counts: np.ndarray, *, time_max: fl
 # --------------------------------------------------------------------------- through a secure sum
 
 
-#: The releases that go through a secure sum where the strategy has one (``distributed_dp``): all but the record
-#: count, which each site still releases on its own with its own noise (the server weighs and bounds every later
-#: secure sum by the agreed counts of the sites included in it, so it needs each site's).
+#: The releases that go through a secure sum where the run has one (``distributed_dp``; ``dp_sgd`` with
+#: ``privacy.setup_sum = secure``): all but the record count, which each site still releases on its own with its own
+#: noise (the server weighs and bounds every later secure sum by the agreed counts of the sites included in it, so it
+#: needs each site's).
 SECURE_RELEASES = ("time_range", "range_histograms", "time_histogram", "feature_moments")
 
 
