@@ -501,6 +501,12 @@ DP_QUERIES = (DP_COUNTS, DP_SCORE, DP_INFORMATION)
 #: A numeric column without an agreed clip range is mapped by this many of its (set-up) standard deviations either
 #: side of its (set-up) mean: a public range from the set-up's moments.
 UNRANGED_SDS = 3.0
+#: The private grid's last cut: the set-up's cut at this fraction of its list. The cuts follow equal steps of the
+#: set-up's Kaplan-Meier curve, and the last ones trail into the public upper bound past every record's follow-up; a
+#: grid ending there has no survivors in its last interval (hazard 1: a censoring rounds down), so it ends where
+#: records are still at risk (GBSG and WHAS at 6 sites: 300-580 records followed past it) and later times are
+#: censored there.
+PRIVATE_LAST_CUT = 0.85
 
 
 def private_setting(strategy: str) -> str:
@@ -512,13 +518,14 @@ def private_setting(strategy: str) -> str:
 
 def private_design(preprocessor: Preprocessor, cuts: np.ndarray, points: int) -> GroupedCoxDesign:
     """The public design of the private fit, from the set-up alone (every party builds it from its own copy): the
-    grid of :func:`k_point_grid` of the set-up's cuts (0 put first), and per covariate of :class:`CoxDesign` (encoded
-    units) its range, centre and spread: a numeric column's agreed clip range mapped by the set-up's mean and standard
-    deviation (without one, :data:`UNRANGED_SDS` standard deviations either side), centre 0 (the set-up's mean), spread
-    ``2 / (high - low)`` (one encoded standard deviation on the model's scale); a level ``[0, 1]``, centre 1/2, spread 1
-    (the largest a 0/1 column's can be)."""
+    grid of :func:`k_point_grid` of the set-up's cuts up to :data:`PRIVATE_LAST_CUT` of their list (0 put first),
+    and per covariate of :class:`CoxDesign` (encoded units) its range, centre and spread: a numeric column's agreed
+    clip range mapped by the set-up's mean and standard deviation (without one, :data:`UNRANGED_SDS` standard
+    deviations either side), centre 0 (the set-up's mean), spread ``2 / (high - low)`` (one encoded standard deviation
+    on the model's scale); a level ``[0, 1]``, centre 1/2, spread 1 (the largest a 0/1 column's can be)."""
     cox_design = CoxDesign.from_preprocessor(preprocessor)
-    grid = k_point_grid(np.asarray(cuts, dtype=np.float64), points)
+    cuts = np.asarray(cuts, dtype=np.float64).reshape(-1)
+    grid = k_point_grid(cuts[:int(round(PRIVATE_LAST_CUT * (cuts.size - 1))) + 1], points)
     grid = grid if grid[0] == 0 else np.concatenate([[0.0], grid[grid > 0]])
     numeric = {name: name for name in preprocessor.means}
     low, high, center = [], [], []

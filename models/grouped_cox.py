@@ -104,7 +104,7 @@ through every step (:func:`propagated_covariance`): the sampling part :math:`G^{
 (:math:`G = H + L`, model-based :math:`\mathrm{Var}\,u = H`) plus each step's known score-noise
 covariance, carried to the end through :math:`A_k = I - P_k^{-1}G`, with :math:`H` the released
 information, its αβ block smoothed over the intervals and debiased (:func:`smoothed_information`)
-and floored relative to :math:`R` (:func:`floor_information`), then a parametric bootstrap over the
+and floored relative to its own diagonal (:func:`information_estimate`), then a parametric bootstrap over the
 released information removes the upward bias the noisy :math:`H` gives the variances. The delta
 method of the last step alone (:func:`delta_method_covariance`, :math:`\hat H^{-1}(\hat H +
 \Sigma_\xi)\hat H^{-1}`) is offered; it ignores how the earlier steps' noise propagates and was
@@ -687,7 +687,7 @@ def count_information(counts: np.ndarray, theta: np.ndarray, design: GroupedCoxD
     as if β = 0 and every risk set had the covariates' public centre and ``design.scales``
     (independent columns): :math:`\mathrm{diag}(w_j \hat n_j)` for α, zero αβ,
     :math:`(\sum_j w_j \hat n_j)\,\mathrm{diag}(s^2)` for β, :math:`w_j` the weight of
-    :math:`\mu_j = e^{\alpha_j}` (α from ``theta``). The steps' matrix and the floor's reference."""
+    :math:`\mu_j = e^{\alpha_j}` (α from ``theta``). The steps' matrix."""
     t = design.intervals
     _, at_risk = _count_terms(counts, t)
     mu = np.exp(np.asarray(theta, dtype=np.float64)[:t])
@@ -774,7 +774,7 @@ def newton_update(theta: np.ndarray, score: np.ndarray, matrix: np.ndarray, pena
 def floor_information(information: np.ndarray, floor: float, reference: np.ndarray) -> np.ndarray:
     r"""``information`` made symmetric with :math:`\hat H \succeq f R`: the eigenvalues of
     :math:`R^{-1/2}\hat H R^{-1/2}` below ``floor`` :math:`f > 0` raised to it, ``reference``
-    :math:`R` a positive definite public matrix (:func:`count_information`)."""
+    :math:`R` a positive definite matrix (:func:`information_estimate`: the release's own diagonal)."""
     if not floor > 0:
         raise ValueError(f"floor must be > 0, got {floor!r}")
     ref_values, ref_vectors = np.linalg.eigh(reference)
@@ -818,13 +818,21 @@ def smoothed_information(packed: np.ndarray, design: GroupedCoxDesign, noise_var
 
 
 def information_estimate(packed: np.ndarray, theta: np.ndarray, share: float, design: GroupedCoxDesign,
-                         plan: NoisePlan, bounds: ClipBounds, reference: np.ndarray, floor: float) -> np.ndarray:
-    """The summed noisy information released at ``theta`` with ``share`` as the estimate of the
+                         plan: NoisePlan, bounds: ClipBounds, floor: float) -> np.ndarray:
+    r"""The summed noisy information released at ``theta`` with ``share`` as the estimate of the
     information: :func:`smoothed_information` with the release's known noise variance, then
-    :func:`floor_information` at ``floor`` times ``reference``."""
+    :func:`floor_information` at ``floor`` times its own diagonal :math:`D` (each entry at least twice its noise's
+    standard deviation): :math:`\hat H \succeq fD`. Without noise this binds only where the information's
+    correlation matrix has an eigenvalue below :math:`f` (near-collinear columns); it assumes nothing about the
+    covariates, so it cannot make the information larger than the released one but for that noise."""
     variance = np.where(bounds.released, (plan.sum_multiplier(share) * bounds.information) ** 2, 0.0)
     smoothed = smoothed_information(packed, design, variance, theta[:design.intervals])
-    return floor_information(smoothed, floor, reference)
+    rows, cols = pack_layout(design.intervals, design.covariates)
+    noise_sd = np.zeros(design.dim)
+    diagonal = rows == cols
+    noise_sd[rows[diagonal]] = np.sqrt(variance[diagonal])
+    own = np.maximum(np.diag(smoothed), 2.0 * noise_sd)
+    return floor_information(smoothed, floor, np.diag(np.maximum(own, 1e-12 * max(float(own.max()), 1e-300))))
 
 
 def delta_method_covariance(information: np.ndarray, noise_variance: np.ndarray) -> np.ndarray:
@@ -862,8 +870,8 @@ def propagated_covariance(information: np.ndarray, preconditioners: Sequence[np.
 @dataclass(frozen=True)
 class PrivateSettings:
     r"""The server's choices beyond the plan (public; none costs privacy): ``floor`` :math:`f`, the
-    released information is kept :math:`\succeq f R` (:func:`floor_information`); ``smooth``
-    :math:`\lambda`, the α penalty (:func:`smoothing_penalty`); ``covariance``: ``propagated``
+    released information is kept :math:`\succeq f D`, :math:`D` its own diagonal (:func:`information_estimate`);
+    ``smooth`` :math:`\lambda`, the α penalty (:func:`smoothing_penalty`); ``covariance``: ``propagated``
     (:func:`propagated_covariance`, bias-corrected over ``correction_draws`` redraws of the released
     information's noise, :func:`private_covariance`) or ``delta`` (the last step alone). The
     defaults are the coverage simulation's choices (``docs/dp-cox.md``). ``start_smooth``: the λ of the start's
@@ -871,7 +879,7 @@ class PrivateSettings:
     ``max_alpha_move``: the largest move of any α in one step (:func:`newton_update`; a trust region for the
     fixed-matrix step, whose linearisation fails when a noisy step moves a log hazard by more than about 1)."""
 
-    floor: float = 0.2
+    floor: float = 0.1
     smooth: float = 150.0
     covariance: Literal["propagated", "delta"] = "propagated"
     correction_draws: int = 40
@@ -890,11 +898,12 @@ class Recipe:
     info_shares: tuple[float, ...]
     bounds: tuple[tuple[str, float | None], ...]
     settings: PrivateSettings
+    precondition: Literal["reference", "released"] = "reference"
 
     def plan(self, total: float, *, setting: Setting, sites: int) -> NoisePlan:
         """The recipe's :class:`NoisePlan` at total noise multiplier ``total``."""
         return NoisePlan(total=total, count_share=self.count_share, score_shares=self.score_shares,
-                         info_shares=self.info_shares, setting=setting, sites=sites)
+                         info_shares=self.info_shares, precondition=self.precondition, setting=setting, sites=sites)
 
     def clip_bounds(self, design: GroupedCoxDesign) -> ClipBounds:
         """The recipe's :class:`ClipBounds` on ``design``'s spreads."""
@@ -959,7 +968,7 @@ def private_covariance(trace: PrivateTrace, design: GroupedCoxDesign, plan: Nois
         return np.diag(propagated_covariance(information, matrices, variances, penalty))
 
     redrawn = [information_estimate(packed + rng.normal(size=packed.shape) * sd, theta, share, design, plan,
-                                    bounds, trace.reference, settings.floor)
+                                    bounds, settings.floor)
                for _ in range(settings.correction_draws)]
     scale = np.sqrt(np.diag(covariance) / np.mean([diagonal(h) for h in redrawn], axis=0))
     return covariance * np.outer(scale, scale)
@@ -1079,7 +1088,7 @@ class PrivateServer:
     def information(self, summed: np.ndarray, step: int, share: float) -> None:
         self.released = (summed, self.theta, share, step)
         self.estimate = information_estimate(summed, self.theta, share, self.design, self.plan, self.bounds,
-                                             self.reference, self.settings.floor)
+                                             self.settings.floor)
 
     def score(self, summed: np.ndarray) -> None:
         matrix = self.estimate if self.plan.precondition == "released" else self.reference

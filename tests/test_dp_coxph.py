@@ -27,6 +27,7 @@ from flwr_app.cox_messages import (
     coxph_manifest,
     decode,
     encode,
+    k_point_grid,
     private_design,
     private_plan,
     private_records,
@@ -57,9 +58,13 @@ def dictionary(tmp_path_factory):
     del RUN["data.dictionary"]
 
 
+def _sites_config(strategy: str):
+    return resolve({**RUN, "strategy.name": strategy})[1]
+
+
 def _sites(strategy: str) -> tuple:
     """The run's config, its public design, the columns and every site's records as the model sees them."""
-    _, cfg = resolve({**RUN, "strategy.name": strategy})
+    cfg = _sites_config(strategy)
     dataset, setup = task.load_federation(cfg), task.federation_setup(cfg)
     design = private_design(dataset.preprocessor, setup.cuts, 11)
     columns = CoxDesign.from_preprocessor(dataset.preprocessor)
@@ -103,7 +108,7 @@ def test_a_private_fit_runs_within_its_budget_and_its_intervals_include_the_nois
     privacy = summary["coxph"]["privacy"]
     assert privacy["setting"] == ("sum" if strategy == "distributed_dp" else "per_site")
     assert "parametric-bootstrap" in privacy["intervals"] and "none" in summary["predictions"]
-    assert privacy["caveat"].startswith("experimental") and "do not report these as hazard ratios" in privacy["caveat"]
+    assert privacy["caveat"].startswith("experimental") and "86-92 % of coefficients" in privacy["caveat"]
     planned = [(release["message"], release["step"]) for release in privacy["releases"]]
     if strategy == "distributed_dp":  # nothing in the clear: every release a secure sum, the sum's actual noise used
         assert not {kind for kind in seen if kind.startswith("query.cox_")}
@@ -238,6 +243,22 @@ def test_the_private_design_takes_a_ranged_columns_centre_and_spread_from_its_no
     features = pd.DataFrame({column: [0.0, 1.0] for column in DICTIONARY["numeric"]})
     assert task.setup_plan(cfg, features).moment_columns == tuple(DICTIONARY["numeric"])
     assert task.setup_plan(network, features).moment_columns == ()
+
+
+def test_the_private_grid_ends_where_records_are_still_at_risk():
+    """The set-up's last cuts trail past every record's follow-up, where the last interval would have no survivors
+    (hazard 1); the private grid stops at PRIVATE_LAST_CUT of the cuts, so records are followed past its end and every
+    interval has events."""
+    _, setup, design, columns, sites = _sites("dp_sgd")
+    t = design.intervals
+    survivors = sum(int(np.sum((site.at_risk == t) & ~site.event)) for site in sites)
+    events = sum(gc.site_counts(site)[:t] for site in sites)
+    assert survivors > 50 and np.all(events > 0), (survivors, events)
+    old = gc.GroupedCoxDesign(grid=k_point_grid(setup.cuts, 11), low=design.low, high=design.high)
+    dataset = task.load_federation(_sites_config("dp_sgd"))
+    followed = [gc.prepare_site(old, np.zeros((site.train.time.size, design.covariates)), site.train.time,
+                                np.asarray(site.train.event) > 0) for site in dataset.sites]
+    assert sum(int(np.sum((site.at_risk == old.intervals) & ~site.event)) for site in followed) == 0
 
 
 def test_an_event_at_time_zero_counts_in_the_first_interval():

@@ -13,11 +13,14 @@ from models.grouped_cox import (
     ClipBounds,
     GroupedCoxDesign,
     NoisePlan,
+    PrivateSettings,
     SiteRecords,
     alpha_start,
+    count_information,
     delta_method_covariance,
     fit_exact,
     floor_information,
+    information_estimate,
     information_matrix,
     newton_update,
     pack_layout,
@@ -292,6 +295,36 @@ def test_one_exact_step_is_the_delta_method_and_the_floor_holds():
     root = np.diag(1 / np.sqrt(np.diag(reference)))
     assert np.linalg.eigvalsh(root @ floored @ root).min() >= 0.5 - 1e-9
     np.testing.assert_allclose(floor_information(information, 1e-6, reference), information, atol=1e-9)
+
+
+def test_the_information_floor_never_lifts_a_noise_free_release_whatever_the_public_spreads():
+    """The estimate's floor is relative to the released information's own diagonal: on correlated covariates whose
+    public spreads overstate the real ones tenfold (as a column's half-range once did), a noise-free release is kept
+    as released, where the same floor times the counts' public information (independent columns of those spreads)
+    would lift it; a noisy release comes out positive definite."""
+    floor = PrivateSettings().floor
+    rng = np.random.default_rng(12)
+    x = rng.multivariate_normal(np.zeros(3), [[1, 0.6, 0.6], [0.6, 1, 0.6], [0.6, 0.6, 1]], size=600)
+    event_time = (rng.exponential(size=600) / np.exp(x @ BETA)) ** (1 / 1.5)
+    time = np.minimum(event_time, rng.exponential(2.0, size=600))
+    design = GroupedCoxDesign(np.linspace(0.0, 2.0, 7), low=[-3.0] * 3, high=[3.0] * 3, center=[0.0] * 3,
+                              scales=[10 / 3] * 3)
+    bounds = ClipBounds.from_scalars(design, score_alpha=2.0, score_beta=3.0, info_diag=1.0, info_cross=2.0,
+                                     info_beta=12.0)
+    records = prepare_site(design, np.clip(x, -3, 3), time, (event_time <= time).astype(int))
+    theta, reference = start_from_counts(site_counts(records), design)
+    packed = site_step(records, theta, bounds, with_information=True).information
+    for total, noisy in ((1e-9, False), (3.0, True)):
+        plan = NoisePlan(total=total, count_share=0.25, score_shares=(0.5,), info_shares=(0.0, 0.25))
+        variance = (plan.sum_multiplier(0.25) * bounds.information) ** 2
+        released = packed + (rng.normal(size=packed.shape) * np.sqrt(variance) if noisy else 0.0)
+        estimate = information_estimate(released, theta, 0.25, design, plan, bounds, floor)
+        smoothed = smoothed_information(released, design, variance, theta[:design.intervals])
+        assert np.linalg.eigvalsh(estimate).min() > 0
+        if not noisy:
+            np.testing.assert_allclose(estimate, smoothed, rtol=1e-9, atol=1e-9)
+            assert np.abs(floor_information(smoothed, floor, reference) - smoothed).max() > 1.0
+    assert np.allclose(reference, count_information(site_counts(records), theta, design))
 
 
 def test_smoothing_keeps_an_information_whose_cross_block_follows_the_model():
