@@ -24,9 +24,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from flwr_app.config import ExperimentConfig, PrivacyConfig
-from flwr_app.site_context import (CARRIED_SETUP, PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
+from flwr_app.site_context import (PREPARED_ENTRIES, SECAGG_ROUND, SECAGG_STATE, Prepared, charge,
                                    node_site, own_honest_sites, run_config, site_setup, spec_json, tolerated_dropouts)
-from flwr_app.site_errors import recorded_messages, sanitised_errors
+from flwr_app.site_errors import CARRIED_SETUP, recorded_messages, sanitised_errors
 from strategies.config import COXPH
 
 if TYPE_CHECKING:

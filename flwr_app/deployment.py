@@ -15,7 +15,7 @@ of the run:
    ``TIME_HISTOGRAM_BINS`` equal intervals up to the largest time of any site;
 3. the agreed set-up: the :class:`flwr_app.task.SiteSpec` built from the sums (the preprocessing, the
    time grid, the time scale) and the site's agreed count travel in the site's first message of round 1
-   (:data:`~flwr_app.site_context.CARRIED_SETUP`, :class:`RejoiningSites`); the site keeps them in its node
+   (:data:`~flwr_app.site_errors.CARRIED_SETUP`, :class:`RejoiningSites`); the site keeps them in its node
    state before it handles that message (:func:`store_setup`).
 
 The summed statistics are exactly those of the pooled training parts, so the preprocessing equals
@@ -50,8 +50,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from flwr_app import site_policy, site_store, task
-from flwr_app.site_context import CARRIED_SETUP
-from flwr_app.site_errors import DELTA_TOO_LARGE, NO_SETUP, TEST_SHARE_TOO_LARGE, SiteError, check_column_roles
+from flwr_app.site_errors import (CARRIED_SETUP, DELTA_TOO_LARGE, NO_SETUP, TEST_SHARE_TOO_LARGE, SiteError,
+                                  check_column_roles)
 from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig, PrivacyConfig, parse_run_config
 from models.data import FeatureStatistics, Preprocessor, RawTable, SiteData
 from models.data.dictionary import DataDictionary
@@ -279,7 +279,7 @@ class RejoiningSites(ParticipatingSites):
 
     The agreed set-up (:func:`_setup_content`: the preprocessing, time grid, agreed counts and set-up history; the
     same values every site received, nothing new from any site) travels in the message itself, under
-    :data:`~flwr_app.site_context.CARRIED_SETUP`: the site keeps it before it handles the message
+    :data:`~flwr_app.site_errors.CARRIED_SETUP`: the site keeps it before it handles the message
     (:func:`flwr_app.client_app.carried_setup`), so the set-up costs no sequential message of its own. It goes with
     every message to a node until the node answers one without error.
 

@@ -22,11 +22,9 @@ if TYPE_CHECKING:
     from models.data import SiteData
     from strategies.mechanisms.base import SiteSetUp
 
-__all__ = ["CARRIED_SETUP", "PREPARED_ENTRIES", "SECAGG_ROUND", "SECAGG_STATE", "SITES", "Prepared", "charge", "node_site",
+__all__ = ["PREPARED_ENTRIES", "SECAGG_ROUND", "SECAGG_STATE", "SITES", "Prepared", "charge", "node_site",
            "own_honest_sites", "run_config", "site_setup", "spec_json", "tolerated_dropouts"]
 
-#: Message content: a deployment's agreed set-up travelling with a site's first message (JSON in a ConfigRecord).
-CARRIED_SETUP = "deployment.carried_setup"
 #: Node state of a secure-aggregation round: the site's protocol state, and the round's public figures.
 SECAGG_STATE = "secagg.state"
 SECAGG_ROUND = "secagg.round"

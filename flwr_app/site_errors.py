@@ -45,7 +45,7 @@ from flwr.app import Context, Message
 
 from flwr_app.config import DEPLOYED_DATA, DataConfig, ExperimentConfig
 
-__all__ = ["LOG_FILE", "MESSAGES_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
+__all__ = ["CARRIED_SETUP", "LOG_FILE", "MESSAGES_FILE", "NO_SETUP", "ROLE_KEYS", "SITE_PHRASES", "SiteError", "SiteFailure",
            "check_column_roles", "deployed", "phrases", "public_text", "sanitised_errors"]
 
 #: The site's log of its errors' detail, in its own directory.
@@ -59,6 +59,9 @@ DELTA_TOO_LARGE = "delta too large"
 TEST_SHARE_TOO_LARGE = "test share too large"
 #: Begins the error a site raises when its node state holds no set-up (the server recognises it and sends it again).
 NO_SETUP = "[no set-up]"
+#: Message content: a deployment's agreed set-up travelling with a site's message (JSON in a ConfigRecord), sent by
+#: :class:`flwr_app.deployment.RejoiningSites` and kept by the site's mod :func:`flwr_app.client_app.carried_setup`.
+CARRIED_SETUP = "deployment.carried_setup"
 #: Run-config key -> the node-config key in which a site declares it (the keys that decide how it reads its file).
 ROLE_KEYS = {"data.time_col": "data-time-col", "data.event_col": "data-event-col",
              "data.feature_cols": "data-feature-cols", "data.id_col": "data-id-col",

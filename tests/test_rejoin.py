@@ -16,7 +16,7 @@ from flwr.common.constant import ErrorCode
 
 from flwr_app import client_app, deployment, task
 from flwr_app.deployment import RejoiningSites, SiteSetup
-from flwr_app.site_context import CARRIED_SETUP
+from flwr_app.site_errors import CARRIED_SETUP
 from strategies.horizontal import privacy_position
 from models.data import FeatureStatistics, Preprocessor
 from strategies.horizontal import RoundRecord

@@ -16,7 +16,7 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from flwr_app import client_app
-from flwr_app.site_context import CARRIED_SETUP
+from flwr_app.site_errors import CARRIED_SETUP
 from models.data.datasets import load_flchain
 from simulations.engine import resolve, run_inprocess
 
