@@ -2,7 +2,12 @@
 
 ``python -m benchmarks.large_federation_levers [--strategy distributed_dp] [--averages none,ema:0.8,ema:0.9,tail:0.5]
 [--schedules 60:0.01] [--keys JSON] [--variants JSON_LIST] [--data sba] [--epsilons 1] [--seeds 0,1]
-[--out rows.jsonl]``
+[--out rows.jsonl] [--test]``
+
+``--test`` runs the settings on the test split instead (the field configurations of
+:mod:`simulations.papers.tradeoffs`), for the settings chosen on validation only. The chosen SBA row:
+``--test --averages none --keys '{"model.hidden": [128, 64, 64, 32, 32], "privacy.setup_share": 0.1,
+"privacy.max_dropouts": 0}' --seeds 0,1,2,3,4 --out docs/results/benchmarks/large_federation_levers_test.jsonl``.
 
 The levers are those of De et al. 2022 ("Unlocking high-accuracy differentially private image classification
 through scale") and Sander et al. 2023 ("TAN without a burn"): averaging the iterates and trading the number of
@@ -88,9 +93,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from benchmarks.setup_share import grid_parser, run_grid
 from flwr_app import interrupt
+from simulations.papers import tradeoffs
 
 
 def average_overrides(entry: str) -> dict:
@@ -121,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", default="", help="run-config keys every setting adds, as JSON (named in the setting)")
     parser.add_argument("--variants", default="",
                         help="a JSON list of run-config key sets, each a setting of its own (added to --keys)")
+    parser.add_argument("--test", action="store_true",
+                        help="run the settings on the test split instead: the field configurations of "
+                             "simulations.papers.tradeoffs (SBA over its 4 regions) with the settings' keys, rows "
+                             "appended to --out (needed)")
     args = parser.parse_args(argv)
     keys = json.loads(args.keys) if args.keys else {}
     variants = json.loads(args.variants) if args.variants else [{}]
@@ -130,7 +141,24 @@ def main(argv: list[str] | None = None) -> None:
                  **schedule_overrides(schedule)}
                 for variant in variants for schedule in args.schedules.split(",")
                 for average in args.averages.split(",")}
-    run_grid(settings, data=args.data, seeds=args.seeds, epsilons=args.epsilons, out=args.out)
+    if args.test:
+        run_test(settings, data=args.data, seeds=args.seeds, epsilons=args.epsilons, out=args.out)
+    else:
+        run_grid(settings, data=args.data, seeds=args.seeds, epsilons=args.epsilons, out=args.out)
+
+
+def run_test(settings: dict[str, dict], *, data: str, seeds: str, epsilons: str, out: str) -> None:
+    """Each setting on the test split of each data set's field configuration (:mod:`simulations.papers.tradeoffs`:
+    the bundled split; SBA over its 4 regions), one row per run appended to ``out`` (a run already there is
+    skipped). Only settings chosen on the validation files belong here."""
+    if not out:
+        raise SystemExit("--test needs --out: the rows file, e.g. "
+                         "docs/results/benchmarks/large_federation_levers_test.jsonl")
+    plan = [{**(tradeoffs.SBA_REGIONS if name == "sba" else {"data.name": name}), **keys,
+             "seed": int(seed), "baseline.centralized": False, "privacy.epsilon": json.loads(epsilon)}
+            for keys in settings.values() for name in data.split(",") for epsilon in epsilons.split(",")
+            for seed in seeds.split(",")]
+    tradeoffs.run(plan, Path(out))
 
 
 if __name__ == "__main__":
